@@ -1,0 +1,59 @@
+"""Decoding configuration shared by every schedule."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_BLOCK_SIZE = 64  # Quadratic-SS evaluates B(B+1) rows; beyond this a call gets impractically large
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Settings of one decoding run.
+
+    Attributes:
+        block_size: B, rows per half of a packed call; the speculative width is W = B - 1 (App. D.1).
+        temperature: T; 0 is greedy decoding (Algorithm 1), T > 0 rejection sampling (Algorithm 2).
+        top_k: keep the k most likely tokens of p and q alike (0 = off).
+        top_p: nucleus threshold applied to p and q alike (1.0 = off).
+        max_new_tokens: L, output length limit in tokens (Algorithm 1 line 2), never exceeded.
+        seed: seed of the run's ``torch.Generator``; the same seed gives the same run.
+        stop_strings: texts that end the run once all their tokens are accepted (Appendix E.2).
+        confidence_threshold: native diffusion only: commit predictions at least this probable.
+    Raises:
+        ValueError: from ``__post_init__`` for any value out of range, with the allowed range.
+    """
+
+    block_size: int = 8
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_new_tokens: int = 128
+    seed: int = 0
+    stop_strings: tuple[str, ...] = ()
+    confidence_threshold: float = 0.9
+
+    def __post_init__(self):
+        if not isinstance(self.block_size, int) or not 2 <= self.block_size <= MAX_BLOCK_SIZE:
+            raise ValueError(f"block size must be an integer in [2, {MAX_BLOCK_SIZE}], got {self.block_size}")
+        if not self.temperature >= 0:  # also rejects NaN
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top-k must be an integer >= 0 (0 = off), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"the new-token limit must be an integer >= 1, got {self.max_new_tokens}")
+        if any(not s for s in self.stop_strings):
+            raise ValueError("stop strings must not be empty")
+        if not 0 < self.confidence_threshold <= 1:
+            raise ValueError(f"confidence threshold must be in (0, 1], got {self.confidence_threshold}")
+
+    @property
+    def width(self) -> int:
+        """W = B - 1, draft tokens per iteration."""
+        return self.block_size - 1
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0

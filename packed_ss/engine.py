@@ -1,0 +1,40 @@
+"""Entry points: step through a run (``decode``) or run it to the end (``generate``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+
+from packed_ss.config import DecodeConfig
+from packed_ss.records import IterationRecord, RunRecord, summarize
+from packed_ss.schedules import get_schedule
+from packed_ss.schedules.base import Session
+
+
+def decode(model, prompt_ids: list[int], config: DecodeConfig, schedule: str = "packed") -> Iterator[IterationRecord]:
+    """Yield one :class:`IterationRecord` per iteration; the caller may step, pause or stop early.
+
+    Args:
+        model: a :class:`~packed_ss.model.DualModeModel` (or any object with the same call interface).
+        prompt_ids: prompt token ids (at least one).
+        config: decoding settings.
+        schedule: ``"ar"``, ``"linear"``, ``"quadratic"``, ``"packed"`` or ``"diffusion"``.
+    Raises:
+        ValueError: unknown schedule; PromptError: empty or too long prompt (raised on creation).
+    """
+    runner = get_schedule(schedule)
+    session = Session(model, list(prompt_ids), config, runner.name)
+    return runner.iterate(session)
+
+
+def generate(model, prompt_ids: list[int], config: DecodeConfig, schedule: str = "packed") -> RunRecord:
+    """Run a schedule to completion and return its :class:`RunRecord` (records included).
+
+    Wall time is the sum of the iterations' decoder time: tokenisation and model loading are outside
+    (paper E.5). Same errors as :func:`decode`.
+    """
+    records = list(decode(model, prompt_ids, config, schedule))
+    run = summarize(records, schedule, config.block_size, config.temperature, len(prompt_ids))
+    decoder = getattr(model, "decode", None)
+    text = decoder(list(run.token_ids)) if decoder else ""
+    return replace(run, text=text)

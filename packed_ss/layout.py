@@ -1,0 +1,222 @@
+"""Inputs of one model call, built from named regions (paper Appendix D.1, Table 2).
+
+Every call sees the whole KV cache (the verified prefix minus its last token, Appendix D.1), so a
+layout stores only the attention among its own rows; ``full_mask`` prepends the all-True cache band.
+Rows are ordered so that the rows worth caching always come first: after verification one rollback
+that keeps a prefix of the new rows drops everything else (drafter rows, rejected verifier rows).
+
+Component masks: ``T(n)`` lower-triangular with diagonal (causal mode), ``J(n)`` all ones
+(bidirectional diffusion mode), ``O(r, c)`` all zeros.
+
+Shape legend: B block size, W = B - 1 speculative width, R rows of the call, C cached tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Region names (one per row); the UI draws them as labelled bands.
+PREFILL = "prefill"  # prompt / uncached prefix rows in causal mode
+VERIFY = "verify"  # last prefix token and draft slots in causal mode (verifier)
+DRAFT = "draft"  # diffusion-mode rows: last prefix token copy and masks (drafter)
+BRANCH = "branch"  # Quadratic-SS: one mask block per acceptance length
+
+
+def T(n: int) -> torch.Tensor:
+    """(n, n) causal block: row i sees rows 0..i."""
+    return torch.ones(n, n, dtype=torch.bool).tril()
+
+
+def J(n: int) -> torch.Tensor:
+    """(n, n) bidirectional block: every row sees every row."""
+    return torch.ones(n, n, dtype=torch.bool)
+
+
+def O(rows: int, cols: int) -> torch.Tensor:  # noqa: E743 - the paper's zero block
+    """(rows, cols) block of no attention."""
+    return torch.zeros(rows, cols, dtype=torch.bool)
+
+
+@dataclass(frozen=True)
+class CallLayout:
+    """One model call: its rows, their position ids and region names, and the attention among them.
+
+    Attributes:
+        name: which call this is (``"packed"``, ``"linear-draft"``, ...).
+        token_ids: (R,) input token ids (mask token in empty slots).
+        position_ids: (R,) absolute positions; the two halves of a packed call share positions.
+        regions: (R,) region name of each row (PREFILL, VERIFY, DRAFT, BRANCH).
+        mask: (R, R) bool, True = may attend; rows also see all C cached keys.
+        cached: C, cache length the call starts from.
+        verify_rows: rows whose logits give the verifier distributions p^(1), p^(2), ...
+        draft_rows: rows whose logits give the drafter distributions q^(1), q^(2), ...
+        branch_rows: Quadratic-SS only: the draft rows of the branch for each acceptance length h.
+    """
+
+    name: str
+    token_ids: tuple[int, ...]
+    position_ids: tuple[int, ...]
+    regions: tuple[str, ...]
+    mask: torch.Tensor
+    cached: int
+    verify_rows: tuple[int, ...] = ()
+    draft_rows: tuple[int, ...] = ()
+    branch_rows: tuple[tuple[int, ...], ...] = ()
+
+    def __post_init__(self):
+        rows = len(self.token_ids)
+        if not (len(self.position_ids) == len(self.regions) == rows and tuple(self.mask.shape) == (rows, rows)):
+            raise ValueError(f"layout {self.name}: inconsistent row counts")
+
+    @property
+    def rows(self) -> int:
+        """R, rows evaluated by the call (Table 2 counts these)."""
+        return len(self.token_ids)
+
+    def full_mask(self) -> torch.Tensor:
+        """(R, C + R) bool mask over cached keys then the call's own keys."""
+        return torch.cat([torch.ones(self.rows, self.cached, dtype=torch.bool), self.mask], dim=1)
+
+
+def _blocks(rows: list[list[torch.Tensor]]) -> torch.Tensor:
+    return torch.cat([torch.cat(row, dim=1) for row in rows], dim=0)
+
+
+def prefill_layout(prompt: list[int], num_masks: int, mask_id: int) -> CallLayout:
+    """First call (Appendix E.2): the prompt in causal mode, then ``num_masks`` diffusion masks.
+
+    Mask: ``[[T(n), O], [J(m, n), J(m)]]``: the masks read the whole prompt and each other.
+    With ``num_masks = 0`` this is a plain prefill (AR, Linear-SS).
+    Positions: prompt 0..n-1, masks n..n+m-1. verify_rows = (n-1,), draft_rows = the masks.
+    """
+    n, m = len(prompt), num_masks
+    mask = _blocks([[T(n), O(n, m)],
+                    [torch.ones(m, n, dtype=torch.bool), J(m)]])
+    return CallLayout(
+        name="prefill" if m == 0 else "prefill+draft",
+        token_ids=tuple(prompt) + (mask_id,) * m,
+        position_ids=tuple(range(n + m)),
+        regions=(PREFILL,) * n + (DRAFT,) * m,
+        mask=mask,
+        cached=0,
+        verify_rows=(n - 1,),
+        draft_rows=tuple(range(n, n + m)),
+    )
+
+
+def verify_layout(tail: list[int], slots: list[int], cached: int, name: str = "verify") -> CallLayout:
+    """Causal call over the uncached prefix tail and the draft slots: mask ``T(R)``.
+
+    Linear-SS's verification call (``[P^(n), d^(1..W)]``) and AR's one-row call. The verifier rows are
+    the last tail token and every slot: row i predicts the token after it (p^(1), p^(2), ...).
+    """
+    rows = len(tail) + len(slots)
+    return CallLayout(
+        name=name,
+        token_ids=tuple(tail) + tuple(slots),
+        position_ids=tuple(range(cached, cached + rows)),
+        regions=(PREFILL,) * (len(tail) - 1) + (VERIFY,) * (1 + len(slots)),
+        mask=T(rows),
+        cached=cached,
+        verify_rows=tuple(range(len(tail) - 1, rows)),
+    )
+
+
+def draft_layout(last: int, width: int, cached: int, mask_id: int) -> CallLayout:
+    """Linear-SS drafting call ``[P^(n), MASK x W]`` with mask ``J(B)`` (Appendix D.1, diffusion half).
+
+    The masks at positions n..n+W-1 give q^(1..W); the copy of the last prefix token gives nothing.
+    """
+    block = 1 + width
+    return CallLayout(
+        name="linear-draft",
+        token_ids=(last,) + (mask_id,) * width,
+        position_ids=tuple(range(cached, cached + block)),
+        regions=(DRAFT,) * block,
+        mask=J(block),
+        cached=cached,
+        draft_rows=tuple(range(1, block)),
+    )
+
+
+def packed_layout(last: int, draft: list[int], width: int, cached: int, mask_id: int) -> CallLayout:
+    """Packed-SS call ``[P^(n), D̄ | P^(n), MASK x W]`` with mask ``[[T(B), O], [O, J(B)]]`` (Appendix D.1).
+
+    D̄ is the old draft padded with masks to W slots. Both halves use positions n-1..n+W-1 (0-based,
+    the last prefix token at n-1). Verify rows 0..W give p^(1..W+1); draft rows 1..W give q^(1..W)
+    conditioned on the OLD prefix P_{t-1} only (Equation 3).
+    """
+    if len(draft) > width:
+        raise ValueError(f"draft of {len(draft)} tokens exceeds width {width}")
+    block = 1 + width
+    padded = list(draft) + [mask_id] * (width - len(draft))
+    positions = tuple(range(cached, cached + block))
+    mask = _blocks([[T(block), O(block, block)],   # verifier: causal over prefix + draft
+                    [O(block, block), J(block)]])  # drafter: bidirectional, blind to the draft
+    return CallLayout(
+        name="packed",
+        token_ids=(last, *padded, last) + (mask_id,) * width,
+        position_ids=positions + positions,
+        regions=(VERIFY,) * block + (DRAFT,) * block,
+        mask=mask,
+        cached=cached,
+        verify_rows=tuple(range(block)),
+        draft_rows=tuple(range(block + 1, 2 * block)),
+    )
+
+
+def quadratic_layout(last: int, draft: list[int], width: int, cached: int, mask_id: int) -> CallLayout:
+    """Quadratic-SS call: B causal verify rows, then one block of B masks per acceptance length h.
+
+    Branch h (0..W) sits at positions n+h..n+h+W (0-based n = cached + 1); it reads the verify rows
+    0..h (its causal leader: the last prefix token and d^(1..h)) and itself bidirectionally. Its first
+    mask falls on the correction/bonus position and is discarded; the other W form the next draft.
+    Rows: B + B*B = B(B+1) (Table 2).
+    """
+    if len(draft) > width:
+        raise ValueError(f"draft of {len(draft)} tokens exceeds width {width}")
+    block = 1 + width
+    padded = list(draft) + [mask_id] * (width - len(draft))
+    rows = block * (block + 1)
+    mask = O(rows, rows)
+    mask[:block, :block] = T(block)  # verifier rows
+    positions = list(range(cached, cached + block))
+    branch_rows = []
+    for h in range(block):
+        start = block * (h + 1)
+        mask[start:start + block, : h + 1] = True  # leader: verify rows 0..h
+        mask[start:start + block, start:start + block] = J(block)  # own bidirectional block
+        positions += range(cached + 1 + h, cached + 1 + h + block)
+        branch_rows.append(tuple(range(start, start + block)))
+    return CallLayout(
+        name="quadratic",
+        token_ids=(last, *padded) + (mask_id,) * (block * block),
+        position_ids=tuple(positions),
+        regions=(VERIFY,) * block + (BRANCH,) * (block * block),
+        mask=mask,
+        cached=cached,
+        verify_rows=tuple(range(block)),
+        branch_rows=tuple(branch_rows),
+    )
+
+
+def diffusion_layout(tail: list[int], slots: list[int], cached: int) -> CallLayout:
+    """Native block-diffusion call: uncached prefix rows (causal), then the block ``[P^(n), slots]``.
+
+    Mask ``[[T(k), O], [J(b, k), J(b)]]`` with k = len(tail) - 1 and b = 1 + len(slots): the block reads
+    the whole prefix and itself bidirectionally; slot rows give q for their own positions.
+    """
+    k, b = len(tail) - 1, 1 + len(slots)
+    mask = _blocks([[T(k), O(k, b)],
+                    [torch.ones(b, k, dtype=torch.bool), J(b)]])
+    return CallLayout(
+        name="diffusion",
+        token_ids=tuple(tail) + tuple(slots),
+        position_ids=tuple(range(cached, cached + k + b)),
+        regions=(PREFILL,) * k + (DRAFT,) * b,
+        mask=mask,
+        cached=cached,
+        draft_rows=tuple(range(k + 1, k + b)),
+    )

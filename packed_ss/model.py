@@ -1,0 +1,154 @@
+"""Model adapter: one dual-mode ``transformers`` causal LM with a real KV cache.
+
+A dual-mode model has one set of weights and two modes that differ only in the attention mask: causal
+rows predict the next token (verifier), and a block ``[last verified token, MASK x (B-1)]`` read
+bidirectionally predicts the token at each mask's own position (drafter). The adapter runs one call
+with an explicit boolean 4D mask and explicit position ids, and rolls the ``DynamicCache`` back so that
+it holds the verified prefix except its last token (paper Appendix D.1).
+
+Shape legend: R rows of the call, C cached tokens, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from packed_ss.layout import CallLayout
+
+
+@dataclass(frozen=True)
+class CallOutput:
+    """Logits (len(rows), V) on the model's device for the requested rows, and the model time in ms."""
+
+    logits: torch.Tensor
+    model_ms: float
+
+
+class ModelLoadError(ValueError):
+    """The model folder or hub id cannot be loaded as a dual-mode model."""
+
+
+class DualModeModel:
+    """A ``transformers`` causal LM used as verifier (causal rows) and drafter (mask rows).
+
+    Attributes:
+        mask_token_id, eos_token_id: special token ids (from the config or the tokenizer).
+        vocab_size: V, number of logits per row.
+        max_length: longest sequence (prompt + new tokens + one block) the model's positions allow.
+    """
+
+    def __init__(self, model, tokenizer, mask_token_id: int, eos_token_id: int | None):
+        from transformers import DynamicCache
+
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.mask_token_id = int(mask_token_id)
+        self.eos_token_id = None if eos_token_id is None else int(eos_token_id)
+        self.vocab_size = int(model.config.vocab_size)
+        self.max_length = int(getattr(model.config, "max_position_embeddings", 2048))
+        self.device = next(model.parameters()).device
+        self._cache_class = DynamicCache
+        self.cache = DynamicCache(config=model.config)
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | Path, device: str | None = None,
+                        dtype: str | torch.dtype | None = None) -> "DualModeModel":
+        """Load a model and tokenizer from a local folder or a hub id.
+
+        Args:
+            name_or_path: folder written by ``save_pretrained`` or a hub id (needs the network).
+            device: ``"cpu"``, ``"cuda"``...; default CUDA when available.
+            dtype: ``torch.float32``, ``torch.bfloat16``, ``"float64"``...; default float32 on CPU and
+                bfloat16 on CUDA.
+        Raises:
+            ModelLoadError: missing folder, unloadable checkpoint, or no mask token id.
+        """
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        name = str(name_or_path)
+        local = Path(name).expanduser()
+        if (name.startswith((".", "/", "~")) or local.exists()) and not (local / "config.json").is_file():
+            raise ModelLoadError(f"model folder {name!r} does not exist or has no config.json")
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+        dtype = dtype or (torch.bfloat16 if str(device).startswith("cuda") else torch.float32)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(name)
+            model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, attn_implementation="sdpa")
+        except Exception as error:  # any loader failure becomes one clear message
+            raise ModelLoadError(f"cannot load model {name!r}: {type(error).__name__}: {error}") from error
+        mask_id = getattr(model.config, "mask_token_id", None)
+        if mask_id is None:
+            mask_id = tokenizer.mask_token_id
+        if mask_id is None:
+            raise ModelLoadError(f"model {name!r} has no mask token id (config.mask_token_id or tokenizer.mask_token)")
+        eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else model.config.eos_token_id
+        if isinstance(eos, list):
+            eos = eos[0]
+        return cls(model.to(device), tokenizer, mask_id, eos)
+
+    # --- text ---------------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (no special tokens added)."""
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of ``ids``, special tokens kept."""
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def token_strings(self, ids: list[int]) -> list[str]:
+        """Readable text of each token on its own (for chips and hover text)."""
+        return [self.tokenizer.decode([i], skip_special_tokens=False) for i in ids]
+
+    # --- cache --------------------------------------------------------------------------------
+    @property
+    def cache_length(self) -> int:
+        """C, tokens currently held in the KV cache."""
+        return self.cache.get_seq_length()
+
+    def reset(self) -> None:
+        """Empty the cache before a new prompt."""
+        self.cache = self._cache_class(config=self.model.config)
+
+    def rollback(self, keep: int) -> None:
+        """Drop cached tokens beyond the first ``keep`` (Appendix D.1 cache update).
+
+        Raises: ValueError if ``keep`` exceeds the cache length or is negative.
+        """
+        length = self.cache_length
+        if not 0 <= keep <= length:
+            raise ValueError(f"cannot keep {keep} of {length} cached tokens")
+        if keep < length:
+            self.cache.crop(keep - length)  # transformers 5.23: a negative argument removes that many
+
+    # --- one call -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def forward(self, layout: CallLayout, rows: tuple[int, ...]) -> CallOutput:
+        """Run one call with the layout's mask over [cache | new rows] and return logits for ``rows``.
+
+        All R rows are appended to the cache; the caller rolls back afterwards.
+        Raises: ValueError when the layout was built for another cache length.
+        """
+        if layout.cached != self.cache_length:
+            raise ValueError(f"layout expects {layout.cached} cached tokens, cache holds {self.cache_length}")
+        device = self.device
+        input_ids = torch.tensor([layout.token_ids], device=device)
+        position_ids = torch.tensor([layout.position_ids], device=device)
+        mask = layout.full_mask().to(device)[None, None]  # (1, 1, R, C + R)
+        keep = torch.tensor(rows, device=device)
+        cuda = device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
+                         past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
+        if cuda:
+            torch.cuda.synchronize(device)
+        model_ms = (time.perf_counter() - start) * 1000
+        logits = out.logits[0]
+        return CallOutput(logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits, model_ms)

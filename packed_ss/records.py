@@ -1,0 +1,207 @@
+"""What a decoding run leaves behind: one record per iteration and one per run.
+
+An iteration record carries what the paper's Figure 2 draws (old draft d, verifier predictions v, new
+proposals z, h and A, kept and discarded proposals) plus the calls made, so a UI can replay the run.
+Metric definitions (shared/notes/field-notes.md, paper Section 4 and E.5):
+
+* tokens/NFE = generated tokens / model forwards (prefill included);
+* time/NFE = decoder wall time / NFE (milliseconds);
+* throughput = generated tokens / decoder wall time (tokens per second);
+* mean acceptance length = mean advance A = h + 1 over verifying iterations (correction/bonus included);
+* per-position acceptance rate i = accepted at draft position i / drafts that had a position i;
+* acceptance histogram = counts of h = 0..W.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from packed_ss.layout import CallLayout
+
+# Where an appended token came from.
+SOURCE_PREFILL = "prefill"  # the verifier's prediction from the prefill call
+SOURCE_DRAFT = "accepted draft"  # a draft token the verifier accepted
+SOURCE_CORRECTION = "correction"  # verifier token replacing the first rejected draft token
+SOURCE_BONUS = "bonus"  # verifier token after a fully accepted draft
+SOURCE_AR = "autoregressive"  # plain AR decoding
+SOURCE_DIFFUSION = "diffusion"  # committed by the drafter without verification
+SOURCES = (SOURCE_PREFILL, SOURCE_DRAFT, SOURCE_CORRECTION, SOURCE_BONUS, SOURCE_AR, SOURCE_DIFFUSION)
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One model forward: its layout and its model time (milliseconds, CUDA-synchronised)."""
+
+    layout: CallLayout
+    model_ms: float
+
+
+@dataclass(frozen=True)
+class IterationRecord:
+    """One iteration of a schedule (Algorithm 1 lines 2-11 for Packed-SS).
+
+    Positions are absolute token positions; the first generated token has position ``prompt_len``.
+
+    Attributes:
+        index: iteration number t (1-based).
+        prefix_len_before, prefix_len_after: |P_{t-1}| and |P_t| in tokens, prompt included.
+        old_draft: d_{t-1}, the draft verified by this iteration (Linear-SS: the one drafted in it).
+        verifier_tokens: v_t^(i), argmax of each verifier row, aligned from position prefix_len_before;
+            rows past h + 1 were computed but not reached.
+        verifier_probs: p_t^(i)(v_t^(i)) for each verifier row (probabilities of the shown tokens).
+        accept_probs: alpha_i = min(1, p/Q) of the tested draft tokens (T > 0), empty when greedy.
+        proposals: z_t, the drafter's proposals; ``proposal_start`` is the position of z_t^(1).
+        kept: indices into ``proposals`` that form the next draft D_t (the rest were discarded).
+        h: accepted draft tokens; advance: A_t = h + 1 before stopping (0 for calls that only draft).
+        appended, appended_sources: tokens added to the prefix and where each came from.
+        calls: the model calls of this iteration.
+        model_ms, other_ms: model time and non-model decoder time (milliseconds).
+        stop_reason: ``"eos"``, ``"limit"``, ``"stop string"`` or ``None`` while running.
+    """
+
+    index: int
+    schedule: str
+    prefix_len_before: int
+    prefix_len_after: int
+    old_draft: tuple[int, ...]
+    verifier_tokens: tuple[int, ...]
+    verifier_probs: tuple[float, ...]
+    accept_probs: tuple[float, ...]
+    proposals: tuple[int, ...]
+    proposal_start: int
+    kept: tuple[int, ...]
+    h: int
+    advance: int
+    appended: tuple[int, ...]
+    appended_sources: tuple[str, ...]
+    calls: tuple[CallRecord, ...]
+    model_ms: float
+    other_ms: float
+    stop_reason: str | None = None
+
+    @property
+    def rows(self) -> int:
+        """Rows evaluated over all calls of the iteration (Table 2)."""
+        return sum(call.layout.rows for call in self.calls)
+
+    @property
+    def wall_ms(self) -> float:
+        return self.model_ms + self.other_ms
+
+    @property
+    def discarded(self) -> tuple[int, ...]:
+        """Indices into ``proposals`` that were dropped (positions already filled by the verifier)."""
+        return tuple(i for i in range(len(self.proposals)) if i not in self.kept)
+
+    @property
+    def verifies(self) -> bool:
+        """Whether this iteration checked a draft (prefill and drafting-only calls do not)."""
+        return any(s in (SOURCE_DRAFT, SOURCE_CORRECTION, SOURCE_BONUS) for s in self.appended_sources)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A finished (or stopped) run: generated tokens, costs and acceptance statistics.
+
+    Units: ``wall_s``/``model_s``/``other_s`` seconds of decoder time (model loading and tokenisation
+    excluded, paper E.5), ``time_per_nfe_ms`` milliseconds, ``throughput`` tokens per second.
+    """
+
+    schedule: str
+    block_size: int
+    temperature: float
+    prompt_len: int
+    token_ids: tuple[int, ...]
+    sources: tuple[str, ...]
+    text: str
+    nfe: int
+    iterations: int
+    rows: int
+    wall_s: float
+    model_s: float
+    other_s: float
+    stop_reason: str | None
+    mean_acceptance_length: float
+    per_position_acceptance: tuple[float, ...]
+    acceptance_histogram: tuple[int, ...]
+    records: tuple[IterationRecord, ...] = field(default=(), repr=False)
+
+    @property
+    def tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def tokens_per_nfe(self) -> float:
+        return self.tokens / self.nfe if self.nfe else 0.0
+
+    @property
+    def time_per_nfe_ms(self) -> float:
+        return 1000 * self.wall_s / self.nfe if self.nfe else 0.0
+
+    @property
+    def throughput(self) -> float:
+        return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    def metrics(self) -> dict:
+        """JSON-ready summary (no per-iteration records)."""
+        return {
+            "schedule": self.schedule,
+            "block_size": self.block_size,
+            "temperature": self.temperature,
+            "prompt_len": self.prompt_len,
+            "text": self.text,
+            "token_ids": list(self.token_ids),
+            "tokens": self.tokens,
+            "nfe": self.nfe,
+            "iterations": self.iterations,
+            "rows": self.rows,
+            "wall_s": self.wall_s,
+            "model_s": self.model_s,
+            "other_s": self.other_s,
+            "tokens_per_nfe": self.tokens_per_nfe,
+            "time_per_nfe_ms": self.time_per_nfe_ms,
+            "throughput": self.throughput,
+            "mean_acceptance_length": self.mean_acceptance_length,
+            "per_position_acceptance": list(self.per_position_acceptance),
+            "acceptance_histogram": list(self.acceptance_histogram),
+            "stop_reason": self.stop_reason,
+        }
+
+
+def summarize(records: list[IterationRecord], schedule: str, block_size: int, temperature: float,
+              prompt_len: int, text: str = "") -> RunRecord:
+    """Aggregate iteration records into a run record (definitions in the module docstring)."""
+    tokens = tuple(t for r in records for t in r.appended)
+    sources = tuple(s for r in records for s in r.appended_sources)
+    width = block_size - 1
+    verifying = [r for r in records if r.verifies]
+    histogram = [0] * (width + 1)
+    reached = [0] * width
+    accepted = [0] * width
+    for r in verifying:
+        histogram[min(r.h, width)] += 1
+        for i in range(min(len(r.old_draft), width)):
+            reached[i] += 1
+            accepted[i] += i < r.h
+    model_ms = sum(r.model_ms for r in records)
+    other_ms = sum(r.other_ms for r in records)
+    return RunRecord(
+        schedule=schedule,
+        block_size=block_size,
+        temperature=temperature,
+        prompt_len=prompt_len,
+        token_ids=tokens,
+        sources=sources,
+        text=text,
+        nfe=sum(len(r.calls) for r in records),
+        iterations=len(records),
+        rows=sum(r.rows for r in records),
+        wall_s=(model_ms + other_ms) / 1000,
+        model_s=model_ms / 1000,
+        other_s=other_ms / 1000,
+        stop_reason=records[-1].stop_reason if records else None,
+        mean_acceptance_length=(sum(r.h + 1 for r in verifying) / len(verifying)) if verifying else 0.0,
+        per_position_acceptance=tuple(a / n if n else 0.0 for a, n in zip(accepted, reached)),
+        acceptance_histogram=tuple(histogram),
+        records=tuple(records),
+    )

@@ -1,0 +1,27 @@
+"""Schedule registry: one schedule per file, found by name."""
+
+from __future__ import annotations
+
+from packed_ss.schedules.ar import AR
+from packed_ss.schedules.base import PromptError, Schedule, Session
+from packed_ss.schedules.diffusion import Diffusion
+from packed_ss.schedules.linear import LinearSS
+from packed_ss.schedules.packed import PackedSS
+from packed_ss.schedules.quadratic import QuadraticSS
+
+REGISTRY: dict[str, Schedule] = {s.name: s for s in (AR(), LinearSS(), QuadraticSS(), PackedSS(), Diffusion())}
+SPECULATIVE = ("linear", "quadratic", "packed")  # lossless schedules compared against AR
+
+
+def get_schedule(name: str) -> Schedule:
+    """The schedule registered under ``name``.
+
+    Raises: ValueError naming the known schedules.
+    """
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(REGISTRY)}") from None
+
+
+__all__ = ["REGISTRY", "SPECULATIVE", "PromptError", "Schedule", "Session", "get_schedule"]

@@ -1,0 +1,181 @@
+"""The state every schedule shares: verified prefix, calls, stopping rule and cache rollback.
+
+A schedule is a generator over a :class:`Session`: it builds each call's layout, reads the logits,
+and hands the tokens it accepts to :meth:`Session.commit`, which applies the stopping rule of
+Algorithm 1 lines 7-8 (EOS, new-token limit, stop strings). :meth:`Session.rollback` trims the cache
+to the verified prefix minus its last token and checks that only verified causal rows stay in it.
+
+Shape legend: V vocabulary, R rows, W speculative width.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Protocol
+
+import torch
+
+from packed_ss.config import DecodeConfig
+from packed_ss.layout import PREFILL, VERIFY, CallLayout
+from packed_ss.records import SOURCE_BONUS, SOURCE_CORRECTION, SOURCE_DRAFT, CallRecord, IterationRecord
+from packed_ss.sampling import SparseDist, Verdict, sample, verify_greedy, verify_sampled, warp
+
+
+class PromptError(ValueError):
+    """The prompt cannot be decoded (empty, or too long for the model's positions)."""
+
+
+class Session:
+    """Mutable state of one run. Created per run; never shared between runs or users.
+
+    Attributes:
+        prefix: P, verified token ids (prompt included).
+        prompt_len: |P_0| in tokens.
+        generator: seeded CPU ``torch.Generator`` for every random draw of the run.
+        stop_reason: ``None`` while running, else ``"eos"``, ``"limit"`` or ``"stop string"``.
+    """
+
+    def __init__(self, model, prompt_ids: list[int], config: DecodeConfig, schedule: str = ""):
+        if not prompt_ids:
+            raise PromptError("the prompt is empty")
+        needed = len(prompt_ids) + config.max_new_tokens + 2 * config.block_size
+        if needed > model.max_length:
+            raise PromptError(
+                f"prompt of {len(prompt_ids)} tokens + {config.max_new_tokens} new tokens + 2 blocks of "
+                f"{config.block_size} exceeds the model's {model.max_length} positions")
+        self.model = model
+        self.config = config
+        self.schedule = schedule
+        self.prefix = list(prompt_ids)
+        self.prompt_len = len(prompt_ids)
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.stop_reason: str | None = None
+        self.iteration = 0
+        self._calls: list[CallRecord] = []
+        self._started = 0.0
+        self._last_layout: CallLayout | None = None
+        model.reset()
+
+    # --- bookkeeping ------------------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return self.stop_reason is not None
+
+    @property
+    def generated(self) -> int:
+        return len(self.prefix) - self.prompt_len
+
+    @property
+    def cached(self) -> int:
+        return self.model.cache_length
+
+    def begin(self) -> None:
+        """Start timing an iteration."""
+        self.iteration += 1
+        self._calls = []
+        self._started = time.perf_counter()
+
+    def call(self, layout: CallLayout, rows: tuple[int, ...]) -> torch.Tensor:
+        """Run one model call (one NFE); returns logits (len(rows), V)."""
+        out = self.model.forward(layout, rows)
+        self._calls.append(CallRecord(layout, out.model_ms))
+        self._last_layout = layout
+        return out.logits
+
+    def record(self, **fields) -> IterationRecord:
+        """Close the iteration: wall time since :meth:`begin`, split into model and non-model time."""
+        wall_ms = (time.perf_counter() - self._started) * 1000
+        model_ms = sum(c.model_ms for c in self._calls)
+        defaults = dict(old_draft=(), verifier_tokens=(), verifier_probs=(), accept_probs=(), proposals=(),
+                        proposal_start=0, kept=(), h=0, advance=0, appended=(), appended_sources=())
+        defaults.update(fields)
+        return IterationRecord(index=self.iteration, schedule=self.schedule, calls=tuple(self._calls), model_ms=model_ms,
+                               other_ms=max(0.0, wall_ms - model_ms), stop_reason=self.stop_reason, **defaults)
+
+    # --- token selection ------------------------------------------------------------------------
+    def verify(self, draft: list[int], stored_q: list[SparseDist], logits: torch.Tensor):
+        """Verify ``draft`` against verifier logits (>= |D| + 1 rows, aligned from the first draft slot).
+
+        Returns: ``(verdict, v, v_probs)``: v is the argmax of every row (reached or not), v_probs the
+        warped probability of each v at T > 0 (empty when greedy).
+        """
+        if self.config.greedy:  # Algorithm 1 lines 3, 5-6
+            v = logits.argmax(-1).tolist()
+            return verify_greedy(draft, v), tuple(v), ()
+        c = self.config  # Algorithm 2 lines 3, 5-7
+        p = warp(logits, c.temperature, c.top_k, c.top_p).cpu()
+        best = p.max(-1)
+        verdict = verify_sampled(draft, stored_q, p[: len(draft) + 1], self.generator)
+        return verdict, tuple(best.indices.tolist()), tuple(best.values.tolist())
+
+    def propose(self, logits: torch.Tensor) -> tuple[list[int], list[SparseDist]]:
+        """Draft tokens from drafter logits (R, V), with the distributions Q they were drawn from.
+
+        Greedy: argmax tokens and no stored Q (a point mass is implied, Section 3.2). T > 0: one draw
+        per row from the warped q (top-k/top-p applied), Q kept as its non-zero entries.
+        """
+        if self.config.greedy:
+            return logits.argmax(-1).tolist(), []
+        c = self.config
+        q = warp(logits, c.temperature, c.top_k, c.top_p).cpu()
+        stored = [SparseDist.from_dense(row) for row in q]
+        return [sample(row, self.generator) for row in q], stored
+
+    @staticmethod
+    def verdict_tokens(draft: list[int], verdict: Verdict) -> tuple[list[int], list[str]]:
+        """C_t = (d^(1..h), correction or bonus) and the source of each (Algorithm 1 line 6)."""
+        last = SOURCE_BONUS if verdict.is_bonus else SOURCE_CORRECTION
+        return draft[: verdict.h] + [verdict.token], [SOURCE_DRAFT] * verdict.h + [last]
+
+    # --- stopping and the cache -----------------------------------------------------------------
+    def commit(self, tokens: list[int], sources: list[str]) -> tuple[list[int], list[str]]:
+        """Append accepted tokens, pruned by the stopping index (Algorithm 1 lines 7-9).
+
+        a = min(A, L - generated, first EOS, end of the first completed stop string).
+        Returns: the tokens actually appended and their sources.
+        """
+        a = min(len(tokens), self.config.max_new_tokens - self.generated)
+        reason = "limit" if a == self.config.max_new_tokens - self.generated else None
+        eos = self.model.eos_token_id
+        if eos is not None and eos in tokens[:a]:
+            a, reason = tokens.index(eos) + 1, "eos"
+        if self.config.stop_strings:
+            a, reason = self._stop_string_cut(tokens, a, reason)
+        self.prefix.extend(tokens[:a])
+        self.stop_reason = reason
+        return tokens[:a], sources[:a]
+
+    def _stop_string_cut(self, tokens: list[int], a: int, reason: str | None) -> tuple[int, str | None]:
+        """Shorten ``a`` to the token that completes a stop string (Appendix E.2: whole string accepted)."""
+        generated = self.prefix[self.prompt_len:]
+        for k in range(1, a + 1):
+            text = self.model.decode(generated + tokens[:k])
+            if any(s in text for s in self.config.stop_strings):
+                return k, "stop string"
+        return a, reason
+
+    def rollback(self, keep: int) -> None:
+        """Trim the cache to its first ``keep`` tokens after the iteration's last call.
+
+        Checks that every kept row of the last call is a causal row holding a verified token at its
+        own position, so rejected drafts and drafter rows can never stay in the cache.
+        Raises: AssertionError on a misaligned rollback (an engine bug, not a user error).
+        """
+        layout = self._last_layout
+        new = keep - layout.cached
+        assert keep <= len(self.prefix) - 1, "the cache must not hold the last prefix token"
+        assert 0 <= new <= layout.rows, f"keep {keep} outside the last call ({layout.cached}+{layout.rows})"
+        assert list(layout.token_ids[:new]) == self.prefix[layout.cached:keep], "cache rows are not the prefix"
+        assert all(r in (PREFILL, VERIFY) for r in layout.regions[:new]), "non-causal rows would be cached"
+        self.model.rollback(keep)
+
+
+class Schedule(Protocol):
+    """One decoding schedule: a generator yielding one :class:`IterationRecord` per iteration."""
+
+    name: str
+    title: str
+    summary: str
+
+    def iterate(self, session: Session) -> Iterator[IterationRecord]: ...

@@ -1,0 +1,363 @@
+"""Train the embedded dual-mode model: one set of weights, a causal (AR) mode and a masked-diffusion mode.
+
+One forward per batch runs over the packed sequence ``[clean | noised]`` (2S rows) with duplicated
+position ids (0..S-1 twice):
+
+* clean rows attend causally to clean rows and give the AR loss (next-token cross-entropy);
+* noised rows are cut into blocks of size B starting at a random offset; a noised row in block
+  ``[s, s + B)`` sees the clean rows before ``s`` and every noised row of its own block, and each masked
+  row predicts the token at its own position (masked-diffusion loss).
+
+Two block shapes are trained, because the engine uses both (paper Appendix D.1 and E.2):
+``[last verified token, MASK x (B-1)]`` (regular Packed-SS / Linear-SS drafting calls) and
+``[MASK x B]`` after a causal prefix (the initial call and Quadratic-SS branches). Most blocks mask every
+position after their first token, the way the drafter is used; some are masked partially, the way the
+native diffusion schedule sees them.
+
+Usage::
+
+    python -m packed_ss.train --run runs/embedded --minutes 120          # train or resume
+    python -m packed_ss.train --run runs/embedded --export assets/model   # write the shipped folder
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+# Shape legend: N batch, S clean length, V vocab, B block size.
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Hyper-parameters of a training run (stored in the run folder; a resume reuses them)."""
+
+    vocab_size: int = 4096  # byte-level BPE vocabulary, special tokens included
+    hidden_size: int = 256
+    num_layers: int = 4
+    num_heads: int = 4
+    ffn_size: int = 768
+    seq_len: int = 256  # S, clean tokens per example; the packed row count is 2S
+    batch_size: int = 12  # N
+    lr: float = 2e-3  # peak AdamW learning rate
+    min_lr_ratio: float = 0.1  # cosine floor as a fraction of lr
+    warmup_steps: int = 200
+    total_steps: int = 40_000  # cosine horizon; training may stop earlier and resume later
+    weight_decay: float = 0.05
+    block_sizes: tuple[int, ...] = (4, 8, 8, 16)  # B drawn per batch from this list
+    clean_first_prob: float = 0.6  # share of blocks shaped [clean token, MASK x (B-1)]
+    full_mask_prob: float = 0.8  # share of blocks masked everywhere after their clean part
+    seed: int = 0
+
+
+def model_config(cfg: TrainConfig, eos_id: int, mask_id: int, pad_id: int):
+    """The ``transformers.LlamaConfig`` of the embedded model (mask token id stored in the config)."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.ffn_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_heads,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        bos_token_id=eos_id,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+    )
+    config.mask_token_id = mask_id
+    return config
+
+
+def block_layout(seq_len: int, block: int, offset: int) -> np.ndarray:
+    """Block start for every position: blocks begin at ``offset + k * block`` (a partial one before).
+
+    Returns: int array (S,) with the start index of the block that holds each position.
+    """
+    positions = np.arange(seq_len)
+    starts = np.where(positions < offset, 0, offset + ((positions - offset) // block) * block)
+    return starts
+
+
+def packed_mask(starts: torch.Tensor, block: int) -> torch.Tensor:
+    """Boolean attention mask (True = attend) of one ``[clean | noised]`` example.
+
+    Args:
+        starts: (S,) block start of each noised position.
+        block: block size B.
+    Returns:
+        (2S, 2S) bool tensor: clean-causal | nothing ; noised->clean before block start | own block.
+    """
+    seq_len = starts.shape[0]
+    idx = torch.arange(seq_len)
+    clean_causal = idx[None, :] <= idx[:, None]  # (S, S) lower triangular
+    noised_to_clean = idx[None, :] < starts[:, None]  # row sees clean keys before its block
+    own_block = starts[None, :] == starts[:, None]  # bidirectional inside the block
+    top = torch.cat([clean_causal, torch.zeros(seq_len, seq_len, dtype=torch.bool)], dim=1)
+    bottom = torch.cat([noised_to_clean, own_block], dim=1)
+    return torch.cat([top, bottom], dim=0)
+
+
+def make_batch(stream: np.ndarray, cfg: TrainConfig, mask_id: int, rng: np.random.Generator):
+    """Sample one training batch from the token stream.
+
+    Returns: ``(input_ids (N, 2S), position_ids (N, 2S), mask (N, 1, 2S, 2S), ar_targets (N, S),
+    diff_targets (N, S) with -100 where no loss)``.
+    """
+    seq, batch = cfg.seq_len, cfg.batch_size
+    block = int(rng.choice(cfg.block_sizes))
+    inputs, masks, ar_targets, diff_targets = [], [], [], []
+    for _ in range(batch):
+        start = int(rng.integers(0, len(stream) - seq - 1))
+        window = stream[start : start + seq + 1]
+        clean = window[:seq]
+        starts = block_layout(seq, block, int(rng.integers(0, block)))
+        noised = clean.copy()
+        target = np.full(seq, -100, dtype=np.int64)
+        for s in np.unique(starts):
+            end = min(s + block, seq)
+            first = s + 1 if rng.random() < cfg.clean_first_prob else s
+            span = np.arange(first, end)
+            if len(span) == 0:
+                continue
+            if rng.random() >= cfg.full_mask_prob:
+                rate = rng.uniform(0.3, 1.0)
+                chosen = span[rng.random(len(span)) < rate]
+                span = chosen if len(chosen) else span[-1:]
+            noised[span] = mask_id
+            target[span] = clean[span]
+        inputs.append(np.concatenate([clean, noised]))
+        masks.append(packed_mask(torch.from_numpy(starts), block))
+        ar_targets.append(window[1:])
+        diff_targets.append(target)
+    positions = torch.arange(seq).repeat(2)[None].expand(batch, -1)
+    return (
+        torch.from_numpy(np.stack(inputs)).long(),
+        positions,
+        torch.stack(masks)[:, None],
+        torch.from_numpy(np.stack(ar_targets)).long(),
+        torch.from_numpy(np.stack(diff_targets)).long(),
+    )
+
+
+def losses(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """AR and masked-diffusion cross-entropy (nats) of one packed batch, in one forward."""
+    input_ids, position_ids, mask, ar_targets, diff_targets = batch
+    seq = ar_targets.shape[1]
+    logits = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask).logits
+    vocab = logits.shape[-1]
+    ar = F.cross_entropy(logits[:, :seq].reshape(-1, vocab), ar_targets.reshape(-1))
+    diff = F.cross_entropy(logits[:, seq:].reshape(-1, vocab), diff_targets.reshape(-1), ignore_index=-100)
+    return ar, diff
+
+
+def learning_rate(cfg: TrainConfig, step: int) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.total_steps - cfg.warmup_steps))
+    floor = cfg.lr * cfg.min_lr_ratio
+    return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+@torch.no_grad()
+def evaluate(model, stream: np.ndarray, mask_id: int, block: int = 8, windows: int = 64, seq_len: int = 256):
+    """Held-out figures: AR loss (nats) and top-1, and drafter top-1 per offset 1..B-1.
+
+    The drafter is measured in the regular drafting layout ``[last verified token, MASK x (B-1)]``
+    with the block starting at random offsets, exactly as Packed-SS and Linear-SS call it.
+
+    Returns: dict with ``ar_loss``, ``ar_top1`` and ``draft_top1`` (list of B-1 fractions).
+    """
+    model.eval()
+    rng = np.random.default_rng(1234)
+    ar_loss, ar_hits, ar_count = 0.0, 0, 0
+    hits = np.zeros(block - 1)
+    counts = np.zeros(block - 1)
+    for _ in range(windows):
+        start = int(rng.integers(0, len(stream) - seq_len - 1))
+        window = stream[start : start + seq_len + 1]
+        clean = window[:seq_len]
+        starts = block_layout(seq_len, block, int(rng.integers(0, block)))
+        noised = clean.copy()
+        offsets = np.arange(seq_len) - starts
+        noised[offsets > 0] = mask_id
+        ids = torch.from_numpy(np.concatenate([clean, noised])).long()[None]
+        pos = torch.arange(seq_len).repeat(2)[None]
+        mask = packed_mask(torch.from_numpy(starts), block)[None, None]
+        logits = model(input_ids=ids, position_ids=pos, attention_mask=mask).logits[0].float()
+        targets = torch.from_numpy(window[1:]).long()
+        ar_loss += F.cross_entropy(logits[:seq_len], targets, reduction="sum").item()
+        ar_hits += (logits[:seq_len].argmax(-1) == targets).sum().item()
+        ar_count += seq_len
+        predicted = logits[seq_len:].argmax(-1).numpy()
+        full_blocks = starts + block <= seq_len
+        for k in range(1, block):
+            sel = (offsets == k) & full_blocks
+            hits[k - 1] += (predicted[sel] == clean[sel]).sum()
+            counts[k - 1] += sel.sum()
+    model.train()
+    return {
+        "ar_loss": ar_loss / ar_count,
+        "ar_top1": ar_hits / ar_count,
+        "draft_top1": (hits / np.maximum(counts, 1)).tolist(),
+    }
+
+
+def _prepare_data(run: Path, vocab_size: int):
+    """Tokenizer and token streams, built once per run folder and reused on resume."""
+    from transformers import AutoTokenizer
+
+    from packed_ss.corpus import load_corpus
+    from packed_ss.tokenizer_build import train_tokenizer
+
+    tok_dir = run / "tokenizer"
+    train_path, held_path = run / "train_tokens.npy", run / "heldout_tokens.npy"
+    if not train_path.exists():
+        train_files, held_files = load_corpus()
+        tokenizer = train_tokenizer((f.text for f in train_files), vocab_size)
+        tokenizer.save_pretrained(tok_dir)
+        eos = tokenizer.eos_token_id
+        for files, path in ((train_files, train_path), (held_files, held_path)):
+            ids: list[int] = []
+            for f in files:
+                ids.extend(tokenizer.encode(f.text))
+                ids.append(eos)
+            np.save(path, np.asarray(ids, dtype=np.int32))
+    tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+    return tokenizer, np.load(train_path), np.load(held_path)
+
+
+def _save_checkpoint(run: Path, model, optimizer, step: int, tokens: int, seconds: float, rng) -> None:
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "step": step,
+        "tokens": tokens,
+        "seconds": seconds,
+        "rng": rng.bit_generator.state,
+        "torch_rng": torch.get_rng_state(),
+    }
+    tmp = run / "ckpt.pt.tmp"
+    torch.save(state, tmp)
+    tmp.replace(run / "ckpt.pt")
+
+
+def export(run: Path, out: Path) -> dict:
+    """Write the shipped folder: float16 safetensors, config, tokenizer and training figures.
+
+    Returns: the training log entry written beside the weights (``training.json``).
+    """
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    cfg = TrainConfig(**{k: tuple(v) if isinstance(v, list) else v
+                         for k, v in json.loads((run / "config.json").read_text()).items()})
+    tokenizer = AutoTokenizer.from_pretrained(run / "tokenizer")
+    config = model_config(cfg, tokenizer.eos_token_id, tokenizer.mask_token_id, tokenizer.pad_token_id)
+    model = LlamaForCausalLM(config)
+    state = torch.load(run / "ckpt.pt", weights_only=False)
+    model.load_state_dict(state["model"])
+    out.mkdir(parents=True, exist_ok=True)
+    model.half().save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    info = {"step": state["step"], "clean_tokens": state["tokens"], "train_seconds": state["seconds"],
+            "config": asdict(cfg)}
+    (out / "training.json").write_text(json.dumps(info, indent=2))
+    return info
+
+
+def train(run: Path, minutes: float, cfg: TrainConfig, eval_every: int, save_every: int) -> None:
+    """Train (or resume) for ``minutes`` of wall time, checkpointing to ``run/ckpt.pt``."""
+    from tqdm import tqdm
+    from transformers import LlamaForCausalLM
+
+    run.mkdir(parents=True, exist_ok=True)
+    if (run / "config.json").exists():
+        stored = json.loads((run / "config.json").read_text())
+        cfg = TrainConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()})
+    else:
+        (run / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    tokenizer, train_stream, held_stream = _prepare_data(run, cfg.vocab_size)
+    mask_id = tokenizer.mask_token_id
+    torch.manual_seed(cfg.seed)
+    config = model_config(cfg, tokenizer.eos_token_id, mask_id, tokenizer.pad_token_id)
+    model = LlamaForCausalLM(config)
+    model.config._attn_implementation = "sdpa"
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                  betas=(0.9, 0.95))
+    rng = np.random.default_rng(cfg.seed)
+    step, tokens, seconds = 0, 0, 0.0
+    if (run / "ckpt.pt").exists():
+        state = torch.load(run / "ckpt.pt", weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        step, tokens, seconds = state["step"], state["tokens"], state["seconds"]
+        rng.bit_generator.state = state["rng"]
+        torch.set_rng_state(state["torch_rng"])
+    print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
+          f"{len(train_stream):,} training tokens, resuming at step {step}", flush=True)
+    model.train()
+    log = (run / "log.jsonl").open("a")
+    deadline = time.monotonic() + minutes * 60
+    bar = tqdm(total=int(minutes * 60), unit="s", desc="training", mininterval=10)
+    begin = time.monotonic()
+    while time.monotonic() < deadline and step < cfg.total_steps:
+        tick = time.monotonic()
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(cfg, step)
+        ar, diff = losses(model, make_batch(train_stream, cfg, mask_id, rng))
+        optimizer.zero_grad(set_to_none=True)
+        (ar + diff).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        step += 1
+        tokens += cfg.batch_size * cfg.seq_len
+        seconds += time.monotonic() - tick
+        bar.n = int(time.monotonic() - begin)
+        bar.set_postfix(step=step, ar=f"{ar.item():.3f}", diff=f"{diff.item():.3f}", refresh=False)
+        bar.update(0)
+        entry = {"step": step, "tokens": tokens, "seconds": round(seconds, 1), "ar": ar.item(), "diff": diff.item()}
+        if step % eval_every == 0:
+            entry.update(evaluate(model, held_stream, mask_id, windows=16))
+        if step % 50 == 0 or step % eval_every == 0:
+            log.write(json.dumps(entry) + "\n")
+            log.flush()
+        if step % save_every == 0:
+            _save_checkpoint(run, model, optimizer, step, tokens, seconds, rng)
+    _save_checkpoint(run, model, optimizer, step, tokens, seconds, rng)
+    bar.close()
+    print(json.dumps({"step": step, "tokens": tokens, **evaluate(model, held_stream, mask_id)}), flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m packed_ss.train", description=__doc__.split("\n")[0])
+    parser.add_argument("--run", type=Path, default=Path("runs/embedded"), help="checkpoint folder")
+    parser.add_argument("--minutes", type=float, default=60.0, help="wall-time budget of this session")
+    parser.add_argument("--export", type=Path, help="write the shipped model folder from the checkpoint and exit")
+    parser.add_argument("--eval-every", type=int, default=500)
+    parser.add_argument("--save-every", type=int, default=100)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave the default)")
+    for field, value in asdict(TrainConfig()).items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            parser.add_argument(f"--{field.replace('_', '-')}", type=type(value), default=value)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.export:
+        print(json.dumps(export(args.run, args.export), indent=2))
+        return
+    overrides = {f: getattr(args, f) for f in asdict(TrainConfig()) if hasattr(args, f)}
+    train(args.run, args.minutes, TrainConfig(**overrides), args.eval_every, args.save_every)
+
+
+if __name__ == "__main__":
+    main()

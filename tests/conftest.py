@@ -1,0 +1,18 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+ROOT = Path(__file__).resolve().parents[1]
+EMBEDDED = ROOT / "assets" / "model"
+
+
+@pytest.fixture(scope="session")
+def embedded_model():
+    """The shipped embedded model (float32, CPU); skipped until assets/model holds weights."""
+    from packed_ss.model import DualModeModel
+
+    if not (EMBEDDED / "model.safetensors").exists():
+        pytest.skip("assets/model has no weights yet")
+    return DualModeModel.from_pretrained(EMBEDDED, device="cpu", dtype="float64")
