@@ -140,7 +140,7 @@ class DualModeModel:
         input_ids = torch.tensor([layout.token_ids], device=device)
         position_ids = torch.tensor([layout.position_ids], device=device)
         mask = layout.full_mask().to(device)[None, None]  # (1, 1, R, C + R)
-        keep = torch.tensor(rows, device=device)
+        keep = torch.tensor(rows, dtype=torch.long, device=device)
         cuda = device.type == "cuda"
         if cuda:
             torch.cuda.synchronize(device)

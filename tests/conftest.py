@@ -2,9 +2,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 ROOT = Path(__file__).resolve().parents[1]
+# Tiny test models run fastest on one thread (intra-op threading only adds overhead at this size).
+torch.set_num_threads(1)
 EMBEDDED = ROOT / "assets" / "model"
 
 

@@ -3,7 +3,8 @@
 The first four generated tokens of a tiny model with four usable tokens (256 outcomes) are sampled
 many times with one seeded generator per run; the exact AR distribution is enumerated from the model
 with the same top-k/top-p warping; a chi-square goodness-of-fit test (bins with expected count < 5
-pooled) must not reject at level 1e-4. A decoder whose correction ignores the stored Q fails it.
+pooled) must not reject at level 1e-4. The same chi-square check on one verification step rejects a
+residual that ignores Q and a stored Q that is not the one the draft was drawn from.
 """
 
 import itertools
@@ -13,11 +14,10 @@ import torch
 from helpers import tiny_llama
 from scipy.stats import chisquare
 
-import packed_ss.schedules.base as base
 from packed_ss import DecodeConfig, generate
-from packed_ss.sampling import Verdict, sample, warp
+from packed_ss.sampling import SparseDist, Verdict, sample, verify_sampled, warp
 
-LENGTH, RUNS, BLOCK = 4, 3000, 3
+LENGTH, RUNS, BLOCK = 4, 2000, 3
 PROMPT = [2, 3]
 ALPHA = 1e-4
 
@@ -46,10 +46,12 @@ def p_value(model, name, temperature, top_k, top_p) -> float:
         config = DecodeConfig(block_size=BLOCK, temperature=temperature, top_k=top_k, top_p=top_p,
                               max_new_tokens=LENGTH, seed=seed)
         counts[generate(model, PROMPT, config, name).token_ids] += 1
+    impossible = [s for s in exact if exact[s] == 0]  # removed by top-k/top-p: must never appear
+    assert sum(counts[s] for s in impossible) == 0
     big = [s for s in exact if exact[s] * RUNS >= 5]
-    small = [s for s in exact if exact[s] * RUNS < 5]
-    observed = [counts[s] for s in big] + [sum(counts[s] for s in small)]
-    expected = [exact[s] * RUNS for s in big] + [sum(exact[s] for s in small) * RUNS]
+    small = [s for s in exact if 0 < exact[s] * RUNS < 5]
+    observed = [counts[s] for s in big] + ([sum(counts[s] for s in small)] if small else [])
+    expected = [exact[s] * RUNS for s in big] + ([sum(exact[s] for s in small) * RUNS] if small else [])
     scale = sum(observed) / sum(expected)
     return chisquare(observed, [e * scale for e in expected]).pvalue
 
@@ -60,16 +62,42 @@ def test_matches_exact_ar_distribution(model, name, top_k, top_p):
     assert p_value(model, name, 1.0, top_k, top_p) > ALPHA
 
 
-def test_a_wrong_residual_is_detected(model, monkeypatch):
-    """Correction drawn from p instead of norm([p - Q]+): the same test must reject."""
+def first_token_pvalue(verify, p_row, q_drawn, q_stored, draws=20000) -> float:
+    """One draft token d ~ q_drawn checked against q_stored: the emitted token must follow p."""
+    gen = torch.Generator().manual_seed(0)
+    p = torch.stack([p_row, p_row])  # p^(1) and the bonus row
+    counts = torch.zeros(len(p_row))
+    for _ in range(draws):
+        d = sample(q_drawn, gen)
+        verdict = verify([d], [SparseDist.from_dense(q_stored)], p, gen)
+        counts[d if verdict.h == 1 else verdict.token] += 1
+    keep = p_row > 0
+    return chisquare(counts[keep].numpy(), (p_row[keep] * draws).numpy()).pvalue
+
+
+P_ROW = torch.tensor([0.5, 0.3, 0.2, 0.0], dtype=torch.float64)
+Q_ROW = torch.tensor([0.1, 0.1, 0.1, 0.7], dtype=torch.float64)
+
+
+def test_one_step_rejection_sampling_is_exact():
+    assert first_token_pvalue(verify_sampled, P_ROW, Q_ROW, Q_ROW) > ALPHA
+    assert first_token_pvalue(verify_sampled, P_ROW, P_ROW, P_ROW) > ALPHA  # p == Q: residual all zeros
+
+
+def test_a_wrong_residual_is_detected():
+    """Correction drawn from p instead of norm([p - Q]+): the same check must reject."""
 
     def wrong(draft, stored_q, p, generator):
-        p = p.double().cpu()
-        for i, (token, q_i) in enumerate(zip(draft, stored_q)):
-            alpha = min(1.0, float(p[i, token]) / q_i.prob(token))
-            if float(torch.rand((), generator=generator, dtype=torch.float64)) >= alpha:
-                return Verdict(h=i, token=sample(p[i], generator), is_bonus=False)
-        return Verdict(h=len(draft), token=sample(p[len(draft)], generator), is_bonus=True)
+        alpha = min(1.0, float(p[0, draft[0]]) / stored_q[0].prob(draft[0]))
+        if float(torch.rand((), generator=generator, dtype=torch.float64)) >= alpha:
+            return Verdict(h=0, token=sample(p[0], generator), is_bonus=False)
+        return Verdict(h=1, token=sample(p[1], generator), is_bonus=True)
 
-    monkeypatch.setattr(base, "verify_sampled", wrong)
-    assert p_value(model, "packed", 1.0, 0, 1.0) < ALPHA
+    assert first_token_pvalue(wrong, P_ROW, Q_ROW, Q_ROW) < ALPHA
+
+
+def test_a_wrong_stored_q_is_detected():
+    """Draft drawn from a top-k truncated q but checked against the untruncated q: rejected."""
+    truncated = torch.tensor([0.0, 0.0, 0.125, 0.875], dtype=torch.float64)
+    assert first_token_pvalue(verify_sampled, P_ROW, truncated, truncated) > ALPHA
+    assert first_token_pvalue(verify_sampled, P_ROW, truncated, Q_ROW) < ALPHA

@@ -1,0 +1,5 @@
+import sys
+
+from packed_ss.cli import main
+
+sys.exit(main())

@@ -1,0 +1,94 @@
+"""Command line: ``python -m packed_ss generate --schedule packed --prompt "def f(x):"``.
+
+Prints the generated text and the run metrics, or one JSON object with ``--json``. Bad arguments exit
+with status 2 and a one-line message, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from packed_ss.config import DecodeConfig
+
+DEFAULT_MODEL = str(Path(__file__).resolve().parents[1] / "assets" / "model")
+
+
+class UsageError(Exception):
+    """A user error reported as one line."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    from packed_ss.schedules import REGISTRY
+
+    parser = argparse.ArgumentParser(prog="python -m packed_ss")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="decode one prompt with one schedule")
+    gen.add_argument("--schedule", default="packed", help=f"one of {', '.join(REGISTRY)} (default packed)")
+    source = gen.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="prompt text")
+    source.add_argument("--prompt-file", type=Path, help="file holding the prompt")
+    gen.add_argument("--model", default=DEFAULT_MODEL, help="model folder or hub id (default: the embedded model)")
+    gen.add_argument("--block-size", type=int, default=8, help="B; the speculative width is B - 1")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    gen.add_argument("--dtype", default=None, help="float32, bfloat16 or float64")
+    gen.add_argument("--json", action="store_true", help="print one JSON object")
+    return parser
+
+
+def _generate(args) -> int:
+    from packed_ss.engine import generate
+    from packed_ss.model import DualModeModel, ModelLoadError
+    from packed_ss.schedules import get_schedule
+
+    try:
+        get_schedule(args.schedule)
+        config = DecodeConfig(block_size=args.block_size, temperature=args.temperature, top_k=args.top_k,
+                              top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                              stop_strings=tuple(args.stop))
+        if args.prompt_file is not None:
+            try:
+                prompt = args.prompt_file.read_text(encoding="utf-8")
+            except OSError as error:
+                raise UsageError(f"cannot read prompt file: {error}") from None
+        else:
+            prompt = args.prompt
+        if not prompt:
+            raise UsageError("the prompt is empty")
+        model = DualModeModel.from_pretrained(args.model, device=args.device, dtype=args.dtype)
+        run = generate(model, model.encode(prompt), config, args.schedule)
+    except (ValueError, ModelLoadError, UsageError) as error:
+        raise UsageError(str(error)) from None
+    metrics = run.metrics()
+    if args.json:
+        print(json.dumps(metrics))
+    else:
+        print(run.text)
+        print(f"\n[{run.schedule}] B={run.block_size} tokens={run.tokens} NFE={run.nfe} "
+              f"tokens/NFE={run.tokens_per_nfe:.2f} wall={run.wall_s:.3f}s "
+              f"time/NFE={run.time_per_nfe_ms:.2f}ms throughput={run.throughput:.1f} tok/s "
+              f"mean acceptance length={run.mean_acceptance_length:.2f} stop={run.stop_reason}",
+              file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return _generate(args)
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""The KV cache after every iteration equals a no-cache forward over the verified prefix minus its last
+token; the causal half of a packed call equals a causal forward, its diffusion half a standalone
+drafting call (paper Appendix D.1)."""
+
+import pytest
+import torch
+from helpers import tiny_llama
+
+from packed_ss import DecodeConfig, decode
+from packed_ss.layout import draft_layout, packed_layout, verify_layout
+
+
+def reference_cache(model, ids):
+    """Keys and values of a fresh causal forward over ``ids`` (no cache reuse)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.model.config)
+    with torch.no_grad():
+        model.model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
+    return cache
+
+
+def _run_and_check(name):
+    model = tiny_llama(vocab_size=10, seed=3, logit_scale=3.0, eos=False)
+    prompt = [4, 5, 6]
+    generated: list[int] = []
+    iterations = 0
+    for record in decode(model, prompt, DecodeConfig(block_size=4, max_new_tokens=25), name):
+        generated += record.appended
+        cached = model.cache_length
+        iterations += 1
+        if name == "diffusion":  # a completed block enters the cache through the next call
+            assert cached <= record.prefix_len_after - 1
+        else:
+            assert cached == record.prefix_len_after - 1 == len(prompt + generated) - 1
+        ref = reference_cache(model, (prompt + generated)[:cached])
+        for layer, ref_layer in zip(model.cache.layers, ref.layers):
+            assert torch.allclose(layer.keys, ref_layer.keys, atol=1e-10)
+            assert torch.allclose(layer.values, ref_layer.values, atol=1e-10)
+    assert iterations > 3
+
+
+@pytest.mark.parametrize("name", ["ar", "linear", "quadratic", "packed", "diffusion"])
+def test_cached_keys_and_values_equal_a_fresh_forward(name):
+    _run_and_check(name)
+
+
+def test_packed_halves_equal_separate_calls():
+    model = tiny_llama(vocab_size=16, seed=4, logit_scale=2.0)
+    prefix, draft, width, mask = [3, 4, 5, 6, 7], [8, 9], 3, model.mask_token_id
+    cached = len(prefix) - 1
+
+    def fresh_call(layout, rows):
+        model.reset()
+        model.forward(verify_layout(prefix[:-1], [], 0), ())  # cache the prefix minus its last token
+        model.rollback(cached)
+        return model.forward(layout, rows).logits
+
+    packed = packed_layout(prefix[-1], draft, width, cached, mask)
+    both = fresh_call(packed, packed.verify_rows + packed.draft_rows)
+    causal = verify_layout([prefix[-1]], draft + [mask], cached)
+    drafting = draft_layout(prefix[-1], width, cached, mask)
+    assert torch.allclose(both[:4], fresh_call(causal, causal.verify_rows), atol=1e-10)
+    assert torch.allclose(both[4:], fresh_call(drafting, drafting.draft_rows), atol=1e-10)
+    # and the causal half equals a plain no-cache causal forward over the whole sequence
+    with torch.no_grad():
+        plain = model.model(input_ids=torch.tensor([prefix + draft + [mask]])).logits[0, cached:]
+    assert torch.allclose(both[:4], plain, atol=1e-10)

@@ -1,0 +1,70 @@
+"""CLI: JSON output on a model folder built in the test, and one-line errors without tracebacks."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from helpers import tiny_llama
+
+from packed_ss.cli import main
+from packed_ss.config import DecodeConfig
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny")
+    model = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0)
+    model.model.config.mask_token_id = 1
+    model.model.float().save_pretrained(folder)
+    model.tokenizer.save_pretrained(folder)
+    return folder
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "packed_ss", "generate", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_json_output(model_dir):
+    out = run_cli("--model", str(model_dir), "--prompt", "w1 w2 w3", "--max-new-tokens", "9", "--json",
+                  "--schedule", "packed", "--block-size", "4")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    for key in ("text", "token_ids", "nfe", "wall_s", "tokens_per_nfe", "iterations"):
+        assert key in data
+    assert 1 <= len(data["token_ids"]) <= 9 and data["nfe"] >= 1
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--schedule", "cubic"], "unknown schedule"),
+    (["--block-size", "1"], "block size"),
+    (["--temperature", "-0.5"], "temperature"),
+    (["--max-new-tokens", "0"], "limit"),
+    (["--prompt", ""], "prompt is empty"),
+])
+def test_bad_arguments_exit_with_one_line(model_dir, args, message, capsys):
+    code = main(["generate", "--model", str(model_dir), "--prompt", "w1 w2", *args])
+    err = capsys.readouterr().err
+    assert code != 0
+    assert message in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_missing_model_folder_and_missing_mask_token(tmp_path, model_dir, capsys):
+    assert main(["generate", "--model", str(tmp_path / "nope"), "--prompt", "w1"]) != 0
+    assert "does not exist" in capsys.readouterr().err
+    no_mask = tmp_path / "nomask"
+    model = tiny_llama(vocab_size=20, seed=2)
+    model.model.float().save_pretrained(no_mask)
+    tok = model.tokenizer
+    tok.mask_token = None
+    tok.save_pretrained(no_mask)
+    assert main(["generate", "--model", str(no_mask), "--prompt", "w1"]) != 0
+    assert "mask token" in capsys.readouterr().err
+
+
+def test_config_rejects_bad_values():
+    for kwargs in ({"block_size": 1}, {"temperature": -1.0}, {"max_new_tokens": 0}, {"top_p": 0.0}, {"top_k": -1}):
+        with pytest.raises(ValueError):
+            DecodeConfig(**kwargs)
