@@ -92,6 +92,13 @@ class DualModeModel:
             eos = eos[0]
         return cls(model.to(device), tokenizer, mask_id, eos)
 
+    def share(self) -> "DualModeModel":
+        """A second adapter over the same weights and tokenizer with its own empty cache.
+
+        Use one per concurrent run (one per user session): runs never see each other's cache.
+        """
+        return DualModeModel(self.model, self.tokenizer, self.mask_token_id, self.eos_token_id)
+
     # --- text ---------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (no special tokens added)."""
