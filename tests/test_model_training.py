@@ -1,0 +1,73 @@
+"""Embedded model: training lowers the loss, the tokenizer round-trips, the shipped checkpoint is stable."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import EMBEDDED
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packed_ss import DecodeConfig, generate
+from packed_ss.train import TrainConfig, losses, make_batch, model_config, packed_mask
+
+
+def test_packed_training_mask_layout():
+    starts = torch.tensor([0, 0, 2, 2, 2, 2])  # offset 2, B = 4: a partial block then one full block
+    mask = packed_mask(starts, 4)
+    assert mask.shape == (12, 12)
+    assert torch.equal(mask[:6, :6], torch.ones(6, 6, dtype=torch.bool).tril())  # clean rows: causal
+    assert not mask[:6, 6:].any()  # clean rows never see noised rows
+    assert torch.equal(mask[8, :6], torch.tensor([1, 1, 0, 0, 0, 0], dtype=torch.bool))  # clean before its block
+    assert torch.equal(mask[8, 6:], torch.tensor([0, 0, 1, 1, 1, 1], dtype=torch.bool))  # its own block
+
+
+def test_a_few_steps_lower_the_loss():
+    from transformers import LlamaForCausalLM
+
+    cfg = TrainConfig(vocab_size=64, hidden_size=32, num_layers=1, num_heads=2, ffn_size=64, seq_len=32,
+                      batch_size=4, block_sizes=(4,), lr=1e-2, warmup_steps=1)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(model_config(cfg, eos_id=0, mask_id=1, pad_id=2))
+    rng = np.random.default_rng(0)
+    stream = np.tile(np.arange(3, 40), 50).astype(np.int32)  # a learnable repeating sequence
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    fixed = make_batch(stream, cfg, 1, np.random.default_rng(1))
+    before = [x.item() for x in losses(model, fixed)]
+    for _ in range(30):
+        ar, diff = losses(model, make_batch(stream, cfg, 1, rng))
+        optimizer.zero_grad()
+        (ar + diff).backward()
+        optimizer.step()
+    after = [x.item() for x in losses(model, fixed)]
+    assert after[0] < before[0] - 0.5 and after[1] < before[1] - 0.5, (before, after)
+
+
+@pytest.fixture(scope="module")
+def shipped_tokenizer():
+    from transformers import AutoTokenizer
+
+    if not (EMBEDDED / "tokenizer.json").exists():
+        pytest.skip("assets/model has no tokenizer yet")
+    return AutoTokenizer.from_pretrained(EMBEDDED)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text())
+def test_tokenizer_round_trips_any_text(shipped_tokenizer, text):
+    ids = shipped_tokenizer.encode(text, add_special_tokens=False)
+    assert shipped_tokenizer.decode(ids) == text
+
+
+def test_indentation_runs_are_single_tokens(shipped_tokenizer):
+    ids = shipped_tokenizer.encode("def f():\n        return 1\n", add_special_tokens=False)
+    assert any(set(t) <= {"Ġ", "Ċ"} and t.count("Ġ") >= 4 for t in shipped_tokenizer.convert_ids_to_tokens(ids))
+    assert shipped_tokenizer.mask_token is not None and shipped_tokenizer.eos_token is not None
+
+
+def test_shipped_model_matches_its_golden_continuation(embedded_model):
+    golden = json.loads((EMBEDDED / "golden.json").read_text())
+    prompt = embedded_model.encode(golden["prompt"])
+    run = generate(embedded_model, prompt, DecodeConfig(max_new_tokens=len(golden["token_ids"])), "ar")
+    assert list(run.token_ids) == golden["token_ids"]
