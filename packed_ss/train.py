@@ -275,6 +275,26 @@ def export(run: Path, out: Path) -> dict:
     return info
 
 
+def evaluate_folder(folder: Path, block: int = 8, windows: int = 256) -> dict:
+    """Held-out figures of a saved model: the corpus's held-out files, tokenised with its tokenizer.
+
+    Returns: dict with parameters, ``ar_loss`` (nats/token), ``ar_top1`` and ``draft_top1`` per offset.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from packed_ss.corpus import load_corpus
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    ids: list[int] = []
+    for f in load_corpus()[1]:
+        ids.extend(tokenizer.encode(f.text))
+        ids.append(tokenizer.eos_token_id)
+    figures = evaluate(model, np.asarray(ids, dtype=np.int32), tokenizer.mask_token_id, block=block, windows=windows)
+    return {"parameters": sum(p.numel() for p in model.parameters()), "heldout_tokens": len(ids),
+            "windows": windows, "block_size": block, **figures}
+
+
 def train(run: Path, minutes: float, cfg: TrainConfig, eval_every: int, save_every: int) -> None:
     """Train (or resume) for ``minutes`` of wall time, checkpointing to ``run/ckpt.pt``."""
     from tqdm import tqdm
@@ -343,6 +363,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--run", type=Path, default=Path("runs/embedded"), help="checkpoint folder")
     parser.add_argument("--minutes", type=float, default=60.0, help="wall-time budget of this session")
     parser.add_argument("--export", type=Path, help="write the shipped model folder from the checkpoint and exit")
+    parser.add_argument("--evaluate", type=Path, help="print held-out figures of a saved model folder and exit")
+    parser.add_argument("--eval-block-size", type=int, default=8, help="B for the drafter accuracy per offset")
     parser.add_argument("--eval-every", type=int, default=500)
     parser.add_argument("--save-every", type=int, default=100)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave the default)")
@@ -352,6 +374,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.evaluate:
+        print(json.dumps(evaluate_folder(args.evaluate, args.eval_block_size), indent=2))
+        return
     if args.export:
         print(json.dumps(export(args.run, args.export), indent=2))
         return
