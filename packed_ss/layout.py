@@ -8,12 +8,16 @@ that keeps a prefix of the new rows drops everything else (drafter rows, rejecte
 Component masks: ``T(n)`` lower-triangular with diagonal (causal mode), ``J(n)`` all ones
 (bidirectional diffusion mode), ``O(r, c)`` all zeros.
 
+Masks that depend only on the block size are built once and shared (read-only) between calls, which
+keeps them off the decoder's non-model time.
+
 Shape legend: B block size, W = B - 1 speculative width, R rows of the call, C cached tokens.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -24,11 +28,13 @@ DRAFT = "draft"  # diffusion-mode rows: last prefix token copy and masks (drafte
 BRANCH = "branch"  # Quadratic-SS: one mask block per acceptance length
 
 
+@lru_cache(maxsize=64)
 def T(n: int) -> torch.Tensor:
     """(n, n) causal block: row i sees rows 0..i."""
     return torch.ones(n, n, dtype=torch.bool).tril()
 
 
+@lru_cache(maxsize=64)
 def J(n: int) -> torch.Tensor:
     """(n, n) bidirectional block: every row sees every row."""
     return torch.ones(n, n, dtype=torch.bool)
@@ -153,18 +159,34 @@ def packed_layout(last: int, draft: list[int], width: int, cached: int, mask_id:
     block = 1 + width
     padded = list(draft) + [mask_id] * (width - len(draft))
     positions = tuple(range(cached, cached + block))
-    mask = _blocks([[T(block), O(block, block)],   # verifier: causal over prefix + draft
-                    [O(block, block), J(block)]])  # drafter: bidirectional, blind to the draft
     return CallLayout(
         name="packed",
         token_ids=(last, *padded, last) + (mask_id,) * width,
         position_ids=positions + positions,
         regions=(VERIFY,) * block + (DRAFT,) * block,
-        mask=mask,
+        mask=_packed_mask(block),
         cached=cached,
         verify_rows=tuple(range(block)),
         draft_rows=tuple(range(block + 1, 2 * block)),
     )
+
+
+@lru_cache(maxsize=64)
+def _packed_mask(block: int) -> torch.Tensor:
+    return _blocks([[T(block), O(block, block)],   # verifier: causal over prefix + draft
+                    [O(block, block), J(block)]])  # drafter: bidirectional, blind to the draft
+
+
+@lru_cache(maxsize=64)
+def _quadratic_mask(block: int) -> torch.Tensor:
+    rows = block * (block + 1)
+    mask = O(rows, rows)
+    mask[:block, :block] = T(block)  # verifier rows
+    for h in range(block):
+        start = block * (h + 1)
+        mask[start:start + block, : h + 1] = True  # leader: verify rows 0..h
+        mask[start:start + block, start:start + block] = J(block)  # own bidirectional block
+    return mask
 
 
 def quadratic_layout(last: int, draft: list[int], width: int, cached: int, mask_id: int) -> CallLayout:
@@ -179,15 +201,10 @@ def quadratic_layout(last: int, draft: list[int], width: int, cached: int, mask_
         raise ValueError(f"draft of {len(draft)} tokens exceeds width {width}")
     block = 1 + width
     padded = list(draft) + [mask_id] * (width - len(draft))
-    rows = block * (block + 1)
-    mask = O(rows, rows)
-    mask[:block, :block] = T(block)  # verifier rows
     positions = list(range(cached, cached + block))
     branch_rows = []
     for h in range(block):
         start = block * (h + 1)
-        mask[start:start + block, : h + 1] = True  # leader: verify rows 0..h
-        mask[start:start + block, start:start + block] = J(block)  # own bidirectional block
         positions += range(cached + 1 + h, cached + 1 + h + block)
         branch_rows.append(tuple(range(start, start + block)))
     return CallLayout(
@@ -195,7 +212,7 @@ def quadratic_layout(last: int, draft: list[int], width: int, cached: int, mask_
         token_ids=(last, *padded) + (mask_id,) * (block * block),
         position_ids=tuple(positions),
         regions=(VERIFY,) * block + (BRANCH,) * (block * block),
-        mask=mask,
+        mask=_quadratic_mask(block),
         cached=cached,
         verify_rows=tuple(range(block)),
         branch_rows=tuple(branch_rows),
