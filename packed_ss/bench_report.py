@@ -1,0 +1,203 @@
+"""Benchmark report: markdown tables, plotly figures and a self-contained HTML page from a summary dict.
+
+Everything here reads only the summary produced by :func:`packed_ss.bench.summarize` (or its JSON), so a
+saved ``summary.json`` renders the same report again. The HTML embeds plotly.js and works offline.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+
+import plotly.graph_objects as go
+
+LABELS = {"ar": "AR", "linear": "Linear-SS", "quadratic": "Quadratic-SS", "packed": "Packed-SS",
+          "diffusion": "Diffusion"}
+COLORS = {"ar": "#7f7f7f", "linear": "#1f77b4", "quadratic": "#ff7f0e", "packed": "#2ca02c", "diffusion": "#9467bd"}
+RATIOS = (("throughput_ratio", "Throughput"), ("tokens_per_nfe_ratio", "Tokens/NFE"), ("time_per_nfe_ratio", "Time/NFE"))
+
+
+def _label(name: str) -> str:
+    return LABELS.get(name, name)
+
+
+def _num(value, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    if isinstance(value, int):
+        return str(value)
+    return f"{value:.{digits}f}"
+
+
+def _interval(item: dict, digits: int = 3) -> str:
+    return f"{_num(item['estimate'], digits)} [{_num(item['low'], digits)}, {_num(item['high'], digits)}]"
+
+
+def tables(summary: dict) -> list[tuple[str, list[str], list[list[str]], str]]:
+    """The report's tables as ``(title, headers, rows, note)``, shared by the markdown and HTML views."""
+    out = []
+    rows = []
+    for name, s in summary["schedules"].items():
+        rows.append([_label(name), _num(s["block_size"]) if name != "ar" else "-", _num(s["examples"]),
+                     _num(s["tokens_mean"], 1), _num(s["nfe_mean"], 1), _num(s["tokens_per_nfe"]),
+                     _num(s["time_per_nfe_ms"], 2), _num(s["throughput"], 1), _num(s["wall_mean_s"], 4),
+                     _num(s["model_mean_s"], 4), _num(s["other_mean_s"], 4), _num(s["mean_acceptance_length"], 2),
+                     _num(s["max_rows_per_call"])])
+    out.append(("Per schedule", ["schedule", "B", "responses", "tokens", "NFE", "tokens/NFE", "time/NFE (ms)",
+                                 "throughput (tok/s)", "wall (s)", "model (s)", "non-model (s)",
+                                 "mean acceptance length", "rows/call"], rows,
+                "Tokens, NFE and times are means per response; tokens/NFE, time/NFE and throughput use aggregate "
+                "totals; rows/call is the most input rows of one call after the first iteration."))
+    comparisons = summary["comparisons"]
+    if comparisons:
+        n = comparisons[0]["n"]
+        level = round(100 * comparisons[0]["throughput_ratio"]["level"])
+        rows = [[f"{_label(c['numerator'])} / {_label(c['denominator'])}", *(_interval(c[key]) for key, _ in RATIOS),
+                 _interval(c["wall_difference_s"], 4)] for c in comparisons]
+        out.append((f"Paired comparisons ({level}% bootstrap intervals, {n} prompts, "
+                    f"{summary['config']['resamples']} resamples)",
+                    ["comparison", "throughput ratio", "tokens/NFE ratio", "time/NFE ratio", "wall difference (s)"],
+                    rows, "Ratios are ratios of aggregated sums over the (resampled) prompts: throughput ratio = "
+                          "(Σ tokens_A / Σ wall_A) / (Σ tokens_B / Σ wall_B), likewise for tokens/NFE and "
+                          "time/NFE. Wall difference = mean wall per response of A minus that of B. The same "
+                          "resampled prompt indices serve every schedule and statistic (E.5)."))
+    lossless = summary["lossless"]
+    if lossless["applies"]:
+        rows = [[_label(name), _num(c["compared"]), _num(c["differing"]),
+                 "0" if c["expected_zero"] else "not lossless (reported)",
+                 ", ".join(c["differing_prompts"][:5]) + (" ..." if len(c["differing_prompts"]) > 5 else "")]
+                for name, c in lossless["by_schedule"].items()]
+        out.append(("Lossless check: greedy outputs differing from AR",
+                    ["schedule", "compared", "differing", "expected", "differing prompts"], rows,
+                    "Token ids compared by hash, same prompt and sample."))
+    else:
+        out.append(("Lossless check", ["status"], [[f"not applied: {lossless['reason']}"]], ""))
+    decomposition = summary["decomposition"]
+    if decomposition["reference"]:
+        rows = [[_label(name), _num(d["model"]), _num(d["other"]), _num(d["total"])]
+                for name, d in decomposition["by_schedule"].items()]
+        out.append((f"Timing decomposition (fraction of {_label(decomposition['reference'])}'s total)",
+                    ["schedule", "model time", "non-model time", "total"], rows,
+                    "Mean per-response model time and non-model decoder time divided by the reference's mean "
+                    "total wall time (F.3)."))
+    if summary["probe"]:
+        rows = [[_label(r["schedule"]), _num(r["block_size"]), _num(r["examples"]), _num(r["tokens_per_s"], 1),
+                 _num(r["wall_mean_s"], 4), _num(r["nfe_mean"], 1), _num(r["tokens_mean"], 1),
+                 _num(r["tokens_per_nfe"]), _num(r["max_rows_per_call"])] for r in summary["probe"]]
+        out.append(("Block-size probe (F.1)", ["schedule", "B", "responses", "tokens/s", "wall (s)", "NFE", "tokens",
+                                               "tokens/NFE", "rows/call"], rows,
+                    "Means per response over the same prompts; tokens/s = mean tokens / mean wall."))
+    return out
+
+
+def _header(summary: dict) -> list[str]:
+    meta, config = summary["meta"], summary["config"]
+    blocks = ", ".join(f"{_label(s)} {b}" for s, b in config["block_sizes"].items()) or "-"
+    lines = [
+        f"Model: `{meta.get('model', '?')}` on {meta.get('device', '?')} ({meta.get('dtype', '?')}), "
+        f"{meta.get('threads', '?')} CPU threads.",
+        f"Prompts: {meta.get('prompt_source', '?')}, {meta['prompts_measured']} measured "
+        f"({meta.get('prompts_given', '?')} given, {len(meta.get('skipped_prompts', []))} skipped, "
+        f"{meta.get('prompts_incomplete', 0)} incomplete).",
+        f"T = {config['temperature']}, samples per prompt = {config['samples']}, max new tokens = "
+        f"{config['max_new_tokens']}, seed = {config['seed']}; B: {blocks}.",
+        f"Schedules measured in rotating order per prompt; warm-up run: {'yes' if config['warmup'] else 'no'}. "
+        "Decoder wall time excludes model loading and tokenisation (E.5).",
+    ]
+    if meta.get("interrupted"):
+        lines.append(f"**Interrupted**: {meta['runs_done']} of {meta['runs_planned']} runs measured.")
+    return lines
+
+
+def summary_markdown(summary: dict) -> str:
+    """The summary as markdown: header, tables with notes, definitions."""
+    parts = ["# Benchmark summary", "", *[f"- {line}" for line in _header(summary)], ""]
+    for title, headers, rows, note in tables(summary):
+        parts += [f"## {title}", "", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+        parts += ["| " + " | ".join(row) + " |" for row in rows]
+        parts += ["", note, ""] if note else [""]
+    parts += ["## Definitions", ""] + [f"- **{k}**: {v}" for k, v in summary["definitions"].items()] + [""]
+    return "\n".join(parts)
+
+
+def figures(summary: dict) -> dict[str, go.Figure]:
+    """Plotly figures: ``ratios`` (with intervals), ``decomposition`` (stacked bars), ``block_size``
+    (tokens/NFE against B; probe rows, or the main runs' single B per schedule without a probe)."""
+    out = {}
+    ratios = go.Figure()
+    for c in summary["comparisons"]:
+        ys = [c[key]["estimate"] for key, _ in RATIOS]
+        up = [_gap(c[key]["high"], c[key]["estimate"]) for key, _ in RATIOS]
+        down = [_gap(c[key]["estimate"], c[key]["low"]) for key, _ in RATIOS]
+        ratios.add_trace(go.Scatter(x=[label for _, label in RATIOS], y=ys, mode="markers",
+                                    name=f"{_label(c['numerator'])} / {_label(c['denominator'])}",
+                                    marker=dict(size=11, color=COLORS.get(c["denominator"])),
+                                    error_y=dict(type="data", symmetric=False, array=up, arrayminus=down)))
+    ratios.add_hline(y=1, line_dash="dash", line_color="#444")
+    n = summary["comparisons"][0]["n"] if summary["comparisons"] else 0
+    ratios.update_layout(title=f"Paired ratios with 95% bootstrap intervals ({n} prompts)", yaxis_title="ratio",
+                         scattermode="group", height=420, template="plotly_white")
+    out["ratios"] = ratios
+
+    decomposition = go.Figure()
+    by = summary["decomposition"]["by_schedule"]
+    names = [_label(s) for s in by]
+    decomposition.add_trace(go.Bar(x=names, y=[d["model"] for d in by.values()], name="model time",
+                                   marker_color="#1f77b4"))
+    decomposition.add_trace(go.Bar(x=names, y=[d["other"] for d in by.values()], name="non-model decoder time",
+                                   marker_color="#ff7f0e"))
+    if by:
+        decomposition.add_hline(y=1, line_dash="dash", line_color="#444")
+    reference = summary["decomposition"]["reference"]
+    decomposition.update_layout(barmode="stack", height=420, template="plotly_white",
+                                title=f"Timing decomposition / {_label(reference) if reference else 'n/a (Linear-SS not measured)'} total",
+                                yaxis_title="time / reference total")
+    out["decomposition"] = decomposition
+
+    block = go.Figure()
+    if summary["probe"]:
+        for schedule in dict.fromkeys(r["schedule"] for r in summary["probe"]):
+            rows = [r for r in summary["probe"] if r["schedule"] == schedule]
+            block.add_trace(go.Scatter(x=[r["block_size"] for r in rows], y=[r["tokens_per_nfe"] for r in rows],
+                                       mode="lines+markers", name=_label(schedule),
+                                       line_color=COLORS.get(schedule)))
+        title = "Tokens/NFE against block size (probe)"
+    else:
+        for schedule, s in summary["schedules"].items():
+            if schedule != "ar" and s["block_size"] is not None:
+                block.add_trace(go.Scatter(x=[s["block_size"]], y=[s["tokens_per_nfe"]], mode="markers",
+                                           name=_label(schedule), marker=dict(size=11, color=COLORS.get(schedule))))
+        title = "Tokens/NFE at the measured block sizes (run with --probe-block-sizes for a sweep)"
+    block.update_layout(title=title, xaxis_title="block size B", yaxis_title="tokens / NFE", height=420,
+                        template="plotly_white")
+    block.update_xaxes(type="log", dtick=math.log10(2))
+    out["block_size"] = block
+    return out
+
+
+def _gap(a, b) -> float:
+    return a - b if a is not None and b is not None else 0.0
+
+
+def _html_table(title: str, headers: list[str], rows: list[list[str]], note: str) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+    note_html = f"<p class='note'>{html.escape(note)}</p>" if note else ""
+    return f"<h2>{html.escape(title)}</h2><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{note_html}"
+
+
+def report_html(summary: dict) -> str:
+    """A self-contained HTML report (plotly.js embedded once; no network needed to view it)."""
+    header = "".join(f"<li>{html.escape(line.replace('`', '').replace('**', ''))}</li>" for line in _header(summary))
+    plots = []
+    for i, fig in enumerate(figures(summary).values()):
+        plots.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0), default_height="420px"))
+    body = "".join(_html_table(*t) for t in tables(summary))
+    definitions = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>"
+                          for k, v in summary["definitions"].items())
+    style = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}"
+             "table{border-collapse:collapse;margin:.5em 0}th,td{border:1px solid #ccc;padding:3px 8px;"
+             "text-align:right}th{background:#f3f3f3}td:first-child{text-align:left}.note{color:#555;font-size:90%}")
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>packed-ss benchmark</title>"
+            f"<style>{style}</style></head><body><h1>packed-ss benchmark</h1><ul>{header}</ul>"
+            f"{''.join(plots)}{body}<h2>Definitions</h2><ul>{definitions}</ul></body></html>")
