@@ -1,0 +1,159 @@
+"""Benchmark: bootstrap on synthetic data, CSV/summary agreement, a full two-prompt run, one-line errors."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from helpers import tiny_llama
+
+from packed_ss import stats
+from packed_ss.bench import (ALL_SCHEDULES, BenchConfig, BenchError, Prompt, compare, main, parse_block_sizes,
+                             plan_runs, read_examples, run_benchmark, summarize, write_outputs)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-bench")
+    model = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0)
+    model.model.config.mask_token_id = 1
+    model.model.float().save_pretrained(folder)
+    model.tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    path.write_text(json.dumps({"id": "first", "prompt": "w1 w2 w3"}) + "\n" + json.dumps({"prompt": "w4 w5"}) + "\n")
+    return path
+
+
+# --- statistics -------------------------------------------------------------------------------------
+def test_bootstrap_recovers_a_known_ratio():
+    rng = np.random.default_rng(1)
+    n = 80
+    tokens = rng.integers(50, 300, n).astype(float)
+    wall_b = tokens / 100 * rng.lognormal(0, 0.2, n)  # baseline: ~100 tokens/s, prompt-dependent
+    wall_a = wall_b / 1.25 * rng.lognormal(0, 0.05, n)  # A is 1.25x faster up to per-prompt noise
+    observed = np.column_stack([tokens, wall_a, tokens, wall_b])
+    sums = stats.bootstrap_sums(observed, 20_000, seed=0)
+    ratio = stats.ratio_of_ratios(sums, observed, 0, 1, 2, 3)
+    assert ratio.contains(1.25) and ratio.low < ratio.estimate < ratio.high
+    assert ratio.high - ratio.low < 0.1 and ratio.n == n
+
+
+def test_bootstrap_is_paired_and_exact_without_noise():
+    x = np.arange(1, 11, dtype=float)
+    observed = np.column_stack([x, x, 2 * x])
+    sums = stats.bootstrap_sums(observed, 500, seed=3)
+    assert np.array_equal(sums[:, 0], sums[:, 1])  # same resampled indices for every column
+    assert np.allclose(sums[:, 2], 2 * sums[:, 0])
+    exact = stats.ratio_of_ratios(sums, observed, 2, 0, 1, 0)  # (2x / x) / (x / x) = 2 in every resample
+    assert exact.estimate == exact.low == exact.high == pytest.approx(2.0)
+    assert np.array_equal(stats.bootstrap_sums(observed, 500, seed=3), sums)
+    with pytest.raises(ValueError):
+        stats.bootstrap_sums(np.zeros((0, 2)))
+
+
+def test_compare_on_a_synthetic_frame_uses_aggregate_sums():
+    rows = []
+    for i, (tokens, wall) in enumerate([(10, 1.0), (30, 1.0), (20, 2.0)]):
+        for schedule, factor in (("packed", 0.5), ("linear", 1.0)):
+            rows.append({"prompt_index": i, "schedule": schedule, "tokens": tokens, "nfe": tokens / 2,
+                         "wall_s": wall * factor, "model_s": 0.0, "other_s": 0.0})
+    result = compare(pd.DataFrame(rows), "packed", "linear", [0, 1, 2], resamples=1000)
+    assert result["throughput_ratio"]["estimate"] == pytest.approx(2.0)
+    assert result["time_per_nfe_ratio"]["estimate"] == pytest.approx(0.5)
+    assert result["tokens_per_nfe_ratio"]["low"] == pytest.approx(1.0)
+    assert result["wall_difference_s"]["estimate"] == pytest.approx(-4.0 / 2 / 3)
+
+
+# --- planning and parsing ---------------------------------------------------------------------------
+def test_schedule_order_rotates_between_prompts():
+    config = BenchConfig(schedules=("ar", "linear", "packed"), warmup=False)
+    units = plan_runs(config, 3)
+    orders = [[u.schedule for u in units if u.prompt_index == i] for i in range(3)]
+    assert orders == [["ar", "linear", "packed"], ["linear", "packed", "ar"], ["packed", "ar", "linear"]]
+
+
+def test_block_size_spec():
+    assert parse_block_sizes("8") == (8, ())
+    assert parse_block_sizes("linear=8,quadratic=4, packed=8") == (8, (("linear", 8), ("quadratic", 4), ("packed", 8)))
+    assert parse_block_sizes("16,quadratic=4") == (16, (("quadratic", 4),))
+    for bad in ("cubic=4", "linear=x", "1", "linear=4,linear=8", ""):
+        with pytest.raises(BenchError):
+            parse_block_sizes(bad)
+
+
+# --- full runs --------------------------------------------------------------------------------------
+def test_two_prompt_run_of_every_schedule_and_csv_summary_agree(model_dir, prompt_file, tmp_path, capsys):
+    out = tmp_path / "out"
+    code = main(["--model", str(model_dir), "--prompts", str(prompt_file), "--max-new-tokens", "10",
+                 "--block-size", "4,quadratic=3", "--probe-block-sizes", "2,4", "--out", str(out), "--threads", "1"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "Paired comparisons" in captured.out
+    for name in ("examples.csv", "probe.csv", "summary.json", "summary.md", "report.html"):
+        assert (out / name).is_file()
+    examples = read_examples(out / "examples.csv")
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(examples) == 2 * len(ALL_SCHEDULES) and set(examples["schedule"]) == set(ALL_SCHEDULES)
+    assert examples["token_hash"].str.len().eq(16).all()
+    assert np.allclose(examples["model_s"] + examples["other_s"], examples["wall_s"])
+    for schedule, rows in examples.groupby("schedule"):
+        s = summary["schedules"][schedule]
+        assert s["tokens_per_nfe"] == pytest.approx(rows["tokens"].sum() / rows["nfe"].sum())
+        assert s["throughput"] == pytest.approx(rows["tokens"].sum() / rows["wall_s"].sum())
+        assert s["wall_mean_s"] == pytest.approx(rows["wall_s"].mean())
+    config = BenchConfig(block_sizes=(("quadratic", 3),), default_block_size=4, max_new_tokens=10,
+                         probe_block_sizes=(2, 4))
+    again = summarize(examples, config, read_examples(out / "probe.csv"), summary["meta"])
+    assert again == {**summary, "meta": again["meta"]}  # the CSVs alone reproduce every statistic
+    packed_linear = summary["comparisons"][0]
+    assert (packed_linear["numerator"], packed_linear["denominator"]) == ("packed", "linear")
+    by = summary["lossless"]["by_schedule"]
+    assert all(by[s]["differing"] == 0 for s in ("linear", "quadratic", "packed"))  # float32 tiny model: exact
+    assert "diffusion" in by  # reported, whatever its count
+    assert summary["decomposition"]["by_schedule"]["linear"]["total"] == pytest.approx(1.0)
+    assert {(r["schedule"], r["block_size"]) for r in summary["probe"]} == {
+        (s, b) for s in ("linear", "quadratic", "packed", "diffusion") for b in (2, 4)}
+    page = (out / "report.html").read_text()
+    assert len(page) > 1_000_000 and "<script src=" not in page  # plotly.js embedded: works offline
+
+
+def test_interrupt_keeps_what_was_measured(tmp_path):
+    model = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0)
+    prompts = [Prompt("a", "w1 w2 w3"), Prompt("b", "w4 w5"), Prompt("c", "w6")]
+    config = BenchConfig(schedules=("ar", "linear", "packed"), max_new_tokens=6, warmup=False, resamples=200)
+
+    def progress(done, total, label):
+        if done == 5:
+            raise KeyboardInterrupt
+
+    result = run_benchmark(model, prompts, config, progress)
+    assert result.interrupted and len(result.examples) == 5
+    assert result.summary["meta"]["prompts_measured"] == 1 and result.summary["meta"]["prompts_incomplete"] == 1
+    paths = write_outputs(result, tmp_path)
+    assert len(pd.read_csv(paths["examples"])) == 5
+    assert "Interrupted" in paths["summary_md"].read_text()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--schedules", "ar,cubic"], "unknown schedule"),
+    (["--block-size", "linear=four"], "not an integer"),
+    (["--block-size", "cubic=4"], "unknown schedule"),
+    (["--prompts", "/nonexistent/prompts.jsonl"], "does not exist"),
+    (["--limit", "0"], "--limit"),
+    (["--limit", "two"], "--limit"),
+    (["--samples", "3"], "needs --temperature"),
+    (["--probe-block-sizes", "4,99"], "block size"),
+    (["--model", "/nonexistent/model"], "does not exist"),
+])
+def test_bad_arguments_exit_with_one_line(model_dir, prompt_file, args, message, capsys):
+    base = ["--model", str(model_dir), "--prompts", str(prompt_file), "--max-new-tokens", "4"]
+    code = main(base + args)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
