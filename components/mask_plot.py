@@ -1,0 +1,155 @@
+"""Attention-mask heatmaps of one iteration's calls (paper Appendix D.1).
+
+Rows are the call's query rows, columns its keys: the whole cached prefix folded into one band (every
+row sees it), then the call's own rows. A cell is coloured by the region of its query row when the row
+may attend to the key (prefill, verify, draft, Quadratic's branch rows) and left pale when it may not.
+Region names label the y axis; hover gives the row's token and position id and the key's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import plotly.graph_objects as go
+
+from packed_ss.layout import BRANCH, DRAFT, PREFILL, VERIFY, CallLayout
+
+TokenStrings = Callable[[Sequence[int]], list[str]]
+
+REGION_CODES = {PREFILL: 1, VERIFY: 2, DRAFT: 3, BRANCH: 4}
+CODE_COLORS = ["#f1f5f9", "#94a3b8", "#2563eb", "#f59e0b", "#16a34a"]  # 0 = blocked
+CODE_NAMES = ["blocked", "prefill row sees key", "verify row sees key", "draft row sees key",
+              "branch row sees key"]
+REGION_TITLES = {PREFILL: "prefill", VERIFY: "verify", DRAFT: "draft", BRANCH: "branch"}
+HEIGHT = 480  # px; fixed so the plot does not jump between steps
+
+
+def _colorscale() -> list:
+    n = len(CODE_COLORS)
+    scale = []
+    for k, color in enumerate(CODE_COLORS):
+        scale += [[k / n, color], [(k + 1) / n, color]]
+    return scale
+
+
+def segments(layout: CallLayout) -> list[tuple[int, int, str]]:
+    """Contiguous row ranges ``(start, stop, label)`` of one region; Quadratic branches split by h."""
+    spans: list[tuple[int, int, str]] = []
+    branch_of = {r: h for h, rows in enumerate(layout.branch_rows) for r in rows}
+    start = 0
+    for r in range(1, layout.rows + 1):
+        if r == layout.rows or layout.regions[r] != layout.regions[start] or branch_of.get(r) != branch_of.get(start):
+            region = layout.regions[start]
+            label = REGION_TITLES.get(region, region)
+            if region == BRANCH and start in branch_of:
+                label = f"branch h={branch_of[start]}"
+            spans.append((start, r, f"{label} rows ({r - start})"))
+            start = r
+    return spans
+
+
+def mask_codes(layout: CallLayout) -> tuple[list[list[int]], bool]:
+    """(R, K) region codes with the cache folded: K = 1 + R when C > 0 (first column = cache band), else R.
+
+    Returns: ``(codes, folded)``; a code is 0 where the row may not attend to the key.
+    """
+    own = layout.mask.tolist()
+    codes = []
+    for r in range(layout.rows):
+        code = REGION_CODES.get(layout.regions[r], 1)
+        row = [code if seen else 0 for seen in own[r]]
+        codes.append(([code] + row) if layout.cached else row)
+    return codes, bool(layout.cached)
+
+
+def _call_spec(layout: CallLayout, strings: TokenStrings, i: int, domain: tuple[float, float]) -> tuple[dict, dict, list]:
+    """Heatmap trace, axis layouts and boundary shapes of one call drawn in subplot i.
+
+    Both axes are categorical: each row and key is labelled with its token and position id, so the hover
+    needs no per-cell text (the JSON stays small for Quadratic's B(B+1) rows).
+    """
+    codes, folded = mask_codes(layout)
+    rows, off = layout.rows, (1 if layout.cached else 0)
+    names = strings(list(layout.token_ids))
+    row_labels = [f"row {r} · {layout.regions[r]} · {names[r]!r} @ pos {layout.position_ids[r]}" for r in range(rows)]
+    key_labels = [f"row {k} · {names[k]!r} @ pos {layout.position_ids[k]}" for k in range(rows)]
+    if folded:
+        key_labels = [f"cached prefix · {layout.cached} tokens @ pos 0..{layout.cached - 1}"] + key_labels
+    sfx = "" if i == 0 else str(i + 1)
+    xref, yref = f"x{sfx}", f"y{sfx}"
+    trace = dict(type="heatmap", z=codes, x=key_labels, y=row_labels, colorscale=_colorscale(), zmin=-0.5,
+                 zmax=len(CODE_COLORS) - 0.5, showscale=False, xaxis=xref, yaxis=yref, name=layout.name,
+                 hovertemplate="query %{y}<br>key %{x}<extra></extra>")
+    if rows <= 80:
+        trace.update(xgap=1, ygap=1)
+    spans = segments(layout)
+    step = max(1, rows // 16)
+    ticks = list(range(step if folded and rows > 16 else 0, rows, step))  # keep clear of the cache label
+    axes = {
+        f"xaxis{sfx}": dict(domain=list(domain), anchor=yref, type="category",
+                            tickvals=([key_labels[0]] if folded else []) + [key_labels[k + off] for k in ticks],
+                            ticktext=([f"cache ×{layout.cached}"] if folded else [])
+                            + [str(layout.position_ids[k]) for k in ticks],
+                            showgrid=False, zeroline=False, tickangle=0, title=dict(text="keys (position id)")),
+        f"yaxis{sfx}": dict(anchor=xref, type="category", autorange="reversed", showgrid=False, zeroline=False,
+                            tickvals=[row_labels[(a + b - 1) // 2] for a, b, _ in spans],
+                            ticktext=[s for _, _, s in spans]),
+    }
+    line = dict(color="#0f172a", width=1.5)
+    shapes = []
+    for a, _, _ in spans[1:]:  # region boundaries, across rows and keys (category index coordinates)
+        shapes.append(dict(type="line", xref=xref, yref=yref, x0=-0.5, x1=rows + off - 0.5, y0=a - 0.5,
+                           y1=a - 0.5, line=line))
+        shapes.append(dict(type="line", xref=xref, yref=yref, x0=a + off - 0.5, x1=a + off - 0.5, y0=-0.5,
+                           y1=rows - 0.5, line=line))
+    if folded:  # the folded cache band
+        shapes.append(dict(type="line", xref=xref, yref=yref, x0=0.5, x1=0.5, y0=-0.5, y1=rows - 0.5,
+                           line=dict(color="#0f172a", width=3)))
+    return trace, axes, shapes
+
+
+def mask_figure(calls: Sequence[CallLayout], strings: TokenStrings, heading: str = "") -> go.Figure:
+    """Heatmaps of the given calls side by side (Linear-SS has two per iteration).
+
+    Args:
+        calls: the iteration's call layouts, in call order.
+        strings: maps token ids to display strings (hover text).
+        heading: figure title.
+    Returns: a plotly figure of fixed height :data:`HEIGHT`.
+    """
+    if not calls:
+        return empty_figure("No call yet: press Step.")
+    widths = [layout.rows + (1 if layout.cached else 0) for layout in calls]
+    gap = 0.14 if len(calls) > 1 else 0.0
+    usable = 1.0 - gap * (len(calls) - 1)
+    traces, shapes, annotations, layout_axes = [], [], [], {}
+    x0 = 0.0
+    for i, call in enumerate(calls):
+        x1 = x0 + usable * widths[i] / sum(widths)
+        trace, axes, lines = _call_spec(call, strings, i, (x0, x1))
+        traces.append(trace)
+        layout_axes.update(axes)
+        shapes += lines
+        annotations.append(dict(text=f"call {i + 1}: {call.name} · {call.rows} rows · {call.cached} cached",
+                                x=(x0 + x1) / 2, y=1.0, xref="paper", yref="paper", xanchor="center",
+                                yanchor="bottom", showarrow=False, font=dict(size=13)))
+        x0 = x1 + gap
+    present = sorted({REGION_CODES.get(r, 1) for c in calls for r in c.regions} | {0})
+    for code in present:  # a legend of the colours, as invisible marker traces
+        traces.append(dict(type="scatter", x=[None], y=[None], mode="markers", name=CODE_NAMES[code],
+                           marker=dict(symbol="square", size=12, color=CODE_COLORS[code],
+                                       line=dict(width=1, color="#64748b"))))
+    layout = dict(height=HEIGHT, margin=dict(l=10, r=10, t=70, b=90), title=dict(text=heading, x=0.01),
+                  plot_bgcolor="#ffffff", showlegend=True, shapes=shapes, annotations=annotations,
+                  legend=dict(orientation="h", yanchor="top", y=-0.16, x=0), **layout_axes)
+    return go.Figure(dict(data=traces, layout=layout))
+
+
+def empty_figure(message: str) -> go.Figure:
+    """A blank figure of the same height carrying one centred message."""
+    fig = go.Figure()
+    fig.add_annotation(text=message, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
+                       font=dict(size=14, color="#64748b"))
+    fig.update_layout(height=HEIGHT, xaxis=dict(visible=False), yaxis=dict(visible=False),
+                      plot_bgcolor="#ffffff", margin=dict(l=10, r=10, t=30, b=10))
+    return fig

@@ -1,0 +1,96 @@
+"""Shared look of the app: token-source colours and labels, token escaping, legend, stat cards.
+
+The CSS classes live in ``assets/style.css``; the hex colours below mirror its ``--src-*`` variables so
+plotly charts use the same colours as the HTML chips.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from packed_ss.records import (SOURCE_AR, SOURCE_BONUS, SOURCE_CORRECTION, SOURCE_DIFFUSION, SOURCE_DRAFT,
+                               SOURCE_PREFILL)
+
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
+PROMPT = "prompt"  # pseudo-source of the prompt tokens in the text view
+
+
+@dataclass(frozen=True)
+class SourceStyle:
+    """CSS class suffix, chart colour and legend label of one token source."""
+
+    css: str
+    color: str
+    label: str
+
+
+SOURCE_STYLES: dict[str, SourceStyle] = {
+    PROMPT: SourceStyle("prompt", "#94a3b8", "prompt"),
+    SOURCE_PREFILL: SourceStyle("prefill", "#cbd5e1", "prefill (first token)"),
+    SOURCE_DRAFT: SourceStyle("draft", "#bbf7d0", "accepted draft"),
+    SOURCE_CORRECTION: SourceStyle("correction", "#fed7aa", "correction"),
+    SOURCE_BONUS: SourceStyle("bonus", "#bfdbfe", "bonus"),
+    SOURCE_AR: SourceStyle("ar", "#e9d5ff", "autoregressive"),
+    SOURCE_DIFFUSION: SourceStyle("diffusion", "#fef08a", "diffusion (unverified)"),
+}
+
+# Line colours of the schedules in charts (distinct from the token-source colours).
+SCHEDULE_COLORS = {"ar": "#7c3aed", "linear": "#0891b2", "quadratic": "#ea580c", "packed": "#16a34a",
+                   "diffusion": "#ca8a04"}
+
+
+def source_class(source: str) -> str:
+    """CSS class of a token source (``"src-draft"``...); unknown sources get ``"src-prompt"``."""
+    style = SOURCE_STYLES.get(source, SOURCE_STYLES[PROMPT])
+    return f"src-{style.css}"
+
+
+def visible(token: str) -> str:
+    """HTML-escaped token text with whitespace made visible for chips (space ·, newline ⏎, tab ⇥)."""
+    if token == "":
+        return "∅"
+    shown = token.replace(" ", "·").replace("\n", "⏎").replace("\t", "⇥").replace("\r", "␍")
+    return html.escape(shown)
+
+
+def load_css() -> str:
+    """Contents of ``assets/style.css`` (empty string when the file is missing)."""
+    path = ASSETS / "style.css"
+    return path.read_text(encoding="utf-8") if path.is_file() else ""
+
+
+def legend_html(sources: Iterable[str]) -> str:
+    """A one-line legend of the given token sources (swatch + label)."""
+    items = []
+    for source in sources:
+        style = SOURCE_STYLES[source]
+        items.append(f'<span><span class="swatch src-{style.css}"></span>{html.escape(style.label)}</span>')
+    return f'<div class="legend">{"".join(items)}</div>'
+
+
+def stats_html(title: str, stats: Iterable[tuple[str, str, str]], kind: str) -> str:
+    """A row of stat cards.
+
+    Args:
+        title: caption above the row.
+        stats: ``(key, label, formatted value)`` triples; ``key`` becomes ``data-stat`` for tests.
+        kind: ``data-kind`` of the row (``"iteration"``, ``"run"``...).
+    """
+    cards = "".join(
+        f'<div class="stat" data-stat="{html.escape(key)}"><span class="k">{html.escape(label)}</span>'
+        f'<span class="v">{html.escape(value)}</span></div>'
+        for key, label, value in stats)
+    return f'<div class="stats-title">{html.escape(title)}</div><div class="stats" data-kind="{kind}">{cards}</div>'
+
+
+def error_html(message: str) -> str:
+    """The page's error line (no traceback): a red sentence."""
+    return f'<div class="pss-error" data-error="1">⚠ {html.escape(message)}</div>'
+
+
+def note_html(message: str) -> str:
+    """A muted note line."""
+    return f'<div class="pss-note">{html.escape(message)}</div>'

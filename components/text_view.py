@@ -1,0 +1,76 @@
+"""The text so far with every token coloured by where it came from, and the numbers of a run.
+
+Pure rendering from token ids, sources and records; no model calls besides the ``strings`` mapping.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable, Sequence
+
+from packed_ss.records import IterationRecord, RunRecord
+
+from components.style import PROMPT, legend_html, source_class, stats_html
+
+TokenStrings = Callable[[Sequence[int]], list[str]]
+
+
+def text_html(prompt_ids: Sequence[int], token_ids: Sequence[int], sources: Sequence[str], strings: TokenStrings,
+              new_from: int | None = None, differs: Sequence[bool] = (), max_prompt_tokens: int = 200) -> str:
+    """Prompt (muted) followed by generated tokens, each a span coloured by its source.
+
+    Args:
+        prompt_ids, token_ids: prompt and generated token ids.
+        sources: one source per generated token (``packed_ss.records.SOURCE_*``).
+        strings: maps ids to display strings.
+        new_from: index of the first generated token appended by the current iteration (outlined).
+        differs: per generated token, whether it differs from the reference run (wavy underline).
+        max_prompt_tokens: only the last this many prompt tokens are shown (a "…" marks the cut).
+    Returns: an HTML ``div.token-text`` (whitespace preserved).
+    """
+    shown_prompt = list(prompt_ids[-max_prompt_tokens:])
+    pieces = strings(shown_prompt + list(token_ids))
+    out = ['<div class="token-text">']
+    if len(prompt_ids) > len(shown_prompt):
+        out.append('<span class="tok src-prompt">…</span>')
+    out.append(f'<span class="tok {source_class(PROMPT)}">{html.escape("".join(pieces[:len(shown_prompt)]))}</span>')
+    for i, (piece, source) in enumerate(zip(pieces[len(shown_prompt):], sources)):
+        classes = ["tok", source_class(source)]
+        if new_from is not None and i >= new_from:
+            classes.append("new")
+        if i < len(differs) and differs[i]:
+            classes.append("diff")
+        out.append(f'<span class="{" ".join(classes)}" title="{html.escape(source)} · token {token_ids[i]}">'
+                   f'{html.escape(piece)}</span>')
+    out.append("</div>")
+    return "".join(out)
+
+
+def text_legend(sources: Sequence[str]) -> str:
+    """Legend of the sources that a schedule can produce, prompt first."""
+    return legend_html([PROMPT, *sources])
+
+
+def iteration_stats(record: IterationRecord) -> str:
+    """Stat cards of one iteration: h, A, calls, rows evaluated, model ms, non-model ms."""
+    return stats_html(f"Iteration {record.index}", [
+        ("h", "h (accepted draft)", str(record.h)),
+        ("A", "A (advance)", str(len(record.appended))),
+        ("calls", "calls (NFE)", str(len(record.calls))),
+        ("rows", "rows evaluated", str(record.rows)),
+        ("model_ms", "model ms", f"{record.model_ms:.1f}"),
+        ("other_ms", "non-model ms", f"{record.other_ms:.1f}"),
+    ], "iteration")
+
+
+def run_stats(run: RunRecord, finished: bool) -> str:
+    """Stat cards of the run so far: NFE, tokens, tokens/NFE, wall time, acceptance, stop reason."""
+    stop = run.stop_reason if finished and run.stop_reason else "running"
+    return stats_html("Run so far", [
+        ("nfe", "NFE", str(run.nfe)),
+        ("tokens", "tokens", str(run.tokens)),
+        ("tokens_per_nfe", "tokens / NFE", f"{run.tokens_per_nfe:.2f}"),
+        ("wall_ms", "wall ms", f"{1000 * run.wall_s:.1f}"),
+        ("mean_accept", "mean A", f"{run.mean_acceptance_length:.2f}"),
+        ("stop", "stop", stop),
+    ], "run")

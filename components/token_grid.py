@@ -1,0 +1,142 @@
+"""The per-iteration token grid of the paper's Figure 2, as HTML.
+
+Columns are absolute token positions. Rows, top to bottom: the tail of the verified prefix P_{t-1}, the
+old draft d (accepted / rejected / unchecked), the verifier predictions v (reached rows solid, rows
+computed but not reached faded), the drafter's proposals z (kept ones become the next draft, discarded
+ones are struck through), the tokens appended to the prefix coloured by source, and a bar spanning the
+advance A. Pure rendering: every value comes from an :class:`~packed_ss.records.IterationRecord`.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable, Sequence
+
+from packed_ss.records import IterationRecord
+
+from components.style import source_class, visible
+
+TokenStrings = Callable[[Sequence[int]], list[str]]
+
+
+def _chip(text: str, classes: str, title: str) -> str:
+    return f'<span class="chip {classes}" title="{html.escape(title)}">{visible(text)}</span>'
+
+
+def _is_prefill(record: IterationRecord) -> bool:
+    return bool(record.calls) and record.calls[0].layout.name.startswith("prefill")
+
+
+def grid_html(record: IterationRecord, sequence: Sequence[int], strings: TokenStrings, width: int,
+              mask_token_id: int, title: str = "", tail: int = 6) -> str:
+    """HTML table of one iteration aligned by position (Figure 2).
+
+    Args:
+        record: the iteration to draw.
+        sequence: token ids of the run (prompt + generated), at least ``record.prefix_len_before`` long.
+        strings: maps token ids to their display strings (one per id).
+        width: W = B - 1; Packed-SS drafts shorter than W are shown padded with mask chips.
+        mask_token_id: id drawn as a mask chip.
+        title: schedule name for the heading.
+        tail: how many prefix tokens to show before the first new position.
+    Returns: an HTML fragment (``div.token-grid-wrap``) whose structure depends only on B and the schedule.
+    """
+    before = record.prefix_len_before
+    start = max(0, before - tail)
+    prefix = list(sequence[start:before])
+    draft = list(record.old_draft)
+    prefill = _is_prefill(record)
+    if record.schedule == "packed" and not prefill and len(draft) < width:
+        draft += [mask_token_id] * (width - len(draft))  # D̄: the padded slots the call really holds
+    v, z = list(record.verifier_tokens), list(record.proposals)
+    appended = list(record.appended)
+    ends = [before + len(draft), before + len(v), record.proposal_start + len(z), before + len(appended), before + 1]
+    end = max(ends)
+    positions = list(range(start, end))
+    ids = prefix + draft + v + z + appended
+    text = dict(zip(ids, strings(ids))) if ids else {}
+    verified = bool(v) and not prefill  # a draft was checked in this iteration
+    kept = set(record.kept)
+    h = record.h
+
+    def row(label: str, cells: dict[int, str], css: str = "") -> str:
+        tds = "".join(f"<td>{cells.get(p, '')}</td>" for p in positions)
+        return f'<tr class="{css}" data-row="{css or label}"><td class="row-label">{label}</td>{tds}</tr>'
+
+    cells_prefix = {}
+    for i, tok in enumerate(prefix):
+        pos = start + i
+        cls = "prefix last-prefix" if pos == before - 1 else "prefix"
+        cells_prefix[pos] = _chip(text[tok], cls, f"prefix token {tok} at position {pos}")
+    cells_draft = {}
+    for i, tok in enumerate(draft):
+        pos = before + i
+        if tok == mask_token_id:
+            cls, what = "mask", "mask slot"
+        elif not verified:
+            cls, what = "", "draft"
+        elif i < h:
+            cls, what = "accepted", "accepted draft"
+        elif i == h:
+            cls, what = "rejected", "first rejected draft token"
+        else:
+            cls, what = "unchecked", "not checked (after the first rejection)"
+        label = "MASK" if tok == mask_token_id else text[tok]
+        cells_draft[pos] = _chip(label, cls, f"d({i + 1}) = {tok} at position {pos}: {what}")
+    cells_v = {}
+    for i, tok in enumerate(v):
+        pos = before + i
+        reached = i <= h
+        cls = "reached" if reached else "faded"
+        prob = f", p = {record.verifier_probs[i]:.3f}" if i < len(record.verifier_probs) else ""
+        what = "reached" if reached else "computed, not reached"
+        cells_v[pos] = _chip(text[tok], cls, f"v({i + 1}) = {tok} at position {pos}{prob}: {what}")
+    cells_z = {}
+    for i, tok in enumerate(z):
+        pos = record.proposal_start + i
+        cls, what = ("kept", "kept: next draft") if i in kept else ("discarded", "discarded")
+        cells_z[pos] = _chip(text[tok], cls, f"z({i + 1}) = {tok} at position {pos}: {what}")
+    cells_out = {}
+    for i, (tok, source) in enumerate(zip(appended, record.appended_sources)):
+        pos = before + i
+        cells_out[pos] = _chip(text[tok], source_class(source), f"{source}: token {tok} at position {pos}")
+
+    head = "".join(f'<th class="{"pos-new" if p >= before else ""}">{p}</th>' for p in positions)
+    a = len(appended)
+    adv_cells = []
+    i = 0
+    while i < len(positions):
+        pos = positions[i]
+        if a and pos == before:
+            span = min(a, len(positions) - i)
+            what = "bonus" if record.appended_sources[-1:] == ("bonus",) else "correction"
+            label = f"A = {a}" + (f" (h = {h} + {what})" if verified and span > 1 else "")
+            adv_cells.append(f'<td class="advance" colspan="{span}">{html.escape(label)}</td>')
+            i += span
+        else:
+            adv_cells.append("<td></td>")
+            i += 1
+    rows = [
+        f'<tr><td class="row-label">position</td>{head}</tr>',
+        row("prefix P<sub>t-1</sub>", cells_prefix, "prefix"),
+        row("old draft d", cells_draft, "draft"),
+        row("verifier v", cells_v, "verifier"),
+        row("proposals z", cells_z, "proposals"),
+        row("appended", cells_out, "appended"),
+        f'<tr class="sep" data-row="advance"><td class="row-label">advance</td>{"".join(adv_cells)}</tr>',
+    ]
+    calls = len(record.calls)
+    heading = (f"Iteration {record.index} · {html.escape(title or record.schedule)} · h = {h} · A = {a} · "
+               f"{calls} call{'s' if calls != 1 else ''}, {record.rows} rows")
+    if prefill:
+        heading += " · prefill"
+    if record.stop_reason:
+        heading += f" · stopped: {html.escape(record.stop_reason)}"
+    return (f'<div class="token-grid-wrap" data-iteration="{record.index}">'
+            f'<div class="token-grid-head">{heading}</div>'
+            f'<table class="token-grid">{"".join(rows)}</table></div>')
+
+
+def empty_grid_html(message: str = "Press Step to run the first iteration.") -> str:
+    """Placeholder shown before the first iteration (same wrapper class as a real grid)."""
+    return f'<div class="token-grid-wrap" data-iteration="0"><div class="pss-note">{html.escape(message)}</div></div>'
