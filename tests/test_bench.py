@@ -1,6 +1,7 @@
 """Benchmark: bootstrap on synthetic data, CSV/summary agreement, a full two-prompt run, one-line errors."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -157,3 +158,36 @@ def test_bad_arguments_exit_with_one_line(model_dir, prompt_file, args, message,
     assert code == 2
     assert message in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+# --- the app's Benchmark view -----------------------------------------------------------------------
+def test_benchmark_view_runs_a_small_benchmark_and_shows_saved_reports(prompt_file, tmp_path):
+    import gradio as gr
+
+    from components.benchmark import UPLOAD, build_benchmark_tab, load_report, run_small_benchmark
+
+    model = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0)
+    loader = lambda name: model  # noqa: E731
+    with gr.Blocks():
+        tab = build_benchmark_tab(loader, "tiny", default_report=None)
+    assert len(tab.plots) == 3
+    seen = []
+    markdown, figs, paths = run_small_benchmark(loader, "tiny", UPLOAD, str(prompt_file), 2, ["packed", "ar", "linear"],
+                                                "4", 6, 0.0, 1, 0, lambda d, t, label: seen.append((d, t)))
+    assert "Packed-SS / Linear-SS" in markdown and set(figs) == {"ratios", "decomposition", "block_size"}
+    assert seen[-1] == (6, 6) and all(p.endswith(("html", "csv", "json", "md")) for p in paths)
+    folder = str(tmp_path.parent)
+    saved_md, _ = load_report(Path(paths[0]).parent, root="/")
+    assert saved_md == markdown
+    with pytest.raises(BenchError, match="inside"):
+        load_report("/etc", root=folder)
+    with pytest.raises(BenchError, match="no saved report"):
+        load_report(".", root=tmp_path)
+    with pytest.raises(BenchError, match="1 to"):
+        run_small_benchmark(loader, "tiny", UPLOAD, str(prompt_file), 9, ["ar"], "4", 6, 0.0, 1, 0)
+
+    def broken(name):
+        raise ValueError("model folder 'x' does not exist")
+
+    with pytest.raises(BenchError, match="cannot load model"):
+        run_small_benchmark(broken, "x", UPLOAD, str(prompt_file), 1, ["ar"], "4", 6, 0.0, 1, 0)
