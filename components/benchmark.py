@@ -127,7 +127,10 @@ def run_small_benchmark(load_model: Callable[[str], object], model_name: str, pr
     try:
         model = load_model(model_name)
     except Exception as error:  # the loader's own message is the most useful one-liner
-        raise BenchError(f"cannot load model {model_name!r}: {str(error).splitlines()[0] if str(error) else error!r}") from None
+        message = str(error).splitlines()[0] if str(error) else repr(error)
+        if not message.startswith(("cannot load model", "model ")):  # ModelLoadError already names the model
+            message = f"cannot load model {model_name!r}: {message}"
+        raise BenchError(message) from None
     model = model.share() if hasattr(model, "share") else model  # own cache: other sessions keep theirs
     meta = {"model": model_name, "prompt_source": source, "limit": limit, "threads": _threads(), "origin": "app"}
     result = run_benchmark(model, prompts, config, progress, meta)

@@ -105,7 +105,8 @@ class BenchConfig:
             raise BenchError(f"a schedule is listed twice: {','.join(self.schedules)}")
         for name, size in self.block_sizes:
             if name not in ALL_SCHEDULES:
-                raise BenchError(f"unknown schedule {name!r} in the block sizes; choose from {', '.join(ALL_SCHEDULES)}")
+                raise BenchError(f"unknown schedule {name!r} in the block sizes; "
+                                 f"choose from {', '.join(ALL_SCHEDULES)}")
             _check_block_size(size)
         _check_block_size(self.default_block_size)
         for size in self.probe_block_sizes:
@@ -125,7 +126,8 @@ class BenchConfig:
         """B used for ``schedule`` in the main measurements."""
         return dict(self.block_sizes).get(schedule, self.default_block_size)
 
-    def decode_config(self, schedule: str, block_size: int, seed: int, max_new_tokens: int | None = None) -> DecodeConfig:
+    def decode_config(self, schedule: str, block_size: int, seed: int,
+                      max_new_tokens: int | None = None) -> DecodeConfig:
         """The :class:`DecodeConfig` of one run. Raises ValueError on values out of range."""
         return DecodeConfig(block_size=block_size, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
                             max_new_tokens=max_new_tokens or self.max_new_tokens, seed=seed)
@@ -670,7 +672,8 @@ def _parser() -> argparse.ArgumentParser:
                 description="Paired throughput benchmark of the decoding schedules (paper E.5, F.1, F.3).")
     p.add_argument("--prompts", default="humaneval", help="'humaneval' or a JSONL file with a 'prompt' field")
     p.add_argument("--limit", type=int, default=None, help="use the first N prompts (N >= 1)")
-    p.add_argument("--schedules", default=",".join(ALL_SCHEDULES), help="comma-separated, from " + ",".join(ALL_SCHEDULES))
+    p.add_argument("--schedules", default=",".join(ALL_SCHEDULES),
+                   help="comma-separated, from " + ",".join(ALL_SCHEDULES))
     p.add_argument("--block-size", default="8", help="B for all (8) or per schedule (linear=8,quadratic=4,packed=8)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0)

@@ -14,7 +14,8 @@ import plotly.graph_objects as go
 LABELS = {"ar": "AR", "linear": "Linear-SS", "quadratic": "Quadratic-SS", "packed": "Packed-SS",
           "diffusion": "Diffusion"}
 COLORS = {"ar": "#7f7f7f", "linear": "#1f77b4", "quadratic": "#ff7f0e", "packed": "#2ca02c", "diffusion": "#9467bd"}
-RATIOS = (("throughput_ratio", "Throughput"), ("tokens_per_nfe_ratio", "Tokens/NFE"), ("time_per_nfe_ratio", "Time/NFE"))
+RATIOS = (("throughput_ratio", "Throughput"), ("tokens_per_nfe_ratio", "Tokens/NFE"),
+          ("time_per_nfe_ratio", "Time/NFE"))
 
 
 def _label(name: str) -> str:
@@ -149,8 +150,9 @@ def figures(summary: dict) -> dict[str, go.Figure]:
     if by:
         decomposition.add_hline(y=1, line_dash="dash", line_color="#444")
     reference = summary["decomposition"]["reference"]
+    reference_name = _label(reference) if reference else "n/a (Linear-SS not measured)"
     decomposition.update_layout(barmode="stack", height=420, template="plotly_white",
-                                title=f"Timing decomposition / {_label(reference) if reference else 'n/a (Linear-SS not measured)'} total",
+                                title=f"Timing decomposition / {reference_name} total",
                                 yaxis_title="time / reference total")
     out["decomposition"] = decomposition
 
