@@ -7,7 +7,8 @@ Metric definitions (shared/notes/field-notes.md, paper Section 4 and E.5):
 * tokens/NFE = generated tokens / model forwards (prefill included);
 * time/NFE = decoder wall time / NFE (milliseconds);
 * throughput = generated tokens / decoder wall time (tokens per second);
-* mean acceptance length = mean advance A = h + 1 over verifying iterations (correction/bonus included);
+* mean acceptance length = mean tokens committed per verifying iteration: A = h + 1 (correction or bonus
+  included), or fewer where EOS, a stop string or the limit cut the iteration;
 * per-position acceptance rate i = accepted at draft position i / drafts that had a position i;
 * acceptance histogram = counts of h = 0..W.
 """
@@ -200,7 +201,7 @@ def summarize(records: list[IterationRecord], schedule: str, block_size: int, te
         model_s=model_ms / 1000,
         other_s=other_ms / 1000,
         stop_reason=records[-1].stop_reason if records else None,
-        mean_acceptance_length=(sum(r.h + 1 for r in verifying) / len(verifying)) if verifying else 0.0,
+        mean_acceptance_length=(sum(len(r.appended) for r in verifying) / len(verifying)) if verifying else 0.0,
         per_position_acceptance=tuple(a / n if n else 0.0 for a, n in zip(accepted, reached)),
         acceptance_histogram=tuple(histogram),
         records=tuple(records),
