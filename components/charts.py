@@ -1,0 +1,135 @@
+"""Per-call cost model tau + delta * n fitted from measured call times, and its chart against W.
+
+A model call over n rows costs roughly a fixed tau (launches, Python, reading the weights) plus delta per
+row. Per iteration (Table 2 of the paper, block size B = W + 1):
+
+* Linear-SS: 2 calls of B rows  -> 2 tau + 2B delta
+* Quadratic-SS: 1 call of B(B+1) rows -> tau + B(B+1) delta
+* Packed-SS: 1 call of 2B rows  -> tau + 2B delta
+* AR: 1 call of 1 row -> tau + delta (one token per iteration)
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import plotly.graph_objects as go
+
+from components.style import SCHEDULE_COLORS
+
+CHART_HEIGHT = 420  # px
+TITLES = {"ar": "AR", "linear": "Linear-SS", "quadratic": "Quadratic-SS", "packed": "Packed-SS",
+          "diffusion": "Block diffusion"}
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Fitted per-call cost: ``tau_ms + delta_ms * rows`` milliseconds.
+
+    Attributes:
+        tau_ms: fixed cost of one call (ms).
+        delta_ms: cost of one more row (ms per row).
+        calls: number of calls the fit used.
+        min_rows, max_rows: range of row counts seen.
+        rmse_ms: root-mean-square residual of the fit (ms).
+    """
+
+    tau_ms: float
+    delta_ms: float
+    calls: int
+    min_rows: int
+    max_rows: int
+    rmse_ms: float
+
+    def call_ms(self, rows: float) -> float:
+        """Predicted time (ms) of one call over ``rows`` rows."""
+        return self.tau_ms + self.delta_ms * rows
+
+
+def fit_cost_model(rows: Sequence[int], ms: Sequence[float]) -> CostModel:
+    """Robust least-squares fit of ``ms = tau + delta * rows`` (both constrained >= 0).
+
+    A soft-L1 loss keeps calls slowed down by other processes from dragging the fit.
+    Raises: ValueError when fewer than two distinct row counts were measured.
+    """
+    from scipy.optimize import least_squares
+
+    n = np.asarray(rows, dtype=float)
+    y = np.asarray(ms, dtype=float)
+    if n.shape != y.shape or len(np.unique(n)) < 2:
+        raise ValueError("need calls with at least two different row counts: step or race a few schedules first")
+    slope, intercept = np.polyfit(n, y, 1)
+    start = [max(float(intercept), 1e-3), max(float(slope), 1e-6)]
+    scale = max(0.05, 0.1 * float(np.median(y)))
+    fit = least_squares(lambda p: p[0] + p[1] * n - y, start, bounds=([0.0, 0.0], [np.inf, np.inf]),
+                        loss="soft_l1", f_scale=scale)
+    tau, delta = (float(v) for v in fit.x)
+    rmse = float(np.sqrt(np.mean((tau + delta * n - y) ** 2)))
+    return CostModel(tau, delta, int(len(n)), int(n.min()), int(n.max()), rmse)
+
+
+def calls_per_iteration(schedule: str, block_size: int) -> list[int]:
+    """Row counts of the calls one regular iteration makes (Table 2)."""
+    b = block_size
+    return {"linear": [b, b], "quadratic": [b * (b + 1)], "packed": [2 * b], "ar": [1]}[schedule]
+
+
+def predicted_iteration_ms(schedule: str, block_size: int, model: CostModel) -> float:
+    """Predicted model time (ms) of one regular iteration of ``schedule`` at block size B."""
+    return sum(model.call_ms(r) for r in calls_per_iteration(schedule, block_size))
+
+
+def cost_figure(model: CostModel | None, points: Sequence[tuple[str, int, float]], w_max: int = 31) -> go.Figure:
+    """Predicted cost per iteration against W (lines) with measured iteration times on top (markers).
+
+    Args:
+        model: the fitted cost model (None: measured points only).
+        points: ``(schedule, W, model_ms)`` of measured regular iterations (prefill excluded).
+        w_max: largest W on the x axis (extended to cover the measured points).
+    """
+    w_max = max([w_max] + [w for _, w, _ in points])
+    ws = list(range(1, w_max + 1))
+    traces = []
+    for schedule in ("linear", "quadratic", "packed", "ar"):
+        color = SCHEDULE_COLORS[schedule]
+        if model is not None:
+            traces.append(dict(type="scatter", mode="lines", name=f"{TITLES[schedule]} predicted",
+                               x=ws, y=[predicted_iteration_ms(schedule, w + 1, model) for w in ws],
+                               line=dict(color=color, width=2), legendgroup=schedule,
+                               hovertemplate=f"{TITLES[schedule]}<br>W %{{x}}<br>predicted %{{y:.2f}} ms<extra></extra>"))
+        groups: dict[int, list[float]] = defaultdict(list)
+        for s, w, ms in points:
+            if s == schedule:
+                groups[w].append(ms)
+        if groups:
+            xs = sorted(groups)
+            means = [float(np.mean(groups[w])) for w in xs]
+            stds = [float(np.std(groups[w])) for w in xs]
+            counts = [len(groups[w]) for w in xs]
+            traces.append(dict(type="scatter", mode="markers", name=f"{TITLES[schedule]} measured", x=xs, y=means,
+                               error_y=dict(type="data", array=stds, visible=True, thickness=1),
+                               marker=dict(color=color, size=10, symbol="diamond", line=dict(width=1, color="#0f172a")),
+                               legendgroup=schedule, customdata=counts,
+                               hovertemplate=(f"{TITLES[schedule]} measured<br>W %{{x}}<br>mean %{{y:.2f}} ms "
+                                              f"over %{{customdata}} iterations<extra></extra>")))
+    title = "Model time per iteration against W"
+    if model is not None:
+        title += f" (fit: τ = {model.tau_ms:.2f} ms, δ = {model.delta_ms:.4f} ms/row)"
+    layout = dict(title=dict(text=title, x=0.01), height=CHART_HEIGHT, margin=dict(l=60, r=10, t=50, b=50),
+                  xaxis=dict(title=dict(text="speculative width W = B − 1")),
+                  yaxis=dict(title=dict(text="model ms per iteration"), type="log"),
+                  plot_bgcolor="#ffffff", legend=dict(orientation="v"))
+    return go.Figure(dict(data=traces, layout=layout))
+
+
+def fit_summary(model: CostModel | None, error: str = "") -> str:
+    """Markdown sentence describing the fit (or why there is none)."""
+    if model is None:
+        return f"No fit yet: {error}" if error else "No fit yet."
+    return (f"Fitted on **{model.calls}** calls of {model.min_rows}–{model.max_rows} rows: "
+            f"**τ = {model.tau_ms:.2f} ms** per call, **δ = {model.delta_ms:.4f} ms** per row "
+            f"(RMS residual {model.rmse_ms:.2f} ms). A Packed-SS call of 2B rows costs "
+            f"τ + 2Bδ; Linear-SS pays τ twice for the same rows, Quadratic-SS pays B(B+1)δ.")

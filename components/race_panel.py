@@ -1,0 +1,227 @@
+"""Race panel: lanes replaying measured runs on one clock, the AR-agreement badge and the race charts.
+
+A :class:`Lane` is the compact, CPU-only timeline of one finished run (cumulative wall time, NFE and
+tokens at the end of each iteration). The page replays lanes on a shared clock: at clock time c a lane
+shows every iteration that had finished c milliseconds into its own run. Wall times are the engine's
+measured decoder times, so the replay speed never changes the numbers.
+"""
+
+from __future__ import annotations
+
+import bisect
+import html
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import plotly.graph_objects as go
+
+from packed_ss.records import RunRecord
+
+from components.style import SCHEDULE_COLORS, source_class
+
+TokenStrings = Callable[[Sequence[int]], list[str]]
+CHART_HEIGHT = 340  # px
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One schedule's run, ready to replay.
+
+    Attributes:
+        schedule, title: registry name and display name.
+        token_ids, sources: generated tokens and where each came from.
+        wall_ms, nfe, tokens: cumulative decoder wall time (ms), NFE and tokens after each iteration.
+        metrics: ``RunRecord.metrics()`` of the run (JSON-ready).
+        differs: per generated token, whether it differs from the AR reference (empty: no reference).
+        first_difference: index of the first differing token (a length difference counts), or None.
+        shown: whether the lane is displayed (the AR reference may run hidden).
+    """
+
+    schedule: str
+    title: str
+    token_ids: tuple[int, ...]
+    sources: tuple[str, ...]
+    wall_ms: tuple[float, ...]
+    nfe: tuple[int, ...]
+    tokens: tuple[int, ...]
+    metrics: dict = field(repr=False)
+    differs: tuple[bool, ...] = ()
+    first_difference: int | None = None
+    shown: bool = True
+
+    @property
+    def total_ms(self) -> float:
+        return self.wall_ms[-1] if self.wall_ms else 0.0
+
+    @property
+    def identical(self) -> bool:
+        """Whether the output equals the reference token for token."""
+        return self.first_difference is None
+
+    def at(self, clock_ms: float) -> int:
+        """Iterations finished ``clock_ms`` into the run (0..len(wall_ms))."""
+        return bisect.bisect_right(self.wall_ms, clock_ms)
+
+
+def lane_from_run(run: RunRecord, title: str, reference: Sequence[int] | None, shown: bool = True) -> Lane:
+    """Build a lane from a finished run; ``reference`` is the AR output to compare with (or None)."""
+    wall, nfe, tokens = [], [], []
+    w = n = k = 0
+    for record in run.records:
+        w += record.wall_ms
+        n += len(record.calls)
+        k += len(record.appended)
+        wall.append(w)
+        nfe.append(n)
+        tokens.append(k)
+    differs: tuple[bool, ...] = ()
+    first = None
+    if reference is not None:
+        ref = list(reference)
+        differs = tuple(i >= len(ref) or t != ref[i] for i, t in enumerate(run.token_ids))
+        if any(differs):
+            first = differs.index(True)
+        elif len(ref) != len(run.token_ids):
+            first = min(len(ref), len(run.token_ids))
+    return Lane(schedule=run.schedule, title=title, token_ids=tuple(run.token_ids), sources=tuple(run.sources),
+                wall_ms=tuple(wall), nfe=tuple(nfe), tokens=tuple(tokens), metrics=run.metrics(), differs=differs,
+                first_difference=first, shown=shown)
+
+
+def lane_counters(lane: Lane, clock_ms: float) -> dict[str, float]:
+    """Live counters at ``clock_ms``: nfe, tokens, wall_s, tokens_per_nfe, time_per_nfe_ms, throughput."""
+    done = lane.at(clock_ms)
+    finished = done >= len(lane.wall_ms)
+    nfe = lane.nfe[done - 1] if done else 0
+    tokens = lane.tokens[done - 1] if done else 0
+    wall_ms = lane.total_ms if finished else max(0.0, clock_ms)
+    return {
+        "nfe": nfe,
+        "tokens": tokens,
+        "wall_s": wall_ms / 1000,
+        "tokens_per_nfe": tokens / nfe if nfe else 0.0,
+        "time_per_nfe_ms": wall_ms / nfe if nfe else 0.0,
+        "throughput": 1000 * tokens / wall_ms if wall_ms > 0 else 0.0,
+        "finished": finished,
+    }
+
+
+def _lane_badge(lane: Lane, greedy: bool) -> str:
+    if not lane.differs and lane.first_difference is None and lane.schedule == "ar":
+        return '<span class="badge info">reference</span>'
+    if lane.identical:
+        return '<span class="badge ok">= AR output</span>'
+    count = sum(lane.differs)
+    kind = "bad" if greedy and lane.schedule != "diffusion" else "info"
+    return (f'<span class="badge {kind}">differs from AR at token {lane.first_difference} '
+            f'({count} of {len(lane.token_ids)} tokens)</span>')
+
+
+def lanes_html(lanes: Sequence[Lane], clock_ms: float, strings: TokenStrings, greedy: bool) -> str:
+    """The shown lanes side by side at ``clock_ms``: progress bar, counters, text in provenance colours.
+
+    Each counter carries ``data-counter`` (nfe, tokens, wall_s, tokens_per_nfe, time_per_nfe_ms,
+    throughput) and each lane ``data-lane``/``data-done`` so tests can read them.
+    """
+    shown = [lane for lane in lanes if lane.shown]
+    longest = max((lane.total_ms for lane in shown), default=0.0) or 1.0
+    parts = ['<div class="race-lanes">']
+    for lane in shown:
+        c = lane_counters(lane, clock_ms)
+        k = c["tokens"]
+        pieces = strings(list(lane.token_ids[:k]))
+        spans = []
+        for i, piece in enumerate(pieces):
+            cls = f"tok {source_class(lane.sources[i])}"
+            if i < len(lane.differs) and lane.differs[i]:
+                cls += " diff"
+            spans.append(f'<span class="{cls}">{html.escape(piece)}</span>')
+        progress = 100 * min(clock_ms, lane.total_ms) / longest
+        counters = [("nfe", "NFE", f"{c['nfe']}"), ("tokens", "tokens", f"{c['tokens']}"),
+                    ("wall_s", "wall s", f"{c['wall_s']:.3f}"), ("tokens_per_nfe", "tokens/NFE", f"{c['tokens_per_nfe']:.2f}"),
+                    ("time_per_nfe_ms", "ms/NFE", f"{c['time_per_nfe_ms']:.1f}"),
+                    ("throughput", "tokens/s", f"{c['throughput']:.1f}")]
+        cards = "".join(f'<div class="stat"><span class="k">{label}</span>'
+                        f'<span class="v" data-counter="{key}">{value}</span></div>' for key, label, value in counters)
+        done = '<span class="done">finished</span>' if c["finished"] else ""
+        parts.append(
+            f'<div class="lane" data-lane="{lane.schedule}" data-done="{int(c["finished"])}">'
+            f'<h4 style="color:{SCHEDULE_COLORS.get(lane.schedule, "#0f172a")}">{html.escape(lane.title)} {done}</h4>'
+            f'{_lane_badge(lane, greedy)}'
+            f'<div class="bar"><div style="width:{progress:.1f}%"></div></div>'
+            f'<div class="stats">{cards}</div>'
+            f'<div class="token-text">{"".join(spans)}</div></div>')
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def badge_html(lanes: Sequence[Lane], greedy: bool) -> str:
+    """The race verdict: are the lossless lanes' greedy outputs identical to AR's; diffusion's differences.
+
+    The AR reference always runs (hidden or not); diffusion is compared too and its differences shown.
+    """
+    lossless = [lane for lane in lanes if lane.schedule not in ("ar", "diffusion")]
+    badges = []
+    names = ", ".join(lane.title for lane in lossless)
+    ref = next((lane for lane in lanes if lane.schedule == "ar"), None)
+    n = len(ref.token_ids) if ref else 0
+    if greedy:
+        bad = [lane for lane in lossless if not lane.identical]
+        if not bad:
+            badges.append(f'<span class="badge ok" data-badge="identical">✓ Greedy outputs of {html.escape(names)} '
+                          f'are identical to AR\'s ({n} tokens)</span>')
+        for lane in bad:
+            badges.append(f'<span class="badge bad" data-badge="differs">✗ {html.escape(lane.title)} differs from '
+                          f'AR at token {lane.first_difference}</span>')
+    else:
+        same = sum(lane.identical for lane in lossless)
+        badges.append(f'<span class="badge info" data-badge="sampled">T &gt; 0: every lane samples; lossless lanes '
+                      f'follow AR\'s distribution but need not match its tokens ({same} of {len(lossless)} match '
+                      f'this time)</span>')
+    for lane in lanes:
+        if lane.schedule == "diffusion":
+            if lane.identical:
+                badges.append('<span class="badge info" data-badge="diffusion">Diffusion matches AR this time '
+                              '(it is not guaranteed to)</span>')
+            else:
+                badges.append(f'<span class="badge bad" data-badge="diffusion">Diffusion (no verification) differs '
+                              f'from AR in {sum(lane.differs)} of {len(lane.token_ids)} tokens, first at token '
+                              f'{lane.first_difference}: differing tokens are underlined</span>')
+    return "".join(badges)
+
+
+def _line_figure(lanes: Sequence[Lane], xkey: str, title: str, xtitle: str) -> go.Figure:
+    traces = []
+    for lane in lanes:
+        if not lane.shown:
+            continue
+        xs = [0.0] + (list(lane.nfe) if xkey == "nfe" else [w / 1000 for w in lane.wall_ms])
+        traces.append(dict(type="scatter", mode="lines+markers", name=lane.title, x=xs, y=[0] + list(lane.tokens),
+                           line=dict(shape="hv", color=SCHEDULE_COLORS.get(lane.schedule), width=2),
+                           marker=dict(size=4),
+                           hovertemplate=f"{lane.title}<br>{xtitle} %{{x}}<br>tokens %{{y}}<extra></extra>"))
+    layout = dict(title=dict(text=title, x=0.01), height=CHART_HEIGHT, margin=dict(l=50, r=10, t=40, b=45),
+                  xaxis=dict(title=dict(text=xtitle), zeroline=False), yaxis=dict(title=dict(text="tokens")),
+                  legend=dict(orientation="h", y=-0.25), plot_bgcolor="#ffffff")
+    return go.Figure(dict(data=traces, layout=layout))
+
+
+def race_figures(lanes: Sequence[Lane]) -> tuple[go.Figure, go.Figure]:
+    """Tokens against NFE and tokens against decoder wall time (s) for every shown lane."""
+    return (_line_figure(lanes, "nfe", "Tokens against NFE", "NFE"),
+            _line_figure(lanes, "wall", "Tokens against wall time", "decoder wall time (s)"))
+
+
+def summary_html(lanes: Sequence[Lane]) -> str:
+    """A table of each lane's final metrics (hidden reference lanes included, marked)."""
+    head = ("<tr><th>schedule</th><th>tokens</th><th>NFE</th><th>tokens/NFE</th><th>wall s</th>"
+            "<th>ms/NFE</th><th>tokens/s</th><th>mean A</th><th>= AR</th></tr>")
+    rows = []
+    for lane in lanes:
+        m = lane.metrics
+        same = "reference" if lane.schedule == "ar" else ("yes" if lane.identical else f"no (token {lane.first_difference})")
+        name = lane.title + ("" if lane.shown else " (hidden)")
+        rows.append(f"<tr><td>{html.escape(name)}</td><td>{m['tokens']}</td><td>{m['nfe']}</td>"
+                    f"<td>{m['tokens_per_nfe']:.2f}</td><td>{m['wall_s']:.3f}</td><td>{m['time_per_nfe_ms']:.1f}</td>"
+                    f"<td>{m['throughput']:.1f}</td><td>{m['mean_acceptance_length']:.2f}</td><td>{same}</td></tr>")
+    return f'<table class="race-summary">{head}{"".join(rows)}</table>'
