@@ -138,14 +138,15 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
             slider = gr.Slider(minimum=0, maximum=max(1, run.done), value=k, step=1)
             key = (id(run), k)
             if k == 0:
-                out = [slider, empty_grid_html(), text_html(run.prompt_ids, [], [], strings), ""]
+                out = [slider, empty_grid_html(),
+                       text_html(run.prompt_ids, [], [], strings, prompt_text=run.settings.prompt), ""]
                 plot = empty_figure("No call yet: press Step.")
             else:
                 record = run.records[k - 1]
                 sequence = run.prompt_ids + tokens
                 title = REGISTRY[run.settings.schedule].title
                 grid = grid_html(record, sequence, strings, run.settings.config.width, model_obj.mask_token_id, title)
-                text = text_html(run.prompt_ids, tokens, sources, strings,
+                text = text_html(run.prompt_ids, tokens, sources, strings, prompt_text=run.settings.prompt,
                                  new_from=record.prefix_len_before - len(run.prompt_ids))
                 stats = iteration_stats(record) + run_stats(run.summary(), finished=run.at_end)
                 out = [slider, grid, text, stats]

@@ -16,7 +16,8 @@ TokenStrings = Callable[[Sequence[int]], list[str]]
 
 
 def text_html(prompt_ids: Sequence[int], token_ids: Sequence[int], sources: Sequence[str], strings: TokenStrings,
-              new_from: int | None = None, differs: Sequence[bool] = (), max_prompt_tokens: int = 200) -> str:
+              new_from: int | None = None, differs: Sequence[bool] = (), max_prompt_tokens: int = 200,
+              prompt_text: str | None = None) -> str:
     """Prompt (muted) followed by generated tokens, each a span coloured by its source.
 
     Args:
@@ -26,14 +27,18 @@ def text_html(prompt_ids: Sequence[int], token_ids: Sequence[int], sources: Sequ
         new_from: index of the first generated token appended by the current iteration (outlined).
         differs: per generated token, whether it differs from the reference run (wavy underline).
         max_prompt_tokens: only the last this many prompt tokens are shown (a "…" marks the cut).
+        prompt_text: the prompt as typed; shown instead of its token strings (its last 4000 characters).
     Returns: an HTML ``div.token-text`` (whitespace preserved).
     """
-    shown_prompt = list(prompt_ids[-max_prompt_tokens:])
+    shown_prompt = [] if prompt_text is not None else list(prompt_ids[-max_prompt_tokens:])
     pieces = strings(shown_prompt + list(token_ids))
     out = ['<div class="token-text">']
-    if len(prompt_ids) > len(shown_prompt):
-        out.append('<span class="tok src-prompt">…</span>')
-    out.append(f'<span class="tok {source_class(PROMPT)}">{html.escape("".join(pieces[:len(shown_prompt)]))}</span>')
+    if prompt_text is not None:
+        cut = len(prompt_text) > 4000
+        shown = ("…" if cut else "") + prompt_text[-4000:]
+    else:
+        shown = ("…" if len(prompt_ids) > len(shown_prompt) else "") + "".join(pieces[:len(shown_prompt)])
+    out.append(f'<span class="tok {source_class(PROMPT)}">{html.escape(shown)}</span>')
     for i, (piece, source) in enumerate(zip(pieces[len(shown_prompt):], sources)):
         classes = ["tok", source_class(source)]
         if new_from is not None and i >= new_from:

@@ -1,0 +1,312 @@
+"""Gradio app: the page's events and the API driven through gradio_client against a server started here.
+
+The server uses a tiny Llama folder written by the test (fast, deterministic); one test switches the
+model field to the embedded model. Components are also checked on their own (grid, mask, cost fit).
+"""
+
+import json
+import re
+import threading
+
+import pytest
+import torch
+from helpers import tiny_llama
+
+from packed_ss.config import DecodeConfig
+from packed_ss.engine import generate
+
+CAP = 64
+SETTINGS = dict(model="", prompt="w1 w2 w3", schedule="packed", block_size=4, temperature=0.0, top_k=0, top_p=1.0,
+                seed=0, max_new_tokens=10)
+
+
+def ui_args(**overrides):
+    """The page's settings in the order of the step/race events."""
+    s = {**SETTINGS, **overrides}
+    return (s["model"], s["prompt"], s["schedule"], s["block_size"], s["temperature"], s["top_k"], s["top_p"],
+            s["seed"], s["max_new_tokens"])
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-app")
+    model = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0)
+    model.model.config.mask_token_id = 1
+    model.model.float().save_pretrained(folder)
+    model.tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir):
+    import app
+
+    demo = app.build_demo(str(tiny_dir), new_tokens_cap=CAP, step_concurrency=4)
+    _, url, _ = demo.launch(prevent_thread_lock=True, quiet=True, **app.launch_kwargs())
+    yield url
+    demo.close()
+
+
+@pytest.fixture
+def client(server):
+    from gradio_client import Client
+
+    return Client(server, verbose=False)
+
+
+def stat(html: str, key: str) -> str:
+    """Value of the stat card ``data-stat=key`` in a stats fragment."""
+    match = re.search(rf'data-stat="{key}"><span class="k">[^<]*</span><span class="v">([^<]*)</span>', html)
+    assert match, f"no stat {key} in {html[:200]}"
+    return match.group(1)
+
+
+def grid_iteration(html: str) -> int:
+    return int(re.search(r'data-iteration="(\d+)"', html).group(1))
+
+
+# --- stepping -----------------------------------------------------------------------------------
+def test_step_to_the_end_back_and_scrub(client, tiny_dir):
+    outputs = None
+    for expected in range(1, SETTINGS["max_new_tokens"] + 2):
+        outputs = client.predict(*ui_args(), api_name="/step")
+        slider, grid, text, stats, plot, status = outputs
+        if "has ended" in status:
+            break
+        assert grid_iteration(grid) == expected and slider["value"] == expected
+        assert 'class="token-grid"' in grid and "verifier v" in grid and "proposals z" in grid
+        assert plot is not None  # a new iteration redraws the mask
+        assert int(stat(stats, "nfe")) == expected
+    else:
+        pytest.fail("the run never ended")
+    stop = stat(stats, "stop")
+    assert stop in ("limit", "eos")
+    tokens = int(stat(stats, "tokens"))
+    assert 1 <= tokens <= SETTINGS["max_new_tokens"]
+    # The text so far equals a full run of the same settings.
+    from packed_ss.model import DualModeModel
+
+    model = DualModeModel.from_pretrained(tiny_dir, device="cpu", dtype=torch.float32)
+    run = generate(model, model.encode(SETTINGS["prompt"]), DecodeConfig(block_size=4, max_new_tokens=10), "packed")
+    assert run.tokens == tokens
+    done = slider["value"]
+    slider, grid, *_ = client.predict(api_name="/back")
+    assert slider["value"] == done - 1 and grid_iteration(grid) == done - 1
+    slider, grid, *_ = client.predict(1, api_name="/scrub")
+    assert slider["value"] == 1 and grid_iteration(grid) == 1 and slider["maximum"] == done
+    # Step moves forward through the history before computing anything new.
+    slider, grid, *_ = client.predict(*ui_args(), api_name="/step")
+    assert grid_iteration(grid) == 2
+    slider, grid, text, stats, plot, status, *_ = client.predict(api_name="/reset")
+    assert grid_iteration(grid) == 0 and "Reset" in status
+
+
+@pytest.mark.parametrize("schedule,title,calls", [("packed", "Packed-SS", 1), ("linear", "Linear-SS", 2),
+                                                  ("quadratic", "Quadratic-SS", 1), ("ar", "Autoregressive", 1),
+                                                  ("diffusion", "Block diffusion", 1)])
+def test_every_schedule_steps_and_draws_its_calls(client, schedule, title, calls):
+    for _ in range(2):
+        slider, grid, text, stats, plot, status = client.predict(*ui_args(schedule=schedule), api_name="/step")
+    assert title in grid and grid_iteration(grid) == 2
+    assert "pss-error" not in status
+    figure = json.loads(plot["plot"] if isinstance(plot, dict) else plot)
+    heatmaps = [trace for trace in figure["data"] if trace["type"] == "heatmap"]
+    assert len(heatmaps) == calls  # Linear-SS shows its draft call and its verify call
+    assert any("cached prefix" in str(trace["x"][0]) for trace in heatmaps)  # the cache folded into one band
+
+
+# --- race ---------------------------------------------------------------------------------------
+def test_race_api_greedy_lanes_agree(client):
+    result = client.predict("w1 w2 w3", max_new_tokens=12, block_size=4, lanes="ar,diffusion", api_name="/race")
+    assert set(result["lanes"]) == {"ar", "linear", "quadratic", "packed", "diffusion"}
+    assert result["lossless_identical_to_ar"] is True
+    ar = result["lanes"]["ar"]["token_ids"]
+    for name in ("linear", "quadratic", "packed"):
+        lane = result["lanes"][name]
+        assert lane["token_ids"] == ar and lane["identical_to_ar"] is True
+        for key in ("nfe", "tokens", "wall_s", "tokens_per_nfe", "time_per_nfe_ms", "throughput"):
+            assert key in lane
+    assert "first_difference" in result["lanes"]["diffusion"]  # diffusion is compared, not hidden
+    hidden = client.predict("w1 w2 w3", max_new_tokens=6, api_name="/race")  # AR still runs, hidden
+    assert hidden["lanes"]["ar"]["shown"] is False and hidden["lossless_identical_to_ar"] is True
+
+
+def test_race_page_event_and_replay(client):
+    status, badge, _ = client.predict(*ui_args(max_new_tokens=8), ["diffusion"], api_name="/ui_race")
+    assert "pss-error" not in status and "identical to AR" in badge
+    job = client.submit(4.0, api_name="/replay")
+    lanes, fig_nfe, fig_wall, summary = job.result(timeout=60)
+    for name in ("linear", "quadratic", "packed", "diffusion"):
+        assert f'data-lane="{name}" data-done="1"' in lanes
+    assert 'data-lane="ar"' not in lanes  # the reference lane is hidden unless asked for
+    assert re.search(r'data-counter="nfe">[1-9]', lanes)
+    assert fig_nfe is not None and fig_wall is not None and "race-summary" in summary
+
+
+def test_generate_api_defaults(client):
+    result = client.predict("w1 w2", max_new_tokens=5, api_name="/generate")
+    assert result["schedule"] == "packed" and 1 <= result["tokens"] <= 5 and result["nfe"] >= 1
+
+
+# --- bad input ------------------------------------------------------------------------------------
+BAD = [
+    (dict(prompt=""), "prompt is empty"),
+    (dict(prompt="w3 " * 600), "exceeds the model"),
+    (dict(max_new_tokens=CAP + 1), "new-token limit"),
+    (dict(block_size=1), "block size"),
+    (dict(block_size=33), "block size"),
+    (dict(temperature=-1.0), "temperature"),
+    (dict(model="/nonexistent/model-folder"), "does not exist"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD)
+def test_bad_input_answered_by_the_api(client, overrides, message):
+    from gradio_client.exceptions import AppError
+
+    s = {**SETTINGS, **overrides}
+    with pytest.raises(AppError, match=message):
+        client.predict(s["prompt"], schedule=s["schedule"], block_size=s["block_size"], temperature=s["temperature"],
+                       max_new_tokens=s["max_new_tokens"], model=s["model"], api_name="/generate")
+    with pytest.raises(AppError, match=message):
+        client.predict(s["prompt"], block_size=s["block_size"], temperature=s["temperature"],
+                       max_new_tokens=s["max_new_tokens"], model=s["model"], api_name="/race")
+
+
+@pytest.mark.parametrize("overrides,message", [b for b in BAD if "block_size" not in b[0] and "temperature" not in b[0]]
+                         + [(dict(model="unloadable"), "config.json")])
+def test_bad_input_on_the_page_leaves_the_session_usable(client, tmp_path, overrides, message):
+    if overrides.get("model") == "unloadable":
+        overrides = dict(model=str(tmp_path))  # a folder without config.json
+    slider, grid, text, stats, plot, status = client.predict(*ui_args(**overrides), api_name="/step")
+    assert "pss-error" in status and message in status and "Traceback" not in status
+    slider, grid, text, stats, plot, status = client.predict(*ui_args(), api_name="/step")
+    assert "pss-error" not in status and grid_iteration(grid) == 1
+
+
+def test_page_sliders_reject_out_of_range_values(client):
+    """The page's block-size and temperature sliders are bounded; the server refuses values outside."""
+    from gradio_client.exceptions import AppError
+
+    for overrides in (dict(block_size=1), dict(block_size=40), dict(temperature=-1.0)):
+        with pytest.raises(AppError):
+            client.predict(*ui_args(**overrides), api_name="/step")
+    *_, status = client.predict(*ui_args(), api_name="/step")
+    assert "pss-error" not in status
+
+
+# --- per-user state -------------------------------------------------------------------------------
+def test_two_clients_at_once_keep_separate_state(server):
+    from gradio_client import Client
+
+    users = {"a": (Client(server, verbose=False), ui_args(prompt="w5 w6", schedule="linear")),
+             "b": (Client(server, verbose=False), ui_args(prompt="w9 w9 w8", schedule="quadratic"))}
+    results: dict[str, list] = {"a": [], "b": []}
+    errors = []
+
+    def stepper(name):
+        c, args = users[name]
+        try:
+            for _ in range(3):
+                results[name].append(c.predict(*args, api_name="/step"))
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=stepper, args=(n,)) for n in users]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors
+    for name, title in (("a", "Linear-SS"), ("b", "Quadratic-SS")):
+        iterations = [grid_iteration(out[1]) for out in results[name]]
+        assert iterations == [1, 2, 3], (name, iterations)
+        assert title in results[name][-1][1]
+    assert "w5 w6" in results["a"][-1][2] and "w9 w9 w8" not in results["a"][-1][2]
+    assert "w9 w9 w8" in results["b"][-1][2] and "w5 w6" not in results["b"][-1][2]
+
+
+# --- the embedded model through the model field ---------------------------------------------------------
+def test_embedded_model_in_the_model_field(client):
+    from conftest import EMBEDDED
+
+    if not (EMBEDDED / "model.safetensors").exists():
+        pytest.skip("assets/model has no weights yet")
+    args = ui_args(model=str(EMBEDDED), prompt="def add(a, b):\n", block_size=8, max_new_tokens=12)
+    for expected in (1, 2):
+        slider, grid, text, stats, plot, status = client.predict(*args, api_name="/step")
+        assert "pss-error" not in status and grid_iteration(grid) == expected
+    result = client.predict("def add(a, b):\n", max_new_tokens=16, model=str(EMBEDDED), api_name="/race")
+    assert result["lossless_identical_to_ar"] is True and result["lanes"]["packed"]["tokens"] >= 1
+
+
+# --- components on their own ----------------------------------------------------------------------------
+def test_grid_marks_accepted_rejected_kept_and_discarded():
+    from helpers import ScriptedModel
+
+    from components.token_grid import grid_html
+    from packed_ss.engine import decode
+
+    prompt, target = [3, 4, 5], [6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 6, 7]
+    model = ScriptedModel(prompt, target, thresholds=[0, 0, 1, 2, 3, 3, 3])
+    records = list(decode(model, prompt, DecodeConfig(block_size=4, max_new_tokens=12), "packed"))
+    strings = lambda ids: [f"t{i}" for i in ids]  # noqa: E731
+    sequence = prompt + [t for r in records for t in r.appended]
+    verifying = next(r for r in records[1:] if 0 < r.h < len(r.old_draft))
+    html = grid_html(verifying, sequence, strings, 3, model.mask_token_id, "Packed-SS")
+    assert html.count('class="chip accepted"') == verifying.h
+    assert 'class="chip rejected"' in html
+    assert html.count('class="chip kept"') == len(verifying.kept)
+    assert html.count('class="chip discarded"') == len(verifying.discarded)
+    assert html.count('class="chip faded"') == len(verifying.verifier_tokens) - verifying.h - 1
+    assert f"A = {len(verifying.appended)}" in html
+
+
+def test_mask_folds_the_cache_into_one_band():
+    from components.mask_plot import mask_codes, mask_figure, segments
+    from packed_ss.layout import packed_layout, quadratic_layout
+
+    layout = packed_layout(5, [6, 7], 3, cached=40, mask_id=1)
+    codes, folded = mask_codes(layout)
+    assert folded and len(codes) == 8 and all(len(row) == 9 for row in codes)
+    assert all(row[0] > 0 for row in codes)  # every row sees the cache
+    assert codes[0][1 + 4] == 0 and codes[4][1] == 0  # verify and draft halves are blind to each other
+    labels = [label for _, _, label in segments(quadratic_layout(5, [6], 3, cached=9, mask_id=1))]
+    assert labels[0].startswith("verify") and labels[1].startswith("branch h=0") and len(labels) == 5
+    figure = mask_figure([layout], lambda ids: [str(i) for i in ids])
+    assert figure.layout.height and figure.data[0].type == "heatmap"
+
+
+def test_cost_model_fit_recovers_tau_and_delta():
+    import numpy as np
+
+    from components.charts import cost_figure, fit_cost_model, predicted_iteration_ms
+
+    rng = np.random.default_rng(0)
+    rows = rng.integers(1, 200, size=300)
+    ms = 2.0 + 0.05 * rows + rng.normal(0, 0.05, size=300)
+    ms[:10] += 30  # a few calls slowed down by another process
+    model = fit_cost_model(rows.tolist(), ms.tolist())
+    assert abs(model.tau_ms - 2.0) < 0.2 and abs(model.delta_ms - 0.05) < 0.005
+    assert predicted_iteration_ms("linear", 8, model) == pytest.approx(2 * model.call_ms(8))
+    assert predicted_iteration_ms("packed", 8, model) == pytest.approx(model.call_ms(16))
+    assert predicted_iteration_ms("quadratic", 8, model) == pytest.approx(model.call_ms(72))
+    figure = cost_figure(model, [("packed", 7, 3.0), ("linear", 7, 4.0)])
+    assert len(figure.data) == 6
+    with pytest.raises(ValueError):
+        fit_cost_model([8, 8], [1.0, 2.0])
+
+
+def test_settings_validation_messages():
+    from components.runtime import UserError, make_settings
+
+    ok = make_settings("", "x", "packed", 8, 0, 0, 1, 0, 16)
+    assert ok.config.block_size == 8 and ok.schedule == "packed"
+    for args, message in [(("", "  ", "packed", 8, 0, 0, 1, 0, 16), "empty"),
+                          (("", "x", "cubic", 8, 0, 0, 1, 0, 16), "unknown schedule"),
+                          (("", "x", "packed", 2.5, 0, 0, 1, 0, 16), "whole number"),
+                          (("", "x", "packed", 8, float("nan"), 0, 1, 0, 16), "temperature"),
+                          (("", "x", "packed", 8, 0, 0, 0, 0, 16), "top-p"),
+                          (("", "x", "packed", 8, 0, 0, 1, 0, 513), "cap")]:
+        with pytest.raises(UserError, match=message):
+            make_settings(*args)
