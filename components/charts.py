@@ -87,7 +87,8 @@ def cost_figure(model: CostModel | None, points: Sequence[tuple[str, int, float]
 
     Args:
         model: the fitted cost model (None: measured points only).
-        points: ``(schedule, W, model_ms)`` of measured regular iterations (prefill excluded).
+        points: ``(schedule, W, model_ms)`` of measured regular iterations (prefill excluded); drawn as
+            the median per (schedule, W) with quartile bars.
         w_max: largest W on the x axis (extended to cover the measured points).
     """
     w_max = max([w_max] + [w for _, w, _ in points])
@@ -106,15 +107,17 @@ def cost_figure(model: CostModel | None, points: Sequence[tuple[str, int, float]
                 groups[w].append(ms)
         if groups:
             xs = sorted(groups)
-            means = [float(np.mean(groups[w])) for w in xs]
-            stds = [float(np.std(groups[w])) for w in xs]
+            low, mid, high = (np.array([np.percentile(groups[w], q) for w in xs]) for q in (25, 50, 75))
             counts = [len(groups[w]) for w in xs]
-            traces.append(dict(type="scatter", mode="markers", name=f"{TITLES[schedule]} measured", x=xs, y=means,
-                               error_y=dict(type="data", array=stds, visible=True, thickness=1),
+            traces.append(dict(type="scatter", mode="markers", name=f"{TITLES[schedule]} measured", x=xs,
+                               y=mid.tolist(),
+                               error_y=dict(type="data", symmetric=False, array=(high - mid).tolist(),
+                                            arrayminus=(mid - low).tolist(), visible=True, thickness=1),
                                marker=dict(color=color, size=10, symbol="diamond", line=dict(width=1, color="#0f172a")),
                                legendgroup=schedule, customdata=counts,
-                               hovertemplate=(f"{TITLES[schedule]} measured<br>W %{{x}}<br>mean %{{y:.2f}} ms "
-                                              f"over %{{customdata}} iterations<extra></extra>")))
+                               hovertemplate=(f"{TITLES[schedule]} measured<br>W %{{x}}<br>median %{{y:.2f}} ms "
+                                              f"over %{{customdata}} iterations (bars: quartiles)"
+                                              f"<extra></extra>")))
     title = "Model time per iteration against W"
     if model is not None:
         title += f" (fit: τ = {model.tau_ms:.2f} ms, δ = {model.delta_ms:.4f} ms/row)"

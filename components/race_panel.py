@@ -221,7 +221,9 @@ def summary_html(lanes: Sequence[Lane]) -> str:
         m = lane.metrics
         same = "reference" if lane.schedule == "ar" else ("yes" if lane.identical else f"no (token {lane.first_difference})")
         name = lane.title + ("" if lane.shown else " (hidden)")
+        verifies = lane.schedule not in ("ar", "diffusion")
+        accept = f"{m['mean_acceptance_length']:.2f}" if verifies else "–"
         rows.append(f"<tr><td>{html.escape(name)}</td><td>{m['tokens']}</td><td>{m['nfe']}</td>"
                     f"<td>{m['tokens_per_nfe']:.2f}</td><td>{m['wall_s']:.3f}</td><td>{m['time_per_nfe_ms']:.1f}</td>"
-                    f"<td>{m['throughput']:.1f}</td><td>{m['mean_acceptance_length']:.2f}</td><td>{same}</td></tr>")
+                    f"<td>{m['throughput']:.1f}</td><td>{accept}</td><td>{same}</td></tr>")
     return f'<table class="race-summary">{head}{"".join(rows)}</table>'

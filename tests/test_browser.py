@@ -1,0 +1,85 @@
+"""Browser test: Debian's chromium through Playwright opens the page, steps three times and runs a race.
+
+Checks that the token grid, the mask heatmap and the race counters rendered, and saves screenshots to
+test-artifacts/. Skipped where /usr/bin/chromium is absent (CI installs it in .ci/run).
+"""
+
+import re
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is not installed at /usr/bin/chromium "
+                                                              "(apt-get install chromium)")
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    """The app on the embedded model when it has weights, else on a tiny model folder built here."""
+    import app
+    from conftest import EMBEDDED
+    from helpers import tiny_llama
+
+    if (EMBEDDED / "model.safetensors").exists():
+        model_path = str(EMBEDDED)
+    else:
+        folder = tmp_path_factory.mktemp("tiny-browser")
+        model = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0)
+        model.model.config.mask_token_id = 1
+        model.model.float().save_pretrained(folder)
+        model.tokenizer.save_pretrained(folder)
+        model_path = str(folder)
+    demo = app.build_demo(model_path)
+    _, url, _ = demo.launch(prevent_thread_lock=True, quiet=True, **app.launch_kwargs())
+    yield url
+    demo.close()
+
+
+def test_page_steps_races_and_renders(app_url):
+    from playwright.sync_api import expect, sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(app_url, wait_until="domcontentloaded")
+            page.locator("#step-btn").wait_for(timeout=60_000)
+            page.locator("#prompt textarea").fill("def fibonacci(n):\n")
+            page.locator("#limit input").fill("24")
+            page.locator("#limit input").press("Tab")
+            for k in (1, 2, 3):
+                page.locator("#step-btn").click()
+                expect(page.locator(f'#token-grid [data-iteration="{k}"]')).to_be_visible(timeout=60_000)
+            grid = page.locator("#token-grid table.token-grid")
+            expect(grid).to_be_visible()
+            assert page.locator("#token-grid .chip").count() > 5
+            assert "Iteration 3" in page.locator("#token-grid .token-grid-head").inner_text()
+            expect(page.locator("#mask-plot .js-plotly-plot")).to_be_visible(timeout=30_000)
+            assert page.locator("#mask-plot .heatmaplayer, #mask-plot .hm").count() > 0
+            assert page.locator('#step-stats [data-stat="nfe"]').count() == 1
+            page.screenshot(path=str(ARTIFACTS / "step.png"), full_page=True)
+
+            page.get_by_role("tab", name="Race").click()
+            page.locator("#race-btn").click()
+            for lane in ("linear", "quadratic", "packed"):
+                expect(page.locator(f'#race-lanes [data-lane="{lane}"][data-done="1"]')).to_be_visible(timeout=90_000)
+            nfe = page.locator('#race-lanes [data-lane="packed"] [data-counter="nfe"]').inner_text()
+            tokens = page.locator('#race-lanes [data-lane="packed"] [data-counter="tokens"]').inner_text()
+            assert int(nfe) > 0 and int(tokens) > 0
+            assert re.search(r"\d", page.locator('#race-lanes [data-lane="linear"] [data-counter="throughput"]').inner_text())
+            expect(page.locator("#race-badge [data-badge]").first).to_be_visible()
+            assert "identical to AR" in page.locator("#race-badge").inner_text()
+            expect(page.locator("#race-nfe .js-plotly-plot")).to_be_visible(timeout=30_000)
+            page.screenshot(path=str(ARTIFACTS / "race.png"), full_page=True)
+
+            page.get_by_role("tab", name="Explain").click()
+            expect(page.locator("#cost-plot .js-plotly-plot")).to_be_visible(timeout=30_000)
+            page.screenshot(path=str(ARTIFACTS / "explain.png"), full_page=True)
+        finally:
+            browser.close()
