@@ -21,14 +21,14 @@ from pathlib import Path
 import gradio as gr
 
 from components.charts import cost_figure, fit_cost_model, fit_summary
-from components.mask_plot import empty_figure, mask_figure
+from components.mask_plot import empty_figure
 from components.race_panel import badge_html, lanes_html, race_figures, summary_html
 from components.runtime import (APP_MAX_BLOCK_SIZE, DEFAULT_MODEL, NEW_TOKENS_CAP, ModelStore, Sessions, StepRun,
                                 TimingLog, UserSession, calibrate, has_spaces, make_settings, run_generate,
                                 run_race)
 from components.style import ASSETS, PROMPT, error_html, legend_html, note_html
-from components.text_view import iteration_stats, run_stats, text_html
-from components.token_grid import empty_grid_html, grid_html
+from components.step_view import step_view
+from components.token_grid import empty_grid_html
 
 ROOT = Path(__file__).resolve().parent
 SHORT_PROMPTS = (
@@ -125,41 +125,13 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
     def view(us: UserSession) -> list:
         """Slider, grid, text, stats and (only when the shown iteration changed) the mask plot."""
         run = us.step
-        if run is None:
-            key = None
-            plot = empty_figure("No call yet: press Step.")
-            out = [gr.Slider(minimum=0, maximum=1, value=0, step=1), empty_grid_html(), "", ""]
-        else:
-            model_obj = run.model
-            strings = store.strings_for(model_obj)
-            k = run.position
-            tokens = [t for r in run.records[:k] for t in r.appended]
-            sources = [s for r in run.records[:k] for s in r.appended_sources]
-            slider = gr.Slider(minimum=0, maximum=max(1, run.done), value=k, step=1)
-            key = (id(run), k)
-            if k == 0:
-                out = [slider, empty_grid_html(),
-                       text_html(run.prompt_ids, [], [], strings, prompt_text=run.settings.prompt), ""]
-                plot = empty_figure("No call yet: press Step.")
-            else:
-                record = run.records[k - 1]
-                sequence = run.prompt_ids + tokens
-                title = REGISTRY[run.settings.schedule].title
-                grid = grid_html(record, sequence, strings, run.settings.config.width, model_obj.mask_token_id, title)
-                text = text_html(run.prompt_ids, tokens, sources, strings, prompt_text=run.settings.prompt,
-                                 new_from=record.prefix_len_before - len(run.prompt_ids))
-                stats = iteration_stats(record) + run_stats(run.summary(), finished=run.at_end)
-                out = [slider, grid, text, stats]
-                plot = None
-                if key != us.plot_key:
-                    plot = mask_figure([c.layout for c in record.calls], strings,
-                                       f"Iteration {record.index}: {title} attention mask")
-        if key == us.plot_key and run is not None:
-            out.append(gr.skip())
-        else:
-            us.plot_key = key
-            out.append(plot)
-        return out
+        strings = store.strings_for(run.model) if run is not None else None
+        key = (id(run), run.position) if run is not None else None
+        redraw = run is None or key != us.plot_key
+        shown = step_view(run, strings, with_figure=redraw)
+        us.plot_key = shown.key
+        slider = gr.Slider(minimum=0, maximum=max(1, shown.done), value=shown.position, step=1)
+        return [slider, shown.grid, shown.text, shown.stats, shown.figure if redraw else gr.skip()]
 
     def start_or_continue(values: Sequence, us: UserSession) -> tuple[StepRun, str]:
         settings = make_settings(*values, cap=cap)

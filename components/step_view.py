@@ -1,0 +1,71 @@
+"""Everything the Step-through tab shows for one iteration of a :class:`~components.runtime.StepRun`.
+
+Pure rendering: the records were computed by the engine; this only turns the shown iteration into
+HTML fragments and (on request) the mask figure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import plotly.graph_objects as go
+
+from packed_ss.schedules import REGISTRY
+
+from components.mask_plot import empty_figure, mask_figure
+from components.text_view import iteration_stats, run_stats, text_html
+from components.token_grid import empty_grid_html, grid_html
+
+TokenStrings = Callable[[Sequence[int]], list[str]]
+NO_CALL = "No call yet: press Step."
+
+
+@dataclass(frozen=True)
+class StepView:
+    """The tab's content for one iteration.
+
+    Attributes:
+        position: iteration shown (0 = none yet). done: iterations computed so far (the slider's maximum).
+        grid, text, stats: HTML fragments. figure: the mask figure, or None when not requested.
+        key: identifies (run, iteration); the page redraws the heatmap only when it changes.
+    """
+
+    position: int
+    done: int
+    grid: str
+    text: str
+    stats: str
+    figure: go.Figure | None
+    key: tuple | None
+
+
+def step_view(run, strings: TokenStrings | None, with_figure: bool = True) -> StepView:
+    """Render the iteration ``run.position`` of ``run`` (a StepRun, or None before the first Step).
+
+    Args:
+        run: the user's StepRun or None.
+        strings: maps token ids to display strings (needed when ``run`` is not None).
+        with_figure: build the mask figure (skip it when the shown iteration did not change).
+    """
+    if run is None:
+        return StepView(0, 0, empty_grid_html(), "", "", empty_figure(NO_CALL) if with_figure else None, None)
+    k = run.position
+    key = (id(run), k)
+    if k == 0:
+        text = text_html(run.prompt_ids, [], [], strings, prompt_text=run.settings.prompt)
+        return StepView(0, run.done, empty_grid_html(), text, "", empty_figure(NO_CALL) if with_figure else None, key)
+    records = run.records[:k]
+    record = records[-1]
+    tokens = [t for r in records for t in r.appended]
+    sources = [s for r in records for s in r.appended_sources]
+    title = REGISTRY[run.settings.schedule].title
+    grid = grid_html(record, run.prompt_ids + tokens, strings, run.settings.config.width, run.model.mask_token_id,
+                     title)
+    text = text_html(run.prompt_ids, tokens, sources, strings, prompt_text=run.settings.prompt,
+                     new_from=record.prefix_len_before - len(run.prompt_ids))
+    stats = iteration_stats(record) + run_stats(run.summary(), finished=run.at_end)
+    figure = None
+    if with_figure:
+        figure = mask_figure([c.layout for c in record.calls], strings, f"Iteration {record.index}: {title} attention mask")
+    return StepView(k, run.done, grid, text, stats, figure, key)
