@@ -23,8 +23,8 @@ import gradio as gr
 from components.charts import cost_figure, fit_cost_model, fit_summary
 from components.mask_plot import empty_figure
 from components.race_panel import badge_html, lanes_html, race_figures, summary_html
-from components.runtime import (APP_MAX_BLOCK_SIZE, DEFAULT_MODEL, NEW_TOKENS_CAP, ModelStore, Sessions, StepRun,
-                                TimingLog, UserSession, calibrate, has_spaces, make_settings, run_generate,
+from components.runtime import (APP_MAX_BLOCK_SIZE, DEFAULT_MODEL, NEW_TOKENS_CAP, GpuTasks, ModelStore, Sessions,
+                                StepRun, TimingLog, UserSession, calibrate, has_spaces, make_settings, run_generate,
                                 run_race)
 from components.style import ASSETS, PROMPT, error_html, legend_html, note_html
 from components.step_view import step_view
@@ -87,10 +87,10 @@ def _message(error: Exception) -> str:
 
 def _grid_legend() -> str:
     """Static key of the grid's chip styles and the text colours."""
-    chips = ('<span class="chip accepted">ok</span> accepted draft · <span class="chip rejected">x</span> first rejected · '
-             '<span class="chip unchecked">u</span> not checked · <span class="chip reached">v</span> verifier row reached · '
-             '<span class="chip faded">v</span> computed, not reached · <span class="chip kept">z</span> kept as next draft · '
-             '<span class="chip discarded">z</span> discarded · <span class="chip mask">MASK</span> empty slot')
+    keys = [("accepted", "ok", "accepted draft"), ("rejected", "x", "first rejected"),
+            ("unchecked", "u", "not checked"), ("reached", "v", "verifier row reached"), ("faded", "v", "computed, not reached"),
+            ("kept", "z", "kept as next draft"), ("discarded", "z", "discarded"), ("mask", "MASK", "empty slot")]
+    chips = " · ".join(f'<span class="chip {cls}">{text}</span> {label}' for cls, text, label in keys)
     from packed_ss.records import SOURCES
     return f'<div class="legend">{chips}</div>' + legend_html([PROMPT, *SOURCES])
 
@@ -111,6 +111,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
     Returns: the ``gr.Blocks``; launch it with ``demo.launch(**launch_kwargs())``.
     """
     store = ModelStore(model, device=device, dtype=dtype, preloaded=preloaded)
+    tasks = GpuTasks(store)  # the GPU work of each request (spaces.GPU on ZeroGPU)
     sessions = Sessions()
     log = TimingLog()
     eager = has_spaces()  # ZeroGPU: compute a step-through run in one GPU call
@@ -137,7 +138,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
         settings = make_settings(*values, cap=cap)
         run, note = us.step, ""
         if run is None or run.settings != settings:
-            run = StepRun(settings, store.get(settings.model), eager=eager, log=log)
+            run = StepRun(settings, store.get(settings.model), tasks=tasks, eager=eager, log=log)
             note = "Settings changed: a new run started." if us.step is not None else ""
             us.step, us.plot_key = run, None
         return run, note
@@ -212,7 +213,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
         us = sessions.get(request.session_hash)
         try:
             settings = make_settings(*values, cap=cap)
-            result = run_race(store, settings, extra=list(optional or ()), log=log)
+            result = run_race(tasks, settings, extra=list(optional or ()), log=log)
         except Exception as error:  # noqa: BLE001
             message = _message(error)
             gr.Warning(message)
@@ -259,7 +260,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
     def on_measure(*values):
         try:
             settings = make_settings(*values, cap=cap)
-            calibrate(store, settings, log)
+            calibrate(tasks, settings, log)
         except Exception as error:  # noqa: BLE001
             message = _message(error)
             gr.Warning(message)
@@ -278,7 +279,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
         try:
             settings = make_settings(model, prompt, schedule, block_size, temperature, top_k, top_p, seed,
                                      max_new_tokens, cap=cap)
-            return run_generate(store, settings, log=log).metrics()
+            return run_generate(tasks, settings, log=log).metrics()
         except ValueError as error:
             raise gr.Error(str(error), print_exception=False) from None
 
@@ -293,7 +294,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
             settings = make_settings(model, prompt, "packed", block_size, temperature, top_k, top_p, seed,
                                      max_new_tokens, cap=cap)
             extra = [s.strip() for s in (lanes or "").split(",") if s.strip()]
-            return run_race(store, settings, extra=extra, log=log).to_json()
+            return run_race(tasks, settings, extra=extra, log=log).to_json()
         except ValueError as error:
             raise gr.Error(str(error), print_exception=False) from None
 
@@ -319,9 +320,11 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                 prompt = gr.Textbox(value=prompts[0], label="Prompt", lines=7, max_lines=20, elem_id="prompt")
                 gr.Examples([[p] for p in prompts], inputs=[prompt], label="Examples (short ones, then HumanEval)")
             with gr.Column(scale=2):
-                schedule = gr.Radio([(REGISTRY[n].title, n) for n in ("packed", "linear", "quadratic", "ar", "diffusion")],
-                                    value="packed", label="Schedule (Step through)", elem_id="schedule")
-                block = gr.Slider(2, APP_MAX_BLOCK_SIZE, value=8, step=1, label="Block size B (draft width W = B − 1)")
+                names = ("packed", "linear", "quadratic", "ar", "diffusion")
+                schedule = gr.Radio([(REGISTRY[n].title, n) for n in names], value="packed",
+                                    label="Schedule (Step through)", elem_id="schedule")
+                block = gr.Slider(2, APP_MAX_BLOCK_SIZE, value=8, step=1,
+                                  label="Block size B (draft width W = B − 1)")
                 temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)")
                 with gr.Row():
                     top_k = gr.Number(0, label="top-k (0 = off)", precision=0, minimum=0)
@@ -373,9 +376,11 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                 cost_plot = gr.Plot(label="Per-call cost model", elem_id="cost-plot")
                 measure_btn = gr.Button("Measure on this machine (short runs at B = 4, 8, 16)")
             # ------------------------------------------------------------------------------------------
-            # Benchmark tab: the lead wires it here (components/benchmark.py), e.g.
-            #   extra_tabs=[lambda ctx: benchmark.build_tab(ctx)]
-            # Each callable runs inside this gr.Tabs() with the AppContext of this demo.
+            # Benchmark tab: the lead wires it here (components/benchmark.py). Each callable in
+            # extra_tabs runs inside this gr.Tabs() with this demo's AppContext and opens its own tab, e.g.
+            #     def add_benchmark(ctx):
+            #         with gr.Tab("Benchmark", id="benchmark"):
+            #             build_benchmark_tab(ctx.store.get, ctx.store.default)
             context = AppContext(store=store, log=log, sessions=sessions, settings=settings, status=status, cap=cap,
                                  compute_concurrency=compute_concurrency)
             for add_tab in extra_tabs:

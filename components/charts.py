@@ -100,7 +100,8 @@ def cost_figure(model: CostModel | None, points: Sequence[tuple[str, int, float]
             traces.append(dict(type="scatter", mode="lines", name=f"{TITLES[schedule]} predicted",
                                x=ws, y=[predicted_iteration_ms(schedule, w + 1, model) for w in ws],
                                line=dict(color=color, width=2), legendgroup=schedule,
-                               hovertemplate=f"{TITLES[schedule]}<br>W %{{x}}<br>predicted %{{y:.2f}} ms<extra></extra>"))
+                               hovertemplate=(f"{TITLES[schedule]}<br>W %{{x}}<br>predicted %{{y:.2f}} ms"
+                                              "<extra></extra>")))
         groups: dict[int, list[float]] = defaultdict(list)
         for s, w, ms in points:
             if s == schedule:

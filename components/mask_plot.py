@@ -62,7 +62,8 @@ def mask_codes(layout: CallLayout) -> tuple[list[list[int]], bool]:
     return codes, bool(layout.cached)
 
 
-def _call_spec(layout: CallLayout, strings: TokenStrings, i: int, domain: tuple[float, float]) -> tuple[dict, dict, list]:
+def _call_spec(layout: CallLayout, strings: TokenStrings, i: int,
+               domain: tuple[float, float]) -> tuple[dict, dict, list]:
     """Heatmap trace, axis layouts and boundary shapes of one call drawn in subplot i.
 
     Both axes are categorical: each row and key is labelled with its token and position id, so the hover

@@ -138,7 +138,8 @@ def lanes_html(lanes: Sequence[Lane], clock_ms: float, strings: TokenStrings, gr
             spans.append(f'<span class="{cls}">{html.escape(piece)}</span>')
         progress = 100 * min(clock_ms, lane.total_ms) / longest
         counters = [("nfe", "NFE", f"{c['nfe']}"), ("tokens", "tokens", f"{c['tokens']}"),
-                    ("wall_s", "wall s", f"{c['wall_s']:.3f}"), ("tokens_per_nfe", "tokens/NFE", f"{c['tokens_per_nfe']:.2f}"),
+                    ("wall_s", "wall s", f"{c['wall_s']:.3f}"),
+                    ("tokens_per_nfe", "tokens/NFE", f"{c['tokens_per_nfe']:.2f}"),
                     ("time_per_nfe_ms", "ms/NFE", f"{c['time_per_nfe_ms']:.1f}"),
                     ("throughput", "tokens/s", f"{c['throughput']:.1f}")]
         cards = "".join(f'<div class="stat"><span class="k">{label}</span>'
@@ -219,7 +220,9 @@ def summary_html(lanes: Sequence[Lane]) -> str:
     rows = []
     for lane in lanes:
         m = lane.metrics
-        same = "reference" if lane.schedule == "ar" else ("yes" if lane.identical else f"no (token {lane.first_difference})")
+        same = "yes" if lane.identical else f"no (token {lane.first_difference})"
+        if lane.schedule == "ar":
+            same = "reference"
         name = lane.title + ("" if lane.shown else " (hidden)")
         verifies = lane.schedule not in ("ar", "diffusion")
         accept = f"{m['mean_acceptance_length']:.2f}" if verifies else "–"

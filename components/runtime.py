@@ -224,7 +224,8 @@ class StepRun:
 
     Locally the engine's generator is advanced one iteration per Step (its adapter keeps the KV cache
     between requests). With ``eager=True`` (ZeroGPU, where no GPU state may outlive a request) the
-    first Step computes the whole run in one GPU call and later Steps only move through it.
+    first Step computes the whole run in one GPU call (``tasks.records``) and later Steps only move
+    through it.
 
     Attributes:
         settings: what the run decodes. prompt_ids: its token ids.
@@ -233,7 +234,10 @@ class StepRun:
     Raises: PromptError (a ValueError) on creation for an empty or too long prompt.
     """
 
-    def __init__(self, settings: RunSettings, model, eager: bool = False, log: TimingLog | None = None):
+    def __init__(self, settings: RunSettings, model, tasks: "GpuTasks | None" = None, eager: bool = False,
+                 log: TimingLog | None = None):
+        if eager and tasks is None:
+            raise ValueError("an eager StepRun needs the GpuTasks that compute its records")
         self.settings = settings
         self.model = model
         self.prompt_ids = list(model.encode(settings.prompt))
@@ -245,7 +249,7 @@ class StepRun:
         self.log = log
         self.lock = threading.Lock()
         self._iterator = decode(self.adapter, self.prompt_ids, settings.config, settings.schedule)  # validates
-        self._run_all = ALL_RECORDS_TASK if eager else None
+        self._tasks = tasks if eager else None
 
     @property
     def done(self) -> int:
@@ -259,8 +263,9 @@ class StepRun:
             return True
         if self.finished:
             return False
-        if self._run_all is not None:
-            new = self._run_all(self.adapter, self.prompt_ids, self.settings.config, self.settings.schedule)
+        if self._tasks is not None:
+            s = self.settings
+            new = self._tasks.records(s.model, self.prompt_ids, s.config, s.schedule)
             self.finished = True
         else:
             try:
@@ -295,11 +300,6 @@ class StepRun:
         shown = self.records[: self.position]
         return summarize(shown, self.settings.schedule, self.settings.config.block_size,
                          self.settings.config.temperature, len(self.prompt_ids))
-
-
-def _all_records(adapter, prompt_ids, config, schedule) -> list[IterationRecord]:
-    """Run a schedule to the end and return its records (CPU data only; the GPU task of a ZeroGPU Step)."""
-    return list(decode(adapter, prompt_ids, config, schedule))
 
 
 @dataclass
@@ -382,18 +382,54 @@ class RaceResult:
         }
 
 
-def race_runs(model, prompt_ids: Sequence[int], config: DecodeConfig, schedules: Sequence[str]) -> list[RunRecord]:
-    """Run each schedule to the end, one after the other, each on its own adapter (wall time alone).
+class GpuTasks:
+    """The GPU work of each kind of request: one call each, light arguments, CPU data back.
 
-    A two-token AR warm-up runs first so that the first lane does not pay one-off start-up costs.
-    Returns CPU data only (the GPU task of a race on ZeroGPU).
+    Each task takes the model *name* (looked up in ``store``, so no model crosses a process boundary),
+    token ids and a config, and returns records or run records (tensors in them are CPU tensors). When
+    the ``spaces`` package is importable every task is wrapped in ``spaces.GPU`` (ZeroGPU). Create one per
+    app at start-up.
     """
-    warm = DecodeConfig(block_size=config.block_size, max_new_tokens=2)
-    generate(model.share(), list(prompt_ids), warm, "ar")
-    return [generate(model.share(), list(prompt_ids), config, s) for s in schedules]
+
+    def __init__(self, store: ModelStore):
+        self.store = store
+        self.records = gpu_task(self._records)
+        self.race = gpu_task(self._race)
+        self.generate = gpu_task(self._generate)
+        self.calibration = gpu_task(self._calibration)
+
+    def _records(self, model_name: str, prompt_ids: Sequence[int], config: DecodeConfig,
+                 schedule: str) -> list[IterationRecord]:
+        """Every iteration record of one run (an eager step-through run)."""
+        return list(decode(self.store.get(model_name).share(), list(prompt_ids), config, schedule))
+
+    def _race(self, model_name: str, prompt_ids: Sequence[int], config: DecodeConfig,
+              schedules: Sequence[str]) -> list[RunRecord]:
+        """Each schedule to the end, one after the other on its own adapter (wall time measured alone).
+
+        A two-token AR warm-up runs first so that the first lane does not pay one-off start-up costs.
+        """
+        model = self.store.get(model_name)
+        generate(model.share(), list(prompt_ids), DecodeConfig(block_size=config.block_size, max_new_tokens=2), "ar")
+        return [generate(model.share(), list(prompt_ids), config, s) for s in schedules]
+
+    def _generate(self, model_name: str, prompt_ids: Sequence[int], config: DecodeConfig, schedule: str) -> RunRecord:
+        """One full run."""
+        return generate(self.store.get(model_name).share(), list(prompt_ids), config, schedule)
+
+    def _calibration(self, model_name: str, prompt_ids: Sequence[int], block_sizes: Sequence[int],
+                     new_tokens: int) -> list[tuple[int, list[IterationRecord]]]:
+        """Short runs of AR (once) and the three speculative schedules at each block size."""
+        model = self.store.get(model_name)
+        out = []
+        for i, b in enumerate(block_sizes):
+            config = DecodeConfig(block_size=b, max_new_tokens=new_tokens)
+            for schedule in (("ar",) if i == 0 else ()) + SPECULATIVE:
+                out.append((b, list(decode(model.share(), list(prompt_ids), config, schedule))))
+        return out
 
 
-def run_race(store: ModelStore, settings: RunSettings, extra: Sequence[str] = (), show_ar: bool = False,
+def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), show_ar: bool = False,
              log: TimingLog | None = None) -> RaceResult:
     """Race Linear, Quadratic and Packed (plus ``extra`` lanes: "ar", "diffusion") on one prompt.
 
@@ -403,12 +439,12 @@ def run_race(store: ModelStore, settings: RunSettings, extra: Sequence[str] = ()
     unknown = [s for s in extra if s not in ("ar", "diffusion")]
     if unknown:
         raise UserError(f"optional race lanes are 'ar' and 'diffusion', got {', '.join(map(repr, unknown))}")
-    model = store.get(settings.model)
+    model = tasks.store.get(settings.model)
     ids = model.encode(settings.prompt)
     decode(model.share(), ids, settings.config, "ar")  # validates the prompt before any work
     schedules = ["ar", *SPECULATIVE] + (["diffusion"] if "diffusion" in extra else [])
     start = time.perf_counter()
-    runs = RACE_TASK(model, ids, settings.config, schedules)
+    runs = tasks.race(settings.model, ids, settings.config, schedules)
     compute_s = time.perf_counter() - start
     if log is not None:
         for run in runs:
@@ -420,44 +456,28 @@ def run_race(store: ModelStore, settings: RunSettings, extra: Sequence[str] = ()
                       prompt_tokens=len(ids))
 
 
-def run_generate(store: ModelStore, settings: RunSettings, log: TimingLog | None = None) -> RunRecord:
+def run_generate(tasks: GpuTasks, settings: RunSettings, log: TimingLog | None = None) -> RunRecord:
     """One full run of ``settings`` (the ``generate`` API). Raises: ModelLoadError, PromptError."""
-    model = store.get(settings.model)
+    model = tasks.store.get(settings.model)
     ids = model.encode(settings.prompt)
-    run = GENERATE_TASK(model.share(), ids, settings.config, settings.schedule)
+    decode(model.share(), ids, settings.config, settings.schedule)  # validates before any GPU work
+    run = tasks.generate(settings.model, ids, settings.config, settings.schedule)
     if log is not None:
         log.add(run.records, settings.config.block_size)
     return run
 
 
-def _calibration_runs(model, prompt_ids: Sequence[int], block_sizes: Sequence[int],
-                      new_tokens: int) -> list[tuple[int, list[IterationRecord]]]:
-    """Short runs of AR (once) and the three speculative schedules at each block size (CPU data only)."""
-    out = []
-    for i, b in enumerate(block_sizes):
-        config = DecodeConfig(block_size=b, max_new_tokens=new_tokens)
-        for schedule in (("ar",) if i == 0 else ()) + SPECULATIVE:
-            out.append((b, list(decode(model.share(), list(prompt_ids), config, schedule))))
-    return out
-
-
-def calibrate(store: ModelStore, settings: RunSettings, log: TimingLog, block_sizes: Sequence[int] = (4, 8, 16),
+def calibrate(tasks: GpuTasks, settings: RunSettings, log: TimingLog, block_sizes: Sequence[int] = (4, 8, 16),
               new_tokens: int = 16) -> int:
     """Feed the cost fit: short runs of AR, Linear, Quadratic and Packed at several block sizes.
 
     Returns: number of calls measured. Raises: ModelLoadError, PromptError.
     """
-    model = store.get(settings.model)
+    model = tasks.store.get(settings.model)
     ids = model.encode(settings.prompt)
+    decode(model.share(), ids, DecodeConfig(block_size=max(block_sizes), max_new_tokens=new_tokens), "ar")
     calls = 0
-    for b, records in CALIBRATION_TASK(model, ids, tuple(block_sizes), new_tokens):
+    for b, records in tasks.calibration(settings.model, ids, tuple(block_sizes), new_tokens):
         log.add(records, b)
         calls += sum(len(r.calls) for r in records)
     return calls
-
-
-# The GPU work of each kind of request, wrapped once at import time (ZeroGPU registers them at start-up).
-ALL_RECORDS_TASK = gpu_task(_all_records)
-RACE_TASK = gpu_task(race_runs)
-GENERATE_TASK = gpu_task(generate)
-CALIBRATION_TASK = gpu_task(_calibration_runs)

@@ -67,5 +67,6 @@ def step_view(run, strings: TokenStrings | None, with_figure: bool = True) -> St
     stats = iteration_stats(record) + run_stats(run.summary(), finished=run.at_end)
     figure = None
     if with_figure:
-        figure = mask_figure([c.layout for c in record.calls], strings, f"Iteration {record.index}: {title} attention mask")
+        figure = mask_figure([c.layout for c in record.calls], strings,
+                             f"Iteration {record.index}: {title} attention mask")
     return StepView(k, run.done, grid, text, stats, figure, key)

@@ -92,8 +92,11 @@ def test_step_to_the_end_back_and_scrub(client, tiny_dir):
     done = slider["value"]
     slider, grid, *_ = client.predict(api_name="/back")
     assert slider["value"] == done - 1 and grid_iteration(grid) == done - 1
-    slider, grid, *_ = client.predict(1, api_name="/scrub")
+    slider, grid, _, _, plot, _ = client.predict(1, api_name="/scrub")
     assert slider["value"] == 1 and grid_iteration(grid) == 1 and slider["maximum"] == done
+    assert "plot" in plot
+    slider, grid, _, _, plot, _ = client.predict(1, api_name="/scrub")  # same iteration: heatmap not redrawn
+    assert grid_iteration(grid) == 1 and plot == {"__type__": "update"}
     # Step moves forward through the history before computing anything new.
     slider, grid, *_ = client.predict(*ui_args(), api_name="/step")
     assert grid_iteration(grid) == 2
@@ -295,6 +298,22 @@ def test_cost_model_fit_recovers_tau_and_delta():
     assert len(figure.data) == 6
     with pytest.raises(ValueError):
         fit_cost_model([8, 8], [1.0, 2.0])
+
+
+def test_eager_step_run_matches_the_lazy_one(tiny_dir):
+    """ZeroGPU mode computes the whole run in one call at the first Step; the iterations are the same."""
+    from components.runtime import GpuTasks, ModelStore, StepRun, make_settings
+
+    store = ModelStore(str(tiny_dir), device="cpu")
+    settings = make_settings("", "w1 w2 w3", "linear", 4, 0, 0, 1, 0, 9)
+    lazy = StepRun(settings, store.get(""))
+    eager = StepRun(settings, store.get(""), tasks=GpuTasks(store), eager=True)
+    while lazy.step():
+        assert eager.step()
+    assert not eager.step() and eager.at_end and lazy.at_end
+    assert [r.appended for r in lazy.records] == [r.appended for r in eager.records]
+    eager.goto(2)
+    assert eager.position == 2 and eager.summary().iterations == 2
 
 
 def test_settings_validation_messages():

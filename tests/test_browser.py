@@ -64,6 +64,11 @@ def test_page_steps_races_and_renders(app_url):
             assert page.locator("#mask-plot .heatmaplayer, #mask-plot .hm").count() > 0
             assert page.locator('#step-stats [data-stat="nfe"]').count() == 1
             page.screenshot(path=str(ARTIFACTS / "step.png"), full_page=True)
+            # Play steps on its own (gr.Timer) until paused.
+            page.locator("#play-btn").click()
+            expect(page.locator('#token-grid [data-iteration="5"]')).to_be_visible(timeout=60_000)
+            page.locator("#play-btn").click()
+            expect(page.locator("#play-btn")).to_have_text(re.compile("Play"), timeout=10_000)
 
             page.get_by_role("tab", name="Race").click()
             page.locator("#race-btn").click()
@@ -72,7 +77,8 @@ def test_page_steps_races_and_renders(app_url):
             nfe = page.locator('#race-lanes [data-lane="packed"] [data-counter="nfe"]').inner_text()
             tokens = page.locator('#race-lanes [data-lane="packed"] [data-counter="tokens"]').inner_text()
             assert int(nfe) > 0 and int(tokens) > 0
-            assert re.search(r"\d", page.locator('#race-lanes [data-lane="linear"] [data-counter="throughput"]').inner_text())
+            throughput = page.locator('#race-lanes [data-lane="linear"] [data-counter="throughput"]').inner_text()
+            assert re.search(r"\d", throughput)
             expect(page.locator("#race-badge [data-badge]").first).to_be_visible()
             assert "identical to AR" in page.locator("#race-badge").inner_text()
             expect(page.locator("#race-nfe .js-plotly-plot")).to_be_visible(timeout=30_000)
