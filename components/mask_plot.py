@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import plotly.graph_objects as go
 
 from packed_ss.layout import BRANCH, DRAFT, PREFILL, VERIFY, CallLayout
@@ -48,17 +49,15 @@ def segments(layout: CallLayout) -> list[tuple[int, int, str]]:
     return spans
 
 
-def mask_codes(layout: CallLayout) -> tuple[list[list[int]], bool]:
-    """(R, K) region codes with the cache folded: K = 1 + R when C > 0 (first column = cache band), else R.
+def mask_codes(layout: CallLayout) -> tuple[np.ndarray, bool]:
+    """(R, K) int8 region codes with the cache folded: K = 1 + R when C > 0 (column 0 = cache band), else R.
 
     Returns: ``(codes, folded)``; a code is 0 where the row may not attend to the key.
     """
-    own = layout.mask.tolist()
-    codes = []
-    for r in range(layout.rows):
-        code = REGION_CODES.get(layout.regions[r], 1)
-        row = [code if seen else 0 for seen in own[r]]
-        codes.append(([code] + row) if layout.cached else row)
+    row_codes = np.array([REGION_CODES.get(region, 1) for region in layout.regions], dtype=np.int8)
+    codes = layout.mask.numpy().astype(np.int8) * row_codes[:, None]
+    if layout.cached:
+        codes = np.concatenate([row_codes[:, None], codes], axis=1)
     return codes, bool(layout.cached)
 
 

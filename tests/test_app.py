@@ -271,8 +271,8 @@ def test_mask_folds_the_cache_into_one_band():
 
     layout = packed_layout(5, [6, 7], 3, cached=40, mask_id=1)
     codes, folded = mask_codes(layout)
-    assert folded and len(codes) == 8 and all(len(row) == 9 for row in codes)
-    assert all(row[0] > 0 for row in codes)  # every row sees the cache
+    assert folded and codes.shape == (8, 9)
+    assert (codes[:, 0] > 0).all()  # every row sees the cache
     assert codes[0][1 + 4] == 0 and codes[4][1] == 0  # verify and draft halves are blind to each other
     labels = [label for _, _, label in segments(quadratic_layout(5, [6], 3, cached=9, mask_id=1))]
     assert labels[0].startswith("verify") and labels[1].startswith("branch h=0") and len(labels) == 5
