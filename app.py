@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 import gradio as gr
 
+from components.benchmark import build_benchmark_tab
 from components.charts import cost_figure, fit_cost_model, fit_summary
 from components.mask_plot import empty_figure
 from components.race_panel import badge_html, lanes_html, race_figures, summary_html
@@ -59,26 +59,6 @@ def example_prompts() -> list[str]:
     return list(SHORT_PROMPTS) + prompts
 
 
-@dataclass(frozen=True)
-class AppContext:
-    """What an extra tab (e.g. the Benchmark tab) needs from the app: the shared settings and services.
-
-    Attributes:
-        store: the lazy model cache. log: measured call times. sessions: per-user state.
-        settings: the settings components in ``make_settings`` order (model, prompt, schedule, block size,
-            temperature, top-k, top-p, seed, new-token limit). status: the page's message area.
-        cap: the new-token cap. compute_concurrency: concurrency limit of the "compute" group.
-    """
-
-    store: ModelStore
-    log: TimingLog
-    sessions: Sessions
-    settings: tuple
-    status: gr.HTML
-    cap: int
-    compute_concurrency: int
-
-
 def _message(error: Exception) -> str:
     if isinstance(error, ValueError):
         return str(error)
@@ -97,7 +77,7 @@ def _grid_legend() -> str:
 
 def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=None, preloaded: dict | None = None,
                new_tokens_cap: int = NEW_TOKENS_CAP, queue_size: int = 32, step_concurrency: int = 4,
-               compute_concurrency: int = 1, extra_tabs: Sequence[Callable[[AppContext], None]] = ()) -> gr.Blocks:
+               compute_concurrency: int = 1) -> gr.Blocks:
     """Build the app (nothing is loaded until a request needs a model).
 
     Args:
@@ -107,7 +87,6 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
         new_tokens_cap: largest new-token limit accepted (larger requests get an error message).
         queue_size: most requests waiting in the queue. step_concurrency: Steps running at once.
         compute_concurrency: races / full runs / measurements at once (1 keeps wall times honest).
-        extra_tabs: callables run inside the tab bar with an :class:`AppContext` (the Benchmark tab).
     Returns: the ``gr.Blocks``; launch it with ``demo.launch(**launch_kwargs())``.
     """
     store = ModelStore(model, device=device, dtype=dtype, preloaded=preloaded)
@@ -375,17 +354,8 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                 fit_text = gr.Markdown("No fit yet.", elem_id="fit-text")
                 cost_plot = gr.Plot(label="Per-call cost model", elem_id="cost-plot")
                 measure_btn = gr.Button("Measure on this machine (short runs at B = 4, 8, 16)")
-            # ------------------------------------------------------------------------------------------
-            # Benchmark tab: the lead wires it here (components/benchmark.py). Each callable in
-            # extra_tabs runs inside this gr.Tabs() with this demo's AppContext and opens its own tab, e.g.
-            #     def add_benchmark(ctx):
-            #         with gr.Tab("Benchmark", id="benchmark"):
-            #             build_benchmark_tab(ctx.store.get, ctx.store.default)
-            context = AppContext(store=store, log=log, sessions=sessions, settings=settings, status=status, cap=cap,
-                                 compute_concurrency=compute_concurrency)
-            for add_tab in extra_tabs:
-                add_tab(context)
-            # ------------------------------------------------------------------------------------------
+            with gr.Tab("Benchmark", id="benchmark"):
+                build_benchmark_tab(store.get, store.default)
 
         step_outputs = [iteration, grid, text, stats, mask_plot, status]
         step_kw = dict(concurrency_id="step", concurrency_limit=step_concurrency, show_progress="hidden")

@@ -95,7 +95,8 @@ class ScriptedModel:
             c = self._verified_outputs(seen)
             if token == self.mask_token_id:  # drafter: predicts its own position
                 k = position - n
-                guess = self._truth(k) if 0 <= c and c >= self.thresholds[min(k, len(self.thresholds) - 1)] else self._wrong(k)
+                known = self.thresholds[min(k, len(self.thresholds) - 1)]
+                guess = self._truth(k) if c >= known else self._wrong(k)
             else:  # verifier: predicts the next position
                 k = position + 1 - n
                 guess = self._truth(k) if c >= k else self._wrong(k)
