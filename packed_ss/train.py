@@ -272,7 +272,22 @@ def export(run: Path, out: Path) -> dict:
     info = {"step": state["step"], "clean_tokens": state["tokens"], "train_seconds": state["seconds"],
             "config": asdict(cfg)}
     (out / "training.json").write_text(json.dumps(info, indent=2))
+    _write_golden(out)
     return info
+
+
+GOLDEN_PROMPT = 'def is_even(n):\n    """Return True when n is even."""\n'
+
+
+def _write_golden(folder: Path, new_tokens: int = 24) -> None:
+    """Store the greedy AR continuation of a fixed prompt (float64) so tests notice a changed checkpoint."""
+    from packed_ss import DecodeConfig, generate
+    from packed_ss.model import DualModeModel
+
+    model = DualModeModel.from_pretrained(folder, device="cpu", dtype="float64")
+    run = generate(model, model.encode(GOLDEN_PROMPT), DecodeConfig(max_new_tokens=new_tokens), "ar")
+    golden = {"prompt": GOLDEN_PROMPT, "token_ids": list(run.token_ids), "text": run.text, "dtype": "float64"}
+    (folder / "golden.json").write_text(json.dumps(golden, indent=2))
 
 
 def evaluate_folder(folder: Path, block: int = 8, windows: int = 256) -> dict:
