@@ -8,24 +8,82 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
 from packed_ss.config import DecodeConfig
 
 DEFAULT_MODEL = str(Path(__file__).resolve().parents[1] / "assets" / "model")
+DTYPES = ("float32", "bfloat16", "float16", "float64")  # accepted by --dtype
+SEED_RANGE = (-(2**63), 2**63 - 1)  # seeds torch.Generator.manual_seed takes (int64)
 
 
 class UsageError(Exception):
     """A user error reported as one line."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports errors as one line (no usage block) and exits with status 2."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
+def device_dtype_problem(device: str | None, dtype: str | None) -> str | None:
+    """A one-line message when ``--device`` / ``--dtype`` cannot work here, else None (checked before loading)."""
+    import torch
+
+    if dtype is not None and dtype not in DTYPES:
+        return f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}"
+    if device is None:
+        return None
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError, TypeError):
+        return f"--device {device!r} is not a device name (cpu, cuda, cuda:1...)"
+    if kind not in ("cpu", "cuda", "mps"):
+        return f"--device must be cpu, cuda, cuda:N or mps, got {device!r}"
+    if kind == "cuda" and not torch.cuda.is_available():
+        return f"--device {device!r}: no CUDA device is available on this machine (use --device cpu)"
+    if kind == "mps" and not torch.backends.mps.is_available():
+        return f"--device {device!r}: MPS is not available on this machine (use --device cpu)"
+    return None
+
+
+def decode_config(args) -> DecodeConfig:
+    """The :class:`DecodeConfig` of parsed ``generate`` arguments. Raises ValueError with a one-line message."""
+    for name, value in (("temperature", args.temperature), ("top-p", args.top_p)):
+        if not math.isfinite(value):
+            raise ValueError(f"--{name} must be a finite number, got {value}")
+    if not SEED_RANGE[0] <= args.seed <= SEED_RANGE[1]:
+        raise ValueError(f"--seed must be an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]}, got {args.seed}")
+    return DecodeConfig(block_size=args.block_size, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                        max_new_tokens=args.max_new_tokens, seed=args.seed, stop_strings=tuple(args.stop))
+
+
+def load_model(name: str, device: str | None, dtype: str | None):
+    """``DualModeModel.from_pretrained`` with every failure (bad device included) as a one-line ValueError."""
+    from packed_ss.model import DualModeModel, ModelLoadError
+
+    problem = device_dtype_problem(device, dtype)
+    if problem:
+        raise ValueError(problem)
+    try:
+        return DualModeModel.from_pretrained(name, device=device, dtype=dtype)
+    except ModelLoadError:
+        raise
+    except (RuntimeError, AssertionError, AttributeError, TypeError) as error:  # e.g. moving to a missing device
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(f"cannot load model {name!r} on {device or 'the default device'}: {first}") from None
+
+
 def _parser() -> argparse.ArgumentParser:
     from packed_ss.schedules import REGISTRY
 
-    parser = argparse.ArgumentParser(prog="python -m packed_ss")
+    parser = _Parser(prog="python -m packed_ss")
     sub = parser.add_subparsers(dest="command", required=True)
-    gen = sub.add_parser("generate", help="decode one prompt with one schedule")
+    gen = sub.add_parser("generate", help="decode one prompt with one schedule", prog="python -m packed_ss generate")
     gen.add_argument("--schedule", default="packed", help=f"one of {', '.join(REGISTRY)} (default packed)")
     source = gen.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="prompt text")
@@ -39,21 +97,19 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    gen.add_argument("--dtype", default=None, help="float32, bfloat16 or float64")
+    gen.add_argument("--dtype", default=None, help=f"one of {', '.join(DTYPES)} (default float32 on CPU)")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
 
 
 def _generate(args) -> int:
     from packed_ss.engine import generate
-    from packed_ss.model import DualModeModel, ModelLoadError
+    from packed_ss.model import ModelLoadError
     from packed_ss.schedules import get_schedule
 
     try:
         get_schedule(args.schedule)
-        config = DecodeConfig(block_size=args.block_size, temperature=args.temperature, top_k=args.top_k,
-                              top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                              stop_strings=tuple(args.stop))
+        config = decode_config(args)
         if args.prompt_file is not None:
             try:
                 prompt = args.prompt_file.read_text(encoding="utf-8")
@@ -63,7 +119,7 @@ def _generate(args) -> int:
             prompt = args.prompt
         if not prompt:
             raise UsageError("the prompt is empty")
-        model = DualModeModel.from_pretrained(args.model, device=args.device, dtype=args.dtype)
+        model = load_model(args.model, args.device, args.dtype)
         run = generate(model, model.encode(prompt), config, args.schedule)
     except (ValueError, ModelLoadError, UsageError) as error:
         raise UsageError(str(error)) from None

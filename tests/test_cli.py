@@ -42,6 +42,12 @@ def test_json_output(model_dir):
     (["--temperature", "-0.5"], "temperature"),
     (["--max-new-tokens", "0"], "limit"),
     (["--prompt", ""], "prompt is empty"),
+    (["--temperature", "inf"], "finite"),
+    (["--top-p", "inf"], "finite"),
+    (["--seed", str(2**70)], "--seed"),
+    (["--dtype", "float8"], "--dtype"),
+    (["--device", "nonsense"], "--device"),
+    (["--device", "meta"], "--device"),
 ])
 def test_bad_arguments_exit_with_one_line(model_dir, args, message, capsys):
     code = main(["generate", "--model", str(model_dir), "--prompt", "w1 w2", *args])
@@ -49,6 +55,19 @@ def test_bad_arguments_exit_with_one_line(model_dir, args, message, capsys):
     assert code != 0
     assert message in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--prompt", "w1", "--block-size", "2.5"], "invalid int value"),
+    (["--prompt", "w1", "--unknown-flag"], "unrecognized arguments"),
+    ([], "--prompt"),
+])
+def test_argparse_errors_are_one_line_too(args, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", *args])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert message in err and "usage:" not in err and len(err.strip().splitlines()) == 1
 
 
 def test_missing_model_folder_and_missing_mask_token(tmp_path, model_dir, capsys):
