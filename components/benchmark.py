@@ -66,12 +66,19 @@ def load_report(path: str | Path, root: str | Path = ROOT) -> tuple[str, dict]:
     Raises: BenchError for a path outside ``root``, a missing file, or a file that is not a summary.
     """
     base = Path(root).resolve()
-    target = (base / Path(str(path).strip() or ".")).resolve()
+    try:
+        target = (base / Path(str(path).strip() or ".")).resolve()
+    except (OSError, ValueError) as error:  # e.g. an embedded NUL character
+        raise BenchError(f"not a usable path: {path!r} ({error})") from None
     if target != base and base not in target.parents:
         raise BenchError(f"reports are read from inside {base} only")
-    if target.is_dir():
-        target = target / "summary.json"
-    if not target.is_file():
+    try:
+        if target.is_dir():
+            target = target / "summary.json"
+        found = target.is_file()
+    except OSError as error:  # unreadable folder, name too long...
+        raise BenchError(f"cannot open {path!r}: {error}") from None
+    if not found:
         raise BenchError(f"no saved report at {path!r} (expected a folder with summary.json; "
                          "write one with python -m packed_ss.bench --out FOLDER)")
     return read_summary_file(target)
@@ -105,7 +112,12 @@ def run_small_benchmark(load_model: Callable[[str], object], model_name: str, pr
     Returns: ``(markdown, {name: figure}, [report.html, examples.csv, summary.json, ...])``.
     Raises: BenchError with a one-line message for any user error or model loading failure.
     """
-    limit, samples, max_new_tokens = int(limit), int(samples), int(max_new_tokens)
+    try:
+        limit, samples, max_new_tokens = int(limit), int(samples), int(max_new_tokens)
+        temperature, seed = float(temperature or 0.0), int(seed or 0)
+    except (TypeError, ValueError, OverflowError):
+        raise BenchError(f"prompts, samples, max new tokens, temperature and seed must be numbers; got "
+                         f"{limit!r}, {samples!r}, {max_new_tokens!r}, {temperature!r}, {seed!r}") from None
     if not 1 <= limit <= MAX_PROMPTS:
         raise BenchError(f"the app runs 1 to {MAX_PROMPTS} prompts; use python -m packed_ss.bench for more")
     if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
@@ -115,13 +127,16 @@ def run_small_benchmark(load_model: Callable[[str], object], model_name: str, pr
     default, overrides = parse_block_sizes(block_size or "8")
     order = tuple(s for s in ALL_SCHEDULES if s in schedules)
     config = BenchConfig(schedules=order, block_sizes=overrides, default_block_size=default,
-                         temperature=float(temperature or 0.0), samples=samples, max_new_tokens=max_new_tokens,
-                         seed=int(seed or 0), resamples=resamples)
+                         temperature=temperature, samples=samples, max_new_tokens=max_new_tokens,
+                         seed=seed, resamples=resamples)
     if prompt_source == UPLOAD:
         if not prompt_file:
             raise BenchError("upload a JSONL file with a 'prompt' field on each line, or choose HumanEval")
-        prompts = load_prompts(str(prompt_file), limit)
         source = Path(str(prompt_file)).name
+        try:
+            prompts = load_prompts(str(prompt_file), limit)
+        except BenchError as error:  # name the upload, not Gradio's temporary copy of it
+            raise BenchError(str(error).replace(str(prompt_file), source)) from None
     else:
         prompts, source = load_prompts("humaneval", limit), "humaneval"
     try:
@@ -222,7 +237,8 @@ def build_benchmark_tab(load_model: Callable[[str], object], default_model: str,
             progress((done, total), desc=label, unit="runs")
 
         try:
-            markdown, figs, paths = run_small_benchmark(load_model, model_name, source, upload, n, chosen, blocks,
+            name = (model_name or "").strip() or default_model  # the report names the model actually used
+            markdown, figs, paths = run_small_benchmark(load_model, name, source, upload, n, chosen, blocks,
                                                         length, temp, k, seed_value, step)
         except BenchError as error:
             raise gr.Error(str(error)) from None

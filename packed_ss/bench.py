@@ -38,6 +38,7 @@ BASELINE = "linear"  # the decomposition is normalised to this schedule's total 
 COMPARISONS = (("packed", "linear"), ("packed", "quadratic"))  # (numerator, denominator) of each ratio
 NO_BLOCK = ("ar",)  # schedules whose output and cost do not depend on B
 WARMUP_TOKENS = 8  # new-token limit of the untimed warm-up runs
+MAX_SEED = 2**63 - 1  # run seeds (seed + prompt offsets) stay within what torch.Generator.manual_seed takes
 
 # Columns of examples.csv (and probe.csv), in order.
 COLUMNS = ("phase", "prompt_index", "prompt_id", "schedule", "block_size", "sample", "seed", "position",
@@ -72,7 +73,7 @@ class BenchConfig:
         top_k, top_p: sampling filters for p and q alike (0 / 1.0 = off).
         samples: K runs per prompt and schedule (T > 0 only), seeds ``seed + prompt_index * K + k``.
         max_new_tokens: L, new-token limit of every run.
-        seed: base seed of the runs and of the bootstrap.
+        seed: base seed of the runs and of the bootstrap (0 to ``MAX_SEED``; numpy refuses negative seeds).
         probe_block_sizes: B values of the block-size probe (F.1); empty = no probe.
         warmup: one untimed run per schedule before measuring.
         resamples: bootstrap resamples (E.5: 20,000).
@@ -117,6 +118,11 @@ class BenchConfig:
             raise BenchError("--samples > 1 needs --temperature > 0 (greedy runs repeat exactly)")
         if self.resamples < 1:
             raise BenchError(f"resamples must be >= 1, got {self.resamples}")
+        for name, value in (("temperature", self.temperature), ("top-p", self.top_p)):
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise BenchError(f"--{name} must be a finite number, got {value}")
+        if not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
+            raise BenchError(f"--seed must be an integer from 0 to {MAX_SEED}, got {self.seed}")
         try:
             self.decode_config("packed", self.default_block_size, self.seed)
         except ValueError as error:
@@ -711,6 +717,14 @@ def main(argv: list[str] | None = None) -> int:
             raise BenchError(f"--limit must be an integer >= 1, got {args.limit}")
         if args.threads is not None and args.threads < 1:
             raise BenchError(f"--threads must be >= 1, got {args.threads}")
+        out = Path(args.out)
+        if out.exists() and not out.is_dir():  # found now, not after the measurements
+            raise BenchError(f"--out {args.out!r} is a file; give a folder")
+        from packed_ss.cli import device_dtype_problem
+
+        problem = device_dtype_problem(args.device, args.dtype)
+        if problem:
+            raise BenchError(problem)
         prompts = load_prompts(args.prompts, args.limit)
     except BenchError as error:
         print(f"error: {error}", file=sys.stderr)
@@ -729,13 +743,13 @@ def _run(args, config: BenchConfig, prompts: list[Prompt]) -> int:
     import torch
     from tqdm import tqdm
 
-    from packed_ss.model import DualModeModel, ModelLoadError
+    from packed_ss.cli import load_model
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     try:
-        model = DualModeModel.from_pretrained(args.model, device=args.device, dtype=args.dtype)
-    except (ModelLoadError, ValueError, AttributeError) as error:
+        model = load_model(args.model, args.device, args.dtype)
+    except ValueError as error:  # ModelLoadError included
         raise BenchError(str(error).splitlines()[0] if str(error) else repr(error)) from None
     bars = []
 

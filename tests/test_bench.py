@@ -150,6 +150,11 @@ def test_interrupt_keeps_what_was_measured(tmp_path):
     (["--samples", "3"], "needs --temperature"),
     (["--probe-block-sizes", "4,99"], "block size"),
     (["--model", "/nonexistent/model"], "does not exist"),
+    (["--seed", "-1"], "--seed"),  # the bootstrap's numpy generator would fail after all the runs
+    (["--seed", str(2**70)], "--seed"),
+    (["--temperature", "inf"], "finite"),
+    (["--dtype", "float8"], "--dtype"),
+    (["--device", "nonsense"], "--device"),
 ])
 def test_bad_arguments_exit_with_one_line(model_dir, prompt_file, args, message, capsys):
     base = ["--model", str(model_dir), "--prompts", str(prompt_file), "--max-new-tokens", "4"]
@@ -191,3 +196,30 @@ def test_benchmark_view_runs_a_small_benchmark_and_shows_saved_reports(prompt_fi
 
     with pytest.raises(BenchError, match="does not exist"):
         run_small_benchmark(broken, "x", UPLOAD, str(prompt_file), 1, ["ar"], "4", 6, 0.0, 1, 0)
+
+
+def test_out_that_is_a_file_is_refused_before_measuring(model_dir, prompt_file, capsys):
+    code = main(["--model", str(model_dir), "--prompts", str(prompt_file), "--out", str(prompt_file)])
+    err = capsys.readouterr().err
+    assert code == 2 and "is a file" in err and len(err.strip().splitlines()) == 1
+
+
+def test_benchmark_view_bad_inputs_are_one_line_errors(tmp_path):
+    from components.benchmark import HUMANEVAL, UPLOAD, load_report, run_small_benchmark
+
+    def never(name):
+        raise AssertionError("the model must not be loaded for a bad input")
+
+    with pytest.raises(BenchError, match="usable path"):
+        load_report("a\x00b", root=tmp_path)
+    for seed in (-1, 10**30):
+        with pytest.raises(BenchError, match="--seed"):
+            run_small_benchmark(never, "tiny", HUMANEVAL, None, 1, ["ar"], "4", 4, 0.0, 1, seed)
+    with pytest.raises(BenchError, match="must be numbers"):
+        run_small_benchmark(never, "tiny", HUMANEVAL, None, None, ["ar"], "4", 4, 0.0, 1, 0)
+    upload = tmp_path / "upload-copy" / "mine.jsonl"
+    upload.parent.mkdir()
+    upload.write_text('{"prompt": "w1"}\nnot json\n')
+    with pytest.raises(BenchError) as error:
+        run_small_benchmark(never, "tiny", UPLOAD, str(upload), 1, ["ar"], "4", 4, 0.0, 1, 0)
+    assert str(error.value).startswith("mine.jsonl:2") and str(upload.parent) not in str(error.value)
