@@ -13,6 +13,7 @@ everything else and return JSON metrics; the page's own events (``/step``, ``/ba
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -172,10 +173,15 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
             return view(us) + [""]
 
     def on_scrub(index, request: gr.Request):
+        """Show iteration ``index``; the raw value (not preprocessed) is clamped to the iterations done."""
         us = sessions.get(request.session_hash)
         with us.lock:
-            if us.step is not None:
-                us.step.goto(int(index or 0))
+            try:
+                target = float(index or 0)
+            except (TypeError, ValueError):
+                target = None
+            if us.step is not None and target is not None and math.isfinite(target):
+                us.step.goto(round(target))
             return view(us) + [""]
 
     def on_reset(request: gr.Request):
@@ -306,10 +312,12 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                                   label="Block size B (draft width W = B − 1)")
                 temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)")
                 with gr.Row():
-                    top_k = gr.Number(0, label="top-k (0 = off)", precision=0, minimum=0)
+                    # No minimum= on these two: make_settings names the field in its message (Gradio's
+                    # own bound check would answer "Value -1 is less than minimum value 0." only).
+                    top_k = gr.Number(0, label="top-k (0 = off)", precision=0)
                     top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p")
                 with gr.Row():
-                    seed = gr.Number(0, label="Seed", precision=0, minimum=0)
+                    seed = gr.Number(0, label="Seed", precision=0)
                     limit = gr.Number(128, label=f"New-token limit (at most {cap})", precision=0,
                                       elem_id="limit")
         status = gr.HTML("", elem_id="status")
@@ -367,8 +375,10 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
         back_btn.click(on_back, None, step_outputs, api_name="back", api_visibility="undocumented", **step_kw)
         reset_btn.click(on_reset, None, step_outputs + [timer, play_btn], api_name="reset",
                         api_visibility="undocumented", **step_kw)
+        # preprocess=False: a number typed past either end is clamped by on_scrub (the slider then shows
+        # the iteration drawn) instead of failing Gradio's bound check and leaving the two out of step.
         iteration.release(on_scrub, [iteration], step_outputs, api_name="scrub", api_visibility="undocumented",
-                          **step_kw)
+                          preprocess=False, **step_kw)
 
         compute_kw = dict(concurrency_id="compute", concurrency_limit=compute_concurrency)
         race_btn.click(on_race, [*settings, optional], [race_status, badge, lanes_view], api_name="ui_race",
@@ -400,6 +410,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--cap", type=int, default=NEW_TOKENS_CAP, help="largest new-token limit")
     parser.add_argument("--queue-size", type=int, default=32)
     args = parser.parse_args(argv)
+    if args.cap < 1:
+        parser.error(f"--cap must be at least 1, got {args.cap}")
+    from packed_ss.cli import device_dtype_problem
+
+    problem = device_dtype_problem(args.device, args.dtype)
+    if problem:
+        parser.error(problem)
     demo = build_demo(args.model, device=args.device, dtype=args.dtype, new_tokens_cap=args.cap,
                       queue_size=args.queue_size)
     demo.launch(server_name=args.host, server_port=args.port, **launch_kwargs())

@@ -30,6 +30,7 @@ DEFAULT_MODEL = str(Path(__file__).resolve().parents[1] / "assets" / "model")
 NEW_TOKENS_CAP = 512  # largest new-token limit the app accepts
 APP_MAX_BLOCK_SIZE = 32  # Quadratic-SS evaluates B(B+1) rows: 1056 at B = 32
 MAX_PROMPT_CHARS = 20_000
+MAX_SEED = 2**32 - 1  # largest seed the page and the API take (exact as a float; torch takes it)
 
 
 class UserError(ValueError):
@@ -78,7 +79,8 @@ def make_settings(model: str | None, prompt: str | None, schedule: str, block_si
 
     Raises:
         UserError: empty prompt, unknown schedule, block size outside [2, 32], negative temperature,
-            new-token limit outside [1, cap], or any value :class:`DecodeConfig` rejects.
+            new-token limit outside [1, cap], seed outside [0, MAX_SEED], or any value :class:`DecodeConfig`
+            rejects.
     """
     if prompt is None or not str(prompt).strip():
         raise UserError("the prompt is empty: type some text or pick an example")
@@ -95,7 +97,7 @@ def make_settings(model: str | None, prompt: str | None, schedule: str, block_si
         raise UserError(f"the new-token limit must be from 1 to {cap} (the app's cap), got {limit}")
     try:
         config = DecodeConfig(block_size=block, temperature=temp, top_k=_whole(top_k, "top-k", 0),
-                              top_p=_real(top_p, "top-p"), max_new_tokens=limit, seed=_whole(seed, "seed", 0))
+                              top_p=_real(top_p, "top-p"), max_new_tokens=limit, seed=_whole(seed, "seed", 0, MAX_SEED))
     except ValueError as error:
         raise UserError(str(error)) from None
     return RunSettings(model=(model or "").strip(), prompt=str(prompt), schedule=schedule, config=config)

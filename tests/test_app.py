@@ -177,7 +177,8 @@ def test_bad_input_answered_by_the_api(client, overrides, message):
 
 
 @pytest.mark.parametrize("overrides,message", [b for b in BAD if "block_size" not in b[0] and "temperature" not in b[0]]
-                         + [(dict(model="unloadable"), "config.json")])
+                         + [(dict(model="unloadable"), "config.json"), (dict(top_k=-1), "top-k"),
+                            (dict(seed=-1), "seed"), (dict(seed=2**70), "seed")])
 def test_bad_input_on_the_page_leaves_the_session_usable(client, tmp_path, overrides, message):
     if overrides.get("model") == "unloadable":
         overrides = dict(model=str(tmp_path))  # a folder without config.json
@@ -185,6 +186,18 @@ def test_bad_input_on_the_page_leaves_the_session_usable(client, tmp_path, overr
     assert "pss-error" in status and message in status and "Traceback" not in status
     slider, grid, text, stats, plot, status = client.predict(*ui_args(), api_name="/step")
     assert "pss-error" not in status and grid_iteration(grid) == 1
+
+
+def test_scrub_past_either_end_keeps_slider_and_grid_together(client):
+    """A number typed past the last iteration (or below 0) is clamped: the slider shows what the grid shows."""
+    for _ in range(3):
+        client.predict(*ui_args(prompt="w2 w4 w6"), api_name="/step")
+    slider, grid, *_, status = client.predict(100, api_name="/scrub")
+    assert slider["value"] == 3 and grid_iteration(grid) == 3 and "pss-error" not in status
+    slider, grid, *_ = client.predict(-5, api_name="/scrub")
+    assert slider["value"] == 0 and grid_iteration(grid) == 0
+    slider, grid, *_ = client.predict("two", api_name="/scrub")  # not a number: nothing moves, no error
+    assert slider["value"] == 0 and grid_iteration(grid) == 0
 
 
 def test_page_sliders_reject_out_of_range_values(client):
@@ -326,6 +339,8 @@ def test_settings_validation_messages():
                           (("", "x", "packed", 2.5, 0, 0, 1, 0, 16), "whole number"),
                           (("", "x", "packed", 8, float("nan"), 0, 1, 0, 16), "temperature"),
                           (("", "x", "packed", 8, 0, 0, 0, 0, 16), "top-p"),
-                          (("", "x", "packed", 8, 0, 0, 1, 0, 513), "cap")]:
+                          (("", "x", "packed", 8, 0, 0, 1, 0, 513), "cap"),
+                          (("", "x", "packed", 8, 0, -1, 1, 0, 16), "top-k"),
+                          (("", "x", "packed", 8, 0, 0, 1, 2**70, 16), "seed")]:
         with pytest.raises(UserError, match=message):
             make_settings(*args)
