@@ -169,6 +169,23 @@ def _fresh_folder(keep_s: float = 3600.0) -> str:
     return tempfile.mkdtemp(prefix="run-", dir=parent)
 
 
+def panel_figure(figure):
+    """A report figure fitted to one of the view's three side-by-side panels (a copy; None stays None).
+
+    The report's titles and right-hand legends are sized for a full-width page; in a third of the page the
+    titles were cut off. Here a title breaks before its parenthesis and the legend goes below the plot.
+    """
+    if figure is None:
+        return None
+    import plotly.graph_objects as go
+
+    fitted = go.Figure(figure)
+    title = fitted.layout.title.text or ""
+    fitted.update_layout(title=dict(text=title.replace(" (", "<br>(", 1), font=dict(size=14)),
+                         legend=dict(orientation="h", x=0, y=-0.3, yanchor="top"), margin=dict(l=50, r=10, t=70))
+    return fitted
+
+
 def _threads() -> int:
     import torch
 
@@ -219,7 +236,8 @@ def build_benchmark_tab(load_model: Callable[[str], object], default_model: str,
         run_button = gr.Button("Run benchmark", variant="primary")
     status = gr.Markdown()
     with gr.Row():
-        plots = tuple(gr.Plot(value=initial_figs.get(name), label=name.replace("_", " ")) for name in FIGURES)
+        plots = tuple(gr.Plot(value=panel_figure(initial_figs.get(name)), label=name.replace("_", " "))
+                      for name in FIGURES)
     files = gr.File(label="report files", file_count="multiple", interactive=False)
     summary = gr.Markdown(initial_md)
 
@@ -229,7 +247,7 @@ def build_benchmark_tab(load_model: Callable[[str], object], default_model: str,
         except BenchError as error:
             raise gr.Error(str(error)) from None
         return (f"Showing {'the uploaded summary' if upload else path}.", markdown,
-                *(figs.get(name) for name in FIGURES))
+                *(panel_figure(figs.get(name)) for name in FIGURES))
 
     def run(model_name, source, upload, n, chosen, blocks, length, temp, k, seed_value,
             progress=gr.Progress()):
@@ -244,7 +262,7 @@ def build_benchmark_tab(load_model: Callable[[str], object], default_model: str,
             raise gr.Error(str(error)) from None
         note = ("Measured in the app (timings shared with other users are noisy); files below. "
                 "Each run's token ids are hashed for the lossless check.")
-        return (note, markdown, *(figs.get(name) for name in FIGURES), paths)
+        return (note, markdown, *(panel_figure(figs.get(name)) for name in FIGURES), paths)
 
     load_button.click(show, [report_path, report_upload], [status, summary, *plots])
     run_button.click(run, [model, prompt_source, prompt_file, limit, schedules, block_size, max_new_tokens,

@@ -223,3 +223,17 @@ def test_benchmark_view_bad_inputs_are_one_line_errors(tmp_path):
     with pytest.raises(BenchError) as error:
         run_small_benchmark(never, "tiny", UPLOAD, str(upload), 1, ["ar"], "4", 4, 0.0, 1, 0)
     assert str(error.value).startswith("mine.jsonl:2") and str(upload.parent) not in str(error.value)
+
+
+def test_benchmark_view_fits_report_figures_into_its_panels():
+    import plotly.graph_objects as go
+
+    from components.benchmark import panel_figure
+
+    title = "Tokens/NFE at the measured block sizes (run with more)"
+    report = go.Figure(go.Scatter(x=[1], y=[1]), layout=dict(title=title))
+    fitted = panel_figure(report)
+    assert fitted.layout.title.text == "Tokens/NFE at the measured block sizes<br>(run with more)"
+    assert fitted.layout.legend.orientation == "h"
+    assert report.layout.title.text.endswith("sizes (run with more)")  # the report's own figure is unchanged
+    assert panel_figure(None) is None
