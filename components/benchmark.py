@@ -264,10 +264,13 @@ def build_benchmark_tab(load_model: Callable[[str], object], default_model: str,
                 "Each run's token ids are hashed for the lossless check.")
         return (note, markdown, *(panel_figure(figs.get(name)) for name in FIGURES), paths)
 
-    load_button.click(show, [report_path, report_upload], [status, summary, *plots])
+    # Page events, not part of the documented API (/generate and /race are): callable, but not listed.
+    load_button.click(show, [report_path, report_upload], [status, summary, *plots], api_name="benchmark_show",
+                      api_visibility="undocumented")
     run_button.click(run, [model, prompt_source, prompt_file, limit, schedules, block_size, max_new_tokens,
                            temperature, samples, seed], [status, summary, *plots, files],
-                     concurrency_limit=1, concurrency_id="benchmark")
+                     concurrency_limit=1, concurrency_id="benchmark", api_name="benchmark_run",
+                     api_visibility="undocumented")
     return BenchmarkTab(report_path, report_upload, load_button, model, prompt_source, prompt_file, limit, schedules,
                         block_size, max_new_tokens, temperature, samples, seed, run_button, status, summary, plots,
                         files)

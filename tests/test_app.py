@@ -146,6 +146,12 @@ def test_race_page_event_and_replay(client):
     assert fig_nfe is not None and fig_wall is not None and "race-summary" in summary
 
 
+def test_documented_api_is_generate_and_race(client):
+    """As the README says: the page's own events (the Benchmark view's included) are callable but not listed."""
+    api = client.view_api(print_info=False, return_format="dict")
+    assert set(api["named_endpoints"]) == {"/generate", "/race"}
+
+
 def test_generate_api_defaults(client):
     result = client.predict("w1 w2", max_new_tokens=5, api_name="/generate")
     assert result["schedule"] == "packed" and 1 <= result["tokens"] <= 5 and result["nfe"] >= 1
