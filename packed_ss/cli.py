@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
 from packed_ss.config import DecodeConfig
+from packed_ss.model import DTYPES, device_dtype_problem  # noqa: F401  (re-exported for the app and bench)
 
 DEFAULT_MODEL = str(Path(__file__).resolve().parents[1] / "assets" / "model")
-DTYPES = ("float32", "bfloat16", "float16", "float64")  # accepted by --dtype
-SEED_RANGE = (-(2**63), 2**63 - 1)  # seeds torch.Generator.manual_seed takes (int64)
 
 
 class UsageError(Exception):
@@ -30,34 +28,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
-def device_dtype_problem(device: str | None, dtype: str | None) -> str | None:
-    """A one-line message when ``--device`` / ``--dtype`` cannot work here, else None (checked before loading)."""
-    import torch
-
-    if dtype is not None and dtype not in DTYPES:
-        return f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}"
-    if device is None:
-        return None
-    try:
-        kind = torch.device(device).type
-    except (RuntimeError, ValueError, TypeError):
-        return f"--device {device!r} is not a device name (cpu, cuda, cuda:1...)"
-    if kind not in ("cpu", "cuda", "mps"):
-        return f"--device must be cpu, cuda, cuda:N or mps, got {device!r}"
-    if kind == "cuda" and not torch.cuda.is_available():
-        return f"--device {device!r}: no CUDA device is available on this machine (use --device cpu)"
-    if kind == "mps" and not torch.backends.mps.is_available():
-        return f"--device {device!r}: MPS is not available on this machine (use --device cpu)"
-    return None
-
-
 def decode_config(args) -> DecodeConfig:
     """The :class:`DecodeConfig` of parsed ``generate`` arguments. Raises ValueError with a one-line message."""
-    for name, value in (("temperature", args.temperature), ("top-p", args.top_p)):
-        if not math.isfinite(value):
-            raise ValueError(f"--{name} must be a finite number, got {value}")
-    if not SEED_RANGE[0] <= args.seed <= SEED_RANGE[1]:
-        raise ValueError(f"--seed must be an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]}, got {args.seed}")
     return DecodeConfig(block_size=args.block_size, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                         max_new_tokens=args.max_new_tokens, seed=args.seed, stop_strings=tuple(args.stop))
 
@@ -66,9 +38,6 @@ def load_model(name: str, device: str | None, dtype: str | None):
     """``DualModeModel.from_pretrained`` with every failure (bad device included) as a one-line ValueError."""
     from packed_ss.model import DualModeModel, ModelLoadError
 
-    problem = device_dtype_problem(device, dtype)
-    if problem:
-        raise ValueError(problem)
     try:
         return DualModeModel.from_pretrained(name, device=device, dtype=dtype)
     except ModelLoadError:

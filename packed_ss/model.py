@@ -32,6 +32,28 @@ class ModelLoadError(ValueError):
     """The model folder or hub id cannot be loaded as a dual-mode model."""
 
 
+DTYPES = ("float32", "bfloat16", "float16", "float64")  # dtypes from_pretrained accepts by name
+
+
+def device_dtype_problem(device: str | None, dtype: str | None) -> str | None:
+    """A one-line message when ``--device`` / ``--dtype`` cannot work here, else None (checked before loading)."""
+    if dtype is not None and dtype not in DTYPES:
+        return f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}"
+    if device is None:
+        return None
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError, TypeError):
+        return f"--device {device!r} is not a device name (cpu, cuda, cuda:1...)"
+    if kind not in ("cpu", "cuda", "mps"):
+        return f"--device must be cpu, cuda, cuda:N or mps, got {device!r}"
+    if kind == "cuda" and not torch.cuda.is_available():
+        return f"--device {device!r}: no CUDA device is available on this machine (use --device cpu)"
+    if kind == "mps" and not torch.backends.mps.is_available():
+        return f"--device {device!r}: MPS is not available on this machine (use --device cpu)"
+    return None
+
+
 class DualModeModel:
     """A ``transformers`` causal LM used as verifier (causal rows) and drafter (mask rows).
 
@@ -73,6 +95,9 @@ class DualModeModel:
         local = Path(name).expanduser()
         if (name.startswith((".", "/", "~")) or local.exists()) and not (local / "config.json").is_file():
             raise ModelLoadError(f"model folder {name!r} does not exist or has no config.json")
+        problem = device_dtype_problem(device, dtype if isinstance(dtype, str) else None)
+        if problem:
+            raise ModelLoadError(problem)
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
