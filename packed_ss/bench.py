@@ -439,7 +439,8 @@ DEFINITIONS = {
     "throughput": "total generated tokens / total decoder wall time, tokens per second (aggregate, Section 4)",
     "wall": "decoder wall time per response in seconds: model time + non-model decoder time; model "
             "loading and tokenisation excluded (E.5)",
-    "mean_acceptance_length": "total advance A = h + 1 / total verifying iterations (bonus or correction included)",
+    "mean_acceptance_length": "total tokens committed by verifying iterations / their number: A = h + 1 "
+                              "(bonus or correction included), less where EOS or the limit cut the iteration",
     "ratios": "ratio of aggregated sums over the (resampled) prompts, e.g. throughput ratio = "
               "(sum tokens_A / sum wall_A) / (sum tokens_B / sum wall_B); not a mean of per-prompt ratios",
     "wall_difference_s": "mean wall seconds per response of A minus that of B, paired by prompt",
