@@ -19,3 +19,16 @@ def embedded_model():
     if not (EMBEDDED / "model.safetensors").exists():
         pytest.skip("assets/model has no weights yet")
     return DualModeModel.from_pretrained(EMBEDDED, device="cpu", dtype="float64")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A tiny random dual-mode model saved with ``save_pretrained`` (what the CLI, app and bench load)."""
+    from helpers import tiny_llama
+
+    folder = tmp_path_factory.mktemp("tiny-model")
+    model = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0)
+    model.model.config.mask_token_id = 1
+    model.model.float().save_pretrained(folder)
+    model.tokenizer.save_pretrained(folder)
+    return folder

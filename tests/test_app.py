@@ -10,7 +10,6 @@ import threading
 
 import pytest
 import torch
-from helpers import tiny_llama
 
 from packed_ss.config import DecodeConfig
 from packed_ss.engine import generate
@@ -28,20 +27,10 @@ def ui_args(**overrides):
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny-app")
-    model = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0)
-    model.model.config.mask_token_id = 1
-    model.model.float().save_pretrained(folder)
-    model.tokenizer.save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def server(tiny_dir):
+def server(tiny_model_dir):
     import app
 
-    demo = app.build_demo(str(tiny_dir), new_tokens_cap=CAP, step_concurrency=4)
+    demo = app.build_demo(str(tiny_model_dir), new_tokens_cap=CAP, step_concurrency=4)
     _, url, _ = demo.launch(prevent_thread_lock=True, quiet=True, **app.launch_kwargs())
     yield url
     demo.close()
@@ -66,7 +55,7 @@ def grid_iteration(html: str) -> int:
 
 
 # --- stepping -----------------------------------------------------------------------------------
-def test_step_to_the_end_back_and_scrub(client, tiny_dir):
+def test_step_to_the_end_back_and_scrub(client, tiny_model_dir):
     outputs = None
     for expected in range(1, SETTINGS["max_new_tokens"] + 2):
         outputs = client.predict(*ui_args(), api_name="/step")
@@ -86,7 +75,7 @@ def test_step_to_the_end_back_and_scrub(client, tiny_dir):
     # The text so far equals a full run of the same settings.
     from packed_ss.model import DualModeModel
 
-    model = DualModeModel.from_pretrained(tiny_dir, device="cpu", dtype=torch.float32)
+    model = DualModeModel.from_pretrained(tiny_model_dir, device="cpu", dtype=torch.float32)
     run = generate(model, model.encode(SETTINGS["prompt"]), DecodeConfig(block_size=4, max_new_tokens=10), "packed")
     assert run.tokens == tokens
     done = slider["value"]
@@ -319,11 +308,11 @@ def test_cost_model_fit_recovers_tau_and_delta():
         fit_cost_model([8, 8], [1.0, 2.0])
 
 
-def test_eager_step_run_matches_the_lazy_one(tiny_dir):
+def test_eager_step_run_matches_the_lazy_one(tiny_model_dir):
     """ZeroGPU mode computes the whole run in one call at the first Step; the iterations are the same."""
     from components.runtime import GpuTasks, ModelStore, StepRun, make_settings
 
-    store = ModelStore(str(tiny_dir), device="cpu")
+    store = ModelStore(str(tiny_model_dir), device="cpu")
     settings = make_settings("", "w1 w2 w3", "linear", 4, 0, 0, 1, 0, 9)
     lazy = StepRun(settings, store.get(""))
     eager = StepRun(settings, store.get(""), tasks=GpuTasks(store), eager=True)

@@ -14,16 +14,6 @@ from packed_ss.bench import (ALL_SCHEDULES, BenchConfig, BenchError, Prompt, com
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny-bench")
-    model = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0)
-    model.model.config.mask_token_id = 1
-    model.model.float().save_pretrained(folder)
-    model.tokenizer.save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
 def prompt_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
     path.write_text(json.dumps({"id": "first", "prompt": "w1 w2 w3"}) + "\n" + json.dumps({"prompt": "w4 w5"}) + "\n")
@@ -88,9 +78,9 @@ def test_block_size_spec():
 
 
 # --- full runs --------------------------------------------------------------------------------------
-def test_two_prompt_run_of_every_schedule_and_csv_summary_agree(model_dir, prompt_file, tmp_path, capsys):
+def test_two_prompt_run_of_every_schedule_and_csv_summary_agree(tiny_model_dir, prompt_file, tmp_path, capsys):
     out = tmp_path / "out"
-    code = main(["--model", str(model_dir), "--prompts", str(prompt_file), "--max-new-tokens", "10",
+    code = main(["--model", str(tiny_model_dir), "--prompts", str(prompt_file), "--max-new-tokens", "10",
                  "--block-size", "4,quadratic=3", "--probe-block-sizes", "2,4", "--out", str(out), "--threads", "1"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
@@ -156,8 +146,8 @@ def test_interrupt_keeps_what_was_measured(tmp_path):
     (["--dtype", "float8"], "--dtype"),
     (["--device", "nonsense"], "--device"),
 ])
-def test_bad_arguments_exit_with_one_line(model_dir, prompt_file, args, message, capsys):
-    base = ["--model", str(model_dir), "--prompts", str(prompt_file), "--max-new-tokens", "4"]
+def test_bad_arguments_exit_with_one_line(tiny_model_dir, prompt_file, args, message, capsys):
+    base = ["--model", str(tiny_model_dir), "--prompts", str(prompt_file), "--max-new-tokens", "4"]
     code = main(base + args)
     err = capsys.readouterr().err
     assert code == 2
@@ -198,8 +188,8 @@ def test_benchmark_view_runs_a_small_benchmark_and_shows_saved_reports(prompt_fi
         run_small_benchmark(broken, "x", UPLOAD, str(prompt_file), 1, ["ar"], "4", 6, 0.0, 1, 0)
 
 
-def test_out_that_is_a_file_is_refused_before_measuring(model_dir, prompt_file, capsys):
-    code = main(["--model", str(model_dir), "--prompts", str(prompt_file), "--out", str(prompt_file)])
+def test_out_that_is_a_file_is_refused_before_measuring(tiny_model_dir, prompt_file, capsys):
+    code = main(["--model", str(tiny_model_dir), "--prompts", str(prompt_file), "--out", str(prompt_file)])
     err = capsys.readouterr().err
     assert code == 2 and "is a file" in err and len(err.strip().splitlines()) == 1
 

@@ -51,7 +51,7 @@ def test_page_steps_races_and_renders(app_url):
             page.goto(app_url, wait_until="domcontentloaded")
             page.locator("#step-btn").wait_for(timeout=60_000)
             page.locator("#prompt textarea").fill("def fibonacci(n):\n")
-            page.locator("#limit input").fill("24")
+            page.locator("#limit input").fill("64")  # long enough that Play cannot reach the end before Pause
             page.locator("#limit input").press("Tab")
             for k in (1, 2, 3):
                 page.locator("#step-btn").click()

@@ -11,23 +11,13 @@ from packed_ss.cli import main
 from packed_ss.config import DecodeConfig
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny")
-    model = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0)
-    model.model.config.mask_token_id = 1
-    model.model.float().save_pretrained(folder)
-    model.tokenizer.save_pretrained(folder)
-    return folder
-
-
 def run_cli(*args):
     return subprocess.run([sys.executable, "-m", "packed_ss", "generate", *args], capture_output=True, text=True,
                           timeout=300)
 
 
-def test_json_output(model_dir):
-    out = run_cli("--model", str(model_dir), "--prompt", "w1 w2 w3", "--max-new-tokens", "9", "--json",
+def test_json_output(tiny_model_dir):
+    out = run_cli("--model", str(tiny_model_dir), "--prompt", "w1 w2 w3", "--max-new-tokens", "9", "--json",
                   "--schedule", "packed", "--block-size", "4")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
@@ -49,8 +39,8 @@ def test_json_output(model_dir):
     (["--device", "nonsense"], "--device"),
     (["--device", "meta"], "--device"),
 ])
-def test_bad_arguments_exit_with_one_line(model_dir, args, message, capsys):
-    code = main(["generate", "--model", str(model_dir), "--prompt", "w1 w2", *args])
+def test_bad_arguments_exit_with_one_line(tiny_model_dir, args, message, capsys):
+    code = main(["generate", "--model", str(tiny_model_dir), "--prompt", "w1 w2", *args])
     err = capsys.readouterr().err
     assert code != 0
     assert message in err and "Traceback" not in err
@@ -70,7 +60,7 @@ def test_argparse_errors_are_one_line_too(args, message, capsys):
     assert message in err and "usage:" not in err and len(err.strip().splitlines()) == 1
 
 
-def test_missing_model_folder_and_missing_mask_token(tmp_path, model_dir, capsys):
+def test_missing_model_folder_and_missing_mask_token(tmp_path, tiny_model_dir, capsys):
     assert main(["generate", "--model", str(tmp_path / "nope"), "--prompt", "w1"]) != 0
     assert "does not exist" in capsys.readouterr().err
     no_mask = tmp_path / "nomask"
