@@ -75,6 +75,7 @@ class DualModeModel:
         self.device = next(model.parameters()).device
         self._cache_class = DynamicCache
         self.cache = DynamicCache(config=model.config)
+        self._length = 0  # tokens in the cache, tracked here to keep get_seq_length off the hot path
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, device: str | None = None,
@@ -141,11 +142,12 @@ class DualModeModel:
     @property
     def cache_length(self) -> int:
         """C, tokens currently held in the KV cache."""
-        return self.cache.get_seq_length()
+        return self._length
 
     def reset(self) -> None:
         """Empty the cache before a new prompt."""
         self.cache = self._cache_class(config=self.model.config)
+        self._length = 0
 
     def rollback(self, keep: int) -> None:
         """Drop cached tokens beyond the first ``keep`` (Appendix D.1 cache update).
@@ -157,6 +159,7 @@ class DualModeModel:
             raise ValueError(f"cannot keep {keep} of {length} cached tokens")
         if keep < length:
             self.cache.crop(keep - length)  # transformers 5.23: a negative argument removes that many
+            self._length = keep
 
     # --- one call -----------------------------------------------------------------------------
     @torch.no_grad()
@@ -182,5 +185,6 @@ class DualModeModel:
         if cuda:
             torch.cuda.synchronize(device)
         model_ms = (time.perf_counter() - start) * 1000
+        self._length += layout.rows
         logits = out.logits[0]
         return CallOutput(logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits, model_ms)
