@@ -17,6 +17,8 @@ native diffusion schedule sees them.
 Usage::
 
     python -m packed_ss.train --run runs/embedded --minutes 120          # train or resume
+    python -m packed_ss.train --run runs/embedded --minutes 120 --continue-steps 1500 \
+        --continue-lr 1e-3 --continue-block-sizes 4,4,8                   # a new cosine cycle after the end
     python -m packed_ss.train --run runs/embedded --export assets/model   # write the shipped folder
 """
 
@@ -26,7 +28,7 @@ import argparse
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +58,7 @@ class TrainConfig:
     clean_first_prob: float = 0.6  # share of blocks shaped [clean token, MASK x (B-1)]
     full_mask_prob: float = 0.8  # share of blocks masked everywhere after their clean part
     seed: int = 0
+    restart_step: int = 0  # step where the current cosine cycle began (0, or where a run was continued)
 
 
 def model_config(cfg: TrainConfig, eos_id: int, mask_id: int, pad_id: int):
@@ -162,9 +165,11 @@ def losses(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def learning_rate(cfg: TrainConfig, step: int) -> float:
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.total_steps - cfg.warmup_steps))
+    """Linear warm-up then cosine decay to ``lr * min_lr_ratio``, counted from ``cfg.restart_step``."""
+    local, horizon = step - cfg.restart_step, cfg.total_steps - cfg.restart_step
+    if local < cfg.warmup_steps:
+        return cfg.lr * (local + 1) / cfg.warmup_steps
+    progress = min(1.0, (local - cfg.warmup_steps) / max(1, horizon - cfg.warmup_steps))
     floor = cfg.lr * cfg.min_lr_ratio
     return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
@@ -259,8 +264,7 @@ def export(run: Path, out: Path) -> dict:
     """
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    cfg = TrainConfig(**{k: tuple(v) if isinstance(v, list) else v
-                         for k, v in json.loads((run / "config.json").read_text()).items()})
+    cfg = _stored_config(run)
     tokenizer = AutoTokenizer.from_pretrained(run / "tokenizer")
     config = model_config(cfg, tokenizer.eos_token_id, tokenizer.mask_token_id, tokenizer.pad_token_id)
     model = LlamaForCausalLM(config)
@@ -310,6 +314,33 @@ def evaluate_folder(folder: Path, block: int = 8, windows: int = 256) -> dict:
             "windows": windows, "block_size": block, **figures}
 
 
+def _stored_config(run: Path) -> TrainConfig:
+    stored = json.loads((run / "config.json").read_text())
+    return TrainConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()})
+
+
+def continue_run(run: Path, steps: int, lr: float | None, block_sizes: tuple[int, ...] | None) -> TrainConfig:
+    """Extend a finished (or stopped) run by ``steps`` with a fresh cosine cycle starting at its checkpoint.
+
+    The weights and optimizer state carry over; the stored config gets ``restart_step`` = the checkpoint
+    step, ``total_steps`` = that step + ``steps``, and optionally a new peak ``lr`` and ``block_sizes``.
+    Raises: FileNotFoundError when the run has no checkpoint; ValueError for a non-positive ``steps``.
+    """
+    if steps <= 0:
+        raise ValueError(f"--continue-steps must be positive, got {steps}")
+    if not (run / "ckpt.pt").exists():
+        raise FileNotFoundError(f"{run}/ckpt.pt does not exist: nothing to continue")
+    step = int(torch.load(run / "ckpt.pt", weights_only=False)["step"])
+    changes: dict = {"restart_step": step, "total_steps": step + steps}
+    if lr is not None:
+        changes["lr"] = lr
+    if block_sizes:
+        changes["block_sizes"] = tuple(block_sizes)
+    cfg = replace(_stored_config(run), **changes)
+    (run / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    return cfg
+
+
 def train(run: Path, minutes: float, cfg: TrainConfig, eval_every: int, save_every: int) -> None:
     """Train (or resume) for ``minutes`` of wall time, checkpointing to ``run/ckpt.pt``."""
     from tqdm import tqdm
@@ -317,8 +348,7 @@ def train(run: Path, minutes: float, cfg: TrainConfig, eval_every: int, save_eve
 
     run.mkdir(parents=True, exist_ok=True)
     if (run / "config.json").exists():
-        stored = json.loads((run / "config.json").read_text())
-        cfg = TrainConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()})
+        cfg = _stored_config(run)
     else:
         (run / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
     tokenizer, train_stream, held_stream = _prepare_data(run, cfg.vocab_size)
@@ -383,6 +413,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval-every", type=int, default=500)
     parser.add_argument("--save-every", type=int, default=100)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave the default)")
+    parser.add_argument("--continue-steps", type=int, help="extend the run by this many steps (new cosine cycle)")
+    parser.add_argument("--continue-lr", type=float, help="peak learning rate of the continued cycle")
+    parser.add_argument("--continue-block-sizes", help="comma-separated B values for the continued cycle")
     for field, value in asdict(TrainConfig()).items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             parser.add_argument(f"--{field.replace('_', '-')}", type=type(value), default=value)
@@ -395,6 +428,20 @@ def main(argv: list[str] | None = None) -> None:
     if args.export:
         print(json.dumps(export(args.run, args.export), indent=2))
         return
+    if args.continue_steps is not None:
+        sizes = None
+        if args.continue_block_sizes:
+            try:
+                sizes = tuple(int(b) for b in args.continue_block_sizes.split(","))
+            except ValueError:
+                parser.error(f"--continue-block-sizes must be integers separated by commas, "
+                             f"got {args.continue_block_sizes!r}")
+            if any(b < 2 for b in sizes):
+                parser.error("--continue-block-sizes: every B must be at least 2")
+        try:
+            continue_run(args.run, args.continue_steps, args.continue_lr, sizes)
+        except (FileNotFoundError, ValueError) as error:
+            parser.error(str(error))
     overrides = {f: getattr(args, f) for f in asdict(TrainConfig()) if hasattr(args, f)}
     train(args.run, args.minutes, TrainConfig(**overrides), args.eval_every, args.save_every)
 

@@ -1,0 +1,47 @@
+"""Browser test of Play/Pause: a gr.Timer steps the run on its own until paused or the run ends.
+
+Uses the same app fixture as test_browser.py (the embedded model, or a tiny one) and the same skip rule.
+"""
+
+import re
+
+import pytest
+
+from test_browser import ARGS, CHROMIUM, app_url  # noqa: F401  (the module-scoped app fixture)
+
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is not installed at /usr/bin/chromium "
+                                                              "(apt-get install chromium)")
+
+
+def _iteration(page) -> int:
+    return int(page.locator("#token-grid .token-grid-wrap").first.get_attribute("data-iteration"))
+
+
+def test_play_advances_and_pause_stops(app_url):  # noqa: F811
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(app_url, wait_until="domcontentloaded")
+            page.locator("#step-btn").wait_for(timeout=60_000)
+            page.locator("#prompt textarea").fill("class Stack:\n    def __init__(self):\n")
+            page.locator("#limit input").fill("96")
+            page.locator("#limit input").press("Tab")
+            page.locator("#step-btn").click()
+            expect(page.locator('#token-grid [data-iteration="1"]')).to_be_visible(timeout=60_000)
+
+            page.locator("#play-btn").click()
+            expect(page.locator("#play-btn")).to_have_text(re.compile("Pause"), timeout=10_000)
+            page.wait_for_function(
+                "() => Number(document.querySelector('#token-grid .token-grid-wrap')?.dataset.iteration) >= 3",
+                timeout=60_000)
+            page.locator("#play-btn").click()
+            expect(page.locator("#play-btn")).to_have_text(re.compile("Play"), timeout=10_000)
+            page.wait_for_timeout(1500)  # a tick already queued may still land
+            paused_at = _iteration(page)
+            page.wait_for_timeout(2500)
+            assert _iteration(page) == paused_at, "the run kept stepping after Pause"
+        finally:
+            browser.close()
