@@ -71,3 +71,37 @@ def test_shipped_model_matches_its_golden_continuation(embedded_model):
     prompt = embedded_model.encode(golden["prompt"])
     run = generate(embedded_model, prompt, DecodeConfig(max_new_tokens=len(golden["token_ids"])), "ar")
     assert list(run.token_ids) == golden["token_ids"]
+
+
+def test_learning_rate_restarts_its_cosine_at_the_continued_step():
+    from dataclasses import replace
+
+    from packed_ss.train import learning_rate
+
+    first = TrainConfig(lr=2e-3, min_lr_ratio=0.1, warmup_steps=10, total_steps=100)
+    assert learning_rate(first, 0) == pytest.approx(2e-4)  # warm-up from step 0
+    assert learning_rate(first, 100) == pytest.approx(2e-4)  # the cosine floor at the horizon
+    second = replace(first, lr=1e-3, restart_step=100, total_steps=300)
+    assert learning_rate(second, 100) == pytest.approx(1e-4)  # warm-up again, counted from the restart
+    assert learning_rate(second, 109) == pytest.approx(1e-3)  # peak of the new cycle
+    assert learning_rate(second, 200) < 1e-3
+    assert learning_rate(second, 300) == pytest.approx(1e-4)  # floor of the new cycle
+
+
+def test_continue_run_extends_the_stored_config(tmp_path):
+    from dataclasses import asdict
+
+    from packed_ss.train import continue_run
+
+    cfg = TrainConfig(total_steps=50)
+    (tmp_path / "config.json").write_text(json.dumps(asdict(cfg)))
+    with pytest.raises(FileNotFoundError):
+        continue_run(tmp_path, 10, None, None)
+    torch.save({"step": 50}, tmp_path / "ckpt.pt")
+    with pytest.raises(ValueError):
+        continue_run(tmp_path, 0, None, None)
+    continued = continue_run(tmp_path, 30, 5e-4, (4, 8))
+    stored = json.loads((tmp_path / "config.json").read_text())
+    assert (continued.restart_step, continued.total_steps, continued.lr) == (50, 80, 5e-4)
+    assert (stored["restart_step"], stored["total_steps"], stored["block_sizes"]) == (50, 80, [4, 8])
+    assert stored["hidden_size"] == cfg.hidden_size  # the architecture is kept
