@@ -22,10 +22,20 @@ from packed_ss.layout import CallLayout
 
 @dataclass(frozen=True)
 class CallOutput:
-    """Logits (len(rows), V) on the model's device for the requested rows, and the model time in ms."""
+    """Logits (len(rows), V) on the model's device for the requested rows, and the model time in ms.
+
+    ``deferred``: hidden states (len(deferred), H) of the rows whose LM head was put off, or None when the
+    call computed no deferred rows (see :meth:`DualModeModel.forward`).
+    """
 
     logits: torch.Tensor
     model_ms: float
+    deferred: torch.Tensor | None = None
+
+
+# Architectures whose causal-LM head is exactly ``lm_head(last_hidden_state)`` (no scaling or soft-capping),
+# so the head may be applied to some rows later. Others compute every requested row's logits at once.
+PLAIN_HEAD_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 
 class ModelLoadError(ValueError):
@@ -76,6 +86,8 @@ class DualModeModel:
         self._cache_class = DynamicCache
         self.cache = DynamicCache(config=model.config)
         self._length = 0  # tokens in the cache, tracked here to keep get_seq_length off the hot path
+        self.supports_deferred_rows = (getattr(model.config, "model_type", None) in PLAIN_HEAD_TYPES
+                                       and model.get_output_embeddings() is not None)
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, device: str | None = None,
@@ -163,28 +175,54 @@ class DualModeModel:
 
     # --- one call -----------------------------------------------------------------------------
     @torch.no_grad()
-    def forward(self, layout: CallLayout, rows: tuple[int, ...]) -> CallOutput:
+    def forward(self, layout: CallLayout, rows: tuple[int, ...], deferred: tuple[int, ...] = ()) -> CallOutput:
         """Run one call with the layout's mask over [cache | new rows] and return logits for ``rows``.
 
+        ``deferred`` rows get their hidden states only; :meth:`head` turns the ones a schedule ends up
+        needing into logits (Quadratic-SS reads one branch of B, chosen by the verification of the same
+        call). Needs ``supports_deferred_rows``; without it, pass every row in ``rows``.
         All R rows are appended to the cache; the caller rolls back afterwards.
-        Raises: ValueError when the layout was built for another cache length.
+        Raises: ValueError when the layout was built for another cache length, or ``deferred`` is given
+        to a model that does not support it.
         """
         if layout.cached != self.cache_length:
             raise ValueError(f"layout expects {layout.cached} cached tokens, cache holds {self.cache_length}")
+        if deferred and not self.supports_deferred_rows:
+            raise ValueError(f"model type {self.model.config.model_type!r} cannot defer its LM head")
         device = self.device
         input_ids = torch.tensor([layout.token_ids], device=device)
         position_ids = torch.tensor([layout.position_ids], device=device)
         mask = layout.full_mask().to(device)[None, None]  # (1, 1, R, C + R)
-        keep = torch.tensor(rows, dtype=torch.long, device=device)
-        cuda = device.type == "cuda"
-        if cuda:
-            torch.cuda.synchronize(device)
+        inputs = dict(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
+                      past_key_values=self.cache, use_cache=True)
+        self._sync()
         start = time.perf_counter()
-        out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
-                         past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
-        if cuda:
-            torch.cuda.synchronize(device)
+        hidden = None
+        if deferred:
+            states = self.model.base_model(**inputs).last_hidden_state[0]  # (R, H)
+            logits = self.model.get_output_embeddings()(states[list(rows)])
+            hidden = states[list(deferred)]
+        else:
+            keep = torch.tensor(rows, dtype=torch.long, device=device)
+            logits = self.model(**inputs, logits_to_keep=keep).logits[0]
+        self._sync()
         model_ms = (time.perf_counter() - start) * 1000
         self._length += layout.rows
-        logits = out.logits[0]
-        return CallOutput(logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits, model_ms)
+        return CallOutput(self._as_float(logits), model_ms, hidden)
+
+    @torch.no_grad()
+    def head(self, hidden: torch.Tensor) -> CallOutput:
+        """LM head on deferred hidden states (n, H) of the last call: logits (n, V) and its time in ms."""
+        self._sync()
+        start = time.perf_counter()
+        logits = self.model.get_output_embeddings()(hidden)
+        self._sync()
+        return CallOutput(self._as_float(logits), (time.perf_counter() - start) * 1000)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @staticmethod
+    def _as_float(logits: torch.Tensor) -> torch.Tensor:
+        return logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits

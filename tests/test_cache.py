@@ -66,3 +66,36 @@ def test_packed_halves_equal_separate_calls():
     with torch.no_grad():
         plain = model.model(input_ids=torch.tensor([prefix + draft + [mask]])).logits[0, cached:]
     assert torch.allclose(both[:4], plain, atol=1e-10)
+
+
+def test_deferred_rows_give_the_same_logits_and_count_their_head_time():
+    """Quadratic-SS defers its branch rows: their logits, produced later by the LM head, equal the
+    logits of the same call computed at once, and the head time joins the call's model time."""
+    from packed_ss.layout import quadratic_layout, verify_layout
+    from packed_ss.schedules.base import Session
+
+    model = tiny_llama(vocab_size=12, seed=5, logit_scale=3.0, eos=False)
+    assert model.supports_deferred_rows
+    prompt, draft, width = [3, 4, 5, 6], [7, 8, 2], 3
+
+    def prefilled():
+        session = Session(model, prompt, DecodeConfig(block_size=4, max_new_tokens=8), "quadratic")
+        session.call(verify_layout(prompt, [], 0, name="prefill"), (len(prompt) - 1,))
+        session.rollback(len(prompt) - 1)
+        return session
+
+    session = prefilled()
+    layout = quadratic_layout(prompt[-1], draft, width, session.cached, mask_id=1)
+    branch_rows = tuple(r for branch in layout.branch_rows for r in branch)
+    at_once = session.call(layout, layout.verify_rows + branch_rows)
+
+    session = prefilled()
+    verify = session.call(layout, layout.verify_rows, deferred=branch_rows)
+    before, calls = session._calls[-1].model_ms, len(session._calls)
+    branch2 = session.deferred_logits(8, 12)
+    assert torch.allclose(verify, at_once[:4], atol=1e-10)
+    assert torch.allclose(branch2, at_once[4 + 8: 4 + 12], atol=1e-10)
+    assert session._calls[-1].model_ms > before
+    assert len(session._calls) == calls  # the head adds no NFE
+    with pytest.raises(ValueError):
+        session.deferred_logits(12, 20)

@@ -55,6 +55,8 @@ class Session:
         self._calls: list[CallRecord] = []
         self._started = 0.0
         self._last_layout: CallLayout | None = None
+        self._deferred: torch.Tensor | None = None  # hidden states (or logits) of the last call's deferred rows
+        self._deferred_rows: tuple[int, ...] = ()
         model.reset()
 
     # --- bookkeeping ------------------------------------------------------------------------
@@ -76,11 +78,36 @@ class Session:
         self._calls = []
         self._started = time.perf_counter()
 
-    def call(self, layout: CallLayout, rows: tuple[int, ...]) -> torch.Tensor:
-        """Run one model call (one NFE); returns logits (len(rows), V)."""
-        out = self.model.forward(layout, rows)
+    def call(self, layout: CallLayout, rows: tuple[int, ...], deferred: tuple[int, ...] = ()) -> torch.Tensor:
+        """Run one model call (one NFE); returns logits (len(rows), V).
+
+        ``deferred`` rows are computed in the same call, but their logits are only produced by
+        :meth:`deferred_logits` for the ones the schedule needs (the LM head time joins this call's).
+        """
+        self._deferred, self._deferred_rows = None, deferred
+        if deferred and getattr(self.model, "supports_deferred_rows", False):
+            out = self.model.forward(layout, rows, deferred)
+            self._deferred = out.deferred
+            logits = out.logits
+        else:
+            out = self.model.forward(layout, rows + deferred)
+            logits = out.logits[: len(rows)]
+            if deferred:
+                self._deferred = out.logits[len(rows):]
         self._calls.append(CallRecord(layout, out.model_ms))
         self._last_layout = layout
+        return logits
+
+    def deferred_logits(self, start: int, stop: int) -> torch.Tensor:
+        """Logits (stop - start, V) of deferred rows ``[start, stop)`` of the last call (indices into its
+        ``deferred`` tuple). Raises: ValueError when the last call deferred no such rows."""
+        if self._deferred is None or not 0 <= start < stop <= len(self._deferred_rows):
+            raise ValueError(f"the last call deferred {len(self._deferred_rows)} rows, asked for [{start}, {stop})")
+        if not getattr(self.model, "supports_deferred_rows", False):
+            return self._deferred[start:stop]  # already logits
+        out = self.model.head(self._deferred[start:stop])
+        last = self._calls[-1]
+        self._calls[-1] = CallRecord(last.layout, last.model_ms + out.model_ms)
         return out.logits
 
     def record(self, **fields) -> IterationRecord:

@@ -37,16 +37,16 @@ class QuadraticSS:
                 layout = quadratic_layout(session.prefix[-1], draft, width, session.cached, mask_id)
                 branches = layout.branch_rows
             branch_rows = tuple(r for branch in branches for r in branch)
-            logits = session.call(layout, layout.verify_rows + branch_rows)
-            n_verify = len(layout.verify_rows)
-            verdict, v, v_probs = session.verify(draft, stored_q, logits[:n_verify])
+            # One call; the LM head runs on the verify rows now and on the selected branch only below.
+            logits = session.call(layout, layout.verify_rows, deferred=branch_rows)
+            verdict, v, v_probs = session.verify(draft, stored_q, logits)
             tokens, sources = session.verdict_tokens(draft, verdict)
             if first:
                 sources = [SOURCE_PREFILL]
             appended, sources = session.commit(tokens, sources)
             # Branch h_t: the one whose leader is the last accepted draft token.
             size = len(branches[0])
-            q_logits = logits[n_verify + verdict.h * size: n_verify + (verdict.h + 1) * size]
+            q_logits = session.deferred_logits(verdict.h * size, (verdict.h + 1) * size)
             proposals = q_logits.argmax(-1).tolist()
             kept: tuple[int, ...] = ()
             if not session.finished:  # the first mask of the branch is the correction/bonus slot
