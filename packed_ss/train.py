@@ -17,8 +17,9 @@ native diffusion schedule sees them.
 Usage::
 
     python -m packed_ss.train --run runs/embedded --minutes 120          # train or resume
-    python -m packed_ss.train --run runs/embedded --minutes 120 --continue-steps 1500 \
-        --continue-lr 1e-3 --continue-block-sizes 4,4,8                   # a new cosine cycle after the end
+    python -m packed_ss.train --run runs/embedded --minutes 120 --continue-steps 1300 \
+        --set lr=1e-3 --set block_sizes=4,4,8                             # a new cosine cycle after the end
+    python -m packed_ss.train --run runs/embedded --minutes 100 --set distill_prob=1 --set total_steps=2050
     python -m packed_ss.train --run runs/embedded --export assets/model   # write the shipped folder
 """
 
@@ -59,6 +60,7 @@ class TrainConfig:
     full_mask_prob: float = 0.8  # share of blocks masked everywhere after their clean part
     seed: int = 0
     restart_step: int = 0  # step where the current cosine cycle began (0, or where a run was continued)
+    distill_prob: float = 0.0  # share of fully masked blocks whose targets are the verifier's greedy chain
 
 
 def model_config(cfg: TrainConfig, eos_id: int, mask_id: int, pad_id: int):
@@ -115,11 +117,13 @@ def make_batch(stream: np.ndarray, cfg: TrainConfig, mask_id: int, rng: np.rando
     """Sample one training batch from the token stream.
 
     Returns: ``(input_ids (N, 2S), position_ids (N, 2S), mask (N, 1, 2S, 2S), ar_targets (N, S),
-    diff_targets (N, S) with -100 where no loss)``.
+    diff_targets (N, S) with -100 where no loss, anchors (N, S))``. ``anchors[i, p]`` is the last clean
+    position before the masks of a fully masked block holding p (the verified token the drafter continues
+    from), or -1 for partially masked blocks and positions without a loss; :func:`distill_targets` uses it.
     """
     seq, batch = cfg.seq_len, cfg.batch_size
     block = int(rng.choice(cfg.block_sizes))
-    inputs, masks, ar_targets, diff_targets = [], [], [], []
+    inputs, masks, ar_targets, diff_targets, anchors = [], [], [], [], []
     for _ in range(batch):
         start = int(rng.integers(0, len(stream) - seq - 1))
         window = stream[start : start + seq + 1]
@@ -127,6 +131,7 @@ def make_batch(stream: np.ndarray, cfg: TrainConfig, mask_id: int, rng: np.rando
         starts = block_layout(seq, block, int(rng.integers(0, block)))
         noised = clean.copy()
         target = np.full(seq, -100, dtype=np.int64)
+        anchor = np.full(seq, -1, dtype=np.int64)
         for s in np.unique(starts):
             end = min(s + block, seq)
             first = s + 1 if rng.random() < cfg.clean_first_prob else s
@@ -137,12 +142,15 @@ def make_batch(stream: np.ndarray, cfg: TrainConfig, mask_id: int, rng: np.rando
                 rate = rng.uniform(0.3, 1.0)
                 chosen = span[rng.random(len(span)) < rate]
                 span = chosen if len(chosen) else span[-1:]
+            elif first > 0:
+                anchor[span] = first - 1
             noised[span] = mask_id
             target[span] = clean[span]
         inputs.append(np.concatenate([clean, noised]))
         masks.append(packed_mask(torch.from_numpy(starts), block))
         ar_targets.append(window[1:])
         diff_targets.append(target)
+        anchors.append(anchor)
     positions = torch.arange(seq).repeat(2)[None].expand(batch, -1)
     return (
         torch.from_numpy(np.stack(inputs)).long(),
@@ -150,12 +158,83 @@ def make_batch(stream: np.ndarray, cfg: TrainConfig, mask_id: int, rng: np.rando
         torch.stack(masks)[:, None],
         torch.from_numpy(np.stack(ar_targets)).long(),
         torch.from_numpy(np.stack(diff_targets)).long(),
+        np.stack(anchors),
     )
+
+
+@torch.no_grad()
+def greedy_chains(model, clean: torch.Tensor, anchors: list[np.ndarray], depth: int) -> list[np.ndarray]:
+    """The verifier's greedy continuation of each anchor: ``g_1..g_depth`` after ``clean[i, :a + 1]``.
+
+    This is what a greedy verifier accepts: a drafter whose k-th mask after anchor a predicts g_k(a) has
+    its draft accepted up to the first miss (Algorithm 1 line 5). One causal forward over the clean
+    rows gives g_1 at every anchor; each further forward appends one row per anchor (token g_j(a) at
+    position a + j), which reads the clean tokens up to a and the anchor's earlier chain rows, through
+    the KV cache. depth - 1 extra forwards of (number of anchors) rows each.
+
+    Args:
+        clean: (N, S) token ids. anchors: per example, sorted anchor positions (int array, may be empty).
+        depth: chain length D >= 1.
+    Returns: per example, an int array (len(anchors[i]), D) with g_1..g_D of each anchor.
+    """
+    from transformers import DynamicCache
+
+    n, seq = clean.shape
+    width = max(1, max(len(a) for a in anchors))
+    index = torch.zeros(n, width, dtype=torch.long)  # anchor positions, padded with 0
+    for i, a in enumerate(anchors):
+        index[i, : len(a)] = torch.from_numpy(np.asarray(a, dtype=np.int64))
+    head = model.get_output_embeddings()
+    cache = DynamicCache(config=model.config)
+    hidden = model.base_model(input_ids=clean, past_key_values=cache, use_cache=True).last_hidden_state
+    picked = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))
+    chain = [head(picked).argmax(-1)]  # g_1: (N, width)
+    keys = torch.arange(seq)
+    own = torch.eye(width, dtype=torch.bool)
+    for j in range(1, depth):
+        # rows of depth j see: clean keys <= anchor, their own anchor's rows of depths 1..j-1, themselves
+        to_clean = keys[None, None, :] <= index[:, :, None]  # (N, width, S)
+        to_chain = own.repeat(1, j)[None].expand(n, -1, -1)  # (N, width, j * width)
+        mask = torch.cat([to_clean, to_chain], dim=2)[:, None]
+        out = model.base_model(input_ids=chain[-1], position_ids=index + j, attention_mask=mask,
+                               past_key_values=cache, use_cache=True).last_hidden_state
+        chain.append(head(out).argmax(-1))
+    stacked = torch.stack(chain, dim=-1).numpy()  # (N, width, D)
+    return [stacked[i, : len(a)] for i, a in enumerate(anchors)]
+
+
+def distill_targets(model, batch, cfg: TrainConfig, rng: np.random.Generator):
+    """Replace the data targets of some fully masked blocks by the verifier's greedy chain.
+
+    With probability ``cfg.distill_prob`` per block, each mask at offset k after the block's anchor a
+    gets target g_k(a) (:func:`greedy_chains`) instead of the corpus token: the drafter then learns to
+    propose what the shared-weight verifier would accept under greedy decoding.
+    Returns: the batch with new diffusion targets (other tensors unchanged).
+    """
+    input_ids, position_ids, mask, ar_targets, diff_targets, anchors = batch
+    seq = ar_targets.shape[1]
+    chosen = []
+    for row in anchors:
+        candidates = np.unique(row[row >= 0])
+        chosen.append(candidates[rng.random(len(candidates)) < cfg.distill_prob])
+    if not any(len(c) for c in chosen):
+        return batch
+    depth = int(max((np.arange(seq) - row)[np.isin(row, c)].max(initial=1) for row, c in zip(anchors, chosen)))
+    was_training = model.training
+    model.eval()
+    chains = greedy_chains(model, input_ids[:, :seq], chosen, depth)
+    model.train(was_training)
+    targets = diff_targets.clone()
+    for i, (row, c, g) in enumerate(zip(anchors, chosen, chains)):
+        for a, tokens in zip(c, g):
+            positions = np.nonzero(row == a)[0]
+            targets[i, positions] = torch.from_numpy(tokens[positions - a - 1]).long()
+    return input_ids, position_ids, mask, ar_targets, targets, anchors
 
 
 def losses(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
     """AR and masked-diffusion cross-entropy (nats) of one packed batch, in one forward."""
-    input_ids, position_ids, mask, ar_targets, diff_targets = batch
+    input_ids, position_ids, mask, ar_targets, diff_targets = batch[:5]
     seq = ar_targets.shape[1]
     logits = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask).logits
     vocab = logits.shape[-1]
@@ -181,13 +260,20 @@ def evaluate(model, stream: np.ndarray, mask_id: int, block: int = 8, windows: i
     The drafter is measured in the regular drafting layout ``[last verified token, MASK x (B-1)]``
     with the block starting at random offsets, exactly as Packed-SS and Linear-SS call it.
 
-    Returns: dict with ``ar_loss``, ``ar_top1`` and ``draft_top1`` (list of B-1 fractions).
+    ``draft_greedy_match`` compares the same proposals with the verifier's greedy chain from the block's
+    first token (:func:`greedy_chains`), which is what greedy verification accepts; ``draft_accept_len``
+    is the mean number of leading proposals that match it (the expected accepted draft length).
+
+    Returns: dict with ``ar_loss``, ``ar_top1``, ``draft_top1`` and ``draft_greedy_match`` (lists of B-1
+    fractions) and ``draft_accept_len`` (tokens).
     """
     model.eval()
     rng = np.random.default_rng(1234)
     ar_loss, ar_hits, ar_count = 0.0, 0, 0
     hits = np.zeros(block - 1)
+    matches = np.zeros(block - 1)
     counts = np.zeros(block - 1)
+    accepted, blocks_seen = 0, 0
     for _ in range(windows):
         start = int(rng.integers(0, len(stream) - seq_len - 1))
         window = stream[start : start + seq_len + 1]
@@ -210,11 +296,20 @@ def evaluate(model, stream: np.ndarray, mask_id: int, block: int = 8, windows: i
             sel = (offsets == k) & full_blocks
             hits[k - 1] += (predicted[sel] == clean[sel]).sum()
             counts[k - 1] += sel.sum()
+        anchors = np.unique(starts[full_blocks & (offsets == 0)])
+        chain = greedy_chains(model, ids[:, :seq_len], [anchors], block - 1)[0]  # (blocks, B-1)
+        proposals = np.stack([predicted[a + 1: a + block] for a in anchors])
+        agree = proposals == chain
+        matches += agree.sum(0)
+        accepted += int(np.cumprod(agree, axis=1).sum())
+        blocks_seen += len(anchors)
     model.train()
     return {
         "ar_loss": ar_loss / ar_count,
         "ar_top1": ar_hits / ar_count,
         "draft_top1": (hits / np.maximum(counts, 1)).tolist(),
+        "draft_greedy_match": (matches / max(1, blocks_seen)).tolist(),
+        "draft_accept_len": accepted / max(1, blocks_seen),
     }
 
 
@@ -319,23 +414,53 @@ def _stored_config(run: Path) -> TrainConfig:
     return TrainConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()})
 
 
-def continue_run(run: Path, steps: int, lr: float | None, block_sizes: tuple[int, ...] | None) -> TrainConfig:
-    """Extend a finished (or stopped) run by ``steps`` with a fresh cosine cycle starting at its checkpoint.
+# Stored-config fields a resumed run may change (the architecture and the data stay fixed).
+MUTABLE_FIELDS = ("lr", "min_lr_ratio", "warmup_steps", "total_steps", "weight_decay", "block_sizes",
+                  "clean_first_prob", "full_mask_prob", "distill_prob")
 
-    The weights and optimizer state carry over; the stored config gets ``restart_step`` = the checkpoint
-    step, ``total_steps`` = that step + ``steps``, and optionally a new peak ``lr`` and ``block_sizes``.
-    Raises: FileNotFoundError when the run has no checkpoint; ValueError for a non-positive ``steps``.
+
+def parse_setting(text: str) -> tuple[str, object]:
+    """``"KEY=VALUE"`` of a mutable config field, the value parsed to the field's type.
+
+    Raises: ValueError naming the problem (unknown or fixed field, unparsable value).
     """
-    if steps <= 0:
-        raise ValueError(f"--continue-steps must be positive, got {steps}")
+    key, sep, value = text.partition("=")
+    key = key.strip().replace("-", "_")
+    if not sep or key not in MUTABLE_FIELDS:
+        raise ValueError(f"--set takes KEY=VALUE with KEY one of {', '.join(MUTABLE_FIELDS)}, got {text!r}")
+    default = getattr(TrainConfig(), key)
+    try:
+        if isinstance(default, tuple):
+            parsed = tuple(int(b) for b in value.split(","))
+            if not parsed or any(b < 2 for b in parsed):
+                raise ValueError
+            return key, parsed
+        return key, type(default)(value)
+    except ValueError:
+        raise ValueError(f"--set {key}: cannot read {value!r} as "
+                         f"{'integers >= 2 separated by commas' if isinstance(default, tuple) else type(default).__name__}"
+                         ) from None
+
+
+def continue_run(run: Path, steps: int | None = None, **changes) -> TrainConfig:
+    """Change the stored config of a run before resuming it; with ``steps``, start a new cosine cycle.
+
+    The weights and optimizer state carry over. ``steps``: ``restart_step`` becomes the checkpoint step
+    and ``total_steps`` that step + ``steps`` (warm-up, then cosine to the floor again). ``changes``:
+    other fields of :data:`MUTABLE_FIELDS` (for example ``lr``, ``block_sizes``, ``distill_prob``).
+    Raises: FileNotFoundError when the run has no checkpoint; ValueError for a non-positive ``steps`` or
+    a field outside :data:`MUTABLE_FIELDS`.
+    """
     if not (run / "ckpt.pt").exists():
         raise FileNotFoundError(f"{run}/ckpt.pt does not exist: nothing to continue")
-    step = int(torch.load(run / "ckpt.pt", weights_only=False)["step"])
-    changes: dict = {"restart_step": step, "total_steps": step + steps}
-    if lr is not None:
-        changes["lr"] = lr
-    if block_sizes:
-        changes["block_sizes"] = tuple(block_sizes)
+    fixed = sorted(set(changes) - set(MUTABLE_FIELDS))
+    if fixed:
+        raise ValueError(f"a resumed run cannot change {', '.join(fixed)}")
+    if steps is not None:
+        if steps <= 0:
+            raise ValueError(f"--continue-steps must be positive, got {steps}")
+        step = int(torch.load(run / "ckpt.pt", weights_only=False)["step"])
+        changes.update(restart_step=step, total_steps=step + steps)
     cfg = replace(_stored_config(run), **changes)
     (run / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
     return cfg
@@ -379,7 +504,10 @@ def train(run: Path, minutes: float, cfg: TrainConfig, eval_every: int, save_eve
         tick = time.monotonic()
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(cfg, step)
-        ar, diff = losses(model, make_batch(train_stream, cfg, mask_id, rng))
+        batch = make_batch(train_stream, cfg, mask_id, rng)
+        if cfg.distill_prob > 0:
+            batch = distill_targets(model, batch, cfg, rng)
+        ar, diff = losses(model, batch)
         optimizer.zero_grad(set_to_none=True)
         (ar + diff).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -413,9 +541,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval-every", type=int, default=500)
     parser.add_argument("--save-every", type=int, default=100)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave the default)")
-    parser.add_argument("--continue-steps", type=int, help="extend the run by this many steps (new cosine cycle)")
-    parser.add_argument("--continue-lr", type=float, help="peak learning rate of the continued cycle")
-    parser.add_argument("--continue-block-sizes", help="comma-separated B values for the continued cycle")
+    parser.add_argument("--continue-steps", type=int, help="resume with a new cosine cycle of this many steps")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help=f"change a stored setting of the run before resuming ({', '.join(MUTABLE_FIELDS)})")
     for field, value in asdict(TrainConfig()).items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             parser.add_argument(f"--{field.replace('_', '-')}", type=type(value), default=value)
@@ -428,18 +556,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.export:
         print(json.dumps(export(args.run, args.export), indent=2))
         return
-    if args.continue_steps is not None:
-        sizes = None
-        if args.continue_block_sizes:
-            try:
-                sizes = tuple(int(b) for b in args.continue_block_sizes.split(","))
-            except ValueError:
-                parser.error(f"--continue-block-sizes must be integers separated by commas, "
-                             f"got {args.continue_block_sizes!r}")
-            if any(b < 2 for b in sizes):
-                parser.error("--continue-block-sizes: every B must be at least 2")
+    if args.continue_steps is not None or args.set:
         try:
-            continue_run(args.run, args.continue_steps, args.continue_lr, sizes)
+            continue_run(args.run, args.continue_steps, **dict(parse_setting(text) for text in args.set))
         except (FileNotFoundError, ValueError) as error:
             parser.error(str(error))
     overrides = {f: getattr(args, f) for f in asdict(TrainConfig()) if hasattr(args, f)}

@@ -91,17 +91,73 @@ def test_learning_rate_restarts_its_cosine_at_the_continued_step():
 def test_continue_run_extends_the_stored_config(tmp_path):
     from dataclasses import asdict
 
-    from packed_ss.train import continue_run
+    from packed_ss.train import continue_run, parse_setting
 
     cfg = TrainConfig(total_steps=50)
     (tmp_path / "config.json").write_text(json.dumps(asdict(cfg)))
     with pytest.raises(FileNotFoundError):
-        continue_run(tmp_path, 10, None, None)
+        continue_run(tmp_path, 10)
     torch.save({"step": 50}, tmp_path / "ckpt.pt")
     with pytest.raises(ValueError):
-        continue_run(tmp_path, 0, None, None)
-    continued = continue_run(tmp_path, 30, 5e-4, (4, 8))
+        continue_run(tmp_path, 0)
+    with pytest.raises(ValueError):
+        continue_run(tmp_path, hidden_size=64)  # the architecture is fixed
+    continued = continue_run(tmp_path, 30, **dict(map(parse_setting, ["lr=5e-4", "block_sizes=4,8"])))
     stored = json.loads((tmp_path / "config.json").read_text())
     assert (continued.restart_step, continued.total_steps, continued.lr) == (50, 80, 5e-4)
     assert (stored["restart_step"], stored["total_steps"], stored["block_sizes"]) == (50, 80, [4, 8])
-    assert stored["hidden_size"] == cfg.hidden_size  # the architecture is kept
+    assert stored["hidden_size"] == cfg.hidden_size
+    kept = continue_run(tmp_path, distill_prob=1.0)  # no steps: same cycle, one setting changed
+    assert (kept.restart_step, kept.total_steps, kept.distill_prob) == (50, 80, 1.0)
+
+
+@pytest.mark.parametrize("text", ["lr", "hidden_size=8", "block_sizes=4,x", "block_sizes=1", "lr=fast"])
+def test_bad_settings_are_refused(text):
+    from packed_ss.train import parse_setting
+
+    with pytest.raises(ValueError):
+        parse_setting(text)
+
+
+def test_greedy_chains_equal_step_by_step_greedy_decoding():
+    """The drafter's distillation targets: g_1..g_D after each anchor, as plain greedy decoding gives them."""
+    from helpers import tiny_llama
+
+    from packed_ss.train import greedy_chains
+
+    model = tiny_llama(vocab_size=16, seed=4, logit_scale=3.0, eos=False).model
+    clean = torch.randint(2, 16, (2, 12), generator=torch.Generator().manual_seed(0))
+    anchors = [np.array([0, 4, 9]), np.array([6])]
+    chains = greedy_chains(model, clean, anchors, 3)
+    for row, found, ids_row in zip(anchors, chains, clean):
+        for a, chain in zip(row, found):
+            ids = ids_row[: a + 1].tolist()
+            for _ in range(3):
+                with torch.no_grad():
+                    ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+            assert ids[a + 1:] == chain.tolist()
+
+
+def test_distillation_targets_only_fully_masked_blocks():
+    from helpers import tiny_llama
+
+    from packed_ss.train import distill_targets
+
+    model = tiny_llama(vocab_size=16, seed=4, logit_scale=3.0, eos=False).model
+    cfg = TrainConfig(seq_len=24, batch_size=3, block_sizes=(4,), full_mask_prob=0.5, distill_prob=1.0)
+    stream = np.tile(np.arange(2, 16), 20).astype(np.int32)
+    batch = make_batch(stream, cfg, 1, np.random.default_rng(3))
+    new = distill_targets(model, batch, cfg, np.random.default_rng(4))[4]
+    anchors = batch[5]
+    assert (anchors >= 0).any() and (anchors < 0).any()
+    unanchored = torch.from_numpy(anchors < 0)
+    assert torch.equal(new[unanchored], batch[4][unanchored])  # partial blocks keep the corpus targets
+    assert ((new >= 0) == (batch[4] >= 0)).all()  # the loss covers the same positions
+    from packed_ss.train import greedy_chains
+
+    for i, row in enumerate(anchors):  # a mask at offset k after anchor a learns g_k(a)
+        starts = np.unique(row[row >= 0])
+        chains = greedy_chains(model, batch[0][i:i + 1, :cfg.seq_len], [starts], 4)[0]
+        for a, chain in zip(starts, chains):
+            for p in np.nonzero(row == a)[0]:
+                assert new[i, p].item() == chain[p - a - 1]
