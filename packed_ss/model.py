@@ -64,6 +64,26 @@ def device_dtype_problem(device: str | None, dtype: str | None) -> str | None:
     return None
 
 
+def hub_unreachable(name: str, timeout_s: float = 10.0) -> bool:
+    """True when the hub cannot be contacted at all (no network), checked with one quick request.
+
+    Loading then uses the local cache only, instead of the loaders' retries (tens of seconds offline).
+    A missing repository or any other hub answer returns False: the loader reports it.
+    """
+    import os
+
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return True
+    from huggingface_hub import HfApi
+
+    try:
+        HfApi().model_info(name, timeout=timeout_s)
+    except Exception as error:  # noqa: BLE001 - httpx ConnectError/ConnectTimeout, or a hub answer
+        kind = type(error).__name__.lower()
+        return isinstance(error, (ConnectionError, TimeoutError)) or "connect" in kind or "timeout" in kind
+    return False
+
+
 class DualModeModel:
     """A ``transformers`` causal LM used as verifier (causal rows) and drafter (mask rows).
 
@@ -115,10 +135,16 @@ class DualModeModel:
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
         dtype = dtype or (torch.bfloat16 if str(device).startswith("cuda") else torch.float32)
+        local_only = not local.exists() and hub_unreachable(name)
         try:
-            tokenizer = AutoTokenizer.from_pretrained(name)
-            model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, attn_implementation="sdpa")
+            tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local_only)
+            model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, attn_implementation="sdpa",
+                                                         local_files_only=local_only)
         except Exception as error:  # any loader failure becomes one clear message
+            if local_only:
+                raise ModelLoadError(f"cannot load model {name!r}: the Hugging Face hub cannot be reached from "
+                                     f"this machine and the model is not in the local cache (use a local "
+                                     f"folder, e.g. assets/model)") from error
             raise ModelLoadError(f"cannot load model {name!r}: {type(error).__name__}: {error}") from error
         mask_id = getattr(model.config, "mask_token_id", None)
         if mask_id is None:

@@ -77,3 +77,14 @@ def test_config_rejects_bad_values():
     for kwargs in ({"block_size": 1}, {"temperature": -1.0}, {"max_new_tokens": 0}, {"top_p": 0.0}, {"top_k": -1}):
         with pytest.raises(ValueError):
             DecodeConfig(**kwargs)
+
+
+def test_unreachable_hub_fails_fast_with_a_clear_message(monkeypatch):
+    """Offline, a hub id is looked up in the local cache only: one clear error, no retry loop."""
+    from packed_ss.model import DualModeModel, ModelLoadError, hub_unreachable
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", "/nonexistent/hf-home")
+    assert hub_unreachable("someone/not-cached-model")
+    with pytest.raises(ModelLoadError, match="cannot be reached"):
+        DualModeModel.from_pretrained("someone/not-cached-model", device="cpu")
