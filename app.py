@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -379,6 +380,9 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
         # the iteration drawn) instead of failing Gradio's bound check and leaving the two out of step.
         iteration.release(on_scrub, [iteration], step_outputs, api_name="scrub", api_visibility="undocumented",
                           preprocess=False, **step_kw)
+        # A number typed into the slider's box arrives as input events (no release): follow the last one.
+        iteration.input(on_scrub, [iteration], step_outputs, api_visibility="private", preprocess=False,
+                        trigger_mode="always_last", **step_kw)
 
         compute_kw = dict(concurrency_id="compute", concurrency_limit=compute_concurrency)
         race_btn.click(on_race, [*settings, optional], [race_status, badge, lanes_view], api_name="ui_race",
@@ -419,7 +423,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(problem)
     demo = build_demo(args.model, device=args.device, dtype=args.dtype, new_tokens_cap=args.cap,
                       queue_size=args.queue_size)
-    demo.launch(server_name=args.host, server_port=args.port, **launch_kwargs())
+    try:
+        demo.launch(server_name=args.host, server_port=args.port, **launch_kwargs())
+    except OSError as error:  # e.g. the port is taken
+        sys.exit(f"app.py: cannot start the server: {error}".splitlines()[0]
+                 + " (choose another --port, or leave it out to take the next free one)")
 
 
 if __name__ == "__main__":

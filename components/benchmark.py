@@ -24,6 +24,7 @@ from packed_ss.bench import (ALL_SCHEDULES, BenchConfig, BenchError, load_prompt
                              run_benchmark, write_outputs)
 from packed_ss.bench_report import figures, summary_markdown
 
+DEFAULT_REPORT = "docs/bench-humaneval"  # committed summary of the 164-prompt benchmark
 ROOT = Path(__file__).resolve().parents[1]
 MAX_PROMPTS = 5  # prompts a run started from the app may use
 MAX_NEW_TOKENS = 128  # new-token limit a run started from the app may use
@@ -193,7 +194,8 @@ def _threads() -> int:
 
 
 def build_benchmark_tab(load_model: Callable[[str], object], default_model: str,
-                        default_report: str | Path | None = "bench-out", root: str | Path = ROOT) -> BenchmarkTab:
+                        default_report: str | Path | None = DEFAULT_REPORT, root: str | Path = ROOT,
+                        concurrency_id: str = "compute") -> BenchmarkTab:
     """Create the Benchmark view's widgets in the enclosing ``gr.Blocks``/``gr.Tab`` and wire their events.
 
     Args:
@@ -201,6 +203,8 @@ def build_benchmark_tab(load_model: Callable[[str], object], default_model: str,
         default_model: model shown in the model box (folder or hub id).
         default_report: saved report (folder under ``root`` with summary.json) shown on start, if present.
         root: folder that saved reports may be read from.
+        concurrency_id: queue group shared with the app's other timed work (races, full runs), so that a
+            benchmark never runs at the same time as them (limit 1 in the group).
     Returns: a :class:`BenchmarkTab` with the component handles.
     """
     initial_md, initial_figs = "No report loaded yet.", {}
@@ -239,7 +243,7 @@ def build_benchmark_tab(load_model: Callable[[str], object], default_model: str,
         plots = tuple(gr.Plot(value=panel_figure(initial_figs.get(name)), label=name.replace("_", " "))
                       for name in FIGURES)
     files = gr.File(label="report files", file_count="multiple", interactive=False)
-    summary = gr.Markdown(initial_md)
+    summary = gr.Markdown(initial_md, elem_classes=["bench-summary"])
 
     def show(path, upload):
         try:
@@ -269,7 +273,7 @@ def build_benchmark_tab(load_model: Callable[[str], object], default_model: str,
                       api_visibility="undocumented")
     run_button.click(run, [model, prompt_source, prompt_file, limit, schedules, block_size, max_new_tokens,
                            temperature, samples, seed], [status, summary, *plots, files],
-                     concurrency_limit=1, concurrency_id="benchmark", api_name="benchmark_run",
+                     concurrency_limit=1, concurrency_id=concurrency_id, api_name="benchmark_run",
                      api_visibility="undocumented")
     return BenchmarkTab(report_path, report_upload, load_button, model, prompt_source, prompt_file, limit, schedules,
                         block_size, max_new_tokens, temperature, samples, seed, run_button, status, summary, plots,

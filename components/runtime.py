@@ -82,7 +82,9 @@ def make_settings(model: str | None, prompt: str | None, schedule: str, block_si
             new-token limit outside [1, cap], seed outside [0, MAX_SEED], or any value :class:`DecodeConfig`
             rejects.
     """
-    if prompt is None or not str(prompt).strip():
+    if prompt is not None and not isinstance(prompt, str):
+        raise UserError(f"the prompt must be text, got {type(prompt).__name__} {prompt!r}")
+    if prompt is None or not prompt.strip():
         raise UserError("the prompt is empty: type some text or pick an example")
     if len(prompt) > MAX_PROMPT_CHARS:
         raise UserError(f"the prompt is too long ({len(prompt)} characters; at most {MAX_PROMPT_CHARS})")

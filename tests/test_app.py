@@ -155,6 +155,7 @@ BAD = [
     (dict(block_size=33), "block size"),
     (dict(temperature=-1.0), "temperature"),
     (dict(model="/nonexistent/model-folder"), "does not exist"),
+    (dict(prompt=123), "must be text"),
 ]
 
 
@@ -171,7 +172,8 @@ def test_bad_input_answered_by_the_api(client, overrides, message):
                        max_new_tokens=s["max_new_tokens"], model=s["model"], api_name="/race")
 
 
-@pytest.mark.parametrize("overrides,message", [b for b in BAD if "block_size" not in b[0] and "temperature" not in b[0]]
+@pytest.mark.parametrize("overrides,message", [b for b in BAD if not {"block_size", "temperature"} & set(b[0])
+                                                and not isinstance(b[0].get("prompt", ""), int)]
                          + [(dict(model="unloadable"), "config.json"), (dict(top_k=-1), "top-k"),
                             (dict(seed=-1), "seed"), (dict(seed=2**70), "seed")])
 def test_bad_input_on_the_page_leaves_the_session_usable(client, tmp_path, overrides, message):
@@ -339,3 +341,24 @@ def test_settings_validation_messages():
                           (("", "x", "packed", 8, 0, 0, 1, 2**70, 16), "seed")]:
         with pytest.raises(UserError, match=message):
             make_settings(*args)
+
+
+def test_the_committed_benchmark_report_is_the_default_view():
+    from components.benchmark import DEFAULT_REPORT, load_report
+
+    markdown, figures = load_report(DEFAULT_REPORT)
+    assert "Packed-SS" in markdown and figures
+
+
+def test_a_taken_port_ends_with_one_line(capsys):
+    import socket
+
+    import app
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(SystemExit) as stop:
+            app.main(["--host", "127.0.0.1", "--port", str(port)])
+    assert "cannot start the server" in str(stop.value.code) and "\n" not in str(stop.value.code)

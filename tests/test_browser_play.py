@@ -1,4 +1,5 @@
-"""Browser test of Play/Pause: a gr.Timer steps the run on its own until paused or the run ends.
+"""Browser tests of Play/Pause (a gr.Timer steps the run on its own until paused or the run ends) and of
+an iteration number typed into the slider's box.
 
 Uses the same app fixture as test_browser.py (the embedded model, or a tiny one) and the same skip rule.
 """
@@ -43,5 +44,10 @@ def test_play_advances_and_pause_stops(app_url):  # noqa: F811
             paused_at = _iteration(page)
             page.wait_for_timeout(2500)
             assert _iteration(page) == paused_at, "the run kept stepping after Pause"
+
+            box = page.locator("#iteration input[type=number]")
+            box.fill("1")
+            box.press("Enter")  # no focus change: the view must follow the typed number anyway
+            expect(page.locator('#token-grid [data-iteration="1"]')).to_be_visible(timeout=15_000)
         finally:
             browser.close()

@@ -42,7 +42,8 @@ class Session:
         needed = len(prompt_ids) + config.max_new_tokens + 2 * config.block_size
         if needed > model.max_length:
             raise PromptError(
-                f"prompt of {len(prompt_ids)} tokens + {config.max_new_tokens} new tokens + 2 blocks of "
+                f"prompt of {len(prompt_ids)} token{'s' if len(prompt_ids) != 1 else ''} + "
+                f"{config.max_new_tokens} new tokens + 2 blocks of "
                 f"{config.block_size} exceeds the model's {model.max_length} positions")
         self.model = model
         self.config = config
