@@ -12,7 +12,9 @@ Two block shapes are trained, because the engine uses both (paper Appendix D.1 a
 ``[last verified token, MASK x (B-1)]`` (regular Packed-SS / Linear-SS drafting calls) and
 ``[MASK x B]`` after a causal prefix (the initial call and Quadratic-SS branches). Most blocks mask every
 position after their first token, the way the drafter is used; some are masked partially, the way the
-native diffusion schedule sees them.
+native diffusion schedule sees them. With ``distill_prob`` > 0 the fully masked blocks learn the
+verifier's own greedy continuation instead of the corpus tokens (:func:`distill_targets`), which is what
+greedy verification accepts.
 
 Usage::
 
