@@ -40,6 +40,17 @@ def app_url(tmp_path_factory):
     demo.close()
 
 
+def open_app(browser, url: str, prompt: str, limit: int):
+    """A new page on the app, loaded, with ``prompt`` and the new-token ``limit`` typed in."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(url, wait_until="domcontentloaded")
+    page.locator("#step-btn").wait_for(timeout=60_000)
+    page.locator("#prompt textarea").fill(prompt)
+    page.locator("#limit input").fill(str(limit))
+    page.locator("#limit input").press("Tab")
+    return page
+
+
 def test_page_steps_races_and_renders(app_url):
     from playwright.sync_api import expect, sync_playwright
 
@@ -47,12 +58,7 @@ def test_page_steps_races_and_renders(app_url):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(app_url, wait_until="domcontentloaded")
-            page.locator("#step-btn").wait_for(timeout=60_000)
-            page.locator("#prompt textarea").fill("def fibonacci(n):\n")
-            page.locator("#limit input").fill("24")
-            page.locator("#limit input").press("Tab")
+            page = open_app(browser, app_url, "def fibonacci(n):\n", 24)
             for k in (1, 2, 3):
                 page.locator("#step-btn").click()
                 expect(page.locator(f'#token-grid [data-iteration="{k}"]')).to_be_visible(timeout=60_000)

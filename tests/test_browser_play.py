@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from test_browser import ARGS, CHROMIUM, app_url  # noqa: F401  (the module-scoped app fixture)
+from test_browser import ARGS, CHROMIUM, app_url, open_app  # noqa: F401  (app_url: the app fixture)
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is not installed at /usr/bin/chromium "
                                                               "(apt-get install chromium)")
@@ -24,12 +24,7 @@ def test_play_advances_and_pause_stops(app_url):  # noqa: F811
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(app_url, wait_until="domcontentloaded")
-            page.locator("#step-btn").wait_for(timeout=60_000)
-            page.locator("#prompt textarea").fill("class Stack:\n    def __init__(self):\n")
-            page.locator("#limit input").fill("96")
-            page.locator("#limit input").press("Tab")
+            page = open_app(browser, app_url, "class Stack:\n    def __init__(self):\n", 96)
             page.locator("#step-btn").click()
             expect(page.locator('#token-grid [data-iteration="1"]')).to_be_visible(timeout=60_000)
 
