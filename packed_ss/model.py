@@ -90,6 +90,7 @@ class DualModeModel:
     Attributes:
         mask_token_id, eos_token_id: special token ids (from the config or the tokenizer).
         vocab_size: V, number of logits per row.
+        never_emit_ids: ids no schedule may output (the mask token, vocabulary padding rows).
         max_length: longest sequence (prompt + new tokens + one block) the model's positions allow.
     """
 
@@ -101,6 +102,9 @@ class DualModeModel:
         self.mask_token_id = int(mask_token_id)
         self.eos_token_id = None if eos_token_id is None else int(eos_token_id)
         self.vocab_size = int(model.config.vocab_size)
+        # Never output: the mask token, and embedding rows past the tokenizer's vocabulary (padding rows
+        # that decode to nothing). The schedules give these ids zero probability in every distribution.
+        self.never_emit_ids = (self.mask_token_id,) + tuple(range(len(tokenizer), self.vocab_size))
         self.max_length = int(getattr(model.config, "max_position_embeddings", 2048))
         self.device = next(model.parameters()).device
         self._cache_class = DynamicCache

@@ -9,8 +9,10 @@ Metric definitions (shared/notes/field-notes.md, paper Section 4 and E.5):
 * throughput = generated tokens / decoder wall time (tokens per second);
 * mean acceptance length = mean tokens committed per verifying iteration: A = h + 1 (correction or bonus
   included), or fewer where EOS, a stop string or the limit cut the iteration;
-* per-position acceptance rate i = accepted at draft position i / drafts that had a position i;
-* acceptance histogram = counts of h = 0..W.
+* per-position acceptance rate i = committed draft tokens at draft position i / drafts that had a
+  position i;
+* acceptance histogram = counts of committed draft tokens per verifying iteration (h, or fewer where
+  EOS, a stop string or the limit cut the iteration), 0..W.
 """
 
 from __future__ import annotations
@@ -180,10 +182,13 @@ def summarize(records: list[IterationRecord], schedule: str, block_size: int, te
     reached = [0] * width
     accepted = [0] * width
     for r in verifying:
-        histogram[min(r.h, width)] += 1
+        # Count what was committed: draft tokens after an EOS, a stop string or the limit were checked
+        # but cut (Algorithm 1 lines 7-8), so they are not accepted tokens of the output.
+        committed = r.appended_sources.count(SOURCE_DRAFT)
+        histogram[min(committed, width)] += 1
         for i in range(min(len(r.old_draft), width)):
             reached[i] += 1
-            accepted[i] += i < r.h
+            accepted[i] += i < committed
     model_ms = sum(r.model_ms for r in records)
     other_ms = sum(r.other_ms for r in records)
     return RunRecord(

@@ -77,9 +77,10 @@ def warp(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float 
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if temperature == 0:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).double()
-    # float64 and max-subtraction keep tiny temperatures finite (no overflow, no 0/0).
-    scaled = logits.double() / temperature
-    scaled = scaled - scaled.max(-1, keepdim=True).values
+    # Subtract the maximum BEFORE dividing: every scaled score is then <= 0, so any finite T > 0 (down to
+    # 5e-324) gives finite or -inf scores and never inf - inf = NaN; as T -> 0 the result tends to greedy.
+    scores = logits.double()
+    scaled = (scores - scores.max(-1, keepdim=True).values) / temperature
     if 0 < top_k < logits.shape[-1]:
         kth = scaled.topk(top_k, dim=-1).values[..., -1:]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
@@ -148,8 +149,10 @@ def verify_sampled(draft: list[int], stored_q: list[SparseDist], p: torch.Tensor
     p = p.double().cpu()
     alphas = []
     for i, (token, q_i) in enumerate(zip(draft, stored_q)):
-        q_token = q_i.prob(token)
-        alpha = 1.0 if q_token <= 0 else min(1.0, float(p[i, token]) / q_token)
+        p_token, q_token = float(p[i, token]), q_i.prob(token)
+        # A token the verifier gives zero probability is never accepted, whatever Q says; Q(d) = 0 < p(d)
+        # cannot come from a draft drawn from Q, and is accepted as the ratio's limit (alpha = 1).
+        alpha = 0.0 if p_token <= 0 else (1.0 if q_token <= 0 else min(1.0, p_token / q_token))
         alphas.append(alpha)
         u = float(torch.rand((), generator=generator, dtype=torch.float64))
         if u >= alpha:  # line 6: the first i with u_i >= alpha_i ends acceptance

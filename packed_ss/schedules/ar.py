@@ -18,6 +18,11 @@ class AR:
     title = "Autoregressive"
     summary = "One causal call per token; the reference output."
 
+    @staticmethod
+    def max_rows(prompt_len: int, config) -> int:
+        """Most rows a run can evaluate: the prefill (n rows), then one row per further token."""
+        return prompt_len + (config.max_new_tokens - 1)
+
     def iterate(self, session: Session) -> Iterator[IterationRecord]:
         source = SOURCE_PREFILL
         while not session.finished:

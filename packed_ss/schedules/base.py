@@ -58,6 +58,10 @@ class Session:
         self._last_layout: CallLayout | None = None
         self._deferred: torch.Tensor | None = None  # hidden states (or logits) of the last call's deferred rows
         self._deferred_rows: tuple[int, ...] = ()
+        # Ids no distribution may give probability to (the mask token at least): their logits are set to
+        # -inf as each call returns, so greedy picks, proposals, p, Q and residuals never contain them.
+        never = getattr(model, "never_emit_ids", (model.mask_token_id,))
+        self._never_emit = torch.tensor(sorted(set(never)), dtype=torch.long)
         model.reset()
 
     # --- bookkeeping ------------------------------------------------------------------------
@@ -97,7 +101,13 @@ class Session:
                 self._deferred = out.logits[len(rows):]
         self._calls.append(CallRecord(layout, out.model_ms))
         self._last_layout = layout
-        return logits
+        return self._forbid(logits)
+
+    def _forbid(self, logits: torch.Tensor) -> torch.Tensor:
+        """(R, V) logits with every never-emit id at -inf (a copy; the model's output is left alone)."""
+        if self._never_emit.device != logits.device:
+            self._never_emit = self._never_emit.to(logits.device)
+        return logits.index_fill(-1, self._never_emit, float("-inf"))
 
     def deferred_logits(self, start: int, stop: int) -> torch.Tensor:
         """Logits (stop - start, V) of deferred rows ``[start, stop)`` of the last call (indices into its
@@ -105,11 +115,11 @@ class Session:
         if self._deferred is None or not 0 <= start < stop <= len(self._deferred_rows):
             raise ValueError(f"the last call deferred {len(self._deferred_rows)} rows, asked for [{start}, {stop})")
         if not getattr(self.model, "supports_deferred_rows", False):
-            return self._deferred[start:stop]  # already logits
+            return self._forbid(self._deferred[start:stop])  # already logits
         out = self.model.head(self._deferred[start:stop])
         last = self._calls[-1]
         self._calls[-1] = CallRecord(last.layout, last.model_ms + out.model_ms)
-        return out.logits
+        return self._forbid(out.logits)
 
     def record(self, **fields) -> IterationRecord:
         """Close the iteration: wall time since :meth:`begin`, split into model and non-model time."""
@@ -207,3 +217,8 @@ class Schedule(Protocol):
     summary: str
 
     def iterate(self, session: Session) -> Iterator[IterationRecord]: ...
+
+    def max_rows(self, prompt_len: int, config: DecodeConfig) -> int:
+        """Upper bound on the rows (tokens evaluated by the model, Table 2) of one whole run: the work
+        bound a server checks before it accepts a request."""
+        ...

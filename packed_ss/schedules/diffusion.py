@@ -24,6 +24,13 @@ class Diffusion:
     title = "Block diffusion"
     summary = "Fills a block over several confident steps, no verification: fast but not lossless."
 
+    @staticmethod
+    def max_rows(prompt_len: int, config) -> int:
+        """Most rows a run can evaluate: at least one slot is committed per call (at most L calls); a call
+        holds the uncached prefix tail (the prompt, or a finished block of W plus one token) and W slots."""
+        w = config.width
+        return prompt_len + w + (config.max_new_tokens - 1) * (2 * w + 1)
+
     def iterate(self, session: Session) -> Iterator[IterationRecord]:
         c = session.config
         mask_id = session.model.mask_token_id

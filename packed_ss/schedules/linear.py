@@ -22,6 +22,11 @@ class LinearSS:
     title = "Linear-SS"
     summary = "Draft, then verify: two calls per iteration, the draft reads the newest prefix."
 
+    @staticmethod
+    def max_rows(prompt_len: int, config) -> int:
+        """Most rows a run can evaluate: the prefill, then at most L - 1 iterations of 2B rows (Table 2)."""
+        return prompt_len + (config.max_new_tokens - 1) * 2 * config.block_size
+
     def iterate(self, session: Session) -> Iterator[IterationRecord]:
         mask_id, width = session.model.mask_token_id, session.config.width
         # Iteration 1: prefill; the first token has no draft to verify.

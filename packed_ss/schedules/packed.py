@@ -21,6 +21,12 @@ class PackedSS:
     title = "Packed-SS"
     summary = "One call verifies the old draft and drafts from the old prefix; 2B rows per call."
 
+    @staticmethod
+    def max_rows(prompt_len: int, config) -> int:
+        """Most rows a run can evaluate: prefill + B masks, then at most L - 1 calls of 2B rows (Table 2)."""
+        b = config.block_size
+        return prompt_len + b + (config.max_new_tokens - 1) * 2 * b
+
     def iterate(self, session: Session) -> Iterator[IterationRecord]:
         mask_id, width = session.model.mask_token_id, session.config.width
         draft: list[int] = []  # D_0 = empty (Algorithm 1 line 1)

@@ -22,6 +22,12 @@ class QuadraticSS:
     title = "Quadratic-SS"
     summary = "One call with a draft branch per acceptance length; B(B+1) rows per call."
 
+    @staticmethod
+    def max_rows(prompt_len: int, config) -> int:
+        """Most rows a run can evaluate: prefill + B masks, then at most L - 1 calls of B(B+1) rows."""
+        b = config.block_size
+        return prompt_len + b + (config.max_new_tokens - 1) * b * (b + 1)
+
     def iterate(self, session: Session) -> Iterator[IterationRecord]:
         mask_id, width = session.model.mask_token_id, session.config.width
         draft: list[int] = []
