@@ -25,9 +25,11 @@ from components.benchmark import build_benchmark_tab
 from components.charts import cost_figure, fit_cost_model, fit_summary
 from components.mask_plot import empty_figure
 from components.race_panel import badge_html, lanes_html, race_figures, summary_html
+from components.api_defaults import FillApiDefaults, signature_defaults
+from components.limits import MAX_ROWS_PER_REQUEST, ClientGone, ComputeGate, client_alive
 from components.runtime import (APP_MAX_BLOCK_SIZE, DEFAULT_MODEL, NEW_TOKENS_CAP, GpuTasks, ModelStore, Sessions,
-                                StepRun, TimingLog, UserSession, calibrate, has_spaces, make_settings, run_generate,
-                                run_race)
+                                StepRun, TimingLog, UserSession, calibrate, has_spaces, make_settings, model_label,
+                                parse_lanes, run_generate, run_race)
 from components.style import ASSETS, PROMPT, error_html, legend_html, note_html
 from components.step_view import step_view
 from components.token_grid import empty_grid_html
@@ -43,9 +45,16 @@ HUMANEVAL_IDS = ("HumanEval/0", "HumanEval/23", "HumanEval/53", "HumanEval/2")
 REPLAY_FRAME_S = 0.25  # seconds between replay frames (a few updates a second is enough)
 
 
-def launch_kwargs() -> dict:
-    """Keyword arguments for ``demo.launch`` that style the page (Gradio 6 takes CSS at launch)."""
-    return {"css_paths": [str(ASSETS / "style.css")]}
+def launch_kwargs(demo: gr.Blocks | None = None) -> dict:
+    """Keyword arguments for ``demo.launch``: the page's CSS (Gradio 6 takes CSS at launch) and, for a demo
+    built by :func:`build_demo`, the middleware that fills documented defaults into raw HTTP API calls."""
+    kwargs: dict = {"css_paths": [str(ASSETS / "style.css")]}
+    endpoints = getattr(demo, "api_defaults", None)
+    if endpoints:
+        from starlette.middleware import Middleware
+
+        kwargs["app_kwargs"] = {"middleware": [Middleware(FillApiDefaults, endpoints=endpoints)]}
+    return kwargs
 
 
 def example_prompts() -> list[str]:
@@ -62,9 +71,15 @@ def example_prompts() -> list[str]:
 
 
 def _message(error: Exception) -> str:
+    """One line for the page or the API: a ValueError's own message, else the kind of failure."""
     if isinstance(error, ValueError):
-        return str(error)
-    return f"unexpected error ({type(error).__name__}): {error}"
+        text = str(error)
+    elif isinstance(error, ClientGone):
+        text = str(error)
+    else:
+        text = f"unexpected error ({type(error).__name__}): {error}"
+    first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    return first if len(first) <= 500 else first[:499] + "…"
 
 
 def _grid_legend() -> str:
@@ -78,21 +93,29 @@ def _grid_legend() -> str:
 
 
 def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=None, preloaded: dict | None = None,
+               allowed_models: Sequence[str] = (), models_held: int = 2, max_rows: int = MAX_ROWS_PER_REQUEST,
                new_tokens_cap: int = NEW_TOKENS_CAP, queue_size: int = 32, step_concurrency: int = 4,
-               compute_concurrency: int = 1) -> gr.Blocks:
+               compute_concurrency: int = 4) -> gr.Blocks:
     """Build the app (nothing is loaded until a request needs a model).
 
     Args:
         model: default model folder or hub id (an empty model field means this one).
         device, dtype: for loading models (default: CUDA when present, float32 on CPU).
-        preloaded: already loaded ``DualModeModel`` objects by name (tests pass theirs).
+        preloaded: already loaded ``DualModeModel`` objects by name (tests pass theirs); offered too.
+        allowed_models: further folders or hub ids visitors may choose (never any other).
+        models_held: models kept loaded at once (least recently used dropped).
+        max_rows: worst-case model rows one request may need (``components.limits``); more is refused.
         new_tokens_cap: largest new-token limit accepted (larger requests get an error message).
-        queue_size: most requests waiting in the queue. step_concurrency: Steps running at once.
-        compute_concurrency: races / full runs / measurements at once (1 keeps wall times honest).
-    Returns: the ``gr.Blocks``; launch it with ``demo.launch(**launch_kwargs())``.
+        queue_size: most requests waiting in the queue. step_concurrency: Steps in progress at once.
+        compute_concurrency: races / full runs / measurements in progress at once. Whatever the limits,
+            model iterations run one at a time (a shared gate, least work first), so measured times
+            stay honest and a short request is served between two iterations of a long one.
+    Returns: the ``gr.Blocks``; launch it with ``demo.launch(**launch_kwargs(demo))``.
     """
-    store = ModelStore(model, device=device, dtype=dtype, preloaded=preloaded)
-    tasks = GpuTasks(store)  # the GPU work of each request (spaces.GPU on ZeroGPU)
+    store = ModelStore(model, device=device, dtype=dtype, preloaded=preloaded, allowed=allowed_models,
+                       capacity=models_held)
+    gate = ComputeGate()  # one model iteration at a time, least work first
+    tasks = GpuTasks(store, gate)  # the GPU work of each request (spaces.GPU on ZeroGPU)
     sessions = Sessions()
     log = TimingLog()
     eager = has_spaces()  # ZeroGPU: compute a step-through run in one GPU call
@@ -119,7 +142,8 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
         settings = make_settings(*values, cap=cap)
         run, note = us.step, ""
         if run is None or run.settings != settings:
-            run = StepRun(settings, store.get(settings.model), tasks=tasks, eager=eager, log=log)
+            run = StepRun(settings, store.get(settings.model), tasks=tasks, eager=eager, log=log, gate=gate,
+                          max_rows=max_rows)
             note = "Settings changed: a new run started." if us.step is not None else ""
             us.step, us.plot_key = run, None
         return run, note
@@ -199,7 +223,8 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
         us = sessions.get(request.session_hash)
         try:
             settings = make_settings(*values, cap=cap)
-            result = run_race(tasks, settings, extra=list(optional or ()), log=log)
+            result = run_race(tasks, settings, extra=parse_lanes(list(optional or ())), log=log, max_rows=max_rows,
+                              alive=None if eager else client_alive(demo, request.session_hash))
         except Exception as error:  # noqa: BLE001
             message = _message(error)
             gr.Warning(message)
@@ -256,21 +281,23 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
     # ---------------------------------------------------------------- API (gradio_client)
     def generate(prompt: str, schedule: str = "packed", block_size: int = 8, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int = 0, max_new_tokens: int = 128,
-                 model: str = "") -> dict:
+                 model: str = "", request: gr.Request = None) -> dict:
         """Decode ``prompt`` to the end with one schedule; returns the run's metrics (JSON).
 
-        Errors (empty or too long prompt, bad settings, unloadable model) come back as a Gradio error
-        with a one-line message.
+        Errors (bad prompt or settings, a model not offered, work over the budget) come back as a
+        Gradio error with a one-line message.
         """
         try:
             settings = make_settings(model, prompt, schedule, block_size, temperature, top_k, top_p, seed,
                                      max_new_tokens, cap=cap)
-            return run_generate(tasks, settings, log=log).metrics()
-        except ValueError as error:
-            raise gr.Error(str(error), print_exception=False) from None
+            alive = None if eager or request is None else client_alive(demo, request.session_hash)
+            return run_generate(tasks, settings, log=log, max_rows=max_rows, alive=alive).metrics()
+        except Exception as error:  # noqa: BLE001 - every failure is a one-line message, never a traceback
+            raise gr.Error(_message(error), print_exception=False) from None
 
     def race(prompt: str, block_size: int = 8, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-             seed: int = 0, max_new_tokens: int = 128, lanes: str = "", model: str = "") -> dict:
+             seed: int = 0, max_new_tokens: int = 128, lanes: str = "", model: str = "",
+             request: gr.Request = None) -> dict:
         """Race Linear, Quadratic and Packed (plus ``lanes``: comma-separated "ar", "diffusion") on one prompt.
 
         Each schedule runs alone; AR always runs as the reference. Returns per-lane metrics with
@@ -279,10 +306,11 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
         try:
             settings = make_settings(model, prompt, "packed", block_size, temperature, top_k, top_p, seed,
                                      max_new_tokens, cap=cap)
-            extra = [s.strip() for s in (lanes or "").split(",") if s.strip()]
-            return run_race(tasks, settings, extra=extra, log=log).to_json()
-        except ValueError as error:
-            raise gr.Error(str(error), print_exception=False) from None
+            alive = None if eager or request is None else client_alive(demo, request.session_hash)
+            return run_race(tasks, settings, extra=parse_lanes(lanes), log=log, max_rows=max_rows,
+                            alive=alive).to_json()
+        except Exception as error:  # noqa: BLE001
+            raise gr.Error(_message(error), print_exception=False) from None
 
     # ---------------------------------------------------------------- layout
     import torch
@@ -298,9 +326,12 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                     "mode. Step through a schedule, look at its attention masks, and race Linear-SS, "
                     "Quadratic-SS and Packed-SS on the same prompt.")
         with gr.Row():
-            model_box = gr.Textbox(value="", label="Model: local folder or hub id (empty = the embedded model)",
-                                   placeholder=store.default, scale=4, elem_id="model-box")
-            gr.Markdown(f"{device_line}<br>Models load on first use and stay cached.")
+            offered = store.offered
+            model_box = gr.Dropdown([(model_label(name), name) for name in offered], value=offered[0],
+                                    label="Model (the ones this server offers)", interactive=len(offered) > 1,
+                                    allow_custom_value=True,  # checked by the store: "" = default, others refused
+                                    scale=4, elem_id="model-box")
+            gr.Markdown(f"{device_line}<br>Models load on first use; at most {store.capacity} stay loaded.")
         with gr.Row():
             with gr.Column(scale=3):
                 prompt = gr.Textbox(value=prompts[0], label="Prompt", lines=7, max_lines=20, elem_id="prompt")
@@ -364,7 +395,8 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                 cost_plot = gr.Plot(label="Per-call cost model", elem_id="cost-plot")
                 measure_btn = gr.Button("Measure on this machine (short runs at B = 4, 8, 16)")
             with gr.Tab("Benchmark", id="benchmark"):
-                build_benchmark_tab(store.get, store.default)
+                build_benchmark_tab(store.get, store.offered, turn=lambda: gate.turn(float(max_rows)),
+                                    max_rows=max_rows)
 
         step_outputs = [iteration, grid, text, stats, mask_plot, status]
         step_kw = dict(concurrency_id="step", concurrency_limit=step_concurrency, show_progress="hidden")
@@ -395,6 +427,8 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
 
         gr.api(generate, api_name="generate", **compute_kw)
         gr.api(race, api_name="race", **compute_kw)
+        # Raw HTTP calls that leave parameters out get these defaults (launch_kwargs adds the middleware).
+        demo.api_defaults = {"generate": signature_defaults(generate)[:-1], "race": signature_defaults(race)[:-1]}
         def on_unload(request: gr.Request):
             sessions.drop(request.session_hash)
 
@@ -412,19 +446,27 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--host", default=None, help="server name, e.g. 0.0.0.0")
     parser.add_argument("--port", type=int, default=None)
     parser.add_argument("--cap", type=int, default=NEW_TOKENS_CAP, help="largest new-token limit")
+    parser.add_argument("--allow-model", action="append", default=[], metavar="NAME",
+                        help="another folder or hub id visitors may choose (repeatable; default: --model only)")
+    parser.add_argument("--models-held", type=int, default=2, help="models kept loaded at once (default 2)")
+    parser.add_argument("--max-rows", type=int, default=MAX_ROWS_PER_REQUEST,
+                        help=f"worst-case model rows one request may need (default {MAX_ROWS_PER_REQUEST:,})")
     parser.add_argument("--queue-size", type=int, default=32)
     args = parser.parse_args(argv)
-    if args.cap < 1:
-        parser.error(f"--cap must be at least 1, got {args.cap}")
+    for flag, value in (("--cap", args.cap), ("--models-held", args.models_held), ("--max-rows", args.max_rows),
+                        ("--queue-size", args.queue_size)):
+        if value < 1:
+            parser.error(f"{flag} must be at least 1, got {value}")
     from packed_ss.cli import device_dtype_problem
 
     problem = device_dtype_problem(args.device, args.dtype)
     if problem:
         parser.error(problem)
-    demo = build_demo(args.model, device=args.device, dtype=args.dtype, new_tokens_cap=args.cap,
+    demo = build_demo(args.model, device=args.device, dtype=args.dtype, allowed_models=args.allow_model,
+                      models_held=args.models_held, max_rows=args.max_rows, new_tokens_cap=args.cap,
                       queue_size=args.queue_size)
     try:
-        demo.launch(server_name=args.host, server_port=args.port, **launch_kwargs())
+        demo.launch(server_name=args.host, server_port=args.port, **launch_kwargs(demo))
     except OSError as error:  # e.g. the port is taken
         sys.exit(f"app.py: cannot start the server: {error}".splitlines()[0]
                  + " (choose another --port, or leave it out to take the next free one)")

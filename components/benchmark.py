@@ -14,7 +14,8 @@ import json
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager as ContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import gradio as gr
 from packed_ss.bench import (ALL_SCHEDULES, BenchConfig, BenchError, load_prompts, parse_block_sizes,
                              run_benchmark, write_outputs)
 from packed_ss.bench_report import figures, summary_markdown
+from packed_ss.schedules import REGISTRY
 
 DEFAULT_REPORT = "docs/bench-humaneval"  # committed summary of the 164-prompt benchmark
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,7 +102,8 @@ def run_small_benchmark(load_model: Callable[[str], object], model_name: str, pr
                         prompt_file: str | None, limit: int, schedules: list[str], block_size: str,
                         max_new_tokens: int, temperature: float, samples: int, seed: int,
                         progress: Callable[[int, int, str], None] | None = None,
-                        resamples: int = APP_RESAMPLES) -> tuple[str, dict, list[str]]:
+                        resamples: int = APP_RESAMPLES, turn: Callable[[], ContextManager] = nullcontext,
+                        max_rows: int | None = None) -> tuple[str, dict, list[str]]:
     """Run a benchmark of at most :data:`MAX_PROMPTS` prompts and write its files to a new temporary folder.
 
     Args:
@@ -110,6 +113,8 @@ def run_small_benchmark(load_model: Callable[[str], object], model_name: str, pr
         limit: prompts (1..MAX_PROMPTS); block_size: ``"8"`` or ``"linear=8,quadratic=4"``.
         max_new_tokens, temperature, samples, seed: as on the command line.
         progress: ``progress(done, total, label)``.
+        turn: held around each run (the app's compute gate), see :func:`packed_ss.bench.run_benchmark`.
+        max_rows: worst-case model rows the whole benchmark may need (None = no limit).
     Returns: ``(markdown, {name: figure}, [report.html, examples.csv, summary.json, ...])``.
     Raises: BenchError with a one-line message for any user error or model loading failure.
     """
@@ -148,8 +153,14 @@ def run_small_benchmark(load_model: Callable[[str], object], model_name: str, pr
             message = f"cannot load model {model_name!r}: {message}"
         raise BenchError(message) from None
     model = model.share() if hasattr(model, "share") else model  # own cache: other sessions keep theirs
+    if max_rows is not None:
+        worst = sum(REGISTRY[s].max_rows(len(model.encode(p.text)), config.decode_config(s, config.block_size(s), 0))
+                    for p in prompts for s in order) * (samples if temperature > 0 else 1)
+        if worst > max_rows:
+            raise BenchError(f"this benchmark could evaluate up to {worst:,} model rows; this server allows "
+                             f"{max_rows:,} per request: use fewer prompts, schedules or new tokens, or a smaller B")
     meta = {"model": model_name, "prompt_source": source, "limit": limit, "threads": _threads(), "origin": "app"}
-    result = run_benchmark(model, prompts, config, progress, meta)
+    result = run_benchmark(model, prompts, config, progress, meta, turn=turn)
     paths = write_outputs(result, _fresh_folder())
     files = [str(paths[k]) for k in ("report", "examples", "summary_json", "summary_md", "probe") if k in paths]
     return summary_markdown(result.summary), figures(result.summary), files
@@ -193,18 +204,20 @@ def _threads() -> int:
     return torch.get_num_threads()
 
 
-def build_benchmark_tab(load_model: Callable[[str], object], default_model: str,
+def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[str],
                         default_report: str | Path | None = DEFAULT_REPORT, root: str | Path = ROOT,
-                        concurrency_id: str = "compute") -> BenchmarkTab:
+                        concurrency_id: str = "benchmark", turn: Callable[[], ContextManager] = nullcontext,
+                        max_rows: int | None = None) -> BenchmarkTab:
     """Create the Benchmark view's widgets in the enclosing ``gr.Blocks``/``gr.Tab`` and wire their events.
 
     Args:
         load_model: name -> DualModeModel (the app's cached loader; the view uses ``model.share()``).
-        default_model: model shown in the model box (folder or hub id).
+        models: the models visitors may choose (folders or hub ids), the default first.
         default_report: saved report (folder under ``root`` with summary.json) shown on start, if present.
         root: folder that saved reports may be read from.
-        concurrency_id: queue group shared with the app's other timed work (races, full runs), so that a
-            benchmark never runs at the same time as them (limit 1 in the group).
+        concurrency_id: queue group of the benchmark runs (one at a time).
+        turn: held around each timed run: the app's compute gate, so no other model work runs during one.
+        max_rows: worst-case model rows one benchmark may need (None = no limit).
     Returns: a :class:`BenchmarkTab` with the component handles.
     """
     initial_md, initial_figs = "No report loaded yet.", {}
@@ -224,7 +237,8 @@ def build_benchmark_tab(load_model: Callable[[str], object], default_model: str,
         load_button = gr.Button("Show saved report")
     with gr.Accordion(f"Run a small benchmark (1-{MAX_PROMPTS} prompts)", open=False):
         with gr.Row():
-            model = gr.Textbox(label="model (folder or hub id)", value=default_model, scale=3)
+            model = gr.Dropdown(list(models), value=models[0], label="model", interactive=len(models) > 1, scale=3,
+                                allow_custom_value=True)  # the app's loader refuses models it does not offer
             prompt_source = gr.Radio([HUMANEVAL, UPLOAD], value=HUMANEVAL, label="prompts", scale=2)
             prompt_file = gr.File(label="JSONL prompts ('prompt' field)", file_types=[".jsonl"], type="filepath",
                                   scale=2)
@@ -259,9 +273,12 @@ def build_benchmark_tab(load_model: Callable[[str], object], default_model: str,
             progress((done, total), desc=label, unit="runs")
 
         try:
-            name = (model_name or "").strip() or default_model  # the report names the model actually used
+            if model_name is not None and not isinstance(model_name, str):
+                raise BenchError(f"the model must be text, got {type(model_name).__name__}")
+            name = (model_name or "").strip() or models[0]  # the report names the model actually used
             markdown, figs, paths = run_small_benchmark(load_model, name, source, upload, n, chosen, blocks,
-                                                        length, temp, k, seed_value, step)
+                                                        length, temp, k, seed_value, step, turn=turn,
+                                                        max_rows=max_rows)
         except BenchError as error:
             raise gr.Error(str(error)) from None
         note = ("Measured in the app (timings shared with other users are noisy); files below. "

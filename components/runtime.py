@@ -6,24 +6,30 @@ records, and measures. Nothing here is a module-level mutable global: the app's 
 :class:`ModelStore`, one :class:`Sessions` and one :class:`TimingLog` per demo.
 
 Concurrency: each run gets its own :meth:`DualModeModel.share` adapter (its own KV cache), each
-:class:`StepRun` has a lock, and :class:`ModelStore` loads a model at most once.
+:class:`StepRun` has a lock, :class:`ModelStore` loads a model at most once, and every model iteration
+takes a turn at the app's :class:`~components.limits.ComputeGate` (one at a time, least work first).
+Every request's worst-case work is checked against a row budget before it runs (``components.limits``).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from packed_ss.config import DecodeConfig
-from packed_ss.engine import decode, generate
+from packed_ss.engine import decode, finish_run
+from packed_ss.inputs import PromptTextError, check_prompt, shown
 from packed_ss.records import IterationRecord, RunRecord, summarize
 from packed_ss.schedules import REGISTRY, SPECULATIVE
 
+from components.limits import (MAX_ROWS_PER_REQUEST, ClientGone, ComputeGate, UserError, check_work, gated,
+                               release_memory)
 from components.race_panel import Lane, lane_from_run
 
 DEFAULT_MODEL = str(Path(__file__).resolve().parents[1] / "assets" / "model")
@@ -31,10 +37,6 @@ NEW_TOKENS_CAP = 512  # largest new-token limit the app accepts
 APP_MAX_BLOCK_SIZE = 32  # Quadratic-SS evaluates B(B+1) rows: 1056 at B = 32
 MAX_PROMPT_CHARS = 20_000
 MAX_SEED = 2**32 - 1  # largest seed the page and the API take (exact as a float; torch takes it)
-
-
-class UserError(ValueError):
-    """Bad input from the page or the API; its message is shown as is (no traceback)."""
 
 
 # --- settings ---------------------------------------------------------------------------------------
@@ -52,14 +54,14 @@ def _whole(value, name: str, low: int | None = None, high: int | None = None) ->
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise UserError(f"{name} must be a whole number, got {value!r}") from None
+        raise UserError(f"{name} must be a whole number, got {shown(value)}") from None
     if not math.isfinite(number) or number != int(number):
-        raise UserError(f"{name} must be a whole number, got {value!r}")
+        raise UserError(f"{name} must be a whole number, got {shown(value)}")
     number = int(number)
     if low is not None and high is not None and not low <= number <= high:
-        raise UserError(f"{name} must be a whole number from {low} to {high}, got {number}")
+        raise UserError(f"{name} must be a whole number from {low} to {high}, got {shown(number)}")
     if low is not None and number < low:
-        raise UserError(f"{name} must be at least {low}, got {number}")
+        raise UserError(f"{name} must be at least {low}, got {shown(number)}")
     return number
 
 
@@ -67,9 +69,9 @@ def _real(value, name: str) -> float:
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise UserError(f"{name} must be a number, got {value!r}") from None
+        raise UserError(f"{name} must be a number, got {shown(value)}") from None
     if not math.isfinite(number):
-        raise UserError(f"{name} must be a finite number, got {value!r}")
+        raise UserError(f"{name} must be a finite number, got {shown(value)}")
     return number
 
 
@@ -78,18 +80,19 @@ def make_settings(model: str | None, prompt: str | None, schedule: str, block_si
     """Validate raw page/API values into :class:`RunSettings`.
 
     Raises:
-        UserError: empty prompt, unknown schedule, block size outside [2, 32], negative temperature,
-            new-token limit outside [1, cap], seed outside [0, MAX_SEED], or any value :class:`DecodeConfig`
-            rejects.
+        UserError: a prompt that is not text, empty or not valid Unicode, a model name that is not text,
+            unknown schedule, block size outside [2, 32], negative temperature, new-token limit outside
+            [1, cap], seed outside [0, MAX_SEED], or any value :class:`DecodeConfig` rejects.
     """
-    if prompt is not None and not isinstance(prompt, str):
-        raise UserError(f"the prompt must be text, got {type(prompt).__name__} {prompt!r}")
-    if prompt is None or not prompt.strip():
-        raise UserError("the prompt is empty: type some text or pick an example")
+    try:
+        check_prompt(prompt)  # the rule of every front end: non-empty, valid Unicode, whitespace allowed
+    except PromptTextError as error:
+        raise UserError(str(error)) from None
     if len(prompt) > MAX_PROMPT_CHARS:
-        raise UserError(f"the prompt is too long ({len(prompt)} characters; at most {MAX_PROMPT_CHARS})")
-    if schedule not in REGISTRY:
-        raise UserError(f"unknown schedule {schedule!r}; choose one of {', '.join(REGISTRY)}")
+        raise UserError(f"the prompt is too long ({len(prompt):,} characters; at most {MAX_PROMPT_CHARS:,})")
+    model = text_value(model, "model")
+    if not isinstance(schedule, str) or schedule not in REGISTRY:
+        raise UserError(f"unknown schedule {shown(schedule)}; choose one of {', '.join(REGISTRY)}")
     block = _whole(block_size, "block size", 2, APP_MAX_BLOCK_SIZE)
     temp = _real(temperature, "temperature")
     if temp < 0:
@@ -102,7 +105,16 @@ def make_settings(model: str | None, prompt: str | None, schedule: str, block_si
                               top_p=_real(top_p, "top-p"), max_new_tokens=limit, seed=_whole(seed, "seed", 0, MAX_SEED))
     except ValueError as error:
         raise UserError(str(error)) from None
-    return RunSettings(model=(model or "").strip(), prompt=str(prompt), schedule=schedule, config=config)
+    return RunSettings(model=model.strip(), prompt=prompt, schedule=schedule, config=config)
+
+
+def text_value(value, name: str) -> str:
+    """A text field's value (None = empty). Raises: UserError when it is not text."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise UserError(f"{name} must be text, got {type(value).__name__} {shown(value)}")
+    return value
 
 
 # --- GPU ----------------------------------------------------------------------------------------------
@@ -129,54 +141,106 @@ def has_spaces() -> bool:
 
 
 # --- models -------------------------------------------------------------------------------------------
+def model_label(name: str) -> str:
+    """How the page names a model: a folder inside the project relative to it, else as given."""
+    root = Path(DEFAULT_MODEL).parents[1]
+    try:
+        return str(Path(name).resolve().relative_to(root))
+    except ValueError:
+        return str(name)
+
+
 class ModelStore:
-    """Models loaded on first use and cached by name (one load per name, even under concurrent requests).
+    """The models a server offers, loaded on first use, keyed by their resolved identity, at most
+    ``capacity`` held at once (least recently used dropped).
+
+    Visitors choose among ``allowed`` models only (default: the default model and any preloaded one),
+    never an arbitrary folder or hub id, so nobody can make the server download or hold models the
+    operator did not offer. Every spelling of a folder (``./m``, ``m/``, ``m//``) is one model.
 
     Args:
         default: folder or hub id used for an empty model name.
         device, dtype: passed to :meth:`DualModeModel.from_pretrained` (default: CUDA when present;
             float32 on CPU).
-        preloaded: already loaded models by name (tests inject theirs here).
+        preloaded: already loaded models by name (tests inject theirs here); they are offered too.
+        allowed: further folders or hub ids visitors may choose.
+        capacity: models held in memory at once (>= 1).
     """
 
     def __init__(self, default: str = DEFAULT_MODEL, device: str | None = None, dtype=None,
-                 preloaded: dict | None = None):
+                 preloaded: dict | None = None, allowed: Sequence[str] = (), capacity: int = 2):
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.default = str(default)
         self.device = device
         self.dtype = dtype
-        self._models: dict[str, object] = dict(preloaded or {})
-        self._strings: dict[str, dict[int, str]] = {}
+        self.capacity = capacity
+        self._models: OrderedDict[str, object] = OrderedDict(
+            (self.identity(name), model) for name, model in (preloaded or {}).items())
+        names = [self.default, *(preloaded or {}), *allowed]
+        self._offered: dict[str, str] = {}  # identity -> name as the operator gave it
+        for name in names:
+            self._offered.setdefault(self.identity(name), str(name))
+        self._strings: dict[int, dict[int, str]] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
 
+    @staticmethod
+    def identity(name: str) -> str:
+        """One key per model: a local folder's resolved absolute path, else the hub id as given."""
+        name = str(name).strip()
+        local = Path(name).expanduser()
+        if name.startswith((".", "/", "~")) or local.exists():
+            return str(local.resolve())
+        return name
+
+    @property
+    def offered(self) -> list[str]:
+        """The models visitors may choose, as the operator named them (the default first)."""
+        return list(self._offered.values())
+
     def resolve(self, name: str | None) -> str:
-        """The cache key of a model name (empty = the default model)."""
-        return (name or "").strip() or self.default
+        """The identity of a model name (empty = the default model).
+
+        Raises: UserError when the model is not one this server offers.
+        """
+        name = (name or "").strip() or self.default
+        key = self.identity(name)
+        if key not in self._offered:
+            raise UserError(f"model {shown(name)} is not offered on this server; choose one of: "
+                            f"{', '.join(map(repr, self.offered))}")
+        return key
 
     def get(self, name: str | None):
         """The loaded :class:`DualModeModel` for ``name`` (loads it on first use).
 
-        Raises: ModelLoadError (a ValueError) with a readable message when loading fails.
+        Raises: UserError for a model not offered; ModelLoadError (a ValueError) with a readable message
+        when loading fails.
         """
         from packed_ss.model import DualModeModel
 
         key = self.resolve(name)
         with self._lock:
             if key in self._models:
+                self._models.move_to_end(key)
                 return self._models[key]
             lock = self._locks.setdefault(key, threading.Lock())
         with lock:
-            if key not in self._models:
-                model = DualModeModel.from_pretrained(key, device=self.device, dtype=self.dtype)
-                with self._lock:
-                    self._models[key] = model
-            return self._models[key]
+            with self._lock:
+                if key in self._models:
+                    return self._models[key]
+            model = DualModeModel.from_pretrained(key, device=self.device, dtype=self.dtype)
+            with self._lock:
+                self._models[key] = model
+                while len(self._models) > self.capacity:
+                    _, dropped = self._models.popitem(last=False)
+                    self._strings.pop(id(dropped), None)
+            return model
 
     def strings_for(self, model) -> Callable[[Sequence[int]], list[str]]:
         """A memoised ``ids -> display strings`` function for ``model`` (one decode per distinct id)."""
-        key = str(id(model))
         with self._lock:
-            memo = self._strings.setdefault(key, {})
+            memo = self._strings.setdefault(id(model), {})
 
         def strings(ids: Sequence[int]) -> list[str]:
             missing = [i for i in dict.fromkeys(ids) if i not in memo]
@@ -188,7 +252,7 @@ class ModelStore:
         return strings
 
     def loaded(self) -> list[str]:
-        """Names of the models loaded so far."""
+        """Identities of the models held now."""
         with self._lock:
             return list(self._models)
 
@@ -239,12 +303,17 @@ class StepRun:
     """
 
     def __init__(self, settings: RunSettings, model, tasks: "GpuTasks | None" = None, eager: bool = False,
-                 log: TimingLog | None = None):
+                 log: TimingLog | None = None, gate: ComputeGate | None = None, max_rows: int = MAX_ROWS_PER_REQUEST):
         if eager and tasks is None:
             raise ValueError("an eager StepRun needs the GpuTasks that compute its records")
         self.settings = settings
         self.model = model
         self.prompt_ids = list(model.encode(settings.prompt))
+        # The whole run is bounded like any request (an eager run computes it at once); a Step's turn at
+        # the gate weighs one call, so Steps pass ahead of long races between two of their iterations.
+        check_work([settings.schedule], len(self.prompt_ids), settings.config, max_rows)
+        self.gate = gate
+        self.priority = float(REGISTRY[settings.schedule].max_rows(1, replace(settings.config, max_new_tokens=2)))
         self.adapter = model.share()  # this run's own KV cache
         self.records: list[IterationRecord] = []
         self.position = 0
@@ -269,13 +338,10 @@ class StepRun:
             return False
         if self._tasks is not None:
             s = self.settings
-            new = self._tasks.records(s.model, self.prompt_ids, s.config, s.schedule)
+            new = self._tasks.records(s.model, self.prompt_ids, s.config, s.schedule, self.priority)
             self.finished = True
         else:
-            try:
-                new = [next(self._iterator)]
-            except StopIteration:
-                new = []
+            new = list(itertools.islice(gated(self._iterator, self.gate, self.priority), 1))
             if not new or new[-1].stop_reason is not None:
                 self.finished = True
         if self.log is not None:
@@ -395,31 +461,43 @@ class GpuTasks:
     app at start-up.
     """
 
-    def __init__(self, store: ModelStore):
+    def __init__(self, store: ModelStore, gate: ComputeGate | None = None):
         self.store = store
+        self.gate = gate
         self.records = gpu_task(self._records)
         self.race = gpu_task(self._race)
         self.generate = gpu_task(self._generate)
         self.calibration = gpu_task(self._calibration)
 
+    def _run(self, model, prompt_ids: Sequence[int], config: DecodeConfig, schedule: str, priority: float,
+             alive: Callable[[], bool] | None) -> RunRecord:
+        """One run on its own adapter, each iteration computed alone at the gate (wall time stays honest)."""
+        records = gated(decode(model.share(), list(prompt_ids), config, schedule), self.gate, priority, alive)
+        return finish_run(model, records, config, schedule, len(prompt_ids))
+
     def _records(self, model_name: str, prompt_ids: Sequence[int], config: DecodeConfig,
-                 schedule: str) -> list[IterationRecord]:
+                 schedule: str, priority: float = 0.0) -> list[IterationRecord]:
         """Every iteration record of one run (an eager step-through run)."""
-        return list(decode(self.store.get(model_name).share(), list(prompt_ids), config, schedule))
+        return list(gated(decode(self.store.get(model_name).share(), list(prompt_ids), config, schedule),
+                          self.gate, priority))
 
     def _race(self, model_name: str, prompt_ids: Sequence[int], config: DecodeConfig,
-              schedules: Sequence[str]) -> list[RunRecord]:
+              schedules: Sequence[str], priority: float = 0.0,
+              alive: Callable[[], bool] | None = None) -> list[RunRecord]:
         """Each schedule to the end, one after the other on its own adapter (wall time measured alone).
 
         A two-token AR warm-up runs first so that the first lane does not pay one-off start-up costs.
+        Raises: ClientGone between two iterations once ``alive()`` is False.
         """
         model = self.store.get(model_name)
-        generate(model.share(), list(prompt_ids), DecodeConfig(block_size=config.block_size, max_new_tokens=2), "ar")
-        return [generate(model.share(), list(prompt_ids), config, s) for s in schedules]
+        self._run(model, prompt_ids, DecodeConfig(block_size=config.block_size, max_new_tokens=2), "ar",
+                  priority, alive)
+        return [self._run(model, prompt_ids, config, s, priority, alive) for s in schedules]
 
-    def _generate(self, model_name: str, prompt_ids: Sequence[int], config: DecodeConfig, schedule: str) -> RunRecord:
-        """One full run."""
-        return generate(self.store.get(model_name).share(), list(prompt_ids), config, schedule)
+    def _generate(self, model_name: str, prompt_ids: Sequence[int], config: DecodeConfig, schedule: str,
+                  priority: float = 0.0, alive: Callable[[], bool] | None = None) -> RunRecord:
+        """One full run. Raises: ClientGone between two iterations once ``alive()`` is False."""
+        return self._run(self.store.get(model_name), prompt_ids, config, schedule, priority, alive)
 
     def _calibration(self, model_name: str, prompt_ids: Sequence[int], block_sizes: Sequence[int],
                      new_tokens: int) -> list[tuple[int, list[IterationRecord]]]:
@@ -429,26 +507,48 @@ class GpuTasks:
         for i, b in enumerate(block_sizes):
             config = DecodeConfig(block_size=b, max_new_tokens=new_tokens)
             for schedule in (("ar",) if i == 0 else ()) + SPECULATIVE:
-                out.append((b, list(decode(model.share(), list(prompt_ids), config, schedule))))
+                records = gated(decode(model.share(), list(prompt_ids), config, schedule), self.gate, 0.0)
+                out.append((b, list(records)))
         return out
 
 
+def parse_lanes(lanes) -> list[str]:
+    """Optional race lanes from a list or a comma-separated text ("ar", "diffusion").
+
+    Raises: UserError for a value that is not text or an unknown lane.
+    """
+    if isinstance(lanes, str) or lanes is None:
+        items = [s.strip() for s in (lanes or "").split(",") if s.strip()]
+    elif isinstance(lanes, (list, tuple)):
+        items = [text_value(s, "a race lane").strip() for s in lanes]
+    else:
+        raise UserError(f"lanes must be text such as 'ar,diffusion', got {type(lanes).__name__} {shown(lanes)}")
+    unknown = [s for s in items if s not in ("ar", "diffusion")]
+    if unknown:
+        raise UserError(f"optional race lanes are 'ar' and 'diffusion', got {', '.join(map(shown, unknown))}")
+    return items
+
+
 def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), show_ar: bool = False,
-             log: TimingLog | None = None) -> RaceResult:
+             log: TimingLog | None = None, max_rows: int = MAX_ROWS_PER_REQUEST,
+             alive: Callable[[], bool] | None = None) -> RaceResult:
     """Race Linear, Quadratic and Packed (plus ``extra`` lanes: "ar", "diffusion") on one prompt.
 
     AR always runs as the reference; it is shown only when ``show_ar`` or "ar" is in ``extra``.
-    Raises: UserError for bad extra lanes; ModelLoadError; PromptError for empty / too long prompts.
+    Raises: UserError for bad extra lanes or work beyond ``max_rows`` (checked before any run);
+    ModelLoadError; PromptError for empty / too long prompts; ClientGone when ``alive()`` turns False.
     """
-    unknown = [s for s in extra if s not in ("ar", "diffusion")]
-    if unknown:
-        raise UserError(f"optional race lanes are 'ar' and 'diffusion', got {', '.join(map(repr, unknown))}")
+    extra = parse_lanes(list(extra))
     model = tasks.store.get(settings.model)
     ids = model.encode(settings.prompt)
     decode(model.share(), ids, settings.config, "ar")  # validates the prompt before any work
     schedules = ["ar", *SPECULATIVE] + (["diffusion"] if "diffusion" in extra else [])
+    work = check_work(schedules, len(ids), settings.config, max_rows)
     start = time.perf_counter()
-    runs = tasks.race(settings.model, ids, settings.config, schedules)
+    try:
+        runs = tasks.race(settings.model, ids, settings.config, schedules, float(work), alive)
+    finally:
+        release_memory()
     compute_s = time.perf_counter() - start
     if log is not None:
         for run in runs:
@@ -460,12 +560,20 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
                       prompt_tokens=len(ids))
 
 
-def run_generate(tasks: GpuTasks, settings: RunSettings, log: TimingLog | None = None) -> RunRecord:
-    """One full run of ``settings`` (the ``generate`` API). Raises: ModelLoadError, PromptError."""
+def run_generate(tasks: GpuTasks, settings: RunSettings, log: TimingLog | None = None,
+                 max_rows: int = MAX_ROWS_PER_REQUEST, alive: Callable[[], bool] | None = None) -> RunRecord:
+    """One full run of ``settings`` (the ``generate`` API).
+
+    Raises: UserError (work beyond ``max_rows``), ModelLoadError, PromptError, ClientGone.
+    """
     model = tasks.store.get(settings.model)
     ids = model.encode(settings.prompt)
     decode(model.share(), ids, settings.config, settings.schedule)  # validates before any GPU work
-    run = tasks.generate(settings.model, ids, settings.config, settings.schedule)
+    work = check_work([settings.schedule], len(ids), settings.config, max_rows)
+    try:
+        run = tasks.generate(settings.model, ids, settings.config, settings.schedule, float(work), alive)
+    finally:
+        release_memory()
     if log is not None:
         log.add(run.records, settings.config.block_size)
     return run

@@ -23,6 +23,7 @@ import json
 import math
 import sys
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager as ContextManager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -31,6 +32,7 @@ import pandas as pd
 
 from packed_ss import stats
 from packed_ss.config import MAX_BLOCK_SIZE, DecodeConfig
+from packed_ss.inputs import PromptTextError, check_prompt
 
 ALL_SCHEDULES = ("ar", "linear", "quadratic", "packed", "diffusion")
 REFERENCE = "ar"  # greedy outputs of the lossless schedules must equal this one's
@@ -265,8 +267,11 @@ def load_prompts(source: str, limit: int | None = None) -> list[Prompt]:
             raise BenchError(f"prompt file {source!r} does not exist (give a JSONL file or 'humaneval')")
         try:
             lines = path.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as error:
-            raise BenchError(f"cannot read prompt file {source!r}: {error}") from None
+        except UnicodeDecodeError as error:
+            raise BenchError(f"prompt file {source!r} is not UTF-8 text (byte at offset {error.start}); save it "
+                             f"as UTF-8") from None
+        except OSError as error:
+            raise BenchError(f"cannot read prompt file {source!r}: {error.strerror or error}") from None
         prompts = []
         for number, line in enumerate(lines, 1):
             if not line.strip():
@@ -275,8 +280,12 @@ def load_prompts(source: str, limit: int | None = None) -> list[Prompt]:
                 item = json.loads(line)
             except json.JSONDecodeError as error:
                 raise BenchError(f"{source}:{number}: not valid JSON ({error.msg})") from None
-            if not isinstance(item, dict) or not isinstance(item.get("prompt"), str) or not item["prompt"]:
+            if not isinstance(item, dict) or "prompt" not in item:
                 raise BenchError(f"{source}:{number}: expected an object with a non-empty string 'prompt' field")
+            try:
+                check_prompt(item["prompt"], "its 'prompt'")  # the rule of every front end
+            except PromptTextError as error:
+                raise BenchError(f"{source}:{number}: {error}") from None
             ident = item.get("id", item.get("task_id", f"line {number}"))
             prompts.append(Prompt(str(ident), item["prompt"]))
         if not prompts:
@@ -352,7 +361,7 @@ def _frame(rows: list[dict]) -> pd.DataFrame:
 
 
 def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progress: Progress | None = None,
-                  meta: dict | None = None) -> BenchResult:
+                  meta: dict | None = None, turn: Callable[[], ContextManager] = nullcontext) -> BenchResult:
     """Measure every prompt with every schedule (and the probe), then summarise.
 
     Prompts are tokenised before any timing. A prompt whose tokens plus ``max_new_tokens`` plus two of
@@ -367,6 +376,8 @@ def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progres
         config: what to measure.
         progress: called as ``progress(done, total, label)`` before each timed run and once at the end.
         meta: extra entries for ``summary["meta"]`` (model name, prompt source...).
+        turn: a context manager held around each run (a server passes its compute gate's turn, so other
+            requests get the model between runs and never during one).
     Returns: a :class:`BenchResult`.
     Raises: BenchError when no prompt fits the model.
     """
@@ -394,14 +405,17 @@ def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progres
             prompt_ids = encoded[0][1]
             for schedule in config.schedules:
                 report(0, len(units), f"warm-up {schedule}")
-                generate(model, prompt_ids, config.decode_config(schedule, config.block_size(schedule), config.seed,
-                                                                 min(WARMUP_TOKENS, config.max_new_tokens)), schedule)
+                with turn():
+                    generate(model, prompt_ids, config.decode_config(schedule, config.block_size(schedule),
+                                                                     config.seed, min(WARMUP_TOKENS, config.max_new_tokens)),
+                             schedule)
         for done, unit in enumerate(units):
             prompt, ids = encoded[unit.prompt_index]
             size = "" if unit.schedule in NO_BLOCK else f" B={unit.block_size}"
             report(done, len(units), f"{unit.phase} {prompt.id} {unit.schedule}{size}")
             seed = config.seed + unit.prompt_index * config.samples + unit.sample
-            run = generate(model, ids, config.decode_config(unit.schedule, unit.block_size, seed), unit.schedule)
+            with turn():
+                run = generate(model, ids, config.decode_config(unit.schedule, unit.block_size, seed), unit.schedule)
             rows[unit.phase].append(_example_row(unit, prompt, len(ids), seed, run))
         report(len(units), len(units), "done")
     except KeyboardInterrupt:
@@ -696,6 +710,23 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_out_folder(out_dir: str | Path) -> None:
+    """Create ``out_dir`` and check that files can be written in it, before anything is measured.
+
+    Raises: BenchError naming the folder and the reason (a file in the way, no permission...).
+    """
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise BenchError(f"--out {str(out_dir)!r} is a file; give a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-check"
+        probe.write_text("", encoding="utf-8")
+        probe.unlink()
+    except OSError as error:
+        raise BenchError(f"cannot write to --out {str(out_dir)!r}: {error.strerror or error}") from None
+
+
 def config_from_args(args) -> BenchConfig:
     """Build and validate a :class:`BenchConfig` from parsed arguments. Raises: BenchError."""
     default, overrides = parse_block_sizes(args.block_size)
@@ -715,9 +746,7 @@ def main(argv: list[str] | None = None) -> int:
             raise BenchError(f"--limit must be an integer >= 1, got {args.limit}")
         if args.threads is not None and args.threads < 1:
             raise BenchError(f"--threads must be >= 1, got {args.threads}")
-        out = Path(args.out)
-        if out.exists() and not out.is_dir():  # found now, not after the measurements
-            raise BenchError(f"--out {args.out!r} is a file; give a folder")
+        check_out_folder(args.out)  # found now, not after the measurements
         from packed_ss.cli import device_dtype_problem
 
         problem = device_dtype_problem(args.device, args.dtype)

@@ -73,25 +73,20 @@ def _parser() -> argparse.ArgumentParser:
 
 def _generate(args) -> int:
     from packed_ss.engine import generate
+    from packed_ss.inputs import check_prompt, read_prompt_file
     from packed_ss.model import ModelLoadError
     from packed_ss.schedules import get_schedule
 
     try:
         get_schedule(args.schedule)
         config = decode_config(args)
-        if args.prompt_file is not None:
-            try:
-                prompt = args.prompt_file.read_text(encoding="utf-8")
-            except OSError as error:
-                raise UsageError(f"cannot read prompt file: {error}") from None
-        else:
-            prompt = args.prompt
-        if not prompt:
-            raise UsageError("the prompt is empty")
+        # One rule for prompts in every front end (packed_ss.inputs); --prompt bytes that are not UTF-8
+        # reach Python as lone surrogates and are refused there.
+        prompt = read_prompt_file(args.prompt_file) if args.prompt_file is not None else check_prompt(args.prompt)
         model = load_model(args.model, args.device, args.dtype)
         run = generate(model, model.encode(prompt), config, args.schedule)
     except (ValueError, ModelLoadError, UsageError) as error:
-        raise UsageError(str(error)) from None
+        raise UsageError(str(error).splitlines()[0] if str(error) else type(error).__name__) from None
     metrics = run.metrics()
     if args.json:
         print(json.dumps(metrics))

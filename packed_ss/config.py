@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from packed_ss.inputs import shown
+
 SEED_RANGE = (-(2**63), 2**63 - 1)  # seeds torch.Generator.manual_seed accepts (int64)
 MAX_BLOCK_SIZE = 64  # Quadratic-SS evaluates B(B+1) rows; beyond this a call gets impractically large
 
@@ -37,21 +39,21 @@ class DecodeConfig:
 
     def __post_init__(self):
         if not isinstance(self.block_size, int) or not 2 <= self.block_size <= MAX_BLOCK_SIZE:
-            raise ValueError(f"block size must be an integer in [2, {MAX_BLOCK_SIZE}], got {self.block_size}")
+            raise ValueError(f"block size must be an integer in [2, {MAX_BLOCK_SIZE}], got {shown(self.block_size)}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):  # rejects NaN and inf too
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+            raise ValueError(f"temperature must be a finite number >= 0, got {shown(self.temperature)}")
         if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top-k must be an integer >= 0 (0 = off), got {self.top_k}")
+            raise ValueError(f"top-k must be an integer >= 0 (0 = off), got {shown(self.top_k)}")
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
+            raise ValueError(f"top-p must be in (0, 1], got {shown(self.top_p)}")
         if not isinstance(self.seed, int) or not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
-            raise ValueError(f"seed must be an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]}, got {self.seed}")
+            raise ValueError(f"seed must be an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]}, got {shown(self.seed)}")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ValueError(f"the new-token limit must be an integer >= 1, got {self.max_new_tokens}")
+            raise ValueError(f"the new-token limit must be an integer >= 1, got {shown(self.max_new_tokens)}")
         if any(not s for s in self.stop_strings):
             raise ValueError("stop strings must not be empty")
         if not 0 < self.confidence_threshold <= 1:
-            raise ValueError(f"confidence threshold must be in (0, 1], got {self.confidence_threshold}")
+            raise ValueError(f"confidence threshold must be in (0, 1], got {shown(self.confidence_threshold)}")
 
     @property
     def width(self) -> int:

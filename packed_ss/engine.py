@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 
 from packed_ss.config import DecodeConfig
@@ -33,8 +33,17 @@ def generate(model, prompt_ids: list[int], config: DecodeConfig, schedule: str =
     Wall time is the sum of the iterations' decoder time: tokenisation and model loading are outside
     (paper E.5). Same errors as :func:`decode`.
     """
-    records = list(decode(model, prompt_ids, config, schedule))
-    run = summarize(records, schedule, config.block_size, config.temperature, len(prompt_ids))
+    return finish_run(model, decode(model, prompt_ids, config, schedule), config, schedule, len(prompt_ids))
+
+
+def finish_run(model, records: Iterable[IterationRecord], config: DecodeConfig, schedule: str,
+               prompt_len: int) -> RunRecord:
+    """The :class:`RunRecord` of a run's iteration records (consumed here) with its text decoded.
+
+    For callers that drive :func:`decode` themselves (one iteration per turn on a shared server) and
+    still want what :func:`generate` returns. ``prompt_len`` in tokens.
+    """
+    run = summarize(list(records), schedule, config.block_size, config.temperature, prompt_len)
     decoder = getattr(model, "decode", None)
     text = decoder(list(run.token_ids)) if decoder else ""
     return replace(run, text=text)

@@ -51,7 +51,7 @@ def measure_http(model_path: str, settings, steps: int) -> list[float]:
     from gradio_client import Client
 
     demo = app.build_demo(model_path)
-    _, url, _ = demo.launch(prevent_thread_lock=True, quiet=True, **app.launch_kwargs())
+    _, url, _ = demo.launch(prevent_thread_lock=True, quiet=True, **app.launch_kwargs(demo))
     try:
         client = Client(url, verbose=False)
         c = settings.config

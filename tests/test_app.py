@@ -27,11 +27,19 @@ def ui_args(**overrides):
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir):
-    import app
+def broken_model(tmp_path_factory):
+    """A folder the server offers that cannot be loaded (no config.json)."""
+    return str(tmp_path_factory.mktemp("broken-model"))
 
-    demo = app.build_demo(str(tiny_model_dir), new_tokens_cap=CAP, step_concurrency=4)
-    _, url, _ = demo.launch(prevent_thread_lock=True, quiet=True, **app.launch_kwargs())
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, broken_model):
+    import app
+    from conftest import EMBEDDED
+
+    demo = app.build_demo(str(tiny_model_dir), allowed_models=[str(EMBEDDED), broken_model], new_tokens_cap=CAP,
+                          step_concurrency=4)
+    _, url, _ = demo.launch(prevent_thread_lock=True, quiet=True, **app.launch_kwargs(demo))
     yield url
     demo.close()
 
@@ -154,7 +162,7 @@ BAD = [
     (dict(block_size=1), "block size"),
     (dict(block_size=33), "block size"),
     (dict(temperature=-1.0), "temperature"),
-    (dict(model="/nonexistent/model-folder"), "does not exist"),
+    (dict(model="/nonexistent/model-folder"), "not offered"),
     (dict(prompt=123), "must be text"),
 ]
 
@@ -176,9 +184,9 @@ def test_bad_input_answered_by_the_api(client, overrides, message):
                                                 and not isinstance(b[0].get("prompt", ""), int)]
                          + [(dict(model="unloadable"), "config.json"), (dict(top_k=-1), "top-k"),
                             (dict(seed=-1), "seed"), (dict(seed=2**70), "seed")])
-def test_bad_input_on_the_page_leaves_the_session_usable(client, tmp_path, overrides, message):
+def test_bad_input_on_the_page_leaves_the_session_usable(client, broken_model, overrides, message):
     if overrides.get("model") == "unloadable":
-        overrides = dict(model=str(tmp_path))  # a folder without config.json
+        overrides = dict(model=broken_model)  # offered, but a folder without config.json
     slider, grid, text, stats, plot, status = client.predict(*ui_args(**overrides), api_name="/step")
     assert "pss-error" in status and message in status and "Traceback" not in status
     slider, grid, text, stats, plot, status = client.predict(*ui_args(), api_name="/step")
@@ -331,7 +339,7 @@ def test_settings_validation_messages():
 
     ok = make_settings("", "x", "packed", 8, 0, 0, 1, 0, 16)
     assert ok.config.block_size == 8 and ok.schedule == "packed"
-    for args, message in [(("", "  ", "packed", 8, 0, 0, 1, 0, 16), "empty"),
+    for args, message in [(("", "", "packed", 8, 0, 0, 1, 0, 16), "empty"),
                           (("", "x", "cubic", 8, 0, 0, 1, 0, 16), "unknown schedule"),
                           (("", "x", "packed", 2.5, 0, 0, 1, 0, 16), "whole number"),
                           (("", "x", "packed", 8, float("nan"), 0, 1, 0, 16), "temperature"),

@@ -35,7 +35,7 @@ def app_url(tmp_path_factory):
         model.tokenizer.save_pretrained(folder)
         model_path = str(folder)
     demo = app.build_demo(model_path)
-    _, url, _ = demo.launch(prevent_thread_lock=True, quiet=True, **app.launch_kwargs())
+    _, url, _ = demo.launch(prevent_thread_lock=True, quiet=True, **app.launch_kwargs(demo))
     yield url
     demo.close()
 

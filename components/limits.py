@@ -1,0 +1,151 @@
+"""Bounds on what one request may cost a public server: work, turn-taking and memory.
+
+* :func:`check_work` refuses a request before it runs when its worst case exceeds the row budget: the
+  sum over its runs of each schedule's ``max_rows`` (every iteration advancing one token).
+* :class:`ComputeGate` lets one model iteration run at a time in the process and serves waiting work
+  smallest first, so a 4-token request is answered between two iterations of a long race instead of
+  after it; every iteration still runs alone, so measured times stay honest.
+* :func:`gated` drives a decoding generator one iteration per turn and stops it when the client left.
+* :func:`release_memory` hands freed heap pages back to the system after a large request.
+
+No decoding logic lives here; the row bounds come from the schedules (``Schedule.max_rows``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import heapq
+import itertools
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+
+from packed_ss.config import DecodeConfig
+from packed_ss.schedules import REGISTRY
+
+MAX_ROWS_PER_REQUEST = 100_000  # model rows (tokens evaluated) one request may need in its worst case
+
+
+class UserError(ValueError):
+    """Bad input from the page or the API; its message is shown as is (no traceback)."""
+
+
+class ClientGone(Exception):
+    """The client that asked for this work disconnected; the work was stopped."""
+
+
+def worst_case_rows(schedules: Sequence[str], prompt_len: int, config: DecodeConfig) -> dict[str, int]:
+    """Upper bound on the model rows of one run of each schedule (``Schedule.max_rows``)."""
+    return {s: REGISTRY[s].max_rows(prompt_len, config) for s in schedules}
+
+
+def check_work(schedules: Sequence[str], prompt_len: int, config: DecodeConfig, limit: int,
+               runs: int = 1) -> int:
+    """Refuse a request whose worst case exceeds ``limit`` rows; return that worst case.
+
+    Args:
+        schedules: the runs of the request (a race: every lane, the AR reference included).
+        prompt_len: prompt length in tokens. config: the shared settings. runs: repeats of the set.
+    Raises:
+        UserError: naming the worst-case rows, the heaviest schedule and the settings to lower.
+    """
+    rows = worst_case_rows(schedules, prompt_len, config)
+    total = runs * sum(rows.values())
+    if total > limit:
+        heaviest = max(rows, key=rows.get)
+        raise UserError(
+            f"this request could evaluate up to {total:,} model rows ({REGISTRY[heaviest].title} alone up to "
+            f"{rows[heaviest]:,} at B = {config.block_size} with {config.max_new_tokens} new tokens and a "
+            f"{prompt_len}-token prompt); this server allows {limit:,} per request: lower the block size, the "
+            f"new-token limit or the prompt length")
+    return total
+
+
+class ComputeGate:
+    """One model iteration at a time in this process; the waiting turn with the least work goes first.
+
+    ``priority`` is the work of the request a turn belongs to (rows); ties go first come, first served.
+    A long request therefore lets shorter ones through between its iterations.
+    """
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._busy = False
+        self._waiting: list[tuple[float, int]] = []
+        self._tickets = itertools.count()
+
+    @contextmanager
+    def turn(self, priority: float):
+        """Hold the gate for the body of the ``with`` block (waits for its turn)."""
+        with self._cond:
+            ticket = (priority, next(self._tickets))
+            heapq.heappush(self._waiting, ticket)
+            while self._busy or self._waiting[0] != ticket:
+                self._cond.wait()
+            heapq.heappop(self._waiting)
+            self._busy = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+    @property
+    def waiting(self) -> int:
+        """Turns waiting now."""
+        with self._cond:
+            return len(self._waiting)
+
+
+def gated(records: Iterator, gate: ComputeGate | None, priority: float,
+          alive: Callable[[], bool] | None = None) -> Iterator:
+    """Yield the items of ``records``, computing each one while holding ``gate``.
+
+    Raises: ClientGone before an iteration when ``alive()`` is False (the client disconnected).
+    """
+    while True:
+        if alive is not None and not alive():
+            raise ClientGone("the client disconnected; the run was stopped")
+        if gate is None:
+            item = next(records, StopIteration)
+        else:
+            with gate.turn(priority):
+                item = next(records, StopIteration)
+        if item is StopIteration:
+            return
+        yield item
+
+
+def release_memory() -> None:
+    """Give freed heap memory back to the system (glibc ``malloc_trim``; a no-op elsewhere).
+
+    Large requests free their tensors when they end, but glibc keeps the pages for reuse; trimming makes
+    the process's resident memory return near its level before the request.
+    """
+    name = ctypes.util.find_library("c")
+    if not name:
+        return
+    try:
+        ctypes.CDLL(name).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def client_alive(blocks, session_hash: str | None) -> Callable[[], bool]:
+    """A check that the client of ``session_hash`` is still connected to a Gradio app (``blocks``).
+
+    Gradio marks a session's events not alive when its event stream disconnects; the check reads that
+    mark (Gradio 6.31 queue internals, pinned in requirements.txt) and answers True when it cannot tell.
+    """
+
+    def alive() -> bool:
+        queue = getattr(blocks, "_queue", None)
+        for jobs in getattr(queue, "active_jobs", None) or []:
+            for event in jobs or []:
+                if getattr(event, "session_hash", None) == session_hash and not getattr(event, "alive", True):
+                    return False
+        return True
+
+    return alive

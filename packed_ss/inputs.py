@@ -1,0 +1,71 @@
+"""Checks of user text shared by every front end (app, API, CLI, benchmark): one rule everywhere.
+
+A prompt is any non-empty text that is valid Unicode (whitespace-only prompts are allowed: code often
+starts with indentation). Values echoed back in error messages are shortened by :func:`shown`, so a
+huge number or string never floods a message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SHOWN_CHARS = 40  # longest echo of a user value inside an error message
+
+
+class PromptTextError(ValueError):
+    """The prompt is not usable text (not a string, empty, or not valid Unicode)."""
+
+
+def shown(value, limit: int = SHOWN_CHARS) -> str:
+    """A short printable form of ``value`` for an error message (at most about ``limit`` characters).
+
+    Huge integers are written in scientific form with their digit count; long strings are cut with an
+    ellipsis and their length.
+    """
+    if isinstance(value, bool):
+        return repr(value)
+    if isinstance(value, int) and abs(value) >= 10**15:
+        return f"{float(value):.3g} (a {len(str(abs(value)))}-digit number)"
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = f" ({len(value):,} characters)" if isinstance(value, str) else ""
+    return text[: limit - 1] + "…" + size
+
+
+def check_prompt(text, what: str = "the prompt") -> str:
+    """Return ``text`` if it is a usable prompt.
+
+    Raises:
+        PromptTextError: not a string, empty, or holding a lone surrogate (invalid UTF-8 bytes on a
+            command line arrive as such, as do unpaired ``\\ud800``-style escapes in JSON).
+    """
+    if text is None or text == "":
+        raise PromptTextError(f"{what} is empty: give some text (whitespace alone is allowed)")
+    if not isinstance(text, str):
+        raise PromptTextError(f"{what} must be text, got {type(text).__name__} {shown(text)}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        bad = text[error.start]
+        raise PromptTextError(f"{what} is not valid Unicode text: character {error.start} is the unpaired "
+                              f"surrogate U+{ord(bad):04X} (bytes that are not UTF-8, or a lone \\u escape)") from None
+    return text
+
+
+def read_prompt_file(path: str | Path) -> str:
+    """The text of a prompt file (UTF-8), checked with :func:`check_prompt`.
+
+    Raises:
+        PromptTextError: the file cannot be read, is not UTF-8 text, or is empty; the message names it.
+    """
+    try:
+        data = Path(path).read_bytes()
+    except OSError as error:
+        raise PromptTextError(f"cannot read prompt file {str(path)!r}: {error.strerror or error}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise PromptTextError(f"prompt file {str(path)!r} is not UTF-8 text (byte 0x{data[error.start]:02x} "
+                              f"at offset {error.start}); save it as UTF-8") from None
+    return check_prompt(text, f"prompt file {str(path)!r}")
