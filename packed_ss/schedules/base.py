@@ -38,7 +38,7 @@ class Session:
 
     def __init__(self, model, prompt_ids: list[int], config: DecodeConfig, schedule: str = ""):
         if not prompt_ids:
-            raise PromptError("the prompt is empty")
+            raise PromptError("the prompt is empty (it has no tokens for this model)")
         needed = len(prompt_ids) + config.max_new_tokens + 2 * config.block_size
         if needed > model.max_length:
             raise PromptError(
