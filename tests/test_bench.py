@@ -164,7 +164,7 @@ def test_benchmark_view_runs_a_small_benchmark_and_shows_saved_reports(prompt_fi
     model = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0)
     loader = lambda name: model  # noqa: E731
     with gr.Blocks():
-        tab = build_benchmark_tab(loader, "tiny", default_report=None)
+        tab = build_benchmark_tab(loader, ["tiny"], default_report=None)
     assert len(tab.plots) == 3
     seen = []
     markdown, figs, paths = run_small_benchmark(loader, "tiny", UPLOAD, str(prompt_file), 2, ["packed", "ar", "linear"],
@@ -227,3 +227,38 @@ def test_benchmark_view_fits_report_figures_into_its_panels():
     assert fitted.layout.legend.orientation == "h"
     assert report.layout.title.text.endswith("sizes (run with more)")  # the report's own figure is unchanged
     assert panel_figure(None) is None
+
+
+# --- issue 11 -----------------------------------------------------------------------------------------
+def test_bad_out_folder_is_refused_before_loading_or_measuring(prompt_file, capsys):
+    """The model does not exist either: the --out message comes first, so nothing was loaded or measured."""
+    code = main(["--model", "/nonexistent/model", "--prompts", str(prompt_file), "--out", f"{prompt_file}/sub"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--out" in err and len(err.strip().splitlines()) == 1
+
+
+def test_tiny_temperature_and_bad_prompt_text_in_the_benchmark(tiny_model_dir, prompt_file, tmp_path, capsys):
+    out = tmp_path / "out"
+    code = main(["--model", str(tiny_model_dir), "--prompts", str(prompt_file), "--limit", "1", "--schedules",
+                 "ar,packed", "--max-new-tokens", "4", "--temperature", "1e-308", "--out", str(out), "--resamples", "200"])
+    first = capsys.readouterr().err
+    assert code == 0, first
+    assert (out / "summary.json").exists()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "w1 \\ud800"}\n', encoding="utf-8")
+    code = main(["--model", str(tiny_model_dir), "--prompts", str(bad), "--out", str(tmp_path / "o2")])
+    err = capsys.readouterr().err
+    assert code == 2 and "not valid Unicode" in err and len(err.strip().splitlines()) == 1
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes('{"prompt": "café"}\n'.encode("latin-1"))
+    assert main(["--model", str(tiny_model_dir), "--prompts", str(latin)]) == 2
+    assert "not UTF-8 text" in capsys.readouterr().err
+
+
+def test_benchmark_view_refuses_work_over_the_budget(prompt_file):
+    from components.benchmark import UPLOAD, run_small_benchmark
+
+    model = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0)
+    with pytest.raises(BenchError, match="model rows"):
+        run_small_benchmark(lambda name: model, "tiny", UPLOAD, str(prompt_file), 2, ["quadratic"], "32", 100, 0.0, 1,
+                            0, max_rows=10_000)

@@ -88,3 +88,45 @@ def test_unreachable_hub_fails_fast_with_a_clear_message(monkeypatch):
     assert hub_unreachable("someone/not-cached-model")
     with pytest.raises(ModelLoadError, match="cannot be reached"):
         DualModeModel.from_pretrained("someone/not-cached-model", device="cpu")
+
+
+# --- issue 11: inputs that used to end in a traceback or an unclear message ------------------------------
+@pytest.mark.parametrize("temperature", ["1e-308", "5e-324"])
+def test_tiny_temperature_works_and_equals_greedy(tiny_model_dir, temperature):
+    base = ["--model", str(tiny_model_dir), "--prompt", "w1 w2 w3", "--max-new-tokens", "8", "--json"]
+    tiny = run_cli(*base, "--temperature", temperature, "--seed", "4")
+    greedy = run_cli(*base)
+    assert tiny.returncode == 0, tiny.stderr
+    assert json.loads(tiny.stdout)["token_ids"] == json.loads(greedy.stdout)["token_ids"]
+
+
+def test_prompt_bytes_that_are_not_utf8_are_one_line(tiny_model_dir):
+    out = subprocess.run([sys.executable, "-m", "packed_ss", "generate", "--model", str(tiny_model_dir),
+                          "--prompt", b"w1 \xff\xfe w2"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "not valid Unicode" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_prompt_file_that_is_not_utf8_is_named(tiny_model_dir, tmp_path):
+    path = tmp_path / "latin1.py"
+    path.write_bytes("def café():\n".encode("latin-1"))
+    out = run_cli("--model", str(tiny_model_dir), "--prompt-file", str(path))
+    assert out.returncode == 2 and "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert f"prompt file {str(path)!r} is not UTF-8 text" in out.stderr
+
+
+def test_huge_block_size_message_stays_short(tiny_model_dir, capsys):
+    code = main(["generate", "--model", str(tiny_model_dir), "--prompt", "w1", "--block-size", str(10**300)])
+    err = capsys.readouterr().err
+    assert code == 2 and "block size" in err and "301-digit" in err and len(err) < 200
+
+
+def test_whitespace_prompt_and_the_reported_mask_token_case_on_the_shipped_model(embedded_model):
+    from conftest import EMBEDDED
+
+    blank = run_cli("--model", str(EMBEDDED), "--prompt", "    ", "--max-new-tokens", "3", "--json")
+    assert blank.returncode == 0, blank.stderr
+    out = run_cli("--model", str(EMBEDDED), "--schedule", "packed", "--prompt", "    return ", "--temperature", "2",
+                  "--seed", "179", "--max-new-tokens", "4", "--json")
+    assert out.returncode == 0, out.stderr
+    assert embedded_model.mask_token_id not in json.loads(out.stdout)["token_ids"]
