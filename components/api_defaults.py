@@ -4,7 +4,7 @@ Gradio's ``POST /gradio_api/call/<name>`` needs every input value; with fewer it
 handler runs and answers ``{"error": null}``. ``gradio_client`` fills the defaults itself; this ASGI
 middleware does the same for raw HTTP: it pads ``data`` with the defaults of the endpoint's Python
 signature, and answers 422 with a one-line message when a parameter without a default (the prompt) is
-missing or ``data`` is not a list.
+missing, when there are more values than parameters, or when the body is not ``{"data": [...]}``.
 """
 
 from __future__ import annotations
@@ -31,6 +31,9 @@ def fill_defaults(data, params: list[tuple[str, object]], endpoint: str) -> list
     if not isinstance(data, list):
         raise ValueError(f"/{endpoint}: 'data' must be a list of parameter values in the order "
                          f"{', '.join(name for name, _ in params)}")
+    if len(data) > len(params):
+        raise ValueError(f"/{endpoint}: {len(data)} values for {len(params)} parameters "
+                         f"({', '.join(name for name, _ in params)})")
     missing = [name for name, default in params[len(data):] if default is inspect.Parameter.empty]
     if missing:
         raise ValueError(f"/{endpoint}: missing required parameter(s) {', '.join(missing)} (values in the order "
@@ -67,13 +70,16 @@ class FillApiDefaults:
             payload = json.loads(body)
         except (ValueError, UnicodeDecodeError):
             payload = None
-        if isinstance(payload, dict) and "data" in payload:
-            try:
-                payload["data"] = fill_defaults(payload["data"], self.endpoints[endpoint], endpoint)
-            except ValueError as error:
-                await _reply(send, 422, {"error": str(error)})
-                return
-            body = json.dumps(payload).encode()
+        if not isinstance(payload, dict) or "data" not in payload:
+            await _reply(send, 422, {"error": f"/{endpoint}: send a JSON object {{\"data\": [...]}} with the values in "
+                                              f"the order {', '.join(name for name, _ in self.endpoints[endpoint])}"})
+            return
+        try:
+            payload["data"] = fill_defaults(payload["data"], self.endpoints[endpoint], endpoint)
+        except ValueError as error:
+            await _reply(send, 422, {"error": str(error)})
+            return
+        body = json.dumps(payload).encode()
         headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-length"]
         headers.append((b"content-length", str(len(body)).encode()))
         sent = False

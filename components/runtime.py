@@ -208,7 +208,7 @@ class ModelStore:
         key = self.identity(name)
         if key not in self._offered:
             raise UserError(f"model {shown(name)} is not offered on this server; choose one of: "
-                            f"{', '.join(map(repr, self.offered))}")
+                            f"{', '.join(repr(model_label(n)) for n in self.offered)}")
         return key
 
     def get(self, name: str | None):

@@ -120,9 +120,10 @@ def test_raw_http_calls_get_documented_defaults(server, client):
     status, text = raw_call(server, "race", {"data": [PROMPT, 4]})
     kind, answer = stream_result(text)
     assert kind == "complete" and answer[0]["settings"]["block_size"] == 4
-    for payload in ({"data": []}, {"data": "w1"}):
+    for payload in ({"data": []}, {"data": "w1"}, {}, [PROMPT], {"data": [PROMPT, 4, 0, 0, 1, 0, 8, "", "", 1]}):
         status, text = raw_call(server, "race", payload)
-        assert status == 422 and "prompt" in json.loads(text)["error"]
+        message = json.loads(text)["error"]
+        assert status == 422 and "prompt" in message and "\n" not in message
     assert_still_answers(client)
 
 
@@ -199,8 +200,17 @@ def test_every_spelling_of_a_folder_is_one_model(tiny_model_dir, monkeypatch):
                  f"./{tiny_model_dir.name}", f"./{tiny_model_dir.name}/./", ""]
     models = {id(store.get(name)) for name in spellings}
     assert len(models) == 1 and len(store.loaded()) == 1
-    with pytest.raises(UserError, match="not offered"):
+    with pytest.raises(UserError, match="not offered") as error:
         store.get(str(tiny_model_dir.parent))
+    assert str(tiny_model_dir) in str(error.value)  # outside the project: named as given
+
+
+def test_offered_project_models_are_named_relative_to_the_project():
+    from components.runtime import DEFAULT_MODEL, ModelStore, UserError
+
+    with pytest.raises(UserError) as error:
+        ModelStore().get("gpt2")
+    assert "'assets/model'" in str(error.value) and DEFAULT_MODEL not in str(error.value)
 
 
 def test_models_held_are_bounded(tiny_model_dir, tmp_path):
