@@ -452,11 +452,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-rows", type=int, default=MAX_ROWS_PER_REQUEST,
                         help=f"worst-case model rows one request may need (default {MAX_ROWS_PER_REQUEST:,})")
     parser.add_argument("--queue-size", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     args = parser.parse_args(argv)
     for flag, value in (("--cap", args.cap), ("--models-held", args.models_held), ("--max-rows", args.max_rows),
-                        ("--queue-size", args.queue_size)):
+                        ("--queue-size", args.queue_size), ("--threads", 1 if args.threads is None else args.threads)):
         if value < 1:
             parser.error(f"{flag} must be at least 1, got {value}")
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
     from packed_ss.cli import device_dtype_problem
 
     problem = device_dtype_problem(args.device, args.dtype)

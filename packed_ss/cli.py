@@ -67,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     gen.add_argument("--dtype", default=None, help=f"one of {', '.join(DTYPES)} (default float32 on CPU)")
+    gen.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
 
@@ -80,6 +81,12 @@ def _generate(args) -> int:
     try:
         get_schedule(args.schedule)
         config = decode_config(args)
+        if args.threads is not None:
+            if args.threads < 1:
+                raise UsageError(f"--threads must be >= 1, got {args.threads}")
+            import torch
+
+            torch.set_num_threads(args.threads)
         # One rule for prompts in every front end (packed_ss.inputs); --prompt bytes that are not UTF-8
         # reach Python as lone surrogates and are refused there.
         prompt = read_prompt_file(args.prompt_file) if args.prompt_file is not None else check_prompt(args.prompt)

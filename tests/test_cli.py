@@ -38,6 +38,7 @@ def test_json_output(tiny_model_dir):
     (["--dtype", "float8"], "--dtype"),
     (["--device", "nonsense"], "--device"),
     (["--device", "meta"], "--device"),
+    (["--threads", "0"], "--threads"),
 ])
 def test_bad_arguments_exit_with_one_line(tiny_model_dir, args, message, capsys):
     code = main(["generate", "--model", str(tiny_model_dir), "--prompt", "w1 w2", *args])
