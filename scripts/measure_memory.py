@@ -3,13 +3,14 @@
 Usage: ``python scripts/measure_memory.py [--threads 2]``. Starts the app on the embedded model on
 127.0.0.1, sends each kind of request through ``gradio_client``, and prints for each: the resident
 memory before it (MB), the peak during it above that level (from VmHWM, reset before each request through
-/proc/self/clear_refs), and the resident memory left afterwards above the level before.
+/proc/self/clear_refs), and the resident memory left afterwards above the level before; and the request's wall time as the client saw it (seconds).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,19 +61,21 @@ def main() -> None:
         ("race, 1,800-token prompt, B = 8, 32 tokens", lambda: client.predict(long_prompt, max_new_tokens=32,
                                                                               api_name="/race")),
     ]
-    print("| request | resident before (MB) | peak above it (MB) | left after (MB) |")
-    print("|---|---|---|---|")
+    print("| request | resident before (MB) | peak above it (MB) | left after (MB) | request time (s) |")
+    print("|---|---|---|---|---|")
     for label, request in kinds:
         gc.collect()
         release_memory()
         before = _status_mb("VmRSS")
         _reset_peak()
+        start = time.perf_counter()
         request()
+        seconds = time.perf_counter() - start
         peak = _status_mb("VmHWM")
         gc.collect()
         release_memory()
         after = _status_mb("VmRSS")
-        print(f"| {label} | {before:.0f} | {peak - before:.0f} | {after - before:+.0f} |", flush=True)
+        print(f"| {label} | {before:.0f} | {peak - before:.0f} | {after - before:+.0f} | {seconds:.2f} |", flush=True)
     demo.close()
 
 
