@@ -21,14 +21,16 @@ from pathlib import Path
 
 import gradio as gr
 
+from packed_ss.inputs import model_name
+
+from components.api_defaults import FillApiDefaults, signature_defaults
 from components.benchmark import build_benchmark_tab
 from components.charts import cost_figure, fit_cost_model, fit_summary
 from components.mask_plot import empty_figure
 from components.race_panel import badge_html, lanes_html, race_figures, summary_html
-from components.api_defaults import FillApiDefaults, signature_defaults
 from components.limits import MAX_ROWS_PER_REQUEST, ClientGone, ComputeGate, client_alive
 from components.runtime import (APP_MAX_BLOCK_SIZE, DEFAULT_MODEL, NEW_TOKENS_CAP, GpuTasks, ModelStore, Sessions,
-                                StepRun, TimingLog, UserSession, calibrate, has_spaces, make_settings, model_label,
+                                StepRun, TimingLog, UserSession, calibrate, has_spaces, make_settings,
                                 parse_lanes, run_generate, run_race)
 from components.style import ASSETS, PROMPT, error_html, legend_html, note_html
 from components.step_view import step_view
@@ -327,7 +329,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                     "Quadratic-SS and Packed-SS on the same prompt.")
         with gr.Row():
             offered = store.offered
-            model_box = gr.Dropdown([(model_label(name), name) for name in offered], value=offered[0],
+            model_box = gr.Dropdown([(model_name(name), name) for name in offered], value=offered[0],
                                     label="Model (the ones this server offers)", interactive=len(offered) > 1,
                                     allow_custom_value=True,  # checked by the store: "" = default, others refused
                                     scale=4, elem_id="model-box")

@@ -24,11 +24,11 @@ from pathlib import Path
 
 from packed_ss.config import DecodeConfig
 from packed_ss.engine import decode, finish_run
-from packed_ss.inputs import PromptTextError, check_prompt, shown
+from packed_ss.inputs import PromptTextError, check_prompt, model_name, shown
 from packed_ss.records import IterationRecord, RunRecord, summarize
 from packed_ss.schedules import REGISTRY, SPECULATIVE
 
-from components.limits import (MAX_ROWS_PER_REQUEST, ClientGone, ComputeGate, UserError, check_work, gated,
+from components.limits import (MAX_ROWS_PER_REQUEST, ComputeGate, UserError, check_work, gated,
                                release_memory)
 from components.race_panel import Lane, lane_from_run
 
@@ -141,14 +141,6 @@ def has_spaces() -> bool:
 
 
 # --- models -------------------------------------------------------------------------------------------
-def model_label(name: str) -> str:
-    """How the page names a model: a folder inside the project relative to it, else as given."""
-    root = Path(DEFAULT_MODEL).parents[1]
-    try:
-        return str(Path(name).resolve().relative_to(root))
-    except ValueError:
-        return str(name)
-
 
 class ModelStore:
     """The models a server offers, loaded on first use, keyed by their resolved identity, at most
@@ -208,7 +200,7 @@ class ModelStore:
         key = self.identity(name)
         if key not in self._offered:
             raise UserError(f"model {shown(name)} is not offered on this server; choose one of: "
-                            f"{', '.join(repr(model_label(n)) for n in self.offered)}")
+                            f"{', '.join(repr(model_name(n)) for n in self.offered)}")
         return key
 
     def get(self, name: str | None):

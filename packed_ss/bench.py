@@ -32,7 +32,7 @@ import pandas as pd
 
 from packed_ss import stats
 from packed_ss.config import MAX_BLOCK_SIZE, DecodeConfig
-from packed_ss.inputs import PromptTextError, check_prompt
+from packed_ss.inputs import PromptTextError, check_prompt, model_name
 
 ALL_SCHEDULES = ("ar", "linear", "quadratic", "packed", "diffusion")
 REFERENCE = "ar"  # greedy outputs of the lossless schedules must equal this one's
@@ -790,7 +790,7 @@ def _run(args, config: BenchConfig, prompts: list[Prompt]) -> int:
         else:
             bar.refresh()
 
-    meta = {"model": str(args.model), "prompt_source": str(args.prompts), "limit": args.limit,
+    meta = {"model": model_name(args.model), "prompt_source": str(args.prompts), "limit": args.limit,
             "threads": torch.get_num_threads()}
     result = run_benchmark(model, prompts, config, progress, meta)
     for bar in bars:

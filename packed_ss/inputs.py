@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 SHOWN_CHARS = 40  # longest echo of a user value inside an error message
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 class PromptTextError(ValueError):
@@ -69,3 +70,12 @@ def read_prompt_file(path: str | Path) -> str:
         raise PromptTextError(f"prompt file {str(path)!r} is not UTF-8 text (byte 0x{data[error.start]:02x} "
                               f"at offset {error.start}); save it as UTF-8") from None
     return check_prompt(text, f"prompt file {str(path)!r}")
+
+
+def model_name(name: str | Path) -> str:
+    """How reports and pages name a model: a folder inside the project relative to it (``assets/model``),
+    anything else (a hub id, a folder elsewhere) as given, so no report holds this machine's paths."""
+    try:
+        return str(Path(name).resolve().relative_to(PROJECT_ROOT))
+    except (ValueError, OSError):
+        return str(name)

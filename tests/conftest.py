@@ -32,3 +32,11 @@ def tiny_model_dir(tmp_path_factory):
     model.model.float().save_pretrained(folder)
     model.tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture
+def client(server):
+    """A gradio_client on the ``server`` fixture (a URL) of the module that asks for it."""
+    from gradio_client import Client
+
+    return Client(server, verbose=False)

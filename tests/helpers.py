@@ -103,3 +103,15 @@ class ScriptedModel:
             logits[out_row, guess] = 10.0
         self.cache.extend(layout.token_ids)
         return CallOutput(logits, 0.0)
+
+
+def serve(demo):
+    """Launch a demo built by ``app.build_demo`` on 127.0.0.1 (as ``python app.py`` does), yield its URL,
+    close it afterwards. For module-scoped ``server`` fixtures: ``yield from serve(demo)``."""
+    import app
+
+    _, url, _ = demo.launch(prevent_thread_lock=True, quiet=True, **app.launch_kwargs(demo))
+    try:
+        yield url
+    finally:
+        demo.close()

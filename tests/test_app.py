@@ -11,6 +11,8 @@ import threading
 import pytest
 import torch
 
+from helpers import serve
+
 from packed_ss.config import DecodeConfig
 from packed_ss.engine import generate
 
@@ -39,16 +41,7 @@ def server(tiny_model_dir, broken_model):
 
     demo = app.build_demo(str(tiny_model_dir), allowed_models=[str(EMBEDDED), broken_model], new_tokens_cap=CAP,
                           step_concurrency=4)
-    _, url, _ = demo.launch(prevent_thread_lock=True, quiet=True, **app.launch_kwargs(demo))
-    yield url
-    demo.close()
-
-
-@pytest.fixture
-def client(server):
-    from gradio_client import Client
-
-    return Client(server, verbose=False)
+    yield from serve(demo)
 
 
 def stat(html: str, key: str) -> str:

@@ -262,3 +262,14 @@ def test_benchmark_view_refuses_work_over_the_budget(prompt_file):
     with pytest.raises(BenchError, match="model rows"):
         run_small_benchmark(lambda name: model, "tiny", UPLOAD, str(prompt_file), 2, ["quadratic"], "32", 100, 0.0, 1,
                             0, max_rows=10_000)
+
+
+def test_reports_name_project_models_relative_to_the_project(tmp_path):
+    from conftest import EMBEDDED
+
+    from packed_ss.inputs import model_name
+
+    assert model_name(EMBEDDED) == "assets/model" == model_name(f"{EMBEDDED}//")
+    assert model_name(str(tmp_path)) == str(tmp_path) and model_name("nvidia/some-model") == "nvidia/some-model"
+    saved = json.loads((EMBEDDED.parents[1] / "docs" / "bench-humaneval" / "summary.json").read_text())
+    assert saved["meta"]["model"] == "assets/model"

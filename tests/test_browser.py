@@ -23,7 +23,7 @@ def app_url(tmp_path_factory):
     """The app on the embedded model when it has weights, else on a tiny model folder built here."""
     import app
     from conftest import EMBEDDED
-    from helpers import tiny_llama
+    from helpers import serve, tiny_llama
 
     if (EMBEDDED / "model.safetensors").exists():
         model_path = str(EMBEDDED)
@@ -34,10 +34,7 @@ def app_url(tmp_path_factory):
         model.model.float().save_pretrained(folder)
         model.tokenizer.save_pretrained(folder)
         model_path = str(folder)
-    demo = app.build_demo(model_path)
-    _, url, _ = demo.launch(prevent_thread_lock=True, quiet=True, **app.launch_kwargs(demo))
-    yield url
-    demo.close()
+    yield from serve(app.build_demo(model_path))
 
 
 def open_app(browser, url: str, prompt: str, limit: int):

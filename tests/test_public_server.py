@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from helpers import tiny_llama
+from helpers import serve, tiny_llama
 
 from packed_ss.model import DualModeModel
 
@@ -47,16 +47,7 @@ def server(tiny_model_dir, slow_model):
 
     demo = app.build_demo(str(tiny_model_dir), preloaded={"slow": slow_model}, max_rows=MAX_ROWS,
                           new_tokens_cap=CAP)
-    _, url, _ = demo.launch(prevent_thread_lock=True, quiet=True, **app.launch_kwargs(demo))
-    yield url
-    demo.close()
-
-
-@pytest.fixture
-def client(server):
-    from gradio_client import Client
-
-    return Client(server, verbose=False)
+    yield from serve(demo)
 
 
 def raw_call(url: str, endpoint: str, payload: dict, read_stream: bool = True) -> tuple[int, str]:
