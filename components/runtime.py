@@ -209,7 +209,7 @@ class ModelStore:
         Raises: UserError for a model not offered; ModelLoadError (a ValueError) with a readable message
         when loading fails.
         """
-        from packed_ss.model import DualModeModel
+        from packed_ss.models import DualModeModel
 
         key = self.resolve(name)
         with self._lock:

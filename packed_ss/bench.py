@@ -370,7 +370,7 @@ def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progres
     returns what was measured (``interrupted=True``).
 
     Args:
-        model: a :class:`~packed_ss.model.DualModeModel` (or the same call interface); its cache is reset
+        model: a :class:`~packed_ss.models.DualModeModel` (or the same call interface); its cache is reset
             by every run, so give each concurrent benchmark its own (``model.share()``).
         prompts: the prompts, in order.
         config: what to measure.

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from packed_ss.config import DecodeConfig
-from packed_ss.model import DTYPES, device_dtype_problem  # noqa: F401  (re-exported for the app and bench)
+from packed_ss.models import DTYPES, device_dtype_problem  # noqa: F401  (re-exported for the app and bench)
 
 DEFAULT_MODEL = str(Path(__file__).resolve().parents[1] / "assets" / "model")
 
@@ -36,7 +36,7 @@ def decode_config(args) -> DecodeConfig:
 
 def load_model(name: str, device: str | None, dtype: str | None):
     """``DualModeModel.from_pretrained`` with every failure (bad device included) as a one-line ValueError."""
-    from packed_ss.model import DualModeModel, ModelLoadError
+    from packed_ss.models import DualModeModel, ModelLoadError
 
     try:
         return DualModeModel.from_pretrained(name, device=device, dtype=dtype)
@@ -75,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
 def _generate(args) -> int:
     from packed_ss.engine import generate
     from packed_ss.inputs import check_prompt, read_prompt_file
-    from packed_ss.model import ModelLoadError
+    from packed_ss.models import ModelLoadError
     from packed_ss.schedules import get_schedule
 
     try:

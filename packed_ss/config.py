@@ -24,6 +24,8 @@ class DecodeConfig:
         seed: seed of the run's ``torch.Generator``; the same seed gives the same run.
         stop_strings: texts that end the run once all their tokens are accepted (Appendix E.2).
         confidence_threshold: native diffusion only: commit predictions at least this probable.
+        drafter_lora: apply the model's drafter adapter to proposal rows (Appendix F.2); the model must
+            have been loaded with one.
     Raises:
         ValueError: from ``__post_init__`` for any value out of range, with the allowed range.
     """
@@ -36,6 +38,7 @@ class DecodeConfig:
     seed: int = 0
     stop_strings: tuple[str, ...] = ()
     confidence_threshold: float = 0.9
+    drafter_lora: bool = False
 
     def __post_init__(self):
         if not isinstance(self.block_size, int) or not 2 <= self.block_size <= MAX_BLOCK_SIZE:
@@ -52,6 +55,8 @@ class DecodeConfig:
             raise ValueError(f"the new-token limit must be an integer >= 1, got {shown(self.max_new_tokens)}")
         if any(not s for s in self.stop_strings):
             raise ValueError("stop strings must not be empty")
+        if not isinstance(self.drafter_lora, bool):
+            raise ValueError(f"drafter_lora must be true or false, got {shown(self.drafter_lora)}")
         if not 0 < self.confidence_threshold <= 1:
             raise ValueError(f"confidence threshold must be in (0, 1], got {shown(self.confidence_threshold)}")
 

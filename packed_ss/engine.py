@@ -15,7 +15,7 @@ def decode(model, prompt_ids: list[int], config: DecodeConfig, schedule: str = "
     """Yield one :class:`IterationRecord` per iteration; the caller may step, pause or stop early.
 
     Args:
-        model: a :class:`~packed_ss.model.DualModeModel` (or any object with the same call interface).
+        model: a :class:`~packed_ss.models.DualModeModel` (or any object with the same call interface).
         prompt_ids: prompt token ids (at least one).
         config: decoding settings.
         schedule: ``"ar"``, ``"linear"``, ``"quadratic"``, ``"packed"`` or ``"diffusion"``.

@@ -59,6 +59,8 @@ class CallLayout:
         verify_rows: rows whose logits give the verifier distributions p^(1), p^(2), ...
         draft_rows: rows whose logits give the drafter distributions q^(1), q^(2), ...
         branch_rows: Quadratic-SS only: the draft rows of the branch for each acceptance length h.
+        proposal_rows: the diffusion-mode rows of a speculative call (drafter half, branches, masks):
+            the only rows a drafter adapter updates (Appendix F.2; Table 5 "selected" rows).
     """
 
     name: str
@@ -70,6 +72,7 @@ class CallLayout:
     verify_rows: tuple[int, ...] = ()
     draft_rows: tuple[int, ...] = ()
     branch_rows: tuple[tuple[int, ...], ...] = ()
+    proposal_rows: tuple[int, ...] = ()
 
     def __post_init__(self):
         rows = len(self.token_ids)
@@ -109,6 +112,7 @@ def prefill_layout(prompt: list[int], num_masks: int, mask_id: int) -> CallLayou
         cached=0,
         verify_rows=(n - 1,),
         draft_rows=tuple(range(n, n + m)),
+        proposal_rows=tuple(range(n, n + m)),
     )
 
 
@@ -144,6 +148,7 @@ def draft_layout(last: int, width: int, cached: int, mask_id: int) -> CallLayout
         mask=J(block),
         cached=cached,
         draft_rows=tuple(range(1, block)),
+        proposal_rows=tuple(range(block)),
     )
 
 
@@ -168,6 +173,7 @@ def packed_layout(last: int, draft: list[int], width: int, cached: int, mask_id:
         cached=cached,
         verify_rows=tuple(range(block)),
         draft_rows=tuple(range(block + 1, 2 * block)),
+        proposal_rows=tuple(range(block, 2 * block)),
     )
 
 
@@ -216,6 +222,7 @@ def quadratic_layout(last: int, draft: list[int], width: int, cached: int, mask_
         cached=cached,
         verify_rows=tuple(range(block)),
         branch_rows=tuple(branch_rows),
+        proposal_rows=tuple(range(block, block * (block + 1))),
     )
 
 

@@ -33,10 +33,16 @@ SOURCES = (SOURCE_PREFILL, SOURCE_DRAFT, SOURCE_CORRECTION, SOURCE_BONUS, SOURCE
 
 @dataclass(frozen=True)
 class CallRecord:
-    """One model forward: its layout and its model time (milliseconds, CUDA-synchronised)."""
+    """One model forward: its layout and its model time (milliseconds, CUDA-synchronised).
+
+    ``adapter_selected``: rows that received the drafter adapter's update; ``adapter_evaluated``: rows it
+    was computed for (the whole call when on, 0 when off). Paper Table 5's "selected" and "evaluated".
+    """
 
     layout: CallLayout
     model_ms: float
+    adapter_selected: int = 0
+    adapter_evaluated: int = 0
 
 
 @dataclass(frozen=True)
@@ -128,6 +134,8 @@ class RunRecord:
     per_position_acceptance: tuple[float, ...]
     acceptance_histogram: tuple[int, ...]
     records: tuple[IterationRecord, ...] = field(default=(), repr=False)
+    adapter_selected_rows: int = 0
+    adapter_evaluated_rows: int = 0
 
     @property
     def tokens(self) -> int:
@@ -168,6 +176,8 @@ class RunRecord:
             "per_position_acceptance": list(self.per_position_acceptance),
             "acceptance_histogram": list(self.acceptance_histogram),
             "stop_reason": self.stop_reason,
+            "adapter_selected_rows": self.adapter_selected_rows,
+            "adapter_evaluated_rows": self.adapter_evaluated_rows,
         }
 
 
@@ -202,6 +212,8 @@ def summarize(records: list[IterationRecord], schedule: str, block_size: int, te
         nfe=sum(len(r.calls) for r in records),
         iterations=len(records),
         rows=sum(r.rows for r in records),
+        adapter_selected_rows=sum(c.adapter_selected for r in records for c in r.calls),
+        adapter_evaluated_rows=sum(c.adapter_evaluated for r in records for c in r.calls),
         wall_s=(model_ms + other_ms) / 1000,
         model_s=model_ms / 1000,
         other_s=other_ms / 1000,

@@ -383,7 +383,7 @@ GOLDEN_PROMPT = 'def is_even(n):\n    """Return True when n is even."""\n'
 def _write_golden(folder: Path, new_tokens: int = 24) -> None:
     """Store the greedy AR continuation of a fixed prompt (float64) so tests notice a changed checkpoint."""
     from packed_ss import DecodeConfig, generate
-    from packed_ss.model import DualModeModel
+    from packed_ss.models import DualModeModel
 
     model = DualModeModel.from_pretrained(folder, device="cpu", dtype="float64")
     run = generate(model, model.encode(GOLDEN_PROMPT), DecodeConfig(max_new_tokens=new_tokens), "ar")

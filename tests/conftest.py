@@ -14,7 +14,7 @@ EMBEDDED = ROOT / "assets" / "model"
 @pytest.fixture(scope="session")
 def embedded_model():
     """The shipped embedded model (float32, CPU); skipped until assets/model holds weights."""
-    from packed_ss.model import DualModeModel
+    from packed_ss.models import DualModeModel
 
     if not (EMBEDDED / "model.safetensors").exists():
         pytest.skip("assets/model has no weights yet")
@@ -40,3 +40,23 @@ def client(server):
     from gradio_client import Client
 
     return Client(server, verbose=False)
+
+
+@pytest.fixture(scope="session")
+def nld_dir(tmp_path_factory):
+    """A tiny random checkpoint in Nemotron-Labs-Diffusion's format, with a peft drafter adapter in its
+    ``linear_spec_lora`` subfolder (tests.helpers.write_nld_checkpoint)."""
+    from helpers import write_lora_adapter, write_nld_checkpoint
+
+    folder = tmp_path_factory.mktemp("nld-tiny")
+    state = write_nld_checkpoint(folder)
+    write_lora_adapter(folder / "linear_spec_lora", state)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def nld_model(nld_dir):
+    """The tiny NLD checkpoint loaded through the project's loader (float64, CPU, no adapter)."""
+    from packed_ss.models import DualModeModel
+
+    return DualModeModel.from_pretrained(nld_dir, device="cpu", dtype="float64")

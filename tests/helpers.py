@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from packed_ss.model import CallOutput, DualModeModel
+from packed_ss.models import CallOutput, DualModeModel
 
 
 def tiny_tokenizer(vocab_size: int):
@@ -115,3 +115,111 @@ def serve(demo):
         yield url
     finally:
         demo.close()
+
+
+# --- a tiny checkpoint in Nemotron-Labs-Diffusion's on-disk format -----------------------------------
+NLD_MASK_ID, NLD_EOS_ID, NLD_BOS_ID = 100, 11, 1
+
+
+def nld_config(vocab_size: int = 128, block_size: int = 8) -> dict:
+    """config.json of a tiny NLD checkpoint: the real file's fields and types, sizes scaled down.
+
+    The yarn rope keeps NLD's parameters but ``original_max_position_embeddings`` is 64, so prompts in the
+    tests cross the position where the Llama-4 query scaling starts (16,384 on the real models).
+    """
+    return {
+        "architectures": ["NemotronLabsDiffusionModel"],
+        "model_type": "nemotron_labs_diffusion",
+        "auto_map": {"AutoConfig": "configuration_nemotron_labs_diffusion.NemotronLabsDiffusionConfig",
+                     "AutoModel": "modeling_nemotron_labs_diffusion.NemotronLabsDiffusionModel"},
+        "ar_loss_weight": 1.0, "dlm_loss_weight": None, "dlm_paradigm": "bidirectional",
+        "attention_bias": False, "attention_dropout": 0.0, "mlp_bias": False, "attn_implementation": "sdpa",
+        "block_size": block_size, "bos_token_id": NLD_BOS_ID, "eos_token_id": NLD_EOS_ID,
+        "mask_token_id": NLD_MASK_ID,
+        "hidden_act": "silu", "hidden_size": 48, "head_dim": 16, "intermediate_size": 96,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+        "max_position_embeddings": 1024, "rms_norm_eps": 1e-5, "initializer_range": 0.02,
+        "rope_parameters": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 16.0, "llama_4_scaling_beta": 0.1,
+                            "mscale": 1.0, "mscale_all_dim": 1.0, "original_max_position_embeddings": 64,
+                            "rope_theta": 1000000.0, "rope_type": "yarn"},
+        "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "transformers_version": "5.0.0", "use_cache": False, "vocab_size": vocab_size,
+    }
+
+
+def nld_tokenizer(vocab_size: int = 128):
+    """Word-level tokenizer with NLD's special ids: ``<s>`` 1, ``</s>`` 11, ``[MASK]`` 100."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = [f"w{i}" for i in range(vocab_size)]
+    words[0], words[NLD_BOS_ID], words[NLD_EOS_ID], words[NLD_MASK_ID] = "<unk>", "<s>", "</s>", "[MASK]"
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                                   mask_token="[MASK]")
+
+
+def write_nld_checkpoint(folder, seed: int = 0, logit_scale: float = 4.0, rename: dict | None = None) -> dict:
+    """Write a random tiny NLD-format checkpoint (config.json, model.safetensors, tokenizer) to ``folder``.
+
+    Tensors carry NLD's names (``encoder.*``, ``diffusion_head.weight``). ``rename`` maps a tensor name to
+    another (a broken checkpoint). Returns the state dict written (NLD names, float32).
+    """
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+    from transformers import Ministral3Config, Ministral3ForCausalLM
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = nld_config()
+    torch.manual_seed(seed)
+    skip = {"model_type", "architectures", "transformers_version", "torch_dtype"}
+    fields = {k: v for k, v in config.items() if k in Ministral3Config.__dataclass_fields__ and k not in skip}
+    model = Ministral3ForCausalLM(Ministral3Config(**fields)).float()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(logit_scale)
+    state = {}
+    for name, tensor in model.state_dict().items():
+        name = name.replace("model.", "encoder.", 1) if name.startswith("model.") else name
+        name = "diffusion_head.weight" if name == "lm_head.weight" else name
+        state[(rename or {}).get(name, name)] = tensor.contiguous()
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    nld_tokenizer(config["vocab_size"]).save_pretrained(folder)
+    return state
+
+
+def write_lora_adapter(folder, base_state: dict, rank: int = 4, alpha: int = 16, seed: int = 1,
+                       targets: tuple[str, ...] = ("o_proj",)) -> None:
+    """Write a random LoRA adapter in peft's on-disk format for an NLD checkpoint (``encoder.*`` names).
+
+    adapter_config.json + adapter_model.safetensors with keys
+    ``base_model.model.encoder.layers.N.self_attn.o_proj.lora_{A,B}.weight``, as the released
+    ``linear_spec_lora`` folder has (rank 128, alpha 512 there).
+    """
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, weight in base_state.items():
+        module = name.rsplit(".", 1)[0]
+        if name.endswith(".weight") and module.rsplit(".", 1)[-1] in targets:
+            out_features, in_features = weight.shape
+            a = torch.randn(rank, in_features, generator=generator) * 0.3
+            b = torch.randn(out_features, rank, generator=generator) * 0.3  # non-zero: the adapter changes drafts
+            tensors[f"base_model.model.{module}.lora_A.weight"] = a
+            tensors[f"base_model.model.{module}.lora_B.weight"] = b
+    save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+    config = {"peft_type": "LORA", "task_type": None, "r": rank, "lora_alpha": alpha, "lora_dropout": 0.0,
+              "bias": "none", "target_modules": list(targets), "fan_in_fan_out": False, "use_rslora": False,
+              "base_model_name_or_path": None, "inference_mode": True}
+    (folder / "adapter_config.json").write_text(json.dumps(config, indent=2))

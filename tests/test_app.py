@@ -74,7 +74,7 @@ def test_step_to_the_end_back_and_scrub(client, tiny_model_dir):
     tokens = int(stat(stats, "tokens"))
     assert 1 <= tokens <= SETTINGS["max_new_tokens"]
     # The text so far equals a full run of the same settings.
-    from packed_ss.model import DualModeModel
+    from packed_ss.models import DualModeModel
 
     model = DualModeModel.from_pretrained(tiny_model_dir, device="cpu", dtype=torch.float32)
     run = generate(model, model.encode(SETTINGS["prompt"]), DecodeConfig(block_size=4, max_new_tokens=10), "packed")

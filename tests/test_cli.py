@@ -82,7 +82,7 @@ def test_config_rejects_bad_values():
 
 def test_unreachable_hub_fails_fast_with_a_clear_message(monkeypatch):
     """Offline, a hub id is looked up in the local cache only: one clear error, no retry loop."""
-    from packed_ss.model import DualModeModel, ModelLoadError, hub_unreachable
+    from packed_ss.models import DualModeModel, ModelLoadError, hub_unreachable
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", "/nonexistent/hf-home")

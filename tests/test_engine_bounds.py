@@ -63,7 +63,7 @@ def mask_loving_model(seed: int = 1):
     from helpers import tiny_tokenizer
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from packed_ss.model import DualModeModel
+    from packed_ss.models import DualModeModel
 
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

@@ -13,7 +13,7 @@ import time
 import pytest
 from helpers import serve, tiny_llama
 
-from packed_ss.model import DualModeModel
+from packed_ss.models import DualModeModel
 
 CAP = 512
 MAX_ROWS = 20_000

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Protocol
 
 import torch
@@ -45,6 +46,9 @@ class Session:
                 f"prompt of {len(prompt_ids)} token{'s' if len(prompt_ids) != 1 else ''} + "
                 f"{config.max_new_tokens} new tokens + 2 blocks of "
                 f"{config.block_size} exceeds the model's {model.max_length} positions")
+        if config.drafter_lora and getattr(model, "drafter_lora", None) is None:
+            raise PromptError("the drafter LoRA is on but this model has no drafter adapter "
+                              "(load one with --drafter-lora, or turn it off)")
         self.model = model
         self.config = config
         self.schedule = schedule
@@ -90,16 +94,19 @@ class Session:
         :meth:`deferred_logits` for the ones the schedule needs (the LM head time joins this call's).
         """
         self._deferred, self._deferred_rows = None, deferred
+        # Appendix F.2: the drafter adapter updates proposal rows only; verifier rows stay the base model's.
+        adapter = dict(adapter_rows=layout.proposal_rows) if self.config.drafter_lora else {}
         if deferred and getattr(self.model, "supports_deferred_rows", False):
-            out = self.model.forward(layout, rows, deferred)
+            out = self.model.forward(layout, rows, deferred, **adapter)
             self._deferred = out.deferred
             logits = out.logits
         else:
-            out = self.model.forward(layout, rows + deferred)
+            out = self.model.forward(layout, rows + deferred, **adapter)
             logits = out.logits[: len(rows)]
             if deferred:
                 self._deferred = out.logits[len(rows):]
-        self._calls.append(CallRecord(layout, out.model_ms))
+        selected = len(layout.proposal_rows) if adapter else 0
+        self._calls.append(CallRecord(layout, out.model_ms, selected, layout.rows if selected else 0))
         self._last_layout = layout
         return self._forbid(logits)
 
@@ -118,7 +125,7 @@ class Session:
             return self._forbid(self._deferred[start:stop])  # already logits
         out = self.model.head(self._deferred[start:stop])
         last = self._calls[-1]
-        self._calls[-1] = CallRecord(last.layout, last.model_ms + out.model_ms)
+        self._calls[-1] = replace(last, model_ms=last.model_ms + out.model_ms)
         return self._forbid(out.logits)
 
     def record(self, **fields) -> IterationRecord:

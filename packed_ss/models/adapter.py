@@ -35,7 +35,7 @@ class CallOutput:
 
 # Architectures whose causal-LM head is exactly ``lm_head(last_hidden_state)`` (no scaling or soft-capping),
 # so the head may be applied to some rows later. Others compute every requested row's logits at once.
-PLAIN_HEAD_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+PLAIN_HEAD_TYPES = frozenset({"llama", "mistral", "ministral3", "qwen2", "qwen3"})
 
 
 class ModelLoadError(ValueError):
@@ -94,19 +94,24 @@ class DualModeModel:
         max_length: longest sequence (prompt + new tokens + one block) the model's positions allow.
     """
 
-    def __init__(self, model, tokenizer, mask_token_id: int, eos_token_id: int | None):
+    def __init__(self, model, tokenizer, mask_token_id: int, eos_token_id: int | None,
+                 bos_token_id: int | None = None, family: str = "plain", drafter_lora=None):
         from transformers import DynamicCache
 
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.mask_token_id = int(mask_token_id)
         self.eos_token_id = None if eos_token_id is None else int(eos_token_id)
+        self.bos_token_id = None if bos_token_id is None else int(bos_token_id)
+        self.family = family
+        self.drafter_lora = drafter_lora  # a packed_ss.models.lora.DrafterLora, or None
         self.vocab_size = int(model.config.vocab_size)
         # Never output: the mask token, and embedding rows past the tokenizer's vocabulary (padding rows
         # that decode to nothing). The schedules give these ids zero probability in every distribution.
         self.never_emit_ids = (self.mask_token_id,) + tuple(range(len(tokenizer), self.vocab_size))
         self.max_length = int(getattr(model.config, "max_position_embeddings", 2048))
         self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
         self._cache_class = DynamicCache
         self.cache = DynamicCache(config=model.config)
         self._length = 0  # tokens in the cache, tracked here to keep get_seq_length off the hot path
@@ -115,18 +120,25 @@ class DualModeModel:
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, device: str | None = None,
-                        dtype: str | torch.dtype | None = None) -> "DualModeModel":
-        """Load a model and tokenizer from a local folder or a hub id.
+                        dtype: str | torch.dtype | None = None, family: str | None = None,
+                        drafter_lora: str | None = None) -> "DualModeModel":
+        """Load a model and tokenizer from a local folder or a hub id, strictly (every weight mapped).
 
         Args:
-            name_or_path: folder written by ``save_pretrained`` or a hub id (needs the network).
+            name_or_path: folder (``config.json`` + safetensors + tokenizer) or a hub id (needs the network
+                or the local hub cache).
             device: ``"cpu"``, ``"cuda"``...; default CUDA when available.
             dtype: ``torch.float32``, ``torch.bfloat16``, ``"float64"``...; default float32 on CPU and
                 bfloat16 on CUDA.
+            family: ``"plain"`` or ``"nemotron"`` (see :mod:`packed_ss.models.families`); default: detected
+                from ``config.json`` (``model_type``, ``architectures``).
+            drafter_lora: a peft LoRA folder, or the name of the model's subfolder holding one (NLD:
+                ``linear_spec_lora``), applied to proposal rows only (:mod:`packed_ss.models.lora`).
         Raises:
-            ModelLoadError: missing folder, unloadable checkpoint, or no mask token id.
+            ModelLoadError: missing folder, unreadable config, unknown family, weights that do not all map
+            (keys named), no mask token id, or an adapter that does not load.
         """
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from packed_ss.models.families import pick_family, read_config
 
         name = str(name_or_path)
         local = Path(name).expanduser()
@@ -140,37 +152,43 @@ class DualModeModel:
             dtype = getattr(torch, dtype)
         dtype = dtype or (torch.bfloat16 if str(device).startswith("cuda") else torch.float32)
         local_only = not local.exists() and hub_unreachable(name)
+        offline = (f"cannot load model {name!r}: the Hugging Face hub cannot be reached from this machine and "
+                   f"the model is not in the local cache (use a local folder, e.g. assets/model)")
         try:
-            tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local_only)
-            model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, attn_implementation="sdpa",
-                                                         local_files_only=local_only)
+            config = read_config(name, local_only)
+        except ModelLoadError as error:
+            raise (ModelLoadError(offline) if local_only else error) from error
+        chosen = pick_family(config, family)
+        try:
+            checkpoint = chosen.load(name, config, dtype, local_only)
+        except ModelLoadError:
+            raise
         except Exception as error:  # any loader failure becomes one clear message
-            if local_only:
-                raise ModelLoadError(f"cannot load model {name!r}: the Hugging Face hub cannot be reached from "
-                                     f"this machine and the model is not in the local cache (use a local "
-                                     f"folder, e.g. assets/model)") from error
-            raise ModelLoadError(f"cannot load model {name!r}: {type(error).__name__}: {error}") from error
-        mask_id = getattr(model.config, "mask_token_id", None)
-        if mask_id is None:
-            mask_id = tokenizer.mask_token_id
-        if mask_id is None:
-            raise ModelLoadError(f"model {name!r} has no mask token id (config.mask_token_id or tokenizer.mask_token)")
-        eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else model.config.eos_token_id
-        if isinstance(eos, list):
-            eos = eos[0]
-        return cls(model.to(device), tokenizer, mask_id, eos)
+            raise ModelLoadError(offline if local_only else
+                                 f"cannot load model {name!r}: {type(error).__name__}: {error}") from error
+        model = checkpoint.model
+        lora = None
+        if drafter_lora:
+            from packed_ss.models.lora import DrafterLora, adapter_folder
+
+            folder = adapter_folder(local if local.exists() else None, name, drafter_lora, local_only)
+            lora = DrafterLora.load(model, folder, checkpoint.adapter_name)
+        return cls(model.to(device), checkpoint.tokenizer, checkpoint.mask_token_id, checkpoint.eos_token_id,
+                   checkpoint.bos_token_id, checkpoint.family, lora)
 
     def share(self) -> "DualModeModel":
         """A second adapter over the same weights and tokenizer with its own empty cache.
 
         Use one per concurrent run (one per user session): runs never see each other's cache.
         """
-        return DualModeModel(self.model, self.tokenizer, self.mask_token_id, self.eos_token_id)
+        return DualModeModel(self.model, self.tokenizer, self.mask_token_id, self.eos_token_id,
+                             self.bos_token_id, self.family, self.drafter_lora)
 
     # --- text ---------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` (no special tokens added)."""
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        """Token ids of ``text``: BOS first when the family uses one (NLD), no other special tokens."""
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return ([self.bos_token_id] if self.bos_token_id is not None and ids else []) + ids
 
     def decode(self, ids: list[int]) -> str:
         """Text of ``ids``, special tokens kept."""
@@ -205,20 +223,31 @@ class DualModeModel:
 
     # --- one call -----------------------------------------------------------------------------
     @torch.no_grad()
-    def forward(self, layout: CallLayout, rows: tuple[int, ...], deferred: tuple[int, ...] = ()) -> CallOutput:
+    def forward(self, layout: CallLayout, rows: tuple[int, ...], deferred: tuple[int, ...] = (),
+                adapter_rows: tuple[int, ...] = ()) -> CallOutput:
         """Run one call with the layout's mask over [cache | new rows] and return logits for ``rows``.
 
         ``deferred`` rows get their hidden states only; :meth:`head` turns the ones a schedule ends up
         needing into logits (Quadratic-SS reads one branch of B, chosen by the verification of the same
         call). Needs ``supports_deferred_rows``; without it, pass every row in ``rows``.
+        ``adapter_rows``: rows that get the drafter adapter's update (proposal rows, Appendix F.2); the
+        adapter is off for the call when empty.
         All R rows are appended to the cache; the caller rolls back afterwards.
-        Raises: ValueError when the layout was built for another cache length, or ``deferred`` is given
-        to a model that does not support it.
+        Raises: ValueError when the layout was built for another cache length, ``deferred`` is given
+        to a model that does not support it, or ``adapter_rows`` to a model without a drafter adapter.
         """
         if layout.cached != self.cache_length:
             raise ValueError(f"layout expects {layout.cached} cached tokens, cache holds {self.cache_length}")
         if deferred and not self.supports_deferred_rows:
             raise ValueError(f"model type {self.model.config.model_type!r} cannot defer its LM head")
+        if adapter_rows and self.drafter_lora is None:
+            raise ValueError("this model has no drafter adapter (load one with drafter_lora=...)")
+        if self.drafter_lora is None:
+            return self._call(layout, rows, deferred)
+        with self.drafter_lora.applied(adapter_rows, layout.rows, self.device, self.dtype):
+            return self._call(layout, rows, deferred)
+
+    def _call(self, layout: CallLayout, rows: tuple[int, ...], deferred: tuple[int, ...]) -> CallOutput:
         device = self.device
         input_ids = torch.tensor([layout.token_ids], device=device)
         position_ids = torch.tensor([layout.position_ids], device=device)

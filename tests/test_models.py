@@ -1,0 +1,183 @@
+"""Model families: Nemotron-Labs-Diffusion loaded natively from its own on-disk format (no remote code),
+strict weight mapping, and the proposal-only drafter LoRA (paper Appendix F.2)."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from helpers import NLD_BOS_ID, NLD_EOS_ID, NLD_MASK_ID, write_lora_adapter, write_nld_checkpoint
+from safetensors.torch import load_file
+
+from packed_ss import DecodeConfig, generate
+from packed_ss.layout import packed_layout, prefill_layout
+from packed_ss.models import DualModeModel, ModelLoadError
+from packed_ss.schedules import SPECULATIVE
+
+
+def test_nld_is_detected_and_every_tensor_lands_under_its_mapped_name(nld_dir, nld_model):
+    assert nld_model.family == "nemotron"
+    assert type(nld_model.model).__name__ == "Ministral3ForCausalLM"
+    assert (nld_model.mask_token_id, nld_model.eos_token_id, nld_model.bos_token_id) == (NLD_MASK_ID, NLD_EOS_ID,
+                                                                                          NLD_BOS_ID)
+    assert not list(nld_dir.glob("*.py")), "the fixture ships no remote code, so none can have run"
+    stored = load_file(str(nld_dir / "model.safetensors"))
+    loaded = nld_model.model.state_dict()
+    assert torch.equal(loaded["lm_head.weight"], stored["diffusion_head.weight"].double())
+    for name, tensor in stored.items():
+        mapped = "lm_head.weight" if name == "diffusion_head.weight" else "model." + name[len("encoder."):]
+        assert torch.equal(loaded[mapped], tensor.double()), name
+    assert nld_model.encode("w5 w6") == [NLD_BOS_ID, 5, 6]
+    assert NLD_MASK_ID in nld_model.never_emit_ids
+
+
+def test_family_can_be_forced_and_unknown_family_is_refused(nld_dir):
+    with pytest.raises(ModelLoadError, match="unknown model family 'llama'"):
+        DualModeModel.from_pretrained(nld_dir, device="cpu", family="llama")
+    forced = DualModeModel.from_pretrained(nld_dir, device="cpu", dtype="float64", family="nemotron")
+    assert forced.family == "nemotron"
+
+
+@pytest.mark.parametrize("rename,named", [
+    ({"encoder.layers.1.mlp.up_proj.weight": "encoder.layers.1.mlp.upp_proj.weight"}, "upp_proj"),
+    ({"diffusion_head.weight": "lm_head_extra.weight"}, "lm_head"),
+])
+def test_a_checkpoint_with_a_renamed_tensor_is_refused_with_the_key_named(tmp_path, rename, named):
+    write_nld_checkpoint(tmp_path, rename=rename)
+    with pytest.raises(ModelLoadError, match="do not all map") as error:
+        DualModeModel.from_pretrained(tmp_path, device="cpu")
+    assert named in str(error.value) and "missing" in str(error.value)
+
+
+def test_a_plain_checkpoint_missing_a_tensor_is_refused(tiny_model_dir, tmp_path):
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "broken"
+    shutil.copytree(tiny_model_dir, folder)
+    weights = load_file(str(folder / "model.safetensors"))
+    del weights["model.norm.weight"]
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match="model.norm.weight"):
+        DualModeModel.from_pretrained(folder, device="cpu")
+
+
+def test_nld_greedy_speculative_runs_equal_ar_across_the_query_scaling_position(nld_model):
+    """Every speculative schedule returns AR's tokens; prompts end near position 64, where the fixture's
+    Llama-4 query scaling starts, so shared positions in packed calls are exercised across it."""
+    gen = torch.Generator().manual_seed(0)
+    for length in (3, 50, 62):
+        prompt = [NLD_BOS_ID] + torch.randint(20, 90, (length,), generator=gen).tolist()
+        ref = generate(nld_model, prompt, DecodeConfig(max_new_tokens=24), "ar")
+        for block in (2, 4, 8):
+            for name in SPECULATIVE:
+                run = generate(nld_model, prompt, DecodeConfig(block_size=block, max_new_tokens=24), name)
+                assert run.token_ids == ref.token_ids, (name, block, length)
+
+
+@pytest.mark.parametrize("name", SPECULATIVE)
+def test_nld_cache_equals_a_fresh_forward_and_rows_match_table_2(nld_model, name):
+    from packed_ss import decode
+    from transformers import DynamicCache
+
+    prompt, block = [NLD_BOS_ID, 30, 31, 32], 4
+    generated = []
+    for record in decode(nld_model, prompt, DecodeConfig(block_size=block, max_new_tokens=20), name):
+        generated += record.appended
+        ids = (prompt + generated)[: nld_model.cache_length]
+        assert nld_model.cache_length == len(prompt + generated) - 1
+        ref = DynamicCache(config=nld_model.model.config)
+        with torch.no_grad():
+            nld_model.model(input_ids=torch.tensor([ids]), past_key_values=ref, use_cache=True)
+        for layer, ref_layer in zip(nld_model.cache.layers, ref.layers):
+            assert torch.allclose(layer.keys, ref_layer.keys, atol=1e-10)
+        if record.index > 1:  # regular iterations (Table 2): rows and calls per iteration
+            expected = {"linear": (2, 2 * block), "packed": (1, 2 * block), "quadratic": (1, block * (block + 1))}
+            assert (len(record.calls), record.rows) == expected[name]
+
+
+# --- proposal-only drafter LoRA ------------------------------------------------------------------------
+def _packed_call(model, base, prefix, draft, block):
+    """Cache ``prefix`` minus its last token as ``base`` computes it, in ``model``; the packed call's layout
+    and rows."""
+    import copy
+
+    base.reset()
+    first = prefill_layout(prefix[:-1], 0, base.mask_token_id)
+    base.forward(first, first.verify_rows)
+    model.cache, model._length = copy.deepcopy(base.cache), base.cache_length
+    layout = packed_layout(prefix[-1], draft, block - 1, len(prefix) - 1, model.mask_token_id)
+    rows = layout.verify_rows + layout.draft_rows
+    return layout, rows
+
+
+@pytest.fixture(scope="module")
+def lora_models(nld_dir):
+    with_lora = DualModeModel.from_pretrained(nld_dir, device="cpu", dtype="float64", drafter_lora="linear_spec_lora")
+    merged = DualModeModel.from_pretrained(nld_dir, device="cpu", dtype="float64", drafter_lora="linear_spec_lora")
+    for layer in merged.drafter_lora.layers:  # peft's merge: W += scaling * B A, for every row of every call
+        layer.enable_adapters(True)
+        layer.merge(adapter_names=["drafter"])
+    merged.drafter_lora = None  # its forward must not switch (and so unmerge) the merged adapter
+    base = DualModeModel.from_pretrained(nld_dir, device="cpu", dtype="float64")
+    return base, with_lora, merged
+
+
+def test_adapter_in_one_packed_call_changes_draft_rows_only(lora_models):
+    """Verify rows equal the base model's; draft rows equal the merged model's (whose context is the same
+    base-model cache); the adapter really changes the draft rows."""
+    base, with_lora, merged = lora_models
+    prefix, draft, block = [NLD_BOS_ID, 40, 41, 42, 43], [44, 45], 4
+    n_verify = block
+
+    def logits(model, adapter):
+        layout, rows = _packed_call(model, base, prefix, draft, block)
+        kwargs = dict(adapter_rows=layout.proposal_rows) if adapter else {}
+        return model.forward(layout, rows, **kwargs).logits
+
+    plain = logits(base, False)
+    mixed = logits(with_lora, True)
+    full = logits(merged, False)
+    assert torch.allclose(mixed[:n_verify], plain[:n_verify], atol=1e-10)
+    assert torch.allclose(mixed[n_verify:], full[n_verify:], atol=1e-9)
+    assert not torch.allclose(mixed[n_verify:], plain[n_verify:], atol=1e-3)
+    # with the adapter off the loaded adapter changes nothing
+    assert torch.allclose(logits(with_lora, False), plain, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", SPECULATIVE)
+def test_adapter_runs_stay_lossless_and_count_selected_and_evaluated_rows(lora_models, name):
+    base, with_lora, _ = lora_models
+    prompt = [NLD_BOS_ID, 50, 51, 52, 53]
+    block = 4
+    ref = generate(base, prompt, DecodeConfig(max_new_tokens=20), "ar")
+    run = generate(with_lora, prompt, DecodeConfig(block_size=block, max_new_tokens=20, drafter_lora=True), name)
+    assert run.token_ids == ref.token_ids
+    calls = [c for r in run.records for c in r.calls]
+    for call in calls:
+        if call.layout.name == "linear-verify" or call.layout.name == "prefill":
+            assert call.adapter_selected == call.adapter_evaluated == 0  # verification: adapter off
+        else:
+            assert call.adapter_selected == len(call.layout.proposal_rows) > 0
+            assert call.adapter_evaluated == call.layout.rows
+    assert run.adapter_selected_rows == sum(c.adapter_selected for c in calls) > 0
+    if name == "linear":  # its drafting call is all proposal rows: selected == evaluated
+        assert run.adapter_selected_rows == run.adapter_evaluated_rows
+    else:
+        assert run.adapter_selected_rows < run.adapter_evaluated_rows
+
+
+def test_adapter_flag_without_an_adapter_and_broken_adapters_are_refused(nld_dir, nld_model, tmp_path):
+    from packed_ss.schedules.base import PromptError
+
+    with pytest.raises(PromptError, match="no drafter adapter"):
+        generate(nld_model, [NLD_BOS_ID, 5], DecodeConfig(drafter_lora=True), "packed")
+    with pytest.raises(ModelLoadError, match="no adapter_config.json"):
+        DualModeModel.from_pretrained(nld_dir, device="cpu", drafter_lora="nowhere")
+    bad = tmp_path / "bad-adapter"
+    write_lora_adapter(bad, {"encoder.layers.0.self_attn.o_proj.weight": torch.zeros(48, 64)})
+    with pytest.raises(ModelLoadError, match="does not map"):
+        DualModeModel.from_pretrained(nld_dir, device="cpu", drafter_lora=str(bad))
+    config = json.loads((bad / "adapter_config.json").read_text())
+    (bad / "adapter_config.json").write_text(json.dumps({**config, "peft_type": "IA3"}))
+    with pytest.raises(ModelLoadError, match="not LoRA"):
+        DualModeModel.from_pretrained(nld_dir, device="cpu", drafter_lora=str(bad))
