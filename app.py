@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from packed_ss.cli import add_model_flags
 from packed_ss.inputs import model_name
 
 from components.api_defaults import FillApiDefaults, signature_defaults
@@ -97,7 +99,8 @@ def _grid_legend() -> str:
 def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=None, preloaded: dict | None = None,
                allowed_models: Sequence[str] = (), models_held: int = 2, max_rows: int = MAX_ROWS_PER_REQUEST,
                new_tokens_cap: int = NEW_TOKENS_CAP, queue_size: int = 32, step_concurrency: int = 4,
-               compute_concurrency: int = 4) -> gr.Blocks:
+               compute_concurrency: int = 4, family: str | None = None,
+               drafter_lora: str | None = None) -> gr.Blocks:
     """Build the app (nothing is loaded until a request needs a model).
 
     Args:
@@ -112,10 +115,13 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
         compute_concurrency: races / full runs / measurements in progress at once. Whatever the limits,
             model iterations run one at a time (a shared gate, least work first), so measured times
             stay honest and a short request is served between two iterations of a long one.
+        family: force a model family (default: detected from each model's config.json).
+        drafter_lora: drafter adapter (path or model subfolder, e.g. ``linear_spec_lora``) for the models
+            that have one; the page then shows its checkbox.
     Returns: the ``gr.Blocks``; launch it with ``demo.launch(**launch_kwargs(demo))``.
     """
     store = ModelStore(model, device=device, dtype=dtype, preloaded=preloaded, allowed=allowed_models,
-                       capacity=models_held)
+                       capacity=models_held, family=family, drafter_lora=drafter_lora)
     gate = ComputeGate()  # one model iteration at a time, least work first
     tasks = GpuTasks(store, gate)  # the GPU work of each request (spaces.GPU on ZeroGPU)
     sessions = Sessions()
@@ -144,7 +150,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
         settings = make_settings(*values, cap=cap)
         run, note = us.step, ""
         if run is None or run.settings != settings:
-            run = StepRun(settings, store.get(settings.model), tasks=tasks, eager=eager, log=log, gate=gate,
+            run = StepRun(settings, store.get(*settings.model_ref), tasks=tasks, eager=eager, log=log, gate=gate,
                           max_rows=max_rows)
             note = "Settings changed: a new run started." if us.step is not None else ""
             us.step, us.plot_key = run, None
@@ -167,14 +173,16 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                 note = f"The run has ended ({reason or 'no more iterations'}). Press Reset or change a setting."
             return view(us) + [note_html(note) if note else ""], not run.at_end
 
-    def on_step(model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new,
+    def on_step(model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new, lora, precision,
                 request: gr.Request):
-        values = (model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new)
+        values = (model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new, lora,
+                  precision)
         return do_step(values, request)[0]
 
-    def on_tick(model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new,
+    def on_tick(model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new, lora, precision,
                 request: gr.Request):
-        values = (model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new)
+        values = (model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new, lora,
+                  precision)
         outputs, going = do_step(values, request)
         us = sessions.get(request.session_hash)
         if not going:
@@ -219,9 +227,10 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                                gr.Button(value="▶ Play")]
 
     # ---------------------------------------------------------------- race handlers
-    def on_race(model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new, optional,
+    def on_race(model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new, lora, precision, optional,
                 request: gr.Request):
-        values = (model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new)
+        values = (model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new, lora,
+                  precision)
         us = sessions.get(request.session_hash)
         try:
             settings = make_settings(*values, cap=cap)
@@ -244,7 +253,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
         if result is None:
             yield gr.skip(), gr.skip(), gr.skip(), gr.skip()
             return
-        strings = store.strings_for(store.get(result.settings.model))
+        strings = store.strings_for(store.get(*result.settings.model_ref))
         speed = max(0.05, float(speed or 1))
         total = max((lane.total_ms for lane in result.lanes if lane.shown), default=0.0)
         start = time.perf_counter()
@@ -283,7 +292,8 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
     # ---------------------------------------------------------------- API (gradio_client)
     def generate(prompt: str, schedule: str = "packed", block_size: int = 8, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int = 0, max_new_tokens: int = 128,
-                 model: str = "", request: gr.Request = None) -> dict:
+                 model: str = "", drafter_lora: bool = False, precision: str = "",
+                 request: gr.Request = None) -> dict:
         """Decode ``prompt`` to the end with one schedule; returns the run's metrics (JSON).
 
         Errors (bad prompt or settings, a model not offered, work over the budget) come back as a
@@ -291,7 +301,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
         """
         try:
             settings = make_settings(model, prompt, schedule, block_size, temperature, top_k, top_p, seed,
-                                     max_new_tokens, cap=cap)
+                                     max_new_tokens, drafter_lora, precision, cap=cap)
             alive = None if eager or request is None else client_alive(demo, request.session_hash)
             return run_generate(tasks, settings, log=log, max_rows=max_rows, alive=alive).metrics()
         except Exception as error:  # noqa: BLE001 - every failure is a one-line message, never a traceback
@@ -299,7 +309,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
 
     def race(prompt: str, block_size: int = 8, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              seed: int = 0, max_new_tokens: int = 128, lanes: str = "", model: str = "",
-             request: gr.Request = None) -> dict:
+             drafter_lora: bool = False, precision: str = "", request: gr.Request = None) -> dict:
         """Race Linear, Quadratic and Packed (plus ``lanes``: comma-separated "ar", "diffusion") on one prompt.
 
         Each schedule runs alone; AR always runs as the reference. Returns per-lane metrics with
@@ -307,7 +317,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
         """
         try:
             settings = make_settings(model, prompt, "packed", block_size, temperature, top_k, top_p, seed,
-                                     max_new_tokens, cap=cap)
+                                     max_new_tokens, drafter_lora, precision, cap=cap)
             alive = None if eager or request is None else client_alive(demo, request.session_hash)
             return run_race(tasks, settings, extra=parse_lanes(lanes), log=log, max_rows=max_rows,
                             alive=alive).to_json()
@@ -317,7 +327,8 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
     # ---------------------------------------------------------------- layout
     import torch
 
-    if torch.cuda.is_available():
+    on_cuda = torch.cuda.is_available() and not str(device or "").startswith("cpu")
+    if on_cuda:
         device_line = f"Device: **CUDA** ({torch.cuda.get_device_name(0)})"
     else:
         device_line = "Device: **CPU**"
@@ -354,8 +365,15 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                     seed = gr.Number(0, label="Seed", precision=0)
                     limit = gr.Number(128, label=f"New-token limit (at most {cap})", precision=0,
                                       elem_id="limit")
+                with gr.Row():
+                    # Appendix F.2: the adapter changes proposal rows only, so every schedule stays lossless.
+                    lora_box = gr.Checkbox(False, label="Drafter LoRA (proposal rows only)", visible=bool(drafter_lora),
+                                           elem_id="drafter-lora")
+                    precision_box = gr.Dropdown([("bfloat16 (default on CUDA)", ""), ("float32", "float32")],
+                                                value="", label="Precision", visible=on_cuda, elem_id="precision")
         status = gr.HTML("", elem_id="status")
-        settings = (model_box, prompt, schedule, block, temperature, top_k, top_p, seed, limit)
+        settings = (model_box, prompt, schedule, block, temperature, top_k, top_p, seed, limit, lora_box,
+                    precision_box)
 
         with gr.Tabs():
             with gr.Tab("Step through", id="step"):
@@ -442,20 +460,28 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
 def main(argv: Sequence[str] | None = None) -> None:
     """Parse the command line and launch the app (blocks until stopped)."""
     parser = argparse.ArgumentParser(description="packed-ss Gradio app")
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="default model folder or hub id")
+    # A Space sets these in its settings (Variables): the default model, the others offered, the adapter.
+    environ = os.environ
+    allowed_env = [n.strip() for n in environ.get("PACKED_SS_ALLOW_MODELS", "").split(",") if n.strip()]
+    parser.add_argument("--model", default=environ.get("PACKED_SS_MODEL") or DEFAULT_MODEL,
+                        help="default model folder or hub id (env PACKED_SS_MODEL; default: the embedded model)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--dtype", default=None, help="float32, bfloat16... (default: float32 on CPU)")
     parser.add_argument("--host", default=None, help="server name, e.g. 0.0.0.0")
     parser.add_argument("--port", type=int, default=None)
     parser.add_argument("--cap", type=int, default=NEW_TOKENS_CAP, help="largest new-token limit")
-    parser.add_argument("--allow-model", action="append", default=[], metavar="NAME",
-                        help="another folder or hub id visitors may choose (repeatable; default: --model only)")
+    parser.add_argument("--allow-model", action="append", default=None, metavar="NAME",
+                        help="another folder or hub id visitors may choose (repeatable; env PACKED_SS_ALLOW_MODELS, "
+                             "comma-separated; default: --model only)")
     parser.add_argument("--models-held", type=int, default=2, help="models kept loaded at once (default 2)")
     parser.add_argument("--max-rows", type=int, default=MAX_ROWS_PER_REQUEST,
                         help=f"worst-case model rows one request may need (default {MAX_ROWS_PER_REQUEST:,})")
     parser.add_argument("--queue-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    add_model_flags(parser)
+    parser.set_defaults(drafter_lora=environ.get("PACKED_SS_DRAFTER_LORA") or None)
     args = parser.parse_args(argv)
+    allowed = allowed_env if args.allow_model is None else args.allow_model
     for flag, value in (("--cap", args.cap), ("--models-held", args.models_held), ("--max-rows", args.max_rows),
                         ("--queue-size", args.queue_size), ("--threads", 1 if args.threads is None else args.threads)):
         if value < 1:
@@ -469,9 +495,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     problem = device_dtype_problem(args.device, args.dtype)
     if problem:
         parser.error(problem)
-    demo = build_demo(args.model, device=args.device, dtype=args.dtype, allowed_models=args.allow_model,
+    demo = build_demo(args.model, device=args.device, dtype=args.dtype, allowed_models=allowed,
                       models_held=args.models_held, max_rows=args.max_rows, new_tokens_cap=args.cap,
-                      queue_size=args.queue_size)
+                      queue_size=args.queue_size, family=args.family, drafter_lora=args.drafter_lora)
     try:
         demo.launch(server_name=args.host, server_port=args.port, **launch_kwargs(demo))
     except OSError as error:  # e.g. the port is taken

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import plotly.graph_objects as go
 
+from packed_ss.divergence import Divergence, first_difference
 from packed_ss.records import RunRecord
 
 from components.style import SCHEDULE_COLORS, source_class
@@ -35,6 +36,7 @@ class Lane:
         differs: per generated token, whether it differs from the AR reference (empty: no reference).
         first_difference: index of the first differing token (a length difference counts), or None.
         shown: whether the lane is displayed (the AR reference may run hidden).
+        divergence: for a greedy lossless lane that differs: AR's top-2 margin there and the near-tie verdict.
     """
 
     schedule: str
@@ -48,6 +50,7 @@ class Lane:
     differs: tuple[bool, ...] = ()
     first_difference: int | None = None
     shown: bool = True
+    divergence: Divergence | None = None
 
     @property
     def total_ms(self) -> float:
@@ -79,10 +82,7 @@ def lane_from_run(run: RunRecord, title: str, reference: Sequence[int] | None, s
     if reference is not None:
         ref = list(reference)
         differs = tuple(i >= len(ref) or t != ref[i] for i, t in enumerate(run.token_ids))
-        if any(differs):
-            first = differs.index(True)
-        elif len(ref) != len(run.token_ids):
-            first = min(len(ref), len(run.token_ids))
+        first = first_difference(ref, run.token_ids)
     return Lane(schedule=run.schedule, title=title, token_ids=tuple(run.token_ids), sources=tuple(run.sources),
                 wall_ms=tuple(wall), nfe=tuple(nfe), tokens=tuple(tokens), metrics=run.metrics(), differs=differs,
                 first_difference=first, shown=shown)
@@ -172,8 +172,13 @@ def badge_html(lanes: Sequence[Lane], greedy: bool) -> str:
             badges.append(f'<span class="badge ok" data-badge="identical">✓ Greedy outputs of {html.escape(names)} '
                           f'are identical to AR\'s ({n} tokens)</span>')
         for lane in bad:
+            if lane.divergence is not None and lane.divergence.near_tie:
+                badges.append(f'<span class="badge info" data-badge="near-tie">≈ {html.escape(lane.title)}: '
+                              f'{html.escape(lane.divergence.verdict())}</span>')
+                continue
+            why = f": {lane.divergence.verdict()}" if lane.divergence is not None else ""
             badges.append(f'<span class="badge bad" data-badge="differs">✗ {html.escape(lane.title)} differs from '
-                          f'AR at token {lane.first_difference}</span>')
+                          f'AR at token {lane.first_difference}{html.escape(why)}</span>')
     else:
         same = sum(lane.identical for lane in lossless)
         badges.append(f'<span class="badge info" data-badge="sampled">T &gt; 0: every lane samples; lossless lanes '

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from packed_ss.config import DecodeConfig
+from packed_ss.divergence import Divergence, divergence
 from packed_ss.engine import decode, finish_run
 from packed_ss.inputs import PromptTextError, check_prompt, model_name, shown
 from packed_ss.records import IterationRecord, RunRecord, summarize
@@ -37,17 +38,25 @@ NEW_TOKENS_CAP = 512  # largest new-token limit the app accepts
 APP_MAX_BLOCK_SIZE = 32  # Quadratic-SS evaluates B(B+1) rows: 1056 at B = 32
 MAX_PROMPT_CHARS = 20_000
 MAX_SEED = 2**32 - 1  # largest seed the page and the API take (exact as a float; torch takes it)
+PRECISIONS = ("", "bfloat16", "float32")  # "" = the server's default (bfloat16 on CUDA, float32 on CPU)
 
 
 # --- settings ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RunSettings:
-    """Everything that defines a run: model name, prompt text, schedule and decoding config."""
+    """Everything that defines a run: model name, prompt text, schedule, decoding config and the precision
+    the model runs in ("" = the server's default: bfloat16 on CUDA, float32 on CPU)."""
 
     model: str
     prompt: str
     schedule: str
     config: DecodeConfig
+    precision: str = ""
+
+    @property
+    def model_ref(self) -> tuple[str, str]:
+        """(model name, precision): what :meth:`ModelStore.get` takes."""
+        return self.model, self.precision
 
 
 def _whole(value, name: str, low: int | None = None, high: int | None = None) -> int:
@@ -76,13 +85,14 @@ def _real(value, name: str) -> float:
 
 
 def make_settings(model: str | None, prompt: str | None, schedule: str, block_size, temperature, top_k, top_p,
-                  seed, max_new_tokens, *, cap: int = NEW_TOKENS_CAP) -> RunSettings:
+                  seed, max_new_tokens, drafter_lora=False, precision="", *, cap: int = NEW_TOKENS_CAP) -> RunSettings:
     """Validate raw page/API values into :class:`RunSettings`.
 
     Raises:
         UserError: a prompt that is not text, empty or not valid Unicode, a model name that is not text,
             unknown schedule, block size outside [2, 32], negative temperature, new-token limit outside
-            [1, cap], seed outside [0, MAX_SEED], or any value :class:`DecodeConfig` rejects.
+            [1, cap], seed outside [0, MAX_SEED], a drafter-LoRA switch that is not true/false, a precision
+            not in PRECISIONS, or any value :class:`DecodeConfig` rejects.
     """
     try:
         check_prompt(prompt)  # the rule of every front end: non-empty, valid Unicode, whitespace allowed
@@ -97,15 +107,23 @@ def make_settings(model: str | None, prompt: str | None, schedule: str, block_si
     temp = _real(temperature, "temperature")
     if temp < 0:
         raise UserError(f"temperature must be >= 0 (0 = greedy), got {temp}")
+    if drafter_lora is None:
+        drafter_lora = False
+    if not isinstance(drafter_lora, bool):
+        raise UserError(f"drafter_lora must be true or false, got {type(drafter_lora).__name__} {shown(drafter_lora)}")
+    precision = text_value(precision, "precision").strip()
+    if precision not in PRECISIONS:
+        raise UserError(f"precision must be bfloat16 or float32 (empty = the server's default), got {shown(precision)}")
     limit = _whole(max_new_tokens, "new-token limit")
     if not 1 <= limit <= cap:
         raise UserError(f"the new-token limit must be from 1 to {cap} (the app's cap), got {limit}")
     try:
         config = DecodeConfig(block_size=block, temperature=temp, top_k=_whole(top_k, "top-k", 0),
-                              top_p=_real(top_p, "top-p"), max_new_tokens=limit, seed=_whole(seed, "seed", 0, MAX_SEED))
+                              top_p=_real(top_p, "top-p"), max_new_tokens=limit, seed=_whole(seed, "seed", 0, MAX_SEED),
+                              drafter_lora=drafter_lora)
     except ValueError as error:
         raise UserError(str(error)) from None
-    return RunSettings(model=model.strip(), prompt=prompt, schedule=schedule, config=config)
+    return RunSettings(model=model.strip(), prompt=prompt, schedule=schedule, config=config, precision=precision)
 
 
 def text_value(value, name: str) -> str:
@@ -157,18 +175,24 @@ class ModelStore:
         preloaded: already loaded models by name (tests inject theirs here); they are offered too.
         allowed: further folders or hub ids visitors may choose.
         capacity: models held in memory at once (>= 1).
+        family: force a model family for every model (default: detected per model).
+        drafter_lora: drafter adapter (path, or subfolder such as ``linear_spec_lora``) attached to every
+            model that has it; the others load without one.
     """
 
     def __init__(self, default: str = DEFAULT_MODEL, device: str | None = None, dtype=None,
-                 preloaded: dict | None = None, allowed: Sequence[str] = (), capacity: int = 2):
+                 preloaded: dict | None = None, allowed: Sequence[str] = (), capacity: int = 2,
+                 family: str | None = None, drafter_lora: str | None = None):
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.default = str(default)
         self.device = device
         self.dtype = dtype
         self.capacity = capacity
-        self._models: OrderedDict[str, object] = OrderedDict(
-            (self.identity(name), model) for name, model in (preloaded or {}).items())
+        self.family = family
+        self.drafter_lora = drafter_lora
+        self._models: OrderedDict[tuple[str, str], object] = OrderedDict(
+            ((self.identity(name), str(dtype or "")), model) for name, model in (preloaded or {}).items())
         names = [self.default, *(preloaded or {}), *allowed]
         self._offered: dict[str, str] = {}  # identity -> name as the operator gave it
         for name in names:
@@ -203,15 +227,17 @@ class ModelStore:
                             f"{', '.join(repr(model_name(n)) for n in self.offered)}")
         return key
 
-    def get(self, name: str | None):
-        """The loaded :class:`DualModeModel` for ``name`` (loads it on first use).
+    def get(self, name: str | None, precision: str = ""):
+        """The loaded :class:`DualModeModel` for ``name`` in ``precision`` ("" = the server's dtype); loads
+        it on first use (each precision is a model of its own, counted against ``capacity``).
 
         Raises: UserError for a model not offered; ModelLoadError (a ValueError) with a readable message
         when loading fails.
         """
         from packed_ss.models import DualModeModel
 
-        key = self.resolve(name)
+        dtype = precision or self.dtype
+        key = (self.resolve(name), str(dtype or ""))
         with self._lock:
             if key in self._models:
                 self._models.move_to_end(key)
@@ -221,7 +247,8 @@ class ModelStore:
             with self._lock:
                 if key in self._models:
                     return self._models[key]
-            model = DualModeModel.from_pretrained(key, device=self.device, dtype=self.dtype)
+            model = DualModeModel.from_pretrained(key[0], device=self.device, dtype=dtype, family=self.family,
+                                                  drafter_lora=self.drafter_lora, require_adapter=False)
             with self._lock:
                 self._models[key] = model
                 while len(self._models) > self.capacity:
@@ -244,9 +271,9 @@ class ModelStore:
         return strings
 
     def loaded(self) -> list[str]:
-        """Identities of the models held now."""
+        """Identities of the models held now (one entry per precision held)."""
         with self._lock:
-            return list(self._models)
+            return [identity for identity, _ in self._models]
 
 
 # --- measurements -------------------------------------------------------------------------------------
@@ -330,7 +357,7 @@ class StepRun:
             return False
         if self._tasks is not None:
             s = self.settings
-            new = self._tasks.records(s.model, self.prompt_ids, s.config, s.schedule, self.priority)
+            new = self._tasks.records(s.model_ref, self.prompt_ids, s.config, s.schedule, self.priority)
             self.finished = True
         else:
             new = list(itertools.islice(gated(self._iterator, self.gate, self.priority), 1))
@@ -427,6 +454,7 @@ class RaceResult:
             metrics = dict(lane.metrics)
             metrics["identical_to_ar"] = lane.identical
             metrics["first_difference"] = lane.first_difference
+            metrics["divergence"] = lane.divergence.as_dict() if lane.divergence is not None else None
             metrics["shown"] = lane.shown
             lanes[lane.schedule] = metrics
         lossless = [lane for lane in self.lanes if lane.schedule in SPECULATIVE]
@@ -447,7 +475,7 @@ class RaceResult:
 class GpuTasks:
     """The GPU work of each kind of request: one call each, light arguments, CPU data back.
 
-    Each task takes the model *name* (looked up in ``store``, so no model crosses a process boundary),
+    Each task takes the model *name* and precision (looked up in ``store``, so no model crosses a process boundary),
     token ids and a config, and returns records or run records (tensors in them are CPU tensors). When
     the ``spaces`` package is importable every task is wrapped in ``spaces.GPU`` (ZeroGPU). Create one per
     app at start-up.
@@ -460,6 +488,7 @@ class GpuTasks:
         self.race = gpu_task(self._race)
         self.generate = gpu_task(self._generate)
         self.calibration = gpu_task(self._calibration)
+        self.divergence = gpu_task(self._divergence)
 
     def _run(self, model, prompt_ids: Sequence[int], config: DecodeConfig, schedule: str, priority: float,
              alive: Callable[[], bool] | None) -> RunRecord:
@@ -467,13 +496,13 @@ class GpuTasks:
         records = gated(decode(model.share(), list(prompt_ids), config, schedule), self.gate, priority, alive)
         return finish_run(model, records, config, schedule, len(prompt_ids))
 
-    def _records(self, model_name: str, prompt_ids: Sequence[int], config: DecodeConfig,
+    def _records(self, model_ref: tuple[str, str], prompt_ids: Sequence[int], config: DecodeConfig,
                  schedule: str, priority: float = 0.0) -> list[IterationRecord]:
         """Every iteration record of one run (an eager step-through run)."""
-        return list(gated(decode(self.store.get(model_name).share(), list(prompt_ids), config, schedule),
+        return list(gated(decode(self.store.get(*model_ref).share(), list(prompt_ids), config, schedule),
                           self.gate, priority))
 
-    def _race(self, model_name: str, prompt_ids: Sequence[int], config: DecodeConfig,
+    def _race(self, model_ref: tuple[str, str], prompt_ids: Sequence[int], config: DecodeConfig,
               schedules: Sequence[str], priority: float = 0.0,
               alive: Callable[[], bool] | None = None) -> list[RunRecord]:
         """Each schedule to the end, one after the other on its own adapter (wall time measured alone).
@@ -481,20 +510,29 @@ class GpuTasks:
         A two-token AR warm-up runs first so that the first lane does not pay one-off start-up costs.
         Raises: ClientGone between two iterations once ``alive()`` is False.
         """
-        model = self.store.get(model_name)
+        model = self.store.get(*model_ref)
         self._run(model, prompt_ids, DecodeConfig(block_size=config.block_size, max_new_tokens=2), "ar",
                   priority, alive)
         return [self._run(model, prompt_ids, config, s, priority, alive) for s in schedules]
 
-    def _generate(self, model_name: str, prompt_ids: Sequence[int], config: DecodeConfig, schedule: str,
+    def _generate(self, model_ref: tuple[str, str], prompt_ids: Sequence[int], config: DecodeConfig, schedule: str,
                   priority: float = 0.0, alive: Callable[[], bool] | None = None) -> RunRecord:
         """One full run. Raises: ClientGone between two iterations once ``alive()`` is False."""
-        return self._run(self.store.get(model_name), prompt_ids, config, schedule, priority, alive)
+        return self._run(self.store.get(*model_ref), prompt_ids, config, schedule, priority, alive)
 
-    def _calibration(self, model_name: str, prompt_ids: Sequence[int], block_sizes: Sequence[int],
+    def _divergence(self, model_ref: tuple[str, str], prompt_ids: Sequence[int], reference: Sequence[int],
+                    other: Sequence[int]) -> Divergence | None:
+        """Where ``other`` leaves AR's ``reference``, with AR's top-2 margin there (one no-cache forward)."""
+        model = self.store.get(*model_ref)
+        if self.gate is None:
+            return divergence(model, prompt_ids, reference, other)
+        with self.gate.turn(0.0):
+            return divergence(model, prompt_ids, reference, other)
+
+    def _calibration(self, model_ref: tuple[str, str], prompt_ids: Sequence[int], block_sizes: Sequence[int],
                      new_tokens: int) -> list[tuple[int, list[IterationRecord]]]:
         """Short runs of AR (once) and the three speculative schedules at each block size."""
-        model = self.store.get(model_name)
+        model = self.store.get(*model_ref)
         out = []
         for i, b in enumerate(block_sizes):
             config = DecodeConfig(block_size=b, max_new_tokens=new_tokens)
@@ -531,14 +569,14 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
     ModelLoadError; PromptError for empty / too long prompts; ClientGone when ``alive()`` turns False.
     """
     extra = parse_lanes(list(extra))
-    model = tasks.store.get(settings.model)
+    model = tasks.store.get(*settings.model_ref)
     ids = model.encode(settings.prompt)
     decode(model.share(), ids, settings.config, "ar")  # validates the prompt before any work
     schedules = ["ar", *SPECULATIVE] + (["diffusion"] if "diffusion" in extra else [])
     work = check_work(schedules, len(ids), settings.config, max_rows)
     start = time.perf_counter()
     try:
-        runs = tasks.race(settings.model, ids, settings.config, schedules, float(work), alive)
+        runs = tasks.race(settings.model_ref, ids, settings.config, schedules, float(work), alive)
     finally:
         release_memory()
     compute_s = time.perf_counter() - start
@@ -548,6 +586,9 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
     reference = runs[0].token_ids
     lanes = tuple(lane_from_run(run, REGISTRY[run.schedule].title, reference,
                                 shown=run.schedule != "ar" or show_ar or "ar" in extra) for run in runs)
+    if settings.config.greedy:  # a lossless lane that left AR: near-tie (low precision) or bug?
+        lanes = tuple(replace(lane, divergence=tasks.divergence(settings.model_ref, ids, reference, lane.token_ids))
+                      if lane.schedule in SPECULATIVE and not lane.identical else lane for lane in lanes)
     return RaceResult(settings=settings, lanes=lanes, greedy=settings.config.greedy, compute_s=compute_s,
                       prompt_tokens=len(ids))
 
@@ -558,12 +599,12 @@ def run_generate(tasks: GpuTasks, settings: RunSettings, log: TimingLog | None =
 
     Raises: UserError (work beyond ``max_rows``), ModelLoadError, PromptError, ClientGone.
     """
-    model = tasks.store.get(settings.model)
+    model = tasks.store.get(*settings.model_ref)
     ids = model.encode(settings.prompt)
     decode(model.share(), ids, settings.config, settings.schedule)  # validates before any GPU work
     work = check_work([settings.schedule], len(ids), settings.config, max_rows)
     try:
-        run = tasks.generate(settings.model, ids, settings.config, settings.schedule, float(work), alive)
+        run = tasks.generate(settings.model_ref, ids, settings.config, settings.schedule, float(work), alive)
     finally:
         release_memory()
     if log is not None:
@@ -577,11 +618,11 @@ def calibrate(tasks: GpuTasks, settings: RunSettings, log: TimingLog, block_size
 
     Returns: number of calls measured. Raises: ModelLoadError, PromptError.
     """
-    model = tasks.store.get(settings.model)
+    model = tasks.store.get(*settings.model_ref)
     ids = model.encode(settings.prompt)
     decode(model.share(), ids, DecodeConfig(block_size=max(block_sizes), max_new_tokens=new_tokens), "ar")
     calls = 0
-    for b, records in tasks.calibration(settings.model, ids, tuple(block_sizes), new_tokens):
+    for b, records in tasks.calibration(settings.model_ref, ids, tuple(block_sizes), new_tokens):
         log.add(records, b)
         calls += sum(len(r.calls) for r in records)
     return calls

@@ -32,9 +32,11 @@ import pandas as pd
 
 from packed_ss import stats
 from packed_ss.config import MAX_BLOCK_SIZE, DecodeConfig
+from packed_ss.divergence import divergence
 from packed_ss.inputs import PromptTextError, check_prompt, model_name
 
 ALL_SCHEDULES = ("ar", "linear", "quadratic", "packed", "diffusion")
+LOSSLESS = ("linear", "quadratic", "packed")  # greedy outputs must equal REFERENCE's
 REFERENCE = "ar"  # greedy outputs of the lossless schedules must equal this one's
 BASELINE = "linear"  # the decomposition is normalised to this schedule's total time (F.3)
 COMPARISONS = (("packed", "linear"), ("packed", "quadratic"), ("packed", "ar"))  # (numerator, denominator)
@@ -399,6 +401,7 @@ def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progres
     units = plan_runs(config, len(encoded))
     report = progress or (lambda done, total, label: None)
     rows: dict[str, list[dict]] = {"main": [], "probe": []}
+    outputs: dict[tuple[int, int, str], tuple[int, ...]] = {}  # (prompt index, sample, schedule) -> tokens
     interrupted = False
     try:
         if config.warmup:  # untimed: first-call costs (allocations, kernel selection) fall here
@@ -417,12 +420,16 @@ def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progres
             with turn():
                 run = generate(model, ids, config.decode_config(unit.schedule, unit.block_size, seed), unit.schedule)
             rows[unit.phase].append(_example_row(unit, prompt, len(ids), seed, run))
+            if unit.phase == "main":
+                outputs[(unit.prompt_index, unit.sample, unit.schedule)] = run.token_ids
         report(len(units), len(units), "done")
     except KeyboardInterrupt:
         interrupted = True
     examples, probe = _frame(rows["main"]), _frame(rows["probe"])
+    divergences = greedy_divergences(model, encoded, outputs, turn) if config.temperature == 0 else []
     info = {
         **(meta or {}),
+        "divergences": divergences,
         "prompts_given": len(prompts),
         "skipped_prompts": skipped,
         "runs_planned": len(units),
@@ -433,6 +440,24 @@ def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progres
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     return BenchResult(examples, probe, summarize(examples, config, probe, info), interrupted)
+
+
+def greedy_divergences(model, encoded: Sequence[tuple], outputs: dict, turn=nullcontext) -> list[dict]:
+    """For each greedy lossless run whose tokens differ from AR's (same prompt and sample): where, and
+    AR's top-2 logit margin there (:func:`packed_ss.divergence.divergence`). Empty for models without
+    a ``transformers`` network (scripted test models)."""
+    if getattr(model, "model", None) is None:
+        return []
+    found = []
+    for (index, sample, schedule), tokens in sorted(outputs.items()):
+        reference = outputs.get((index, sample, REFERENCE))
+        if schedule not in LOSSLESS or reference is None or tuple(reference) == tuple(tokens):
+            continue
+        prompt, ids = encoded[index]
+        with turn():
+            found_here = divergence(model, ids, reference, tokens)
+        found.append({"schedule": schedule, "prompt_id": prompt.id, "sample": sample, **found_here.as_dict()})
+    return found
 
 
 def _model_dtype(model) -> str:
@@ -538,11 +563,15 @@ def compare(examples: pd.DataFrame, numerator: str, denominator: str, prompts: S
     }
 
 
-def lossless_check(examples: pd.DataFrame, schedules: Sequence[str], temperature: float) -> dict:
+def lossless_check(examples: pd.DataFrame, schedules: Sequence[str], temperature: float,
+                   divergences: Sequence[dict] = ()) -> dict:
     """Count greedy runs whose output differs from AR's on the same prompt and sample.
 
+    ``divergences``: one dict per differing run (:func:`greedy_divergences`): schedule, prompt_id, first
+    differing index, AR's top-2 logit margin there and whether it is a near-tie for the dtype.
     Returns: ``{"applies": bool, "reason": str, "by_schedule": {name: {"compared", "differing",
-    "expected_zero", "differing_prompts"}}}``; it applies only at T = 0 with AR measured.
+    "expected_zero", "differing_prompts", "near_ties", "differences"}}}``; it applies only at T = 0 with
+    AR measured. A differing lossless run that is not a near-tie is an engine bug.
     """
     if temperature != 0:
         return {"applies": False, "reason": "T > 0: outputs are samples, equal only in distribution",
@@ -558,9 +587,11 @@ def lossless_check(examples: pd.DataFrame, schedules: Sequence[str], temperature
         own = examples[examples["schedule"] == schedule].set_index(key)
         joined = own.join(reference.rename("reference"), how="inner")
         differing = joined[joined["token_hash"] != joined["reference"]]
+        mine = [d for d in divergences if d["schedule"] == schedule]
         result[schedule] = {"compared": len(joined), "differing": len(differing),
-                            "expected_zero": schedule in ("linear", "quadratic", "packed"),
-                            "differing_prompts": sorted(set(map(str, differing["prompt_id"])))}
+                            "expected_zero": schedule in LOSSLESS,
+                            "differing_prompts": sorted(set(map(str, differing["prompt_id"]))),
+                            "near_ties": sum(bool(d["near_tie"]) for d in mine), "differences": mine}
     return {"applies": True, "reason": "greedy: lossless schedules must reproduce AR token for token",
             "by_schedule": result}
 
@@ -625,7 +656,7 @@ def summarize(examples: pd.DataFrame, config: BenchConfig, probe: pd.DataFrame |
         "definitions": DEFINITIONS,
         "schedules": per_schedule,
         "comparisons": comparisons,
-        "lossless": lossless_check(used, schedules, config.temperature),
+        "lossless": lossless_check(used, schedules, config.temperature, (meta or {}).get("divergences", ())),
         "decomposition": decomposition(per_schedule),
         "probe": probe_table(probe if probe is not None else _frame([])),
     }

@@ -31,20 +31,30 @@ class _Parser(argparse.ArgumentParser):
 def decode_config(args) -> DecodeConfig:
     """The :class:`DecodeConfig` of parsed ``generate`` arguments. Raises ValueError with a one-line message."""
     return DecodeConfig(block_size=args.block_size, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                        max_new_tokens=args.max_new_tokens, seed=args.seed, stop_strings=tuple(args.stop))
+                        max_new_tokens=args.max_new_tokens, seed=args.seed, stop_strings=tuple(args.stop),
+                        drafter_lora=bool(args.drafter_lora))
 
 
-def load_model(name: str, device: str | None, dtype: str | None):
+def load_model(name: str, device: str | None, dtype: str | None, family: str | None = None,
+               drafter_lora: str | None = None):
     """``DualModeModel.from_pretrained`` with every failure (bad device included) as a one-line ValueError."""
     from packed_ss.models import DualModeModel, ModelLoadError
 
     try:
-        return DualModeModel.from_pretrained(name, device=device, dtype=dtype)
+        return DualModeModel.from_pretrained(name, device=device, dtype=dtype, family=family, drafter_lora=drafter_lora)
     except ModelLoadError:
         raise
     except (RuntimeError, AssertionError, AttributeError, TypeError) as error:  # e.g. moving to a missing device
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ValueError(f"cannot load model {name!r} on {device or 'the default device'}: {first}") from None
+
+
+def add_model_flags(parser: argparse.ArgumentParser) -> None:
+    """``--family`` and ``--drafter-lora``, shared by the CLI and app.py."""
+    parser.add_argument("--family", default=None, choices=("plain", "nemotron"),
+                        help="model family (default: detected from config.json)")
+    parser.add_argument("--drafter-lora", default=None, metavar="PATH_OR_SUBFOLDER",
+                        help="peft LoRA applied to proposal rows only, e.g. linear_spec_lora (NLD's subfolder)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -68,6 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     gen.add_argument("--dtype", default=None, help=f"one of {', '.join(DTYPES)} (default float32 on CPU)")
     gen.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    add_model_flags(gen)
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
 
@@ -90,7 +101,7 @@ def _generate(args) -> int:
         # One rule for prompts in every front end (packed_ss.inputs); --prompt bytes that are not UTF-8
         # reach Python as lone surrogates and are refused there.
         prompt = read_prompt_file(args.prompt_file) if args.prompt_file is not None else check_prompt(args.prompt)
-        model = load_model(args.model, args.device, args.dtype)
+        model = load_model(args.model, args.device, args.dtype, args.family, args.drafter_lora)
         run = generate(model, model.encode(prompt), config, args.schedule)
     except (ValueError, ModelLoadError, UsageError) as error:
         raise UsageError(str(error).splitlines()[0] if str(error) else type(error).__name__) from None

@@ -181,3 +181,36 @@ def test_adapter_flag_without_an_adapter_and_broken_adapters_are_refused(nld_dir
     (bad / "adapter_config.json").write_text(json.dumps({**config, "peft_type": "IA3"}))
     with pytest.raises(ModelLoadError, match="not LoRA"):
         DualModeModel.from_pretrained(nld_dir, device="cpu", drafter_lora=str(bad))
+
+
+# --- the app on an NLD checkpoint ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def nld_server(nld_dir):
+    """``python app.py --model <nld folder> --drafter-lora linear_spec_lora`` (tiny NLD fixture)."""
+    import app
+    from helpers import serve
+
+    demo = app.build_demo(str(nld_dir), dtype="float64", drafter_lora="linear_spec_lora", new_tokens_cap=32)
+    yield from serve(demo)
+
+
+def test_app_serves_steps_and_a_race_on_an_nld_checkpoint(nld_server):
+    from gradio_client import Client
+
+    client = Client(nld_server, verbose=False)
+    prompt = " ".join(f"w{i}" for i in range(20, 30))
+    for lora in (False, True):
+        ui = ("", prompt, "packed", 4, 0.0, 0, 1.0, 0, 12, lora, "")
+        first = client.predict(*ui, api_name="/step")
+        second = client.predict(*ui, api_name="/step")
+        assert 'class="token-grid"' in second[1] and "error" not in str(second[5]).lower()
+        assert first[0]["value"] == 1 and second[0]["value"] == 2
+        client.predict(api_name="/reset")
+    race = client.predict(prompt, max_new_tokens=12, block_size=4, drafter_lora=True, api_name="/race")
+    assert race["lossless_identical_to_ar"] is True
+    assert set(race["lanes"]) >= {"linear", "quadratic", "packed"}
+    run = client.predict(prompt, schedule="linear", max_new_tokens=12, block_size=4, drafter_lora=True,
+                         api_name="/generate")
+    assert run["adapter_selected_rows"] == run["adapter_evaluated_rows"] > 0
+    with pytest.raises(Exception, match="precision must be"):
+        client.predict(prompt, max_new_tokens=4, precision="int8", api_name="/generate")

@@ -121,7 +121,7 @@ class DualModeModel:
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, device: str | None = None,
                         dtype: str | torch.dtype | None = None, family: str | None = None,
-                        drafter_lora: str | None = None) -> "DualModeModel":
+                        drafter_lora: str | None = None, require_adapter: bool = True) -> "DualModeModel":
         """Load a model and tokenizer from a local folder or a hub id, strictly (every weight mapped).
 
         Args:
@@ -134,6 +134,8 @@ class DualModeModel:
                 from ``config.json`` (``model_type``, ``architectures``).
             drafter_lora: a peft LoRA folder, or the name of the model's subfolder holding one (NLD:
                 ``linear_spec_lora``), applied to proposal rows only (:mod:`packed_ss.models.lora`).
+            require_adapter: when False, a model without that adapter loads without one (a server offering
+                several models); when True (default) it is an error.
         Raises:
             ModelLoadError: missing folder, unreadable config, unknown family, weights that do not all map
             (keys named), no mask token id, or an adapter that does not load.
@@ -172,7 +174,11 @@ class DualModeModel:
             from packed_ss.models.lora import DrafterLora, adapter_folder
 
             folder = adapter_folder(local if local.exists() else None, name, drafter_lora, local_only)
-            lora = DrafterLora.load(model, folder, checkpoint.adapter_name)
+            if folder is not None:
+                lora = DrafterLora.load(model, folder, checkpoint.adapter_name)
+            elif require_adapter:
+                raise ModelLoadError(f"drafter adapter {drafter_lora!r}: no adapter_config.json there or in "
+                                     f"the model's subfolder {drafter_lora!r}")
         return cls(model.to(device), checkpoint.tokenizer, checkpoint.mask_token_id, checkpoint.eos_token_id,
                    checkpoint.bos_token_id, checkpoint.family, lora)
 

@@ -27,10 +27,11 @@ ADAPTER_NAME = "drafter"
 PEFT_PREFIX = "base_model.model."  # peft's saved-key prefix before the module path
 
 
-def adapter_folder(model_source: Path | None, model_name: str, spec: str, local_only: bool) -> Path:
-    """Local folder of a drafter adapter given as a path, or as a subfolder of the model (folder or hub).
+def adapter_folder(model_source: Path | None, model_name: str, spec: str, local_only: bool) -> Path | None:
+    """Local folder of a drafter adapter given as a path, or as a subfolder of the model (folder or hub);
+    None when there is none (no ``adapter_config.json`` found).
 
-    Raises: ModelLoadError when no ``adapter_config.json`` is found there.
+    Raises: ModelLoadError when a hub subfolder cannot be fetched (offline, missing repository).
     """
     candidates = [Path(spec).expanduser()]
     if model_source is not None:
@@ -38,18 +39,18 @@ def adapter_folder(model_source: Path | None, model_name: str, spec: str, local_
     for folder in candidates:
         if (folder / "adapter_config.json").is_file():
             return folder
-    if not Path(model_name).expanduser().exists():  # a hub model: fetch only that subfolder
+    if model_source is None:  # a hub model: fetch only that subfolder
         try:
             from huggingface_hub import snapshot_download
 
             root = snapshot_download(model_name, allow_patterns=[f"{spec.strip('/')}/*"], local_files_only=local_only)
-            folder = Path(root) / spec
-            if (folder / "adapter_config.json").is_file():
-                return folder
-        except Exception as error:  # noqa: BLE001 - offline, missing repo: one message below
+        except Exception as error:  # noqa: BLE001 - offline, missing repo: one message
             raise ModelLoadError(f"cannot fetch drafter adapter {spec!r} of {model_name!r}: "
                                  f"{type(error).__name__}") from error
-    raise ModelLoadError(f"drafter adapter {spec!r}: no adapter_config.json there or in the model's subfolder {spec!r}")
+        folder = Path(root) / spec
+        if (folder / "adapter_config.json").is_file():
+            return folder
+    return None
 
 
 class DrafterLora:

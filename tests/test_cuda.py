@@ -1,0 +1,104 @@
+"""The embedded model on a CUDA device: lossless in float32, well-formed runs in bfloat16, exact cache.
+
+Every test is skipped unless ``torch.cuda.is_available()``; the module is skipped when the embedded
+model (``assets/model``) has no weights. ``scripts/gpu_check.py`` runs this file on a GPU machine.
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from packed_ss import DecodeConfig, generate
+from packed_ss.schedules import REGISTRY, SPECULATIVE
+
+EMBEDDED = Path(__file__).resolve().parents[1] / "assets" / "model"
+if not (EMBEDDED / "model.safetensors").exists():
+    pytest.skip("assets/model has no weights", allow_module_level=True)
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+PROMPTS = (
+    "def fibonacci(n):\n",
+    "import os\n\ndef list_files(path):\n",
+    "The quick brown fox",
+)
+NEW_TOKENS = 48
+
+
+def _load(dtype: str):
+    from packed_ss.models import DualModeModel
+
+    return DualModeModel.from_pretrained(EMBEDDED, device="cuda", dtype=dtype)
+
+
+@pytest.fixture(scope="module")
+def cuda_float32():
+    """The embedded model on CUDA in float32."""
+    return _load("float32")
+
+
+@pytest.fixture(scope="module")
+def cuda_bfloat16():
+    """The embedded model on CUDA in bfloat16."""
+    return _load("bfloat16")
+
+
+def _top2_margin(model, ids):
+    """top1 - top2 of the next-token logits after ``ids`` (logits, no-cache forward), for failure messages."""
+    with torch.no_grad():
+        logits = model.model(input_ids=torch.tensor([ids], device=model.device), use_cache=False).logits[0, -1]
+    logits = logits.float()
+    logits[list(model.never_emit_ids)] = float("-inf")
+    top = logits.topk(2).values
+    return float(top[0] - top[1])
+
+
+@pytest.mark.parametrize("block_size", [4, 8])
+def test_float32_speculative_schedules_equal_ar(cuda_float32, block_size):
+    model = cuda_float32
+    config = DecodeConfig(block_size=block_size, max_new_tokens=NEW_TOKENS)
+    for text in PROMPTS:
+        prompt = model.encode(text)
+        ar = generate(model, prompt, config, "ar")
+        for name in SPECULATIVE:
+            run = generate(model, prompt, config, name)
+            if run.token_ids != ar.token_ids:
+                at = next((i for i, (a, b) in enumerate(zip(ar.token_ids, run.token_ids)) if a != b),
+                          min(ar.tokens, run.tokens))
+                margin = _top2_margin(model, prompt + list(ar.token_ids[:at]))
+                pytest.fail(f"{name} (B={block_size}) differs from AR on {text!r} at token {at}; "
+                            f"AR's top-2 margin there is {margin:.3g} logits")
+            assert run.stop_reason == ar.stop_reason
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_bfloat16_runs_are_well_formed(cuda_bfloat16, name):
+    model = cuda_bfloat16
+    config = DecodeConfig(block_size=8, max_new_tokens=NEW_TOKENS)
+    for text in PROMPTS:
+        run = generate(model, model.encode(text), config, name)
+        assert run.stop_reason in ("eos", "limit")
+        assert 1 <= run.tokens <= NEW_TOKENS
+        assert all(0 <= t < len(model.tokenizer) for t in run.token_ids)
+        assert model.mask_token_id not in run.token_ids
+        times = [call.model_ms for record in run.records for call in record.calls]
+        assert len(times) == run.nfe and all(ms > 0 for ms in times)
+
+
+def test_float32_cache_after_packed_run_equals_a_fresh_forward(cuda_float32):
+    from transformers import DynamicCache
+
+    model = cuda_float32
+    prompt = model.encode(PROMPTS[0])
+    run = generate(model, prompt, DecodeConfig(block_size=8, max_new_tokens=NEW_TOKENS), "packed")
+    ids = prompt + list(run.token_ids)
+    cached = model.cache_length
+    assert cached == len(ids) - 1  # the verified prefix minus its last token
+    reference = DynamicCache(config=model.model.config)
+    with torch.no_grad():
+        model.model(input_ids=torch.tensor([ids[:cached]], device=model.device), past_key_values=reference,
+                    use_cache=True)
+    for layer, ref_layer in zip(model.cache.layers, reference.layers, strict=True):
+        torch.testing.assert_close(layer.keys, ref_layer.keys, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(layer.values, ref_layer.values, atol=1e-4, rtol=1e-4)
