@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from packed_ss import DecodeConfig, generate
+from packed_ss.divergence import divergence
 from packed_ss.schedules import REGISTRY, SPECULATIVE
 
 EMBEDDED = Path(__file__).resolve().parents[1] / "assets" / "model"
@@ -44,16 +45,6 @@ def cuda_bfloat16():
     return _load("bfloat16")
 
 
-def _top2_margin(model, ids):
-    """top1 - top2 of the next-token logits after ``ids`` (logits, no-cache forward), for failure messages."""
-    with torch.no_grad():
-        logits = model.model(input_ids=torch.tensor([ids], device=model.device), use_cache=False).logits[0, -1]
-    logits = logits.float()
-    logits[list(model.never_emit_ids)] = float("-inf")
-    top = logits.topk(2).values
-    return float(top[0] - top[1])
-
-
 @pytest.mark.parametrize("block_size", [4, 8])
 def test_float32_speculative_schedules_equal_ar(cuda_float32, block_size):
     model = cuda_float32
@@ -63,12 +54,9 @@ def test_float32_speculative_schedules_equal_ar(cuda_float32, block_size):
         ar = generate(model, prompt, config, "ar")
         for name in SPECULATIVE:
             run = generate(model, prompt, config, name)
-            if run.token_ids != ar.token_ids:
-                at = next((i for i, (a, b) in enumerate(zip(ar.token_ids, run.token_ids)) if a != b),
-                          min(ar.tokens, run.tokens))
-                margin = _top2_margin(model, prompt + list(ar.token_ids[:at]))
-                pytest.fail(f"{name} (B={block_size}) differs from AR on {text!r} at token {at}; "
-                            f"AR's top-2 margin there is {margin:.3g} logits")
+            found = divergence(model, prompt, ar.token_ids, run.token_ids)
+            if found is not None:
+                pytest.fail(f"{name} (B={block_size}) differs from AR on {text!r}: {found.verdict()}")
             assert run.stop_reason == ar.stop_reason
 
 

@@ -162,7 +162,7 @@ class DualModeModel:
             raise (ModelLoadError(offline) if local_only else error) from error
         chosen = pick_family(config, family)
         try:
-            checkpoint = chosen.load(name, config, dtype, local_only)
+            checkpoint = chosen.load(name, config, dtype, str(device), local_only)
         except ModelLoadError:
             raise
         except Exception as error:  # any loader failure becomes one clear message

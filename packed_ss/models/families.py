@@ -55,8 +55,9 @@ class Family(Protocol):
         """Whether ``config.json`` (as a dict) is this family's."""
         ...
 
-    def load(self, name: str, config: dict, dtype, local_only: bool) -> Checkpoint:
-        """Load ``name`` (folder or hub id) on the CPU in ``dtype``. Raises: ModelLoadError."""
+    def load(self, name: str, config: dict, dtype, device: str, local_only: bool) -> Checkpoint:
+        """Load ``name`` (folder or hub id) in ``dtype`` straight onto ``device`` (no CPU copy of a GPU
+        model). Raises: ModelLoadError."""
         ...
 
 

@@ -64,7 +64,7 @@ class NemotronLabsDiffusion:
     def matches(self, config: dict) -> bool:
         return config.get("model_type") == MODEL_TYPE or ARCHITECTURE in (config.get("architectures") or ())
 
-    def load(self, name: str, config: dict, dtype, local_only: bool) -> Checkpoint:
+    def load(self, name: str, config: dict, dtype, device: str, local_only: bool) -> Checkpoint:
         from transformers import AutoTokenizer, Ministral3ForCausalLM
 
         if config.get("mask_token_id") is None:
@@ -73,8 +73,8 @@ class NemotronLabsDiffusion:
         # Passing the mapped config keeps both loaders away from config.json's auto_map (remote code).
         tokenizer = AutoTokenizer.from_pretrained(name, config=mapped, local_files_only=local_only)
         model, info = Ministral3ForCausalLM.from_pretrained(
-            name, config=mapped, key_mapping=KEY_MAPPING, dtype=dtype, attn_implementation="sdpa",
-            local_files_only=local_only, output_loading_info=True)
+            name, config=mapped, key_mapping=KEY_MAPPING, dtype=dtype, device_map=device,
+            attn_implementation="sdpa", local_files_only=local_only, output_loading_info=True)
         # Rotary frequencies are recomputed from the config; a checkpoint that stored them loses nothing.
         refuse_partial_load(name, info, ignored=lambda key: key.endswith("rotary_emb.inv_freq"))
         eos = config.get("eos_token_id")

@@ -17,12 +17,13 @@ class PlainCausalLM:
     def matches(self, config: dict) -> bool:
         return True  # the fallback: anything AutoModelForCausalLM knows
 
-    def load(self, name: str, config: dict, dtype, local_only: bool) -> Checkpoint:
+    def load(self, name: str, config: dict, dtype, device: str, local_only: bool) -> Checkpoint:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local_only)
-        model, info = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, attn_implementation="sdpa",
-                                                           local_files_only=local_only, output_loading_info=True)
+        model, info = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, device_map=device,
+                                                           attn_implementation="sdpa", local_files_only=local_only,
+                                                           output_loading_info=True)
         refuse_partial_load(name, info)
         mask_id = getattr(model.config, "mask_token_id", None)
         if mask_id is None:

@@ -1,0 +1,488 @@
+"""One-shot GPU check: environment, CUDA tests, lossless check with near-tie margins, per-call cost, one race.
+
+Usage::
+
+    python scripts/gpu_check.py [--out gpu_check.json] [--device cuda] [--quick] [--budget-s 270]
+
+Writes ONE JSON file (rewritten after every section, so a run cut short still leaves what it measured)
+with the sections:
+
+1. ``environment``: Python, torch and transformers versions, device name, CUDA version, dtypes checked.
+2. ``cuda_tests``: ``pytest -q tests/test_cuda.py`` run in a subprocess: exit code and summary line.
+3. ``lossless``: greedy decoding of the embedded model (``assets/model``) in float32 and bfloat16; for
+   each speculative schedule, the prompts whose tokens differ from AR's in the same dtype, with the first
+   differing index and AR's top-2 logit margin there (logits, from one no-cache forward) and whether
+   that margin is a near-tie (threshold per dtype, written into the JSON).
+4. ``per_call_cost``: model time of one causal call (milliseconds, CUDA-synchronised) against its row
+   count R = 1, 2, 4, ..., 256 on top of a fixed cached prefix, median of several repeats after warm-up,
+   for the embedded model (float32, bfloat16) and a randomly initialised ~1B-parameter model of
+   Nemotron-Labs-Diffusion's shape (Ministral3, bfloat16).
+5. ``race``: AR, Linear-SS, Quadratic-SS and Packed-SS on one prompt (embedded model, bfloat16, B = 8,
+   128 new tokens), repeats in rotated order: medians of wall time (s), tokens/NFE, time/NFE (ms) and
+   throughput (tokens/s).
+
+The whole check keeps within ``--budget-s`` seconds (default 270, so that it ends within 5 minutes
+with model loading and start-up): sections that no longer fit are recorded as ``"skipped: time
+budget"``. Expected failures (no CUDA, out of memory, a load error) are recorded as strings in the JSON
+and the remaining sections still run. ``--quick`` shrinks every size so that ``--device cpu --quick``
+finishes in well under two minutes on a laptop CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+EMBEDDED = ROOT / "assets" / "model"
+DTYPES = ("float32", "bfloat16")  # dtypes the lossless check and the embedded model's cost cover
+SKIPPED = "skipped: time budget"
+
+PROMPTS = (
+    "def fibonacci(n):\n",
+    "def is_even(n):\n    \"\"\"Return True when n is even.\"\"\"\n",
+    "import os\n\ndef list_files(path):\n",
+    "class Stack:\n    def __init__(self):\n",
+    "for i in range(10):\n",
+    "The quick brown fox",
+    "# Sort a list of numbers\nnumbers = [5, 3, 8, 1]\n",
+    "def read_json(path):\n    with open(path) as f:\n",
+)
+
+# Nemotron-Labs-Diffusion-like decoder of about 1B parameters (Ministral3 layers, yarn rope with the
+# Llama-4 query scaling), and a few-MB version of it for --quick.
+NLD_SHAPE = dict(hidden_size=2048, head_dim=128, num_attention_heads=16, num_key_value_heads=8,
+                 num_hidden_layers=16, intermediate_size=6144, vocab_size=131072)
+NLD_QUICK_SHAPE = dict(hidden_size=64, head_dim=16, num_attention_heads=4, num_key_value_heads=2,
+                       num_hidden_layers=2, intermediate_size=128, vocab_size=4096)
+NLD_ROPE = {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 16384, "rope_theta": 1e6,
+            "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+            "llama_4_scaling_beta": 0.1}
+NLD_MASK_ID = 100
+
+
+class Sizes:
+    """Sizes of one check: full (on a GPU) or ``--quick`` (tiny, for trying the script on a CPU)."""
+
+    def __init__(self, quick: bool):
+        self.prompts = PROMPTS[:2] if quick else PROMPTS
+        self.block_size = 8
+        self.lossless_tokens = 16 if quick else 64  # new tokens per lossless run
+        self.cost_prefix = 16 if quick else 128  # cached tokens under each timed call
+        self.cost_rows = tuple(2**k for k in range(5 if quick else 9))  # R = 1..16 or 1..256
+        self.cost_repeats = 3 if quick else 7  # timed calls per R (median taken)
+        self.cost_warmup = 1 if quick else 3  # untimed calls per R before the timed ones
+        self.nld_shape = NLD_QUICK_SHAPE if quick else NLD_SHAPE
+        self.race_tokens = 32 if quick else 128
+        self.race_repeats = 2 if quick else 3
+        self.race_schedules = ("ar", "linear", "quadratic", "packed")
+
+
+class Budget:
+    """Wall-clock budget of the whole check, in seconds from the script's start."""
+
+    def __init__(self, total_s: float):
+        self.total_s = total_s
+        self.start = time.perf_counter()
+
+    def elapsed(self) -> float:
+        """Seconds since the start."""
+        return time.perf_counter() - self.start
+
+    def left(self) -> float:
+        """Seconds still available (negative once over)."""
+        return self.total_s - self.elapsed()
+
+    def allows(self, needed_s: float) -> bool:
+        """Whether ``needed_s`` more seconds still fit."""
+        return self.left() >= needed_s
+
+
+def error_text(error: BaseException) -> dict:
+    """An exception as JSON: its one-line message and the innermost frame it came from (no traceback)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
+    return {"error": f"{type(error).__name__}: {error}".strip(), "where": where}
+
+
+def median(values) -> float | None:
+    values = list(values)
+    return statistics.median(values) if values else None
+
+
+def free_memory() -> None:
+    """Release what deleted models left on the GPU (no-op without CUDA)."""
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# --- 1. environment --------------------------------------------------------------------------------
+def environment(device: str, quick: bool, budget_s: float) -> dict:
+    """Versions and the device this check ran on."""
+    import torch
+    import transformers
+
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "device": device,
+        "cuda_version": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "dtypes": list(DTYPES),
+        "quick": quick,
+        "budget_s": budget_s,
+    }
+    if torch.device(device).type == "cuda" and torch.cuda.is_available():
+        index = torch.device(device).index or 0
+        props = torch.cuda.get_device_properties(index)
+        info.update(device_name=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1),
+                    compute_capability=f"{props.major}.{props.minor}",
+                    cudnn_version=torch.backends.cudnn.version(), bf16_supported=torch.cuda.is_bf16_supported())
+    else:
+        info.update(device_name=platform.processor() or platform.machine(), cpu_threads=torch.get_num_threads())
+    return info
+
+
+# --- 2. CUDA tests ---------------------------------------------------------------------------------
+def cuda_tests(timeout_s: float) -> dict:
+    """Run ``pytest -q tests/test_cuda.py`` in a subprocess; exit code, summary line and wall time (s)."""
+    command = [sys.executable, "-m", "pytest", "-q", "tests/test_cuda.py"]
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"command": " ".join(command[1:]), "exit_code": None,
+                "summary": f"timed out after {timeout_s:.0f} s", "wall_s": time.perf_counter() - start}
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    result = {"command": " ".join(command[1:]), "exit_code": done.returncode,
+              "summary": lines[-1] if lines else "(no output)", "wall_s": time.perf_counter() - start}
+    if done.returncode not in (0, 5):  # 5: no tests collected; anything else: keep the failures' tail
+        result["output_tail"] = "\n".join(lines[-40:])[-4000:]
+        if done.stderr.strip():
+            result["stderr_tail"] = done.stderr.strip()[-2000:]
+    return result
+
+
+# --- models ----------------------------------------------------------------------------------------
+class Models:
+    """The embedded model, loaded once per dtype on the check's device."""
+
+    def __init__(self, device: str):
+        self.device = device
+        self._loaded = {}
+
+    def embedded(self, dtype: str):
+        if dtype not in self._loaded:
+            from packed_ss.models import DualModeModel
+
+            self._loaded[dtype] = DualModeModel.from_pretrained(EMBEDDED, device=self.device, dtype=dtype)
+        return self._loaded[dtype]
+
+
+def nld_shaped_model(device: str, shape: dict, tokenizer):
+    """A randomly initialised Ministral3 model of ``shape`` in bfloat16, built directly on ``device``.
+
+    Wrapped as a :class:`DualModeModel` with the embedded model's tokenizer, mask id 100 and no EOS.
+    """
+    import torch
+    from transformers import Ministral3Config, Ministral3ForCausalLM
+
+    from packed_ss.models import DualModeModel
+
+    vocab = max(shape["vocab_size"], len(tokenizer))
+    config = Ministral3Config(**{**shape, "vocab_size": vocab}, rope_parameters=dict(NLD_ROPE),
+                              tie_word_embeddings=False, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Ministral3ForCausalLM._from_config(config, dtype=torch.bfloat16)
+    return DualModeModel(model, tokenizer, mask_token_id=NLD_MASK_ID, eos_token_id=None)
+
+
+# --- 3. lossless -----------------------------------------------------------------------------------
+def lossless(models: Models, sizes: Sizes, budget: Budget) -> dict:
+    """Greedy tokens of every speculative schedule against AR's, per dtype, with margins at differences."""
+    from packed_ss import DecodeConfig, generate
+    from packed_ss.schedules import SPECULATIVE
+
+    from packed_ss.divergence import NEAR_TIE_LOGITS
+
+    config = DecodeConfig(block_size=sizes.block_size, max_new_tokens=sizes.lossless_tokens)
+    thresholds = {str(dtype).removeprefix("torch."): value for dtype, value in NEAR_TIE_LOGITS.items()}
+    result = {"near_tie_threshold_logits": thresholds, "block_size": config.block_size,
+              "max_new_tokens": config.max_new_tokens, "prompts": list(sizes.prompts)}
+    for dtype in DTYPES:
+        if not budget.allows(20):
+            result[dtype] = SKIPPED
+            continue
+        try:
+            result[dtype] = lossless_one_dtype(models.embedded(dtype), dtype, sizes, config, budget,
+                                               SPECULATIVE, generate)
+        except Exception as error:  # noqa: BLE001 - record and go on with the next dtype
+            result[dtype] = error_text(error)
+    return result
+
+
+def lossless_one_dtype(model, dtype, sizes, config, budget, schedules, generate) -> dict:
+    """Per schedule: prompts checked, prompts differing from AR, and each difference with AR's top-2
+    margin there and the near-tie verdict (:func:`packed_ss.divergence.divergence`)."""
+    from packed_ss.divergence import divergence
+
+    per_schedule = {name: {"prompts_checked": 0, "prompts_differing": 0, "differences": []} for name in schedules}
+    out = {"schedules": per_schedule}
+    for index, text in enumerate(sizes.prompts):
+        if not budget.allows(15):
+            out["partial"] = f"{SKIPPED} after {index} prompts"
+            break
+        prompt = model.encode(text)
+        ar = list(generate(model, prompt, config, "ar").token_ids)
+        for name in schedules:
+            tokens = list(generate(model, prompt, config, name).token_ids)
+            entry = per_schedule[name]
+            entry["prompts_checked"] += 1
+            found = divergence(model, prompt, ar, tokens)
+            if found is not None:
+                entry["prompts_differing"] += 1
+                entry["differences"].append({"prompt_index": index, **found.as_dict()})
+    for entry in per_schedule.values():
+        entry["all_differences_near_ties"] = all(d["near_tie"] for d in entry["differences"])
+    return out
+
+
+# --- 4. per-call cost ------------------------------------------------------------------------------
+def call_costs(model, sizes: Sizes, budget: Budget) -> dict:
+    """Model time (ms) of one causal call of R rows over a cached prefix of ``sizes.cost_prefix`` tokens.
+
+    Every call computes the logits of all its R rows (a packed call needs nearly all of them). The cache
+    is rolled back to the prefix before each call. Returns R -> median / min ms and the ratio to R = 1.
+    """
+    import torch
+
+    from packed_ss.layout import verify_layout
+
+    generator = torch.Generator().manual_seed(0)
+    prefix = sizes.cost_prefix
+    ids = torch.randint(2, len(model.tokenizer), (prefix + max(sizes.cost_rows),), generator=generator).tolist()
+    model.reset()
+    model.forward(verify_layout(ids[:prefix], [], 0), ())
+    rows_table = []
+    for rows in sizes.cost_rows:
+        if not budget.allows(10):
+            rows_table.append({"rows": rows, "skipped": SKIPPED})
+            break
+        layout = verify_layout(ids[prefix:prefix + rows], [], prefix)
+        keep = tuple(range(rows))
+        times = []
+        for attempt in range(sizes.cost_warmup + sizes.cost_repeats):
+            model.rollback(prefix)
+            ms = model.forward(layout, keep).model_ms
+            if attempt >= sizes.cost_warmup:
+                times.append(ms)
+        rows_table.append({"rows": rows, "median_ms": median(times), "min_ms": min(times), "repeats": len(times)})
+    model.reset()
+    base = rows_table[0].get("median_ms")
+    for row in rows_table:
+        if base and row.get("median_ms") is not None:
+            row["relative_to_1_row"] = row["median_ms"] / base
+    return {"cached_prefix_tokens": prefix, "warmup_calls_per_R": sizes.cost_warmup, "by_rows": rows_table}
+
+
+def per_call_cost(models: Models, sizes: Sizes, budget: Budget, device: str) -> dict:
+    """Call cost against rows for the embedded model (each dtype) and the NLD-shaped bfloat16 model."""
+    result = {"unit": "ms per call (model time, CUDA-synchronised)"}
+    for dtype in DTYPES:
+        key = f"embedded_{dtype}"
+        if not budget.allows(15):
+            result[key] = SKIPPED
+            continue
+        try:
+            result[key] = call_costs(models.embedded(dtype), sizes, budget)
+        except Exception as error:  # noqa: BLE001
+            result[key] = error_text(error)
+    key = "nld_shaped_bfloat16"
+    if not budget.allows(30):
+        result[key] = SKIPPED
+        return result
+    model = None
+    try:
+        model = nld_shaped_model(device, sizes.nld_shape, models.embedded("float32").tokenizer)
+        shape = {**sizes.nld_shape, "vocab_size": model.vocab_size,
+                 "parameters": sum(p.numel() for p in model.model.parameters())}
+        result[key] = {"shape": shape, "rope_parameters": NLD_ROPE, **call_costs(model, sizes, budget)}
+    except Exception as error:  # noqa: BLE001 - e.g. out of memory on a small GPU
+        result[key] = error_text(error)
+    finally:
+        del model
+        free_memory()
+    return result
+
+
+# --- 5. race ---------------------------------------------------------------------------------------
+def race(models: Models, sizes: Sizes, budget: Budget) -> dict:
+    """Each schedule on one prompt, repeats in rotated order; medians per schedule.
+
+    Units: wall_s seconds of decoder time, time_per_nfe_ms milliseconds, throughput tokens per second.
+    """
+    from packed_ss import DecodeConfig, generate
+
+    model = models.embedded("bfloat16")
+    prompt_text = sizes.prompts[0]
+    prompt = model.encode(prompt_text)
+    config = DecodeConfig(block_size=sizes.block_size, max_new_tokens=sizes.race_tokens)
+    warmup = DecodeConfig(block_size=sizes.block_size, max_new_tokens=8)
+    schedules = sizes.race_schedules
+    for name in schedules:  # untimed: first-call kernels and allocator growth stay out of the medians
+        generate(model, prompt, warmup, name)
+    runs = {name: [] for name in schedules}
+    out = {"prompt": prompt_text, "dtype": "bfloat16", "block_size": config.block_size,
+           "max_new_tokens": config.max_new_tokens}
+    for repeat in range(sizes.race_repeats):
+        if repeat and not budget.allows(10):
+            out["partial"] = f"{SKIPPED} after {repeat} repeats"
+            break
+        order = schedules[repeat % len(schedules):] + schedules[:repeat % len(schedules)]
+        for name in order:
+            runs[name].append(generate(model, prompt, config, name))
+    ar_tokens = runs["ar"][0].token_ids if runs.get("ar") else None
+    table = {}
+    for name, done in runs.items():
+        table[name] = {
+            "repeats": len(done),
+            "tokens": done[0].tokens,
+            "nfe": done[0].nfe,
+            "wall_s": median(r.wall_s for r in done),
+            "tokens_per_nfe": median(r.tokens_per_nfe for r in done),
+            "time_per_nfe_ms": median(r.time_per_nfe_ms for r in done),
+            "throughput": median(r.throughput for r in done),
+            "same_tokens_as_ar": None if ar_tokens is None else done[0].token_ids == ar_tokens,
+        }
+    ar_throughput = table.get("ar", {}).get("throughput")
+    for row in table.values():
+        row["speedup_vs_ar"] = row["throughput"] / ar_throughput if ar_throughput else None
+    out["schedules"] = table
+    return out
+
+
+# --- driver ----------------------------------------------------------------------------------------
+def write_json(path: Path, report: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    temporary.replace(path)
+
+
+def summary_lines(report: dict) -> list[str]:
+    """A short human-readable summary of the report."""
+    lines = []
+    env = report.get("environment", {})
+    lines.append(f"device: {env.get('device_name', '?')} ({env.get('device')}), torch {env.get('torch')}, "
+                 f"transformers {env.get('transformers')}, CUDA {env.get('cuda_version')}")
+    tests = report.get("cuda_tests")
+    if isinstance(tests, dict) and "exit_code" in tests:
+        lines.append(f"cuda tests: exit {tests['exit_code']}: {tests['summary']}")
+    else:
+        lines.append(f"cuda tests: {tests}")
+    loss = report.get("lossless", {})
+    for dtype in DTYPES:
+        part = loss.get(dtype) if isinstance(loss, dict) else None
+        if isinstance(part, dict) and "schedules" in part:
+            cells = []
+            for name, entry in part["schedules"].items():
+                ties = "" if not entry["prompts_differing"] else (
+                    " (all near-ties)" if entry["all_differences_near_ties"] else " (NOT near-ties)")
+                cells.append(f"{name} {entry['prompts_differing']}/{entry['prompts_checked']} differ{ties}")
+            lines.append(f"lossless {dtype}: " + ", ".join(cells))
+        else:
+            lines.append(f"lossless {dtype}: {part if part is not None else loss}")
+    cost = report.get("per_call_cost", {})
+    if not isinstance(cost, dict) or "error" in cost:
+        lines.append(f"ms/call: {cost}")
+    for key, part in (cost.items() if isinstance(cost, dict) else ()):
+        if isinstance(part, dict) and "by_rows" in part:
+            cells = [f"R={r['rows']}: {r['median_ms']:.2f}" for r in part["by_rows"] if r.get("median_ms") is not None]
+            lines.append(f"ms/call {key}: " + ", ".join(cells))
+        elif key not in ("unit", "section_s", "error", "where"):
+            lines.append(f"ms/call {key}: {part}")
+    race_part = report.get("race")
+    if isinstance(race_part, dict) and "schedules" in race_part:
+        cells = [f"{n} {r['throughput']:.0f} tok/s ({r['tokens_per_nfe']:.2f} tok/NFE, "
+                 f"{r['time_per_nfe_ms']:.2f} ms/NFE)" for n, r in race_part["schedules"].items()]
+        lines.append("race: " + "; ".join(cells))
+    else:
+        lines.append(f"race: {race_part}")
+    lines.append(f"total {report.get('elapsed_s', 0):.1f} s")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="gpu_check.json", help="JSON file to write (default gpu_check.json)")
+    parser.add_argument("--device", default="cuda", help="torch device (default cuda)")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, to try the script on a CPU")
+    parser.add_argument("--budget-s", type=float, default=270.0,
+                        help="wall-clock budget in seconds; sections that do not fit are skipped (default 270)")
+    args = parser.parse_args(argv)
+    budget = Budget(args.budget_s)
+    out = Path(args.out)
+
+    import torch  # imported here so that --help stays fast
+    import transformers
+
+    from packed_ss.models import device_dtype_problem
+
+    transformers.logging.disable_progress_bar()
+    transformers.logging.set_verbosity_error()
+    if args.device == "cpu":
+        torch.set_num_threads(1)  # small models: intra-op threads only add overhead (and spin on a busy CPU)
+    sizes = Sizes(args.quick)
+    models = Models(args.device)
+    report: dict = {"script": "scripts/gpu_check.py", "elapsed_s": 0.0}
+    sections = [
+        ("environment", lambda: environment(args.device, args.quick, args.budget_s), 0),
+        ("cuda_tests", lambda: cuda_tests(timeout_s=max(10.0, min(150.0, budget.left() - 90))), 30),
+        ("lossless", lambda: lossless(models, sizes, budget), 20),
+        ("per_call_cost", lambda: per_call_cost(models, sizes, budget, args.device), 15),
+        ("race", lambda: race(models, sizes, budget), 15),
+    ]
+    problem = device_dtype_problem(args.device, None)
+    if not problem and not (EMBEDDED / "model.safetensors").exists():
+        problem = f"the embedded model has no weights ({EMBEDDED / 'model.safetensors'} is missing)"
+    for name, run, needed_s in sections:
+        start = time.perf_counter()
+        if problem and name != "environment":
+            report[name] = f"skipped: {problem}"
+        elif not budget.allows(needed_s):
+            report[name] = SKIPPED
+        else:
+            try:
+                report[name] = run()
+            except Exception as error:  # noqa: BLE001 - an expected failure is data, not a crash
+                report[name] = error_text(error)
+        if isinstance(report[name], dict):
+            report[name]["section_s"] = round(time.perf_counter() - start, 2)
+        report["elapsed_s"] = round(budget.elapsed(), 2)
+        write_json(out, report)
+    if problem:
+        report["environment"]["problem"] = problem
+        write_json(out, report)
+    print("\n".join(summary_lines(report)))
+    print(f"wrote {out}")
+    return 1 if problem else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
