@@ -214,3 +214,35 @@ def test_app_serves_steps_and_a_race_on_an_nld_checkpoint(nld_server):
     assert run["adapter_selected_rows"] == run["adapter_evaluated_rows"] > 0
     with pytest.raises(Exception, match="precision must be"):
         client.predict(prompt, max_new_tokens=4, precision="int8", api_name="/generate")
+
+
+def test_space_variables_choose_the_default_model_the_offered_ones_and_the_adapter(monkeypatch):
+    """A Space sets PACKED_SS_MODEL, PACKED_SS_ALLOW_MODELS and PACKED_SS_DRAFTER_LORA; flags win over them."""
+    import app
+
+    seen = {}
+
+    class Demo:
+        def launch(self, **kwargs):
+            seen["launched"] = True
+
+    def fake_build(model, **kwargs):
+        seen.update(model=model, **kwargs)
+        return Demo()
+
+    monkeypatch.setattr(app, "build_demo", fake_build)
+    monkeypatch.setenv("PACKED_SS_MODEL", "nvidia/Nemotron-Labs-Diffusion-3B")
+    monkeypatch.setenv("PACKED_SS_ALLOW_MODELS", "nvidia/Nemotron-Labs-Diffusion-8B, assets/model ,")
+    monkeypatch.setenv("PACKED_SS_DRAFTER_LORA", "linear_spec_lora")
+    app.main([])
+    assert seen["model"] == "nvidia/Nemotron-Labs-Diffusion-3B" and seen["launched"]
+    assert seen["allowed_models"] == ["nvidia/Nemotron-Labs-Diffusion-8B", "assets/model"]
+    assert seen["drafter_lora"] == "linear_spec_lora" and seen["family"] is None
+    app.main(["--model", "m", "--allow-model", "x", "--drafter-lora", "other", "--family", "nemotron"])
+    assert (seen["model"], seen["allowed_models"], seen["drafter_lora"], seen["family"]) == ("m", ["x"], "other",
+                                                                                             "nemotron")
+    monkeypatch.delenv("PACKED_SS_MODEL")
+    monkeypatch.delenv("PACKED_SS_ALLOW_MODELS")
+    monkeypatch.delenv("PACKED_SS_DRAFTER_LORA")
+    app.main([])
+    assert seen["model"] == app.DEFAULT_MODEL and seen["allowed_models"] == [] and seen["drafter_lora"] is None
