@@ -227,8 +227,8 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                                gr.Button(value="▶ Play")]
 
     # ---------------------------------------------------------------- race handlers
-    def on_race(model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new, lora, precision, optional,
-                request: gr.Request):
+    def on_race(model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new, lora, precision,
+                optional, request: gr.Request):
         values = (model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new, lora,
                   precision)
         us = sessions.get(request.session_hash)
@@ -242,9 +242,10 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
             us.race = None
             return error_html(message), gr.skip(), gr.skip()
         us.race = result
-        shown = sum(lane.shown for lane in result.lanes)
-        note = (f"Computed {len(result.lanes)} runs one after the other ({shown} shown, AR as the reference) in "
-                f"{result.compute_s:.2f} s. Replaying their measured timelines on one clock.")
+        times = "once" if result.repeats == 1 else f"{result.repeats} times in rotating order"
+        note = (f"Measured {len(result.lanes)} lanes {times}, one run after the other, in {result.compute_s:.2f} s. "
+                f"Replaying each lane's median run on one clock. Timings on a shared machine vary between races: "
+                f"the Benchmark tab gives intervals over many prompts.")
         return note_html(note), badge_html(result.lanes, result.greedy), '<div class="race-lanes"></div>'
 
     def on_replay(speed, request: gr.Request):
@@ -310,10 +311,12 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
     def race(prompt: str, block_size: int = 8, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              seed: int = 0, max_new_tokens: int = 128, lanes: str = "", model: str = "",
              drafter_lora: bool = False, precision: str = "", request: gr.Request = None) -> dict:
-        """Race Linear, Quadratic and Packed (plus ``lanes``: comma-separated "ar", "diffusion") on one prompt.
+        """Race AR, Linear, Quadratic and Packed (plus ``lanes="diffusion"``) on one prompt.
 
-        Each schedule runs alone; AR always runs as the reference. Returns per-lane metrics with
-        ``identical_to_ar`` and ``first_difference``, and ``lossless_identical_to_ar`` overall.
+        Each lane is measured up to three times in rotating order, each call alone. Returns per-lane
+        metrics (those of the median run) with ``wall_s_repeats``, ``wall_s_median/min/max``,
+        ``identical_to_ar``, ``first_difference`` and ``divergence``; ``repeats``, ``verdict`` and
+        ``lossless_identical_to_ar`` overall.
         """
         try:
             settings = make_settings(model, prompt, "packed", block_size, temperature, top_k, top_p, seed,
@@ -393,11 +396,13 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                                     elem_id="mask-plot")
                 timer = gr.Timer(0.5, active=False)
             with gr.Tab("Race", id="race"):
-                gr.Markdown("Linear-SS, Quadratic-SS and Packed-SS decode the prompt above with the same settings. "
-                            "Each run is measured **alone** (one after the other, never sharing the CPU/GPU); the "
-                            "lanes then replay the measured timelines on one clock. AR always runs as the reference.")
+                gr.Markdown("AR (the baseline), Linear-SS, Quadratic-SS and Packed-SS decode the prompt above with "
+                            "the same settings. Each lane is measured three times in rotating order, each model call "
+                            "**alone** (never sharing the CPU/GPU with another request's call); the lanes then "
+                            "replay their median runs on one clock, and the verdict says who won and whether the "
+                            "gap is more than the spread between repeats.")
                 with gr.Row():
-                    optional = gr.CheckboxGroup([("AR lane", "ar"), ("Block-diffusion lane", "diffusion")], value=[],
+                    optional = gr.CheckboxGroup([("Block-diffusion lane", "diffusion")], value=[],
                                                 label="Optional lanes")
                     replay = gr.Slider(0.1, 4, value=1, step=0.1, label="Replay speed (× real time)")
                     race_btn = gr.Button("Race", variant="primary", elem_id="race-btn")

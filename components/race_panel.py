@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import bisect
 import html
+import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import plotly.graph_objects as go
 
@@ -37,6 +38,7 @@ class Lane:
         first_difference: index of the first differing token (a length difference counts), or None.
         shown: whether the lane is displayed (the AR reference may run hidden).
         divergence: for a greedy lossless lane that differs: AR's top-2 margin there and the near-tie verdict.
+        wall_s_repeats: decoder wall time (s) of every measurement of this lane (the lane replays the median).
     """
 
     schedule: str
@@ -51,6 +53,7 @@ class Lane:
     first_difference: int | None = None
     shown: bool = True
     divergence: Divergence | None = None
+    wall_s_repeats: tuple[float, ...] = ()
 
     @property
     def total_ms(self) -> float:
@@ -60,6 +63,12 @@ class Lane:
     def identical(self) -> bool:
         """Whether the output equals the reference token for token."""
         return self.first_difference is None
+
+    @property
+    def wall_range(self) -> tuple[float, float, float]:
+        """(median, min, max) decoder wall time in seconds over the repeats."""
+        times = sorted(self.wall_s_repeats) or [self.total_ms / 1000]
+        return statistics.median(times), times[0], times[-1]
 
     def at(self, clock_ms: float) -> int:
         """Iterations finished ``clock_ms`` into the run (0..len(wall_ms))."""
@@ -86,6 +95,33 @@ def lane_from_run(run: RunRecord, title: str, reference: Sequence[int] | None, s
     return Lane(schedule=run.schedule, title=title, token_ids=tuple(run.token_ids), sources=tuple(run.sources),
                 wall_ms=tuple(wall), nfe=tuple(nfe), tokens=tuple(tokens), metrics=run.metrics(), differs=differs,
                 first_difference=first, shown=shown)
+
+
+def lane_from_runs(runs: Sequence[RunRecord], title: str, reference: Sequence[int] | None) -> Lane:
+    """A lane from repeated runs of one schedule: it replays the run of median wall time and keeps every
+    run's wall time (the outputs of repeats are identical: same settings, same seed)."""
+    ordered = sorted(runs, key=lambda run: run.wall_s)
+    lane = lane_from_run(ordered[(len(ordered) - 1) // 2], title, reference)
+    return replace(lane, wall_s_repeats=tuple(run.wall_s for run in runs))
+
+
+def verdict_text(lanes: Sequence[Lane]) -> str:
+    """Ranking by median wall time and the winner's speed against each other lane, "tie" where the
+    min-max ranges of the repeats overlap. Speed ratio = the other lane's median / the winner's."""
+    timed = sorted(lanes, key=lambda lane: lane.wall_range[0])
+    if len(timed) < 2:
+        return ""
+    best = timed[0]
+    b_med, b_lo, b_hi = best.wall_range
+    repeats = len(best.wall_s_repeats) or 1
+    parts = []
+    for lane in timed[1:]:
+        med, lo, hi = lane.wall_range
+        tie = " (tie: ranges overlap)" if lo <= b_hi and b_lo <= hi else ""
+        parts.append(f"{med / b_med:.2f}x {lane.title}{tie}" if b_med > 0 else f"{lane.title}")
+    ranking = ", ".join(f"{i}. {lane.title} {lane.wall_range[0]:.3f} s" for i, lane in enumerate(timed, 1))
+    noun = "median of {} runs each".format(repeats) if repeats > 1 else "one run each: no range to judge noise by"
+    return f"Fastest: {best.title}, {', '.join(parts)}. Ranking by decoder wall time ({noun}): {ranking}."
 
 
 def lane_counters(lane: Lane, clock_ms: float) -> dict[str, float]:
@@ -163,6 +199,9 @@ def badge_html(lanes: Sequence[Lane], greedy: bool) -> str:
     """
     lossless = [lane for lane in lanes if lane.schedule not in ("ar", "diffusion")]
     badges = []
+    verdict = verdict_text(lanes)
+    if verdict:
+        badges.append(f'<div class="race-verdict" data-badge="verdict">{html.escape(verdict)}</div>')
     names = ", ".join(lane.title for lane in lossless)
     ref = next((lane for lane in lanes if lane.schedule == "ar"), None)
     n = len(ref.token_ids) if ref else 0
@@ -220,7 +259,7 @@ def race_figures(lanes: Sequence[Lane]) -> tuple[go.Figure, go.Figure]:
 
 def summary_html(lanes: Sequence[Lane]) -> str:
     """A table of each lane's final metrics (hidden reference lanes included, marked)."""
-    head = ("<tr><th>schedule</th><th>tokens</th><th>NFE</th><th>tokens/NFE</th><th>wall s</th>"
+    head = ("<tr><th>schedule</th><th>tokens</th><th>NFE</th><th>tokens/NFE</th><th>wall s (median, min–max)</th>"
             "<th>ms/NFE</th><th>tokens/s</th><th>mean A</th><th>= AR</th></tr>")
     rows = []
     for lane in lanes:
@@ -231,7 +270,8 @@ def summary_html(lanes: Sequence[Lane]) -> str:
         name = lane.title + ("" if lane.shown else " (hidden)")
         verifies = lane.schedule not in ("ar", "diffusion")
         accept = f"{m['mean_acceptance_length']:.2f}" if verifies else "–"
+        med, lo, hi = lane.wall_range
         rows.append(f"<tr><td>{html.escape(name)}</td><td>{m['tokens']}</td><td>{m['nfe']}</td>"
-                    f"<td>{m['tokens_per_nfe']:.2f}</td><td>{m['wall_s']:.3f}</td><td>{m['time_per_nfe_ms']:.1f}</td>"
+                    f"<td>{m['tokens_per_nfe']:.2f}</td><td>{med:.3f} ({lo:.3f}–{hi:.3f})</td><td>{m['time_per_nfe_ms']:.1f}</td>"
                     f"<td>{m['throughput']:.1f}</td><td>{accept}</td><td>{same}</td></tr>")
     return f'<table class="race-summary">{head}{"".join(rows)}</table>'

@@ -31,7 +31,7 @@ from packed_ss.schedules import REGISTRY, SPECULATIVE
 
 from components.limits import (MAX_ROWS_PER_REQUEST, ComputeGate, UserError, check_work, gated,
                                release_memory)
-from components.race_panel import Lane, lane_from_run
+from components.race_panel import Lane, lane_from_runs, verdict_text
 
 DEFAULT_MODEL = str(Path(__file__).resolve().parents[1] / "assets" / "model")
 NEW_TOKENS_CAP = 512  # largest new-token limit the app accepts
@@ -436,6 +436,7 @@ class RaceResult:
     Attributes:
         settings: the shared prompt and settings. lanes: AR first, then the requested schedules.
         greedy: temperature 0. compute_s: wall-clock seconds the computation took (lanes run one by one).
+        repeats: measurements per lane (rotating order).
     """
 
     settings: RunSettings
@@ -443,6 +444,7 @@ class RaceResult:
     greedy: bool
     compute_s: float
     prompt_tokens: int
+    repeats: int = 1
 
     def lane(self, schedule: str) -> Lane | None:
         return next((lane for lane in self.lanes if lane.schedule == schedule), None)
@@ -456,6 +458,8 @@ class RaceResult:
             metrics["first_difference"] = lane.first_difference
             metrics["divergence"] = lane.divergence.as_dict() if lane.divergence is not None else None
             metrics["shown"] = lane.shown
+            metrics["wall_s_repeats"] = list(lane.wall_s_repeats)
+            metrics["wall_s_median"], metrics["wall_s_min"], metrics["wall_s_max"] = lane.wall_range
             lanes[lane.schedule] = metrics
         lossless = [lane for lane in self.lanes if lane.schedule in SPECULATIVE]
         c = self.settings.config
@@ -468,6 +472,8 @@ class RaceResult:
             "reference": "ar",
             "lossless_identical_to_ar": all(lane.identical for lane in lossless),
             "compute_s": self.compute_s,
+            "repeats": self.repeats,
+            "verdict": verdict_text(self.lanes),
             "lanes": lanes,
         }
 
@@ -503,9 +509,11 @@ class GpuTasks:
                           self.gate, priority))
 
     def _race(self, model_ref: tuple[str, str], prompt_ids: Sequence[int], config: DecodeConfig,
-              schedules: Sequence[str], priority: float = 0.0,
-              alive: Callable[[], bool] | None = None) -> list[RunRecord]:
-        """Each schedule to the end, one after the other on its own adapter (wall time measured alone).
+              schedules: Sequence[str], priority: float = 0.0, alive: Callable[[], bool] | None = None,
+              repeats: int = 1) -> list[list[RunRecord]]:
+        """Each schedule to the end ``repeats`` times, one run after the other on its own adapter (each
+        iteration measured alone at the gate); the order rotates by one lane per repeat so that no lane
+        always runs first. Returns the runs per schedule, in ``schedules`` order.
 
         A two-token AR warm-up runs first so that the first lane does not pay one-off start-up costs.
         Raises: ClientGone between two iterations once ``alive()`` is False.
@@ -513,7 +521,12 @@ class GpuTasks:
         model = self.store.get(*model_ref)
         self._run(model, prompt_ids, DecodeConfig(block_size=config.block_size, max_new_tokens=2), "ar",
                   priority, alive)
-        return [self._run(model, prompt_ids, config, s, priority, alive) for s in schedules]
+        runs: dict[str, list[RunRecord]] = {s: [] for s in schedules}
+        for rep in range(repeats):
+            shift = rep % len(schedules)
+            for schedule in list(schedules[shift:]) + list(schedules[:shift]):
+                runs[schedule].append(self._run(model, prompt_ids, config, schedule, priority, alive))
+        return [runs[s] for s in schedules]
 
     def _generate(self, model_ref: tuple[str, str], prompt_ids: Sequence[int], config: DecodeConfig, schedule: str,
                   priority: float = 0.0, alive: Callable[[], bool] | None = None) -> RunRecord:
@@ -543,7 +556,8 @@ class GpuTasks:
 
 
 def parse_lanes(lanes) -> list[str]:
-    """Optional race lanes from a list or a comma-separated text ("ar", "diffusion").
+    """Optional race lanes from a list or a comma-separated text: "diffusion" ("ar" is accepted and changes
+    nothing: AR is always a lane).
 
     Raises: UserError for a value that is not text or an unknown lane.
     """
@@ -559,38 +573,44 @@ def parse_lanes(lanes) -> list[str]:
     return items
 
 
-def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), show_ar: bool = False,
-             log: TimingLog | None = None, max_rows: int = MAX_ROWS_PER_REQUEST,
-             alive: Callable[[], bool] | None = None) -> RaceResult:
-    """Race Linear, Quadratic and Packed (plus ``extra`` lanes: "ar", "diffusion") on one prompt.
+RACE_REPEATS = 3  # measurements per lane in a race (fewer when the row budget does not allow three)
 
-    AR always runs as the reference; it is shown only when ``show_ar`` or "ar" is in ``extra``.
-    Raises: UserError for bad extra lanes or work beyond ``max_rows`` (checked before any run);
-    ModelLoadError; PromptError for empty / too long prompts; ClientGone when ``alive()`` turns False.
+
+def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), log: TimingLog | None = None,
+             max_rows: int = MAX_ROWS_PER_REQUEST, alive: Callable[[], bool] | None = None,
+             repeats: int = RACE_REPEATS) -> RaceResult:
+    """Race AR, Linear, Quadratic and Packed (plus ``extra`` lane "diffusion") on one prompt.
+
+    Every lane is measured ``repeats`` times in rotating order (as many as ``max_rows`` allows, at least
+    once); each lane replays its median-time run and reports the min-max of the repeats.
+    Raises: UserError for bad extra lanes or work beyond ``max_rows`` for one measurement (checked before
+    any run); ModelLoadError; PromptError for empty / too long prompts; ClientGone when ``alive()`` turns False.
     """
     extra = parse_lanes(list(extra))
     model = tasks.store.get(*settings.model_ref)
     ids = model.encode(settings.prompt)
     decode(model.share(), ids, settings.config, "ar")  # validates the prompt before any work
     schedules = ["ar", *SPECULATIVE] + (["diffusion"] if "diffusion" in extra else [])
-    work = check_work(schedules, len(ids), settings.config, max_rows)
+    once = check_work(schedules, len(ids), settings.config, max_rows)
+    repeats = max(1, min(repeats, max_rows // max(1, once)))
     start = time.perf_counter()
     try:
-        runs = tasks.race(settings.model_ref, ids, settings.config, schedules, float(work), alive)
+        measured = tasks.race(settings.model_ref, ids, settings.config, schedules, float(once * repeats), alive,
+                              repeats)
     finally:
         release_memory()
     compute_s = time.perf_counter() - start
     if log is not None:
-        for run in runs:
-            log.add(run.records, settings.config.block_size)
-    reference = runs[0].token_ids
-    lanes = tuple(lane_from_run(run, REGISTRY[run.schedule].title, reference,
-                                shown=run.schedule != "ar" or show_ar or "ar" in extra) for run in runs)
+        for runs in measured:
+            for run in runs:
+                log.add(run.records, settings.config.block_size)
+    reference = measured[0][0].token_ids
+    lanes = tuple(lane_from_runs(runs, REGISTRY[runs[0].schedule].title, reference) for runs in measured)
     if settings.config.greedy:  # a lossless lane that left AR: near-tie (low precision) or bug?
         lanes = tuple(replace(lane, divergence=tasks.divergence(settings.model_ref, ids, reference, lane.token_ids))
                       if lane.schedule in SPECULATIVE and not lane.identical else lane for lane in lanes)
     return RaceResult(settings=settings, lanes=lanes, greedy=settings.config.greedy, compute_s=compute_s,
-                      prompt_tokens=len(ids))
+                      prompt_tokens=len(ids), repeats=repeats)
 
 
 def run_generate(tasks: GpuTasks, settings: RunSettings, log: TimingLog | None = None,

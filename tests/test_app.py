@@ -120,8 +120,41 @@ def test_race_api_greedy_lanes_agree(client):
         for key in ("nfe", "tokens", "wall_s", "tokens_per_nfe", "time_per_nfe_ms", "throughput"):
             assert key in lane
     assert "first_difference" in result["lanes"]["diffusion"]  # diffusion is compared, not hidden
-    hidden = client.predict("w1 w2 w3", max_new_tokens=6, api_name="/race")  # AR still runs, hidden
-    assert hidden["lanes"]["ar"]["shown"] is False and hidden["lossless_identical_to_ar"] is True
+    plain = client.predict("w1 w2 w3", max_new_tokens=6, api_name="/race")
+    assert plain["lanes"]["ar"]["shown"] is True and plain["lossless_identical_to_ar"] is True  # AR is a lane
+
+
+def test_race_measures_every_lane_three_times_and_states_a_verdict(client):
+    result = client.predict("w1 w2 w3", max_new_tokens=8, block_size=4, api_name="/race")
+    assert result["repeats"] == 3
+    for name, lane in result["lanes"].items():
+        times = lane["wall_s_repeats"]
+        assert len(times) == 3 and all(t > 0 for t in times), name
+        assert lane["wall_s_min"] == min(times) <= lane["wall_s_median"] <= lane["wall_s_max"] == max(times)
+        assert lane["wall_s"] in times  # the replayed run is one of the measurements (the median one)
+    fastest = min(result["lanes"].values(), key=lambda lane: lane["wall_s_median"])
+    assert result["verdict"].startswith("Fastest: ")
+    titles = {"ar": "Autoregressive", "linear": "Linear-SS", "quadratic": "Quadratic-SS", "packed": "Packed-SS"}
+    winner = next(k for k, v in result["lanes"].items() if v is fastest)
+    assert result["verdict"].startswith(f"Fastest: {titles[winner]}, ")
+    for name, lane in result["lanes"].items():
+        if lane is not fastest:
+            ratio = lane["wall_s_median"] / fastest["wall_s_median"]
+            assert f"{ratio:.2f}x {titles[name]}" in result["verdict"]
+            overlap = lane["wall_s_min"] <= fastest["wall_s_max"] and fastest["wall_s_min"] <= lane["wall_s_max"]
+            assert (f"{titles[name]} (tie: ranges overlap)" in result["verdict"]) == overlap
+
+
+def test_race_repeats_shrink_to_fit_the_row_budget(tiny_model_dir):
+    from components.runtime import GpuTasks, ModelStore, make_settings, run_race
+    from packed_ss.schedules import REGISTRY
+
+    tasks = GpuTasks(ModelStore(str(tiny_model_dir)))
+    settings = make_settings("", "w1 w2 w3", "packed", 4, 0, 0, 1, 0, 8)
+    once = sum(REGISTRY[s].max_rows(3, settings.config) for s in ("ar", "linear", "quadratic", "packed"))
+    assert run_race(tasks, settings, max_rows=3 * once).repeats == 3
+    assert run_race(tasks, settings, max_rows=2 * once).repeats == 2
+    assert run_race(tasks, settings, max_rows=once).repeats == 1
 
 
 def test_race_page_event_and_replay(client):
@@ -131,7 +164,8 @@ def test_race_page_event_and_replay(client):
     lanes, fig_nfe, fig_wall, summary = job.result(timeout=60)
     for name in ("linear", "quadratic", "packed", "diffusion"):
         assert f'data-lane="{name}" data-done="1"' in lanes
-    assert 'data-lane="ar"' not in lanes  # the reference lane is hidden unless asked for
+    assert 'data-lane="ar" data-done="1"' in lanes  # AR, the baseline, is a lane by default
+    assert 'data-badge="verdict"' in badge and "Fastest: " in badge
     assert re.search(r'data-counter="nfe">[1-9]', lanes)
     assert fig_nfe is not None and fig_wall is not None and "race-summary" in summary
 
