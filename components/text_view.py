@@ -76,6 +76,7 @@ def run_stats(run: RunRecord, finished: bool) -> str:
         ("tokens", "tokens", str(run.tokens)),
         ("tokens_per_nfe", "tokens / NFE", f"{run.tokens_per_nfe:.2f}"),
         ("wall_ms", "wall ms", f"{1000 * run.wall_s:.1f}"),
-        ("mean_accept", "mean A", f"{run.mean_acceptance_length:.2f}"),
+        ("mean_accept", "mean A (prefill excluded)",
+         f"{run.mean_acceptance_length:.2f}" if run.schedule != "diffusion" else "–"),
         ("stop", "stop", stop),
     ], "run")

@@ -8,7 +8,8 @@ Metric definitions (shared/notes/field-notes.md, paper Section 4 and E.5):
 * time/NFE = decoder wall time / NFE (milliseconds);
 * throughput = generated tokens / decoder wall time (tokens per second);
 * mean acceptance length = mean tokens committed per verifying iteration: A = h + 1 (correction or bonus
-  included), or fewer where EOS, a stop string or the limit cut the iteration;
+  included), or fewer where EOS, a stop string or the limit cut the iteration; the prefill iteration is
+  excluded; AR's iterations each commit A = 1;
 * per-position acceptance rate i = committed draft tokens at draft position i / drafts that had a
   position i;
 * acceptance histogram = counts of committed draft tokens per verifying iteration (h, or fewer where
@@ -181,6 +182,13 @@ class RunRecord:
         }
 
 
+def _mean_advance(records: list[IterationRecord], verifying: list[IterationRecord]) -> float:
+    """Mean A over the iterations after the prefill: verifying iterations (h + 1 each), or AR's one-token
+    iterations (A = 1). 0.0 when there are none (a prefill-only run, block diffusion)."""
+    counted = verifying or [r for r in records if SOURCE_AR in r.appended_sources]
+    return sum(len(r.appended) for r in counted) / len(counted) if counted else 0.0
+
+
 def summarize(records: list[IterationRecord], schedule: str, block_size: int, temperature: float,
               prompt_len: int, text: str = "") -> RunRecord:
     """Aggregate iteration records into a run record (definitions in the module docstring)."""
@@ -218,7 +226,7 @@ def summarize(records: list[IterationRecord], schedule: str, block_size: int, te
         model_s=model_ms / 1000,
         other_s=other_ms / 1000,
         stop_reason=records[-1].stop_reason if records else None,
-        mean_acceptance_length=(sum(len(r.appended) for r in verifying) / len(verifying)) if verifying else 0.0,
+        mean_acceptance_length=_mean_advance(records, verifying),
         per_position_acceptance=tuple(a / n if n else 0.0 for a, n in zip(accepted, reached)),
         acceptance_histogram=tuple(histogram),
         records=tuple(records),

@@ -65,3 +65,4 @@ def test_benchmark_lossless_check_reports_margins_and_near_ties():
     assert packed["differing"] == 1 and packed["near_ties"] == 1
     assert packed["differences"][0]["margin_logits"] == 0.25 and packed["differences"][0]["index"] == 3
     assert result["by_schedule"]["linear"]["differing"] == 0 and result["by_schedule"]["linear"]["near_ties"] == 0
+
