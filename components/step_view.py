@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 from packed_ss.schedules import REGISTRY
 
 from components.mask_plot import empty_figure, mask_figure
+from components.narration import narrate
 from components.text_view import iteration_stats, run_stats, text_html
 from components.token_grid import empty_grid_html, grid_html
 
@@ -27,7 +28,7 @@ class StepView:
 
     Attributes:
         position: iteration shown (0 = none yet). done: iterations computed so far (the slider's maximum).
-        grid, text, stats: HTML fragments. figure: the mask figure, or None when not requested.
+        grid, text, stats: HTML fragments (the grid ends with the iteration's narration). figure: the mask figure, or None when not requested.
         key: identifies (run, iteration); the page redraws the heatmap only when it changes.
     """
 
@@ -61,7 +62,7 @@ def step_view(run, strings: TokenStrings | None, with_figure: bool = True) -> St
     sources = [s for r in records for s in r.appended_sources]
     title = REGISTRY[run.settings.schedule].title
     grid = grid_html(record, run.prompt_ids + tokens, strings, run.settings.config.width, run.model.mask_token_id,
-                     title)
+                     title) + narrate(record, run.settings.schedule, strings, len(run.prompt_ids))
     text = text_html(run.prompt_ids, tokens, sources, strings, prompt_text=run.settings.prompt,
                      new_from=record.prefix_len_before - len(run.prompt_ids))
     stats = iteration_stats(record) + run_stats(run.summary(), finished=run.at_end)

@@ -1,0 +1,90 @@
+"""One or two sentences per iteration, told from the record and specific to the schedule (paper Section 3).
+
+What the call read, how many draft tokens were accepted (h), what was appended (A, and whether it ended
+with a correction or a bonus token), which proposals were discarded and which became the next draft; at
+T > 0 the acceptance probabilities of the checked draft tokens. Pure: record in, HTML out.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable, Sequence
+
+from packed_ss.records import SOURCE_BONUS, SOURCE_CORRECTION, IterationRecord
+
+TokenStrings = Callable[[Sequence[int]], list[str]]
+
+
+def _quoted(strings: TokenStrings, ids: Sequence[int]) -> str:
+    return " ".join(repr(s) for s in strings(list(ids))) if ids else "nothing"
+
+
+def _positions(start: int, indices: Sequence[int]) -> str:
+    """Absolute positions of proposal indices: "position 12" or "positions 12-14"."""
+    pos = [start + i for i in indices]
+    return f"position {pos[0]}" if len(pos) == 1 else f"positions {pos[0]}-{pos[-1]}"
+
+
+def _verdict(record: IterationRecord, strings: TokenStrings) -> str:
+    """h, A and the correction or bonus token, with acceptance probabilities at T > 0."""
+    a = len(record.appended)
+    last = record.appended_sources[-1] if record.appended_sources else ""
+    kind = {SOURCE_CORRECTION: "a correction", SOURCE_BONUS: "a bonus token"}.get(last, "")
+    end = f", the last one {kind} {_quoted(strings, record.appended[-1:])}" if kind else ""
+    checked = len(record.old_draft)
+    text = (f"The verifier accepted h = {record.h} of the {checked} draft tokens and appended A = {a} "
+            f"token{'s' if a != 1 else ''}{end}.")
+    if record.accept_probs:
+        probs = ", ".join(f"{p:.2f}" for p in record.accept_probs)
+        text += f" Acceptance probabilities min(1, p/Q) of the checked tokens: {probs}."
+    if a < record.h + 1 and record.stop_reason:
+        text += f" The run stopped here ({record.stop_reason}), so fewer tokens were kept."
+    return text
+
+
+def _next_draft(record: IterationRecord, strings: TokenStrings) -> str:
+    """Which proposals were discarded (their positions are now filled) and which became the next draft."""
+    if not record.proposals:
+        return ""
+    dropped, kept = record.discarded, record.kept
+    text = (f" The drafter's proposals for {_positions(record.proposal_start, dropped)} were discarded: "
+            f"those positions are now filled." if dropped else "")
+    if kept:
+        kept_ids = [record.proposals[i] for i in kept]
+        text += (f" Proposals {_quoted(strings, kept_ids)} ({_positions(record.proposal_start, kept)}) "
+                 f"form the next draft.")
+    return text
+
+
+def narrate(record: IterationRecord, schedule: str, strings: TokenStrings, prompt_len: int) -> str:
+    """The narration of one iteration as an HTML paragraph (text escaped).
+
+    Args:
+        record: the iteration. schedule: its registry name. strings: token ids -> display strings.
+        prompt_len: prompt length in tokens (to tell the prefill iteration apart).
+    """
+    n = record.prefix_len_before
+    first = record.index == 1
+    if schedule == "ar":
+        text = (f"One causal call over {'the prompt' if first else 'the newest token'} predicted the next token "
+                f"{_quoted(strings, record.appended)}: AR appends exactly one token per call.")
+    elif schedule == "diffusion":
+        text = (f"The block was read bidirectionally over the {n}-token prefix; {len(record.appended)} "
+                f"token{'s were' if len(record.appended) != 1 else ' was'} committed without verification "
+                f"({_quoted(strings, record.appended)}).")
+    elif first:
+        text = (f"Prefill: one call read the {prompt_len}-token prompt causally; its last row predicted the first "
+                f"token {_quoted(strings, record.appended)}.")
+        text += _next_draft(record, strings) if schedule != "linear" else " Linear-SS drafts in the next iteration."
+    elif schedule == "linear":
+        text = (f"Call 1 (drafting) read the newest prefix P_t-1 ({n} tokens) and proposed the draft "
+                f"{_quoted(strings, record.old_draft)}; call 2 (verification) checked it causally. ")
+        text += _verdict(record, strings) + " Linear-SS needs both calls every iteration: drafting waits for the prefix."
+    elif schedule == "quadratic":
+        text = (f"One call verified the draft and, in the same call, drafted one branch for every possible h "
+                f"(B branches). ") + _verdict(record, strings)
+        text += f" Branch h = {record.h} was selected by this verification." + _next_draft(record, strings)
+    else:  # packed
+        text = (f"One call verified the old draft in causal mode and, in the same call, drafted from the old prefix "
+                f"P_t-1 ({n} tokens) in diffusion mode. ") + _verdict(record, strings) + _next_draft(record, strings)
+    return f'<p class="narration" data-narration="{html.escape(schedule)}">{html.escape(text)}</p>'
