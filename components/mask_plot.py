@@ -3,7 +3,9 @@
 Rows are the call's query rows, columns its keys: the whole cached prefix folded into one band (every
 row sees it), then the call's own rows. A cell is coloured by the region of its query row when the row
 may attend to the key (prefill, verify, draft, Quadratic's branch rows) and left pale when it may not.
-Region names label the y axis; hover gives the row's token and position id and the key's.
+Every row is labelled on the y axis (role, token, position id; region names for calls of more than 32
+rows), keys are grouped like the rows (verify keys, draft keys, branch h keys); hover gives the row's
+token and position id, the key's, and whether the key is visible or blocked.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ CODE_NAMES = ["blocked", "prefill row sees key", "verify row sees key", "draft r
               "branch row sees key"]
 REGION_TITLES = {PREFILL: "prefill", VERIFY: "verify", DRAFT: "draft", BRANCH: "branch"}
 HEIGHT = 480  # px; fixed so the plot does not jump between steps
+ROW_LABELS_UP_TO = 32  # calls with at most this many rows label every row; larger ones label each region
+MAX_HOVER_CELLS = 40_000  # cells that get a "visible"/"blocked" hover text (the colours tell it beyond that)
 
 
 def _colorscale() -> list:
@@ -80,20 +84,31 @@ def _call_spec(layout: CallLayout, strings: TokenStrings, i: int,
     trace = dict(type="heatmap", z=codes, x=key_labels, y=row_labels, colorscale=_colorscale(), zmin=-0.5,
                  zmax=len(CODE_COLORS) - 0.5, showscale=False, xaxis=xref, yaxis=yref, name=layout.name,
                  hovertemplate="query %{y}<br>key %{x}<extra></extra>")
+    if codes.size <= MAX_HOVER_CELLS:  # say visible or blocked in the hover (bounded: Quadratic at large B)
+        trace.update(text=np.where(codes > 0, "visible", "blocked").tolist(),
+                     hovertemplate="query %{y}<br>key %{x}<br><b>%{text}</b><extra></extra>")
     if rows <= 80:
         trace.update(xgap=1, ygap=1)
     spans = segments(layout)
-    step = max(1, rows // 16)
-    ticks = list(range(step if folded and rows > 16 else 0, rows, step))  # keep clear of the cache label
+    # Keys are grouped like the rows (verify keys, draft keys, branch h=0 keys...); at most 12 group names.
+    every = max(1, -(-len(spans) // 12))
+    named = spans[::every]
+    key_ticks = [key_labels[(a + b - 1) // 2 + off] for a, b, _ in named]
+    key_text = [label.replace(" rows", " keys") for _, _, label in named]
+    if rows <= ROW_LABELS_UP_TO:  # every row labelled: role, token, position id
+        row_ticks, row_text = row_labels, [f"{layout.regions[r]} · {names[r]!r} @ {layout.position_ids[r]}"
+                                           for r in range(rows)]
+    else:
+        row_ticks, row_text = [row_labels[(a + b - 1) // 2] for a, b, _ in spans], [s for _, _, s in spans]
     axes = {
         f"xaxis{sfx}": dict(domain=list(domain), anchor=yref, type="category",
-                            tickvals=([key_labels[0]] if folded else []) + [key_labels[k + off] for k in ticks],
-                            ticktext=([f"cache ×{layout.cached}"] if folded else [])
-                            + [str(layout.position_ids[k]) for k in ticks],
-                            showgrid=False, zeroline=False, tickangle=0, title=dict(text="keys (position id)")),
+                            tickvals=([key_labels[0]] if folded else []) + key_ticks,
+                            ticktext=([f"cache ×{layout.cached}"] if folded else []) + key_text,
+                            showgrid=False, zeroline=False, tickangle=-30,
+                            title=dict(text="keys (cached prefix, then this call's rows)")),
         f"yaxis{sfx}": dict(anchor=xref, type="category", autorange="reversed", showgrid=False, zeroline=False,
-                            tickvals=[row_labels[(a + b - 1) // 2] for a, b, _ in spans],
-                            ticktext=[s for _, _, s in spans]),
+                            tickvals=row_ticks, ticktext=row_text,
+                            title=dict(text="query rows (role · token @ position)" if i == 0 else "")),
     }
     line = dict(color="#0f172a", width=1.5)
     shapes = []
@@ -139,7 +154,11 @@ def mask_figure(calls: Sequence[CallLayout], strings: TokenStrings, heading: str
         traces.append(dict(type="scatter", x=[None], y=[None], mode="markers", name=CODE_NAMES[code],
                            marker=dict(symbol="square", size=12, color=CODE_COLORS[code],
                                        line=dict(width=1, color="#64748b"))))
-    layout = dict(height=HEIGHT, margin=dict(l=10, r=10, t=70, b=90), title=dict(text=heading, x=0.01),
+    if any(c.cached for c in calls):
+        traces.append(dict(type="scatter", x=[None], y=[None], mode="markers",
+                           name="first column: the cached prefix (every row sees all of it)",
+                           marker=dict(symbol="square", size=12, color="#ffffff", line=dict(width=3, color="#0f172a"))))
+    layout = dict(height=HEIGHT, margin=dict(l=10, r=10, t=70, b=110), title=dict(text=heading, x=0.01),
                   plot_bgcolor="#ffffff", showlegend=True, shapes=shapes, annotations=annotations,
                   legend=dict(orientation="h", yanchor="top", y=-0.16, x=0), **layout_axes)
     return go.Figure(dict(data=traces, layout=layout))
