@@ -495,11 +495,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         import torch
 
         torch.set_num_threads(args.threads)
-    from packed_ss.cli import device_dtype_problem
+    from packed_ss.cli import device_dtype_problem, quiet_loaders
 
     problem = device_dtype_problem(args.device, args.dtype)
     if problem:
         parser.error(problem)
+    for name in [args.model, *allowed]:  # a mistyped folder fails here, not in a visitor's first request
+        local = Path(name).expanduser()
+        if (name.startswith((".", "/", "~")) or local.exists()) and not (local / "config.json").is_file():
+            parser.error(f"model folder {name!r} does not exist or has no config.json")
+    quiet_loaders()
     demo = build_demo(args.model, device=args.device, dtype=args.dtype, allowed_models=allowed,
                       models_held=args.models_held, max_rows=args.max_rows, new_tokens_cap=args.cap,
                       queue_size=args.queue_size, family=args.family, drafter_lora=args.drafter_lora)

@@ -118,14 +118,26 @@ def _generate(args) -> int:
     return 0
 
 
+def quiet_loaders() -> None:
+    """transformers reports only errors: a refused checkpoint gets our one-line message, not its load table."""
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    quiet_loaders()
     try:
         return _generate(args)
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except Exception as error:  # noqa: BLE001 - an engine fault still gets one line, not a traceback
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        print(f"error: unexpected {type(error).__name__}: {first} (please report it)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

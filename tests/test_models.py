@@ -31,6 +31,15 @@ def test_nld_is_detected_and_every_tensor_lands_under_its_mapped_name(nld_dir, n
     assert NLD_MASK_ID in nld_model.never_emit_ids
 
 
+def test_a_forced_family_that_does_not_fit_is_refused_at_load(nld_dir, tiny_model_dir):
+    """Forcing NLD on a Llama folder, or the plain loader on NLD (whose config points to remote code), fails at
+    once with a message, never later in a call, and never asks whether to run a checkpoint's code."""
+    with pytest.raises(ModelLoadError, match="is this an NLD checkpoint"):
+        DualModeModel.from_pretrained(tiny_model_dir, device="cpu", family="nemotron")
+    with pytest.raises(ModelLoadError, match="declares remote code"):
+        DualModeModel.from_pretrained(nld_dir, device="cpu", family="plain")
+
+
 def test_family_can_be_forced_and_unknown_family_is_refused(nld_dir):
     with pytest.raises(ModelLoadError, match="unknown model family 'llama'"):
         DualModeModel.from_pretrained(nld_dir, device="cpu", family="llama")
@@ -169,14 +178,30 @@ def test_adapter_runs_stay_lossless_and_count_selected_and_evaluated_rows(lora_m
 def test_adapter_flag_without_an_adapter_and_broken_adapters_are_refused(nld_dir, nld_model, tmp_path):
     from packed_ss.schedules.base import PromptError
 
-    with pytest.raises(PromptError, match="no drafter adapter"):
+    with pytest.raises(PromptError, match="no drafter adapter: turn the drafter LoRA off"):
         generate(nld_model, [NLD_BOS_ID, 5], DecodeConfig(drafter_lora=True), "packed")
     with pytest.raises(ModelLoadError, match="no adapter_config.json"):
         DualModeModel.from_pretrained(nld_dir, device="cpu", drafter_lora="nowhere")
     bad = tmp_path / "bad-adapter"
     write_lora_adapter(bad, {"encoder.layers.0.self_attn.o_proj.weight": torch.zeros(48, 64)})
-    with pytest.raises(ModelLoadError, match="does not map"):
+    with pytest.raises(ModelLoadError, match=r"does not fit this model: 1 targeted layers without LoRA weights "
+                                             r"\(model.layers.1.self_attn.o_proj\)"):
         DualModeModel.from_pretrained(nld_dir, device="cpu", drafter_lora=str(bad))
+    wrong = tmp_path / "wrong-shape"
+    write_lora_adapter(wrong, {f"encoder.layers.{i}.self_attn.o_proj.weight": torch.zeros(48, 32) for i in (0, 1)})
+    with pytest.raises(ModelLoadError, match="wrong shape"):
+        DualModeModel.from_pretrained(nld_dir, device="cpu", drafter_lora=str(wrong))
+    # A server offering several models: an adapter that does not fit one model leaves it untouched and says why.
+    base = DualModeModel.from_pretrained(nld_dir, device="cpu", dtype="float64")
+    kept = DualModeModel.from_pretrained(nld_dir, device="cpu", dtype="float64", drafter_lora=str(bad),
+                                         require_adapter=False)
+    assert kept.drafter_lora is None and "targeted layers without LoRA weights" in kept.adapter_note
+    assert not any(".lora_" in name for name, _ in kept.model.named_parameters())
+    prompt = [NLD_BOS_ID, 40, 41]
+    assert generate(kept, prompt, DecodeConfig(max_new_tokens=6), "packed").token_ids == \
+        generate(base, prompt, DecodeConfig(max_new_tokens=6), "packed").token_ids
+    with pytest.raises(PromptError, match=r"no drafter adapter \(drafter adapter .* does not fit"):
+        generate(kept, prompt, DecodeConfig(drafter_lora=True), "packed")
     config = json.loads((bad / "adapter_config.json").read_text())
     (bad / "adapter_config.json").write_text(json.dumps({**config, "peft_type": "IA3"}))
     with pytest.raises(ModelLoadError, match="not LoRA"):
@@ -246,3 +271,19 @@ def test_space_variables_choose_the_default_model_the_offered_ones_and_the_adapt
     monkeypatch.delenv("PACKED_SS_DRAFTER_LORA")
     app.main([])
     assert seen["model"] == app.DEFAULT_MODEL and seen["allowed_models"] == [] and seen["drafter_lora"] is None
+
+
+def test_token_strings_keep_the_spaces_a_sentencepiece_tokenizer_marks():
+    """Decoding one token drops a Metaspace word start; the pieces the page joins must keep it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from helpers import tiny_llama
+
+    vocab = {"<unk>": 0, "<mask>": 1, "\u2581hello": 2, "\u2581world": 3, "!": 4}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    model = tiny_llama(vocab_size=5)
+    model.tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", mask_token="<mask>")
+    ids = model.encode("hello world hello")
+    assert "".join(model.token_strings(ids)).strip() == model.decode(ids) == "hello world hello"

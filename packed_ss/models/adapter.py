@@ -38,6 +38,9 @@ class CallOutput:
 PLAIN_HEAD_TYPES = frozenset({"llama", "mistral", "ministral3", "qwen2", "qwen3"})
 
 
+WORD_START = "\u2581"  # SentencePiece's word-start marker
+
+
 class ModelLoadError(ValueError):
     """The model folder or hub id cannot be loaded as a dual-mode model."""
 
@@ -105,6 +108,7 @@ class DualModeModel:
         self.bos_token_id = None if bos_token_id is None else int(bos_token_id)
         self.family = family
         self.drafter_lora = drafter_lora  # a packed_ss.models.lora.DrafterLora, or None
+        self.adapter_note: str | None = None  # why a requested adapter was not loaded (require_adapter=False)
         self.vocab_size = int(model.config.vocab_size)
         # Never output: the mask token, and embedding rows past the tokenizer's vocabulary (padding rows
         # that decode to nothing). The schedules give these ids zero probability in every distribution.
@@ -169,26 +173,34 @@ class DualModeModel:
             raise ModelLoadError(offline if local_only else
                                  f"cannot load model {name!r}: {type(error).__name__}: {error}") from error
         model = checkpoint.model
-        lora = None
+        lora, adapter_note = None, None
         if drafter_lora:
             from packed_ss.models.lora import DrafterLora, adapter_folder
 
             folder = adapter_folder(local if local.exists() else None, name, drafter_lora, local_only)
-            if folder is not None:
+            try:
+                if folder is None:
+                    raise ModelLoadError(f"drafter adapter {drafter_lora!r}: no adapter_config.json there or in "
+                                         f"the model's subfolder {drafter_lora!r}")
                 lora = DrafterLora.load(model, folder, checkpoint.adapter_name)
-            elif require_adapter:
-                raise ModelLoadError(f"drafter adapter {drafter_lora!r}: no adapter_config.json there or in "
-                                     f"the model's subfolder {drafter_lora!r}")
-        return cls(model.to(device), checkpoint.tokenizer, checkpoint.mask_token_id, checkpoint.eos_token_id,
-                   checkpoint.bos_token_id, checkpoint.family, lora)
+            except ModelLoadError as error:
+                if require_adapter:
+                    raise
+                adapter_note = str(error)  # the model loads without it (an adapter fits some models only)
+        loaded = cls(model.to(device), checkpoint.tokenizer, checkpoint.mask_token_id, checkpoint.eos_token_id,
+                     checkpoint.bos_token_id, checkpoint.family, lora)
+        loaded.adapter_note = adapter_note
+        return loaded
 
     def share(self) -> "DualModeModel":
         """A second adapter over the same weights and tokenizer with its own empty cache.
 
         Use one per concurrent run (one per user session): runs never see each other's cache.
         """
-        return DualModeModel(self.model, self.tokenizer, self.mask_token_id, self.eos_token_id,
-                             self.bos_token_id, self.family, self.drafter_lora)
+        shared = DualModeModel(self.model, self.tokenizer, self.mask_token_id, self.eos_token_id,
+                               self.bos_token_id, self.family, self.drafter_lora)
+        shared.adapter_note = self.adapter_note
+        return shared
 
     # --- text ---------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -201,8 +213,18 @@ class DualModeModel:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def token_strings(self, ids: list[int]) -> list[str]:
-        """Readable text of each token on its own (for chips and hover text)."""
-        return [self.tokenizer.decode([i], skip_special_tokens=False) for i in ids]
+        """Readable text of each token on its own (for chips, hover text and the text view, which joins
+        them). A SentencePiece word-start marker ("▁") becomes the leading space that decoding a token
+        alone drops, so joined pieces keep the spaces between words."""
+        ids = list(ids)
+        pieces = self.tokenizer.convert_ids_to_tokens(ids)
+        out = []
+        for i, piece in zip(ids, pieces):
+            text = self.tokenizer.decode([i], skip_special_tokens=False)
+            if isinstance(piece, str) and piece.startswith(WORD_START) and not text.startswith(" "):
+                text = " " + text
+            out.append(text)
+        return out
 
     # --- cache --------------------------------------------------------------------------------
     @property

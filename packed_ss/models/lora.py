@@ -53,6 +53,45 @@ def adapter_folder(model_source: Path | None, model_name: str, spec: str, local_
     return None
 
 
+def some(names: list[str], shown: int = 3) -> str:
+    """Up to ``shown`` names, then how many more."""
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
+def unmapped(model, state: dict, targets) -> str:
+    """Why LoRA tensors ``{module.lora_A.weight: (r, in), module.lora_B.weight: (out, r)}`` do not fit
+    ``model``'s linear layers, or leave some targeted layer without weights (empty when they fit).
+    ``targets``: the adapter's ``target_modules`` (a list of module-name suffixes; a regex is not checked
+    for completeness)."""
+    modules = dict(model.named_modules())
+    absent, wrong = [], []
+    if isinstance(targets, (list, tuple, set)):
+        targeted = {n for n, m in modules.items() if isinstance(m, torch.nn.Linear)
+                    and any(n == t or n.endswith("." + t) for t in targets)}
+        given = {key.rpartition(".lora_")[0] for key in state}
+        bare = sorted(n for n in targeted if n not in given or f"{n}.lora_A.weight" not in state
+                      or f"{n}.lora_B.weight" not in state)
+    else:
+        bare = []
+    for key, tensor in sorted(state.items()):
+        name, _, leaf = key.rpartition(".lora_")
+        layer = modules.get(name)
+        if layer is None or not hasattr(layer, "in_features"):
+            absent.append(name)
+        elif (leaf.startswith("A") and tensor.shape[-1] != layer.in_features) or (
+                leaf.startswith("B") and tensor.shape[0] != layer.out_features):
+            wrong.append(key)
+    parts = []
+    if absent:
+        absent = sorted(set(absent))
+        parts.append(f"{len(absent)} target modules not in the model ({some(absent)})")
+    if wrong:
+        parts.append(f"{len(wrong)} tensors of the wrong shape ({some(wrong)})")
+    if bare:
+        parts.append(f"{len(bare)} targeted layers without LoRA weights ({some(bare)})")
+    return "; ".join(parts)
+
+
 class DrafterLora:
     """A LoRA adapter injected into a ``transformers`` model, switched per call and gated per row.
 
@@ -101,6 +140,10 @@ class DrafterLora:
             path = key[len(PEFT_PREFIX):] if key.startswith(PEFT_PREFIX) else key
             module, _, leaf = path.rpartition(".lora_")
             state[f"{module_name(module)}.lora_{leaf}"] = tensor
+        # Check before injecting: a refused adapter must leave the model exactly as it was.
+        problems = unmapped(model, state, config.target_modules)
+        if problems:
+            raise ModelLoadError(f"drafter adapter {str(folder)!r} does not fit this model: {problems}")
         inject_adapter_in_model(config, model, adapter_name=ADAPTER_NAME)
         result = set_peft_model_state_dict(model, state, adapter_name=ADAPTER_NAME)
         expected = {n for n, _ in model.named_parameters() if f".{ADAPTER_NAME}." in n and ".lora_" in n}
@@ -108,8 +151,8 @@ class DrafterLora:
         unexpected = sorted(result.unexpected_keys)
         if missing or unexpected or not expected:
             raise ModelLoadError(
-                f"drafter adapter {str(folder)!r} does not map onto the model: "
-                f"{len(missing)} LoRA weights missing {missing[:3]}, {len(unexpected)} not used {unexpected[:3]}"
+                f"drafter adapter {str(folder)!r} does not map onto the model: {len(missing)} LoRA weights missing "
+                f"({some(missing)}), {len(unexpected)} not used ({some(unexpected)})"
                 + ("" if expected else " (no target module found)"))
         dtype = next(p for n, p in model.named_parameters() if ".lora_" not in n).dtype
         layers = [m for m in model.modules() if isinstance(m, LoraLayer)]

@@ -23,6 +23,8 @@ from packed_ss.models.families import Checkpoint, refuse_partial_load
 
 MODEL_TYPE = "nemotron_labs_diffusion"
 ARCHITECTURE = "NemotronLabsDiffusionModel"
+# Rope settings Ministral3's attention reads (yarn, and the Llama-4 query scaling).
+ROPE_FIELDS = ("rope_type", "rope_theta", "original_max_position_embeddings", "llama_4_scaling_beta")
 # Checkpoint name -> transformers' Ministral3ForCausalLM name (regular expressions, as key_mapping takes).
 KEY_MAPPING = {r"^encoder\.": "model.", r"^diffusion_head\.": "lm_head."}
 # config.json fields that carry over to Ministral3Config unchanged (the rest are NLD training knobs).
@@ -46,6 +48,12 @@ def ministral_config(config: dict):
             raise ModelLoadError(f"NLD config has {flag}: true, which Ministral3 layers do not have")
     if config.get("rope_parameters") is None and config.get("rope_scaling") is not None:
         config = {**config, "rope_parameters": config["rope_scaling"]}
+    rope = config.get("rope_parameters") or {}
+    missing = [k for k in ROPE_FIELDS if k not in rope]
+    if missing:
+        raise ModelLoadError(f"config.json has no rope_parameters {', '.join(missing)}, which every "
+                             f"Nemotron-Labs-Diffusion checkpoint carries (model_type {config.get('model_type')!r}: "
+                             f"is this an NLD checkpoint? leave --family out to detect the family)")
     fields = {k: config[k] for k in CONFIG_FIELDS if k in config}
     if isinstance(fields.get("eos_token_id"), list):
         fields["eos_token_id"] = fields["eos_token_id"][0]
@@ -71,10 +79,12 @@ class NemotronLabsDiffusion:
             raise ModelLoadError(f"NLD checkpoint {name!r} has no mask_token_id in its config.json")
         mapped = ministral_config(config)
         # Passing the mapped config keeps both loaders away from config.json's auto_map (remote code).
-        tokenizer = AutoTokenizer.from_pretrained(name, config=mapped, local_files_only=local_only)
+        tokenizer = AutoTokenizer.from_pretrained(name, config=mapped, local_files_only=local_only,
+                                                  trust_remote_code=False)
         model, info = Ministral3ForCausalLM.from_pretrained(
             name, config=mapped, key_mapping=KEY_MAPPING, dtype=dtype, device_map=device,
-            attn_implementation="sdpa", local_files_only=local_only, output_loading_info=True)
+            attn_implementation="sdpa", local_files_only=local_only, output_loading_info=True,
+            trust_remote_code=False)
         # Rotary frequencies are recomputed from the config; a checkpoint that stored them loses nothing.
         refuse_partial_load(name, info, ignored=lambda key: key.endswith("rotary_emb.inv_freq"))
         eos = config.get("eos_token_id")

@@ -20,10 +20,14 @@ class PlainCausalLM:
     def load(self, name: str, config: dict, dtype, device: str, local_only: bool) -> Checkpoint:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local_only)
+        if config.get("auto_map"):  # never run a checkpoint's own code; never ask whether to
+            raise ModelLoadError(f"{name!r} declares remote code (auto_map, model_type "
+                                 f"{config.get('model_type')!r}); packed-ss only loads families it implements "
+                                 f"natively (leave --family out to detect one, e.g. nemotron)")
+        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local_only, trust_remote_code=False)
         model, info = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, device_map=device,
                                                            attn_implementation="sdpa", local_files_only=local_only,
-                                                           output_loading_info=True)
+                                                           output_loading_info=True, trust_remote_code=False)
         refuse_partial_load(name, info)
         mask_id = getattr(model.config, "mask_token_id", None)
         if mask_id is None:

@@ -47,8 +47,9 @@ class Session:
                 f"{config.max_new_tokens} new tokens + 2 blocks of "
                 f"{config.block_size} exceeds the model's {model.max_length} positions")
         if config.drafter_lora and getattr(model, "drafter_lora", None) is None:
-            raise PromptError("the drafter LoRA is on but this model has no drafter adapter "
-                              "(load one with --drafter-lora, or turn it off)")
+            why = getattr(model, "adapter_note", None)
+            raise PromptError("the drafter LoRA is on but this model has no drafter adapter"
+                              + (f" ({why})" if why else "") + ": turn the drafter LoRA off")
         self.model = model
         self.config = config
         self.schedule = schedule
