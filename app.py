@@ -163,7 +163,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
             try:
                 run, note = start_or_continue(values, us)
                 with run.lock:
-                    advanced = run.step()
+                    advanced = run.step(by_call=us.by_call)
             except Exception as error:  # noqa: BLE001 - every failure becomes a message, the session stays usable
                 message = _message(error)
                 gr.Warning(message)
@@ -199,6 +199,10 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
 
     def on_speed(speed):
         return gr.Timer(value=1.0 / max(0.25, float(speed or 2)))
+
+    def on_step_by(choice, request: gr.Request):
+        """Step one iteration or one call at a time (only Linear-SS has two calls per iteration)."""
+        sessions.get(request.session_hash).by_call = choice == "call"
 
     def on_back(request: gr.Request):
         us = sessions.get(request.session_hash)
@@ -386,6 +390,9 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                     back_btn = gr.Button("◂ Back", elem_id="back-btn")
                     reset_btn = gr.Button("Reset", elem_id="reset-btn")
                     speed = gr.Slider(0.5, 10, value=2, step=0.5, label="Play speed (steps per second)")
+                    step_by = gr.Radio([("iteration", "iteration"),
+                                        ("call (Linear-SS's two calls one by one)", "call")],
+                                       value="iteration", label="Step by", elem_id="step-by")
                 iteration = gr.Slider(0, 1, value=0, step=1, label="Iteration (scrub the iterations done so far)",
                                       elem_id="iteration")
                 grid = gr.HTML(empty_grid_html(), elem_id="token-grid")
@@ -430,6 +437,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                    trigger_mode="once", **step_kw)
         play_btn.click(on_play, [speed], [timer, play_btn], api_visibility="private", queue=False)
         speed.release(on_speed, [speed], [timer], api_visibility="private", queue=False)
+        step_by.change(on_step_by, [step_by], None, api_name="step_by", api_visibility="undocumented", queue=False)
         back_btn.click(on_back, None, step_outputs, api_name="back", api_visibility="undocumented", **step_kw)
         reset_btn.click(on_reset, None, step_outputs + [timer, play_btn], api_name="reset",
                         api_visibility="undocumented", **step_kw)

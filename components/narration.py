@@ -76,6 +76,10 @@ def narrate(record: IterationRecord, schedule: str, strings: TokenStrings, promp
         text = (f"Prefill: one call read the {prompt_len}-token prompt causally; its last row predicted the first "
                 f"token {_quoted(strings, record.appended)}.")
         text += _next_draft(record, strings) if schedule != "linear" else " Linear-SS drafts in the next iteration."
+    elif schedule == "linear" and len(record.calls) == 1:  # shown after its drafting call only
+        text = (f"Call 1 (drafting) read the newest prefix P_t-1 ({n} tokens) in diffusion mode and proposed the "
+                f"draft {_quoted(strings, record.old_draft)}. Nothing is verified yet: Step again for call 2. "
+                f"The next drafting call cannot start before this verification has extended the prefix.")
     elif schedule == "linear":
         text = (f"Call 1 (drafting) read the newest prefix P_t-1 ({n} tokens) and proposed the draft "
                 f"{_quoted(strings, record.old_draft)}; call 2 (verification) checked it causally. ")

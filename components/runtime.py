@@ -317,6 +317,8 @@ class StepRun:
     Attributes:
         settings: what the run decodes. prompt_ids: its token ids.
         records: iterations computed so far. position: iteration shown (0 = none yet).
+        first_call_only: the shown iteration is shown up to its first call only (Linear-SS stepped by
+            call: the drafting call, before its verification).
         finished: the engine stopped (EOS, limit or stop string). lock: held by a handler using the run.
     Raises: PromptError (a ValueError) on creation for an empty or too long prompt.
     """
@@ -336,6 +338,7 @@ class StepRun:
         self.adapter = model.share()  # this run's own KV cache
         self.records: list[IterationRecord] = []
         self.position = 0
+        self.first_call_only = False
         self.finished = False
         self.eager = eager
         self.log = log
@@ -348,8 +351,18 @@ class StepRun:
         """Iterations computed so far."""
         return len(self.records)
 
-    def step(self) -> bool:
-        """Show the next iteration, computing it if needed. Returns False when the run is over."""
+    def step(self, by_call: bool = False) -> bool:
+        """Show the next iteration, computing it if needed; ``by_call``: an iteration of several calls
+        (Linear-SS) is shown one call at a time. Returns False when the run is over."""
+        if self.first_call_only:  # the rest of the shown iteration: its verification call
+            self.first_call_only = False
+            return True
+        if not self._advance():
+            return False
+        self.first_call_only = by_call and len(self.records[self.position - 1].calls) > 1
+        return True
+
+    def _advance(self) -> bool:
         if self.position < len(self.records):
             self.position += 1
             return True
@@ -372,21 +385,30 @@ class StepRun:
         return False
 
     def back(self) -> None:
-        """Show the previous iteration (stays at 0)."""
+        """Show the previous iteration (stays at 0); from a first call only, the previous whole iteration."""
+        self.first_call_only = False
         self.position = max(0, self.position - 1)
 
     def goto(self, index: int) -> None:
-        """Show iteration ``index`` (clamped to the iterations computed so far)."""
+        """Show iteration ``index`` (clamped to the iterations computed so far), all of its calls."""
+        self.first_call_only = False
         self.position = max(0, min(int(index), len(self.records)))
 
     @property
     def at_end(self) -> bool:
-        """Whether the last computed iteration is shown and the run has stopped."""
-        return self.finished and self.position == len(self.records)
+        """Whether the last computed iteration is shown whole and the run has stopped."""
+        return self.finished and self.position == len(self.records) and not self.first_call_only
+
+    def shown_records(self) -> list[IterationRecord]:
+        """Iterations 1..position as shown (the last one up to its first call when ``first_call_only``)."""
+        shown = self.records[: self.position]
+        if self.first_call_only and shown:
+            shown[-1] = shown[-1].first_call()
+        return shown
 
     def summary(self) -> RunRecord:
-        """Run metrics over iterations 1..position."""
-        shown = self.records[: self.position]
+        """Run metrics over the iterations shown (:meth:`shown_records`)."""
+        shown = self.shown_records()
         return summarize(shown, self.settings.schedule, self.settings.config.block_size,
                          self.settings.config.temperature, len(self.prompt_ids))
 
@@ -399,6 +421,7 @@ class UserSession:
     race: "RaceResult | None" = None
     plot_key: tuple | None = None
     playing: bool = False
+    by_call: bool = False  # Step shows one call at a time (Linear-SS's drafting call, then its verification)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 

@@ -52,11 +52,11 @@ def step_view(run, strings: TokenStrings | None, with_figure: bool = True) -> St
     if run is None:
         return StepView(0, 0, empty_grid_html(), "", "", empty_figure(NO_CALL) if with_figure else None, None)
     k = run.position
-    key = (id(run), k)
+    key = (id(run), k, run.first_call_only)
     if k == 0:
         text = text_html(run.prompt_ids, [], [], strings, prompt_text=run.settings.prompt)
         return StepView(0, run.done, empty_grid_html(), text, "", empty_figure(NO_CALL) if with_figure else None, key)
-    records = run.records[:k]
+    records = run.shown_records()
     record = records[-1]
     tokens = [t for r in records for t in r.appended]
     sources = [s for r in records for s in r.appended_sources]
@@ -65,7 +65,7 @@ def step_view(run, strings: TokenStrings | None, with_figure: bool = True) -> St
                      title) + narrate(record, run.settings.schedule, strings, len(run.prompt_ids))
     text = text_html(run.prompt_ids, tokens, sources, strings, prompt_text=run.settings.prompt,
                      new_from=record.prefix_len_before - len(run.prompt_ids))
-    stats = iteration_stats(record) + run_stats(run.summary(), finished=run.at_end)
+    stats = iteration_stats(record, pending=run.first_call_only) + run_stats(run.summary(), finished=run.at_end)
     figure = None
     if with_figure:
         figure = mask_figure([c.layout for c in record.calls], strings,

@@ -56,11 +56,17 @@ def text_legend(sources: Sequence[str]) -> str:
     return legend_html([PROMPT, *sources])
 
 
-def iteration_stats(record: IterationRecord) -> str:
-    """Stat cards of one iteration: h, A, calls, rows evaluated, model ms, non-model ms."""
-    return stats_html(f"Iteration {record.index}", [
-        ("h", "h (accepted draft)", str(record.h)),
-        ("A", "A (advance)", str(len(record.appended))),
+def iteration_stats(record: IterationRecord, pending: bool = False) -> str:
+    """Stat cards of one iteration: h, A (committed tokens for block diffusion), calls, rows evaluated,
+    model ms, non-model ms. ``pending``: shown up to its first call, so h and A are not known yet."""
+    if record.schedule == "diffusion":  # no draft is checked: what it commits, not h or A
+        outcome = [("A", "committed tokens", str(len(record.appended)))]
+    else:
+        waiting = "after call 2"
+        outcome = [("h", "h (accepted draft)", waiting if pending else str(record.h)),
+                   ("A", "A (advance)", waiting if pending else str(len(record.appended)))]
+    return stats_html(f"Iteration {record.index}" + (" · call 1 of 2" if pending else ""), [
+        *outcome,
         ("calls", "calls (NFE)", str(len(record.calls))),
         ("rows", "rows evaluated", str(record.rows)),
         ("model_ms", "model ms", f"{record.model_ms:.1f}"),

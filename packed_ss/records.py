@@ -18,7 +18,7 @@ Metric definitions (shared/notes/field-notes.md, paper Section 4 and E.5):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from packed_ss.layout import CallLayout
 
@@ -102,6 +102,14 @@ class IterationRecord:
     def discarded(self) -> tuple[int, ...]:
         """Indices into ``proposals`` that were dropped (positions already filled by the verifier)."""
         return tuple(i for i in range(len(self.proposals)) if i not in self.kept)
+
+    def first_call(self) -> "IterationRecord":
+        """This iteration as it stood after its first call (Linear-SS: drafted, not yet verified): that
+        call only, the draft, no verifier outputs, nothing appended. Its time is the call's model time."""
+        call = self.calls[0]
+        return replace(self, calls=(call,), model_ms=call.model_ms, other_ms=0.0, verifier_tokens=(),
+                       verifier_probs=(), accept_probs=(), h=0, advance=0, appended=(), appended_sources=(),
+                       prefix_len_after=self.prefix_len_before, stop_reason=None)
 
     @property
     def verifies(self) -> bool:

@@ -397,3 +397,27 @@ def test_a_taken_port_ends_with_one_line(capsys):
         with pytest.raises(SystemExit) as stop:
             app.main(["--host", "127.0.0.1", "--port", str(port)])
     assert "cannot start the server" in str(stop.value.code) and "\n" not in str(stop.value.code)
+
+
+def test_linear_ss_can_be_stepped_one_call_at_a_time(tiny_model_dir):
+    """Step by call: Linear-SS's drafting call is shown before its verification (drafting waits for it)."""
+    from gradio_client import Client
+
+    import app
+    from helpers import serve
+
+    for url in serve(app.build_demo(str(tiny_model_dir), new_tokens_cap=CAP)):
+        client = Client(url, verbose=False)
+        client.predict("call", api_name="/step_by")
+        args = ui_args(schedule="linear")
+        first = client.predict(*args, api_name="/step")  # the prefill: one call, shown whole
+        assert first[0]["value"] == 1 and "call 1 of 2" not in first[3]
+        drafted = client.predict(*args, api_name="/step")
+        assert drafted[0]["value"] == 2 and "call 1 of 2" in drafted[3] and "after call 2" in drafted[3]
+        assert "Nothing is verified yet" in drafted[1] and "Call 1 (drafting)" in drafted[1]
+        verified = client.predict(*args, api_name="/step")
+        assert verified[0]["value"] == 2 and "call 1 of 2" not in verified[3]
+        assert "call 2 (verification)" in verified[1]
+        client.predict("iteration", api_name="/step_by")
+        whole = client.predict(*args, api_name="/step")
+        assert whole[0]["value"] == 3 and "call 1 of 2" not in whole[3]
