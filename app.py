@@ -139,7 +139,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
         """Slider, grid, text, stats and (only when the shown iteration changed) the mask plot."""
         run = us.step
         strings = store.strings_for(run.model) if run is not None else None
-        key = (id(run), run.position) if run is not None else None
+        key = (id(run), run.position, run.first_call_only) if run is not None else None
         redraw = run is None or key != us.plot_key
         shown = step_view(run, strings, with_figure=redraw)
         us.plot_key = shown.key
