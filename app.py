@@ -47,6 +47,7 @@ SHORT_PROMPTS = (
 )
 HUMANEVAL_IDS = ("HumanEval/0", "HumanEval/23", "HumanEval/53", "HumanEval/2")
 REPLAY_FRAME_S = 0.25  # seconds between replay frames (a few updates a second is enough)
+CHART_EVERY = 2  # the race charts fill in every second frame (a new figure remounts the plot)
 
 
 def launch_kwargs(demo: gr.Blocks | None = None) -> dict:
@@ -262,11 +263,14 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
         speed = max(0.05, float(speed or 1))
         total = max((lane.total_ms for lane in result.lanes if lane.shown), default=0.0)
         start = time.perf_counter()
+        frame = 0
         while True:
             clock_ms = (time.perf_counter() - start) * 1000 * speed
             if clock_ms >= total or us.race is not result:
                 break
-            yield lanes_html(result.lanes, clock_ms, strings, result.greedy), gr.skip(), gr.skip(), gr.skip()
+            charts = race_figures(result.lanes, clock_ms) if frame % CHART_EVERY == 0 else (gr.skip(), gr.skip())
+            yield lanes_html(result.lanes, clock_ms, strings, result.greedy), *charts, gr.skip()
+            frame += 1
             time.sleep(REPLAY_FRAME_S)
         if us.race is not result:  # a newer race replaced this one
             return

@@ -185,7 +185,9 @@ def lanes_html(lanes: Sequence[Lane], clock_ms: float, strings: TokenStrings, gr
             f'<div class="lane" data-lane="{lane.schedule}" data-done="{int(c["finished"])}">'
             f'<h4 style="color:{SCHEDULE_COLORS.get(lane.schedule, "#0f172a")}">{html.escape(lane.title)} {done}</h4>'
             f'{_lane_badge(lane, greedy)}'
-            f'<div class="bar"><div style="width:{progress:.1f}%"></div></div>'
+            f'<div class="bar" title="decoder wall time replayed"><div style="width:{progress:.1f}%"></div>'
+            f'<span class="bar-label">{min(clock_ms, lane.total_ms) / 1000:.2f} / {lane.total_ms / 1000:.2f} s · '
+            f'{c["tokens"]} tokens</span></div>'
             f'<div class="stats">{cards}</div>'
             f'<div class="token-text">{"".join(spans)}</div></div>')
     parts.append("</div>")
@@ -235,26 +237,36 @@ def badge_html(lanes: Sequence[Lane], greedy: bool) -> str:
     return "".join(badges)
 
 
-def _line_figure(lanes: Sequence[Lane], xkey: str, title: str, xtitle: str) -> go.Figure:
+def _line_figure(lanes: Sequence[Lane], xkey: str, title: str, xtitle: str,
+                 clock_ms: float = float("inf")) -> go.Figure:
     traces = []
+    longest = max((lane.total_ms for lane in lanes if lane.shown), default=0.0)
     for lane in lanes:
         if not lane.shown:
             continue
-        xs = [0.0] + (list(lane.nfe) if xkey == "nfe" else [w / 1000 for w in lane.wall_ms])
-        traces.append(dict(type="scatter", mode="lines+markers", name=lane.title, x=xs, y=[0] + list(lane.tokens),
+        done = lane.at(clock_ms)
+        xs = [0.0] + (list(lane.nfe[:done]) if xkey == "nfe" else [w / 1000 for w in lane.wall_ms[:done]])
+        traces.append(dict(type="scatter", mode="lines+markers", name=lane.title, x=xs,
+                           y=[0] + list(lane.tokens[:done]),
                            line=dict(shape="hv", color=SCHEDULE_COLORS.get(lane.schedule), width=2),
                            marker=dict(size=4),
                            hovertemplate=f"{lane.title}<br>{xtitle} %{{x}}<br>tokens %{{y}}<extra></extra>"))
+    # Fixed ranges: the axes do not jump while the replay fills the lines in.
+    x_end = (max((lane.nfe[-1] for lane in lanes if lane.shown and lane.nfe), default=1) if xkey == "nfe"
+             else longest / 1000)
+    y_end = max((lane.tokens[-1] for lane in lanes if lane.shown and lane.tokens), default=1)
     layout = dict(title=dict(text=title, x=0.01), height=CHART_HEIGHT, margin=dict(l=50, r=10, t=40, b=45),
-                  xaxis=dict(title=dict(text=xtitle), zeroline=False), yaxis=dict(title=dict(text="tokens")),
+                  xaxis=dict(title=dict(text=xtitle), zeroline=False, range=[0, 1.04 * x_end]),
+                  yaxis=dict(title=dict(text="tokens"), range=[0, 1.06 * y_end]),
                   legend=dict(orientation="h", y=-0.25), plot_bgcolor="#ffffff")
     return go.Figure(dict(data=traces, layout=layout))
 
 
-def race_figures(lanes: Sequence[Lane]) -> tuple[go.Figure, go.Figure]:
-    """Tokens against NFE and tokens against decoder wall time (s) for every shown lane."""
-    return (_line_figure(lanes, "nfe", "Tokens against NFE", "NFE"),
-            _line_figure(lanes, "wall", "Tokens against wall time", "decoder wall time (s)"))
+def race_figures(lanes: Sequence[Lane], clock_ms: float = float("inf")) -> tuple[go.Figure, go.Figure]:
+    """Tokens against NFE and tokens against decoder wall time (s) for every shown lane, the iterations
+    finished ``clock_ms`` into the replay (all by default)."""
+    return (_line_figure(lanes, "nfe", "Tokens against NFE", "NFE", clock_ms),
+            _line_figure(lanes, "wall", "Tokens against wall time", "decoder wall time (s)", clock_ms))
 
 
 def summary_html(lanes: Sequence[Lane]) -> str:

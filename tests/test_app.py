@@ -421,3 +421,15 @@ def test_linear_ss_can_be_stepped_one_call_at_a_time(tiny_model_dir):
         client.predict("iteration", api_name="/step_by")
         whole = client.predict(*args, api_name="/step")
         assert whole[0]["value"] == 3 and "call 1 of 2" not in whole[3]
+
+
+def test_race_charts_fill_in_during_the_replay():
+    from components.race_panel import Lane, race_figures
+
+    lane = Lane(schedule="packed", title="Packed-SS", token_ids=(1, 2, 3, 4), sources=("x",) * 4,
+                wall_ms=(10.0, 20.0, 30.0), nfe=(1, 2, 3), tokens=(1, 3, 4), metrics={})
+    early, _ = race_figures([lane], clock_ms=15.0)
+    full, wall = race_figures([lane])
+    assert list(early.data[0].y) == [0, 1] and list(full.data[0].y) == [0, 1, 3, 4]
+    assert tuple(early.layout.xaxis.range) == tuple(full.layout.xaxis.range)  # axes stay put while it fills
+    assert list(wall.data[0].x) == [0.0, 0.01, 0.02, 0.03]
