@@ -21,6 +21,8 @@ import plotly.graph_objects as go
 from components.style import SCHEDULE_COLORS
 
 CHART_HEIGHT = 420  # px
+LOG_TICKS = [m * 10.0 ** e for e in range(-2, 6) for m in (1, 2, 5)]  # ms labels of the log axis
+POOR_FIT = 2.0  # a fit whose RMS residual exceeds this many times tau gets a warning
 TITLES = {"ar": "AR", "linear": "Linear-SS", "quadratic": "Quadratic-SS", "packed": "Packed-SS",
           "diffusion": "Block diffusion"}
 
@@ -124,7 +126,9 @@ def cost_figure(model: CostModel | None, points: Sequence[tuple[str, int, float]
         title += f" (fit: τ = {model.tau_ms:.2f} ms, δ = {model.delta_ms:.4f} ms/row)"
     layout = dict(title=dict(text=title, x=0.01), height=CHART_HEIGHT, margin=dict(l=60, r=10, t=50, b=50),
                   xaxis=dict(title=dict(text="speculative width W = B − 1")),
-                  yaxis=dict(title=dict(text="model ms per iteration"), type="log"),
+                  # Log axis with labels on 1-2-5 steps written out in full (not Plotly's minor "2, 3, 4, 5").
+                  yaxis=dict(title=dict(text="model ms per iteration"), type="log", tickmode="array",
+                             tickvals=LOG_TICKS, ticktext=[f"{v:g}" for v in LOG_TICKS]),
                   plot_bgcolor="#ffffff", legend=dict(orientation="v"))
     return go.Figure(dict(data=traces, layout=layout))
 
@@ -133,7 +137,12 @@ def fit_summary(model: CostModel | None, error: str = "") -> str:
     """Markdown sentence describing the fit (or why there is none)."""
     if model is None:
         return f"No fit yet: {error}" if error else "No fit yet."
-    return (f"Fitted on **{model.calls}** calls of {model.min_rows}–{model.max_rows} rows: "
+    text = (f"Fitted on **{model.calls}** calls of {model.min_rows}–{model.max_rows} rows: "
             f"**τ = {model.tau_ms:.2f} ms** per call, **δ = {model.delta_ms:.4f} ms** per row "
             f"(RMS residual {model.rmse_ms:.2f} ms). A Packed-SS call of 2B rows costs "
             f"τ + 2Bδ; Linear-SS pays τ twice for the same rows, Quadratic-SS pays B(B+1)δ.")
+    if model.rmse_ms > POOR_FIT * model.tau_ms:
+        text += (f"\n\n⚠ The residual is {model.rmse_ms / max(model.tau_ms, 1e-9):.1f}× τ: the measured calls do not "
+                 f"follow one straight line (other work on the machine, or too few row counts). Measure again on "
+                 f"an idle machine before reading the predictions.")
+    return text

@@ -94,7 +94,10 @@ def grid_html(record: IterationRecord, sequence: Sequence[int], strings: TokenSt
     cells_z = {}
     for i, tok in enumerate(z):
         pos = record.proposal_start + i
-        cls, what = ("kept", "kept: next draft") if i in kept else ("discarded", "discarded")
+        filled = pos < before + len(appended)
+        why = (f"discarded: position {pos} was just filled by this iteration's accepted tokens" if filled
+               else "discarded: the run stopped" if record.stop_reason else "discarded")
+        cls, what = ("kept", "kept: next draft") if i in kept else ("discarded", why)
         cells_z[pos] = _chip(text[tok], cls, f"z({i + 1}) = {tok} at position {pos}: {what}")
     cells_out = {}
     for i, (tok, source) in enumerate(zip(appended, record.appended_sources)):

@@ -433,3 +433,13 @@ def test_race_charts_fill_in_during_the_replay():
     assert list(early.data[0].y) == [0, 1] and list(full.data[0].y) == [0, 1, 3, 4]
     assert tuple(early.layout.xaxis.range) == tuple(full.layout.xaxis.range)  # axes stay put while it fills
     assert list(wall.data[0].x) == [0.0, 0.01, 0.02, 0.03]
+
+
+def test_explain_log_axis_labels_in_full_and_poor_fits_are_flagged():
+    from components.charts import CostModel, cost_figure, fit_summary
+
+    figure = cost_figure(CostModel(10.0, 0.1, 20, 1, 64, 0.5), [("packed", 3, 12.0)])
+    ticks = list(figure.layout.yaxis.ticktext)
+    assert "20" in ticks and "50" in ticks and "2" in ticks  # 20 is "20", not a minor "2"
+    assert "⚠" not in fit_summary(CostModel(10.0, 0.1, 20, 1, 64, 5.0))
+    assert "⚠ The residual is 3.0× τ" in fit_summary(CostModel(10.0, 0.1, 20, 1, 64, 30.0))
