@@ -172,7 +172,8 @@ def figures(summary: dict) -> dict[str, go.Figure]:
         title = "Tokens/NFE at the measured block sizes (run with --probe-block-sizes for a sweep)"
     block.update_layout(title=title, xaxis_title="block size B", yaxis_title="tokens / NFE", height=420,
                         template="plotly_white")
-    block.update_xaxes(type="log", dtick=math.log10(2))
+    sizes = sorted({x for trace in block.data for x in trace.x})
+    block.update_xaxes(tickmode="array", tickvals=sizes, ticktext=[str(b) for b in sizes])  # every B measured
     out["block_size"] = block
     return out
 

@@ -273,3 +273,17 @@ def test_reports_name_project_models_relative_to_the_project(tmp_path):
     assert model_name(str(tmp_path)) == str(tmp_path) and model_name("nvidia/some-model") == "nvidia/some-model"
     saved = json.loads((EMBEDDED.parents[1] / "docs" / "bench-humaneval" / "summary.json").read_text())
     assert saved["meta"]["model"] == "assets/model"
+
+
+def test_block_size_chart_ticks_every_measured_block_size():
+    """B = 3 and 6 get their own ticks (a log axis in powers of two labelled only "4")."""
+    import json
+    from pathlib import Path
+
+    from packed_ss.bench_report import figures
+
+    saved = Path(__file__).resolve().parents[1] / "docs" / "bench-humaneval" / "summary.json"
+    summary = json.loads(saved.read_text())
+    summary["probe"] = [{"schedule": "packed", "block_size": b, "tokens_per_nfe": 1.0 + b / 10} for b in (3, 6)] + \
+        [{"schedule": "linear", "block_size": 4, "tokens_per_nfe": 1.2}]
+    assert list(figures(summary)["block_size"].layout.xaxis.tickvals) == [3, 4, 6]
