@@ -45,6 +45,12 @@ class ModelLoadError(ValueError):
     """The model folder or hub id cannot be loaded as a dual-mode model."""
 
 
+def some(names, shown: int = 3) -> str:
+    """Up to ``shown`` of ``names`` (sorted), then how many more: for one-line load errors."""
+    names = sorted(names)
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
 DTYPES = ("float32", "bfloat16", "float16", "float64")  # dtypes from_pretrained accepts by name
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from packed_ss.models.adapter import ModelLoadError
+from packed_ss.models.adapter import ModelLoadError, some
 
 
 @dataclass(frozen=True)
@@ -108,20 +108,16 @@ def pick_family(config: dict, forced: str | None = None) -> Family:
 def refuse_partial_load(name: str, info: dict, ignored: Callable[[str], bool] = lambda key: False) -> None:
     """Raise ModelLoadError when ``from_pretrained``'s loading info shows missing, unexpected or
     mismatched keys (``ignored`` unexpected keys excepted), naming up to five of each."""
-    def some(keys) -> str:
-        keys = sorted(keys)
-        return ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
-
     missing = set(info.get("missing_keys") or ())
     unexpected = {k for k in info.get("unexpected_keys") or () if not ignored(k)}
     mismatched = {k if isinstance(k, str) else k[0] for k in info.get("mismatched_keys") or ()}
     problems = []
     if missing:
-        problems.append(f"missing (would be random): {some(missing)}")
+        problems.append(f"missing (would be random): {some(missing, 5)}")
     if unexpected:
-        problems.append(f"not used by the model: {some(unexpected)}")
+        problems.append(f"not used by the model: {some(unexpected, 5)}")
     if mismatched:
-        problems.append(f"wrong shape: {some(mismatched)}")
+        problems.append(f"wrong shape: {some(mismatched, 5)}")
     if problems:
         raise ModelLoadError(f"refusing {name!r}: its weights do not all map onto the model; "
                              + "; ".join(problems))

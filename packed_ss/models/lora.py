@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from packed_ss.models.adapter import ModelLoadError
+from packed_ss.models.adapter import ModelLoadError, some
 
 ADAPTER_NAME = "drafter"
 PEFT_PREFIX = "base_model.model."  # peft's saved-key prefix before the module path
@@ -51,11 +51,6 @@ def adapter_folder(model_source: Path | None, model_name: str, spec: str, local_
         if (folder / "adapter_config.json").is_file():
             return folder
     return None
-
-
-def some(names: list[str], shown: int = 3) -> str:
-    """Up to ``shown`` names, then how many more."""
-    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def unmapped(model, state: dict, targets) -> str:
