@@ -1,0 +1,53 @@
+"""The scripted drafter: real verifier, drafter quality set by one number, monotone on every run, so the
+paper's Theorem 3.2 (Packed-SS never needs more calls than Linear-SS, greedy) can be watched holding."""
+
+import pytest
+from helpers import tiny_llama
+
+from packed_ss import DecodeConfig, generate
+from packed_ss.models.scripted import scripted_drafter
+from packed_ss.schedules import SPECULATIVE
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llama(vocab_size=24, seed=5, logit_scale=3.0, eos=False)
+
+
+def test_perfect_and_useless_drafters_bracket_acceptance_and_stay_lossless(model):
+    prompt, config = [3, 4, 5], DecodeConfig(block_size=4, max_new_tokens=24)
+    ar = generate(model, prompt, config, "ar")
+    for name in SPECULATIVE:
+        perfect = generate(scripted_drafter(model, prompt, config, 1.0), prompt, config, name)
+        useless = generate(scripted_drafter(model, prompt, config, 0.0), prompt, config, name)
+        assert perfect.token_ids == useless.token_ids == ar.token_ids, name
+        assert all(r.h == len(r.old_draft) for r in perfect.records if r.verifies), name  # every draft accepted
+        assert all(r.h == 0 for r in useless.records if r.verifies), name
+        assert perfect.nfe < useless.nfe
+
+
+@pytest.mark.parametrize("quality", [0.3, 0.6, 0.8, 0.95])
+def test_theorem_3_2_packed_never_needs_more_calls_than_linear(model, quality):
+    for seed in range(6):
+        prompt = [3 + seed % 5, 7, 9]
+        for block in (3, 4, 6):
+            config = DecodeConfig(block_size=block, max_new_tokens=30)
+            runs = {name: generate(scripted_drafter(model, prompt, config, quality, seed), prompt, config, name)
+                    for name in ("linear", "packed")}
+            # count iterations of verification (Linear-SS pays 2 calls for each, the theorem counts calls)
+            assert runs["packed"].nfe <= runs["linear"].nfe, (quality, seed, block)
+            assert runs["packed"].token_ids == runs["linear"].token_ids
+
+
+def test_scripted_runs_count_the_real_calls_and_rows(model):
+    prompt, config = [3, 4], DecodeConfig(block_size=4, max_new_tokens=10)
+    scripted = generate(scripted_drafter(model, prompt, config, 0.7, 1), prompt, config, "packed")
+    for record in scripted.records:
+        for call in record.calls:
+            assert call.model_ms > 0 and call.layout.rows >= 1
+    assert scripted.rows == sum(c.layout.rows for r in scripted.records for c in r.calls)
+
+
+def test_quality_out_of_range_is_refused(model):
+    with pytest.raises(ValueError, match=r"drafter quality must be in \[0, 1\]"):
+        scripted_drafter(model, [3], DecodeConfig(), 1.5)
