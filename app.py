@@ -153,7 +153,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
         settings = make_settings(*values, cap=cap)
         run, note = us.step, ""
         if run is None or run.settings != settings:
-            run = StepRun(settings, store.get(*settings.model_ref), tasks=tasks, eager=eager, log=log, gate=gate,
+            run = StepRun(settings, store.get(*settings.model_ref[:2]), tasks=tasks, eager=eager, log=log, gate=gate,
                           max_rows=max_rows)
             note = "Settings changed: a new run started." if us.step is not None else ""
             us.step, us.plot_key = run, None
@@ -177,15 +177,15 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
             return view(us) + [note_html(note) if note else ""], not run.at_end
 
     def on_step(model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new, lora, precision,
-                request: gr.Request):
+                drafter, quality, request: gr.Request):
         values = (model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new, lora,
-                  precision)
+                  precision, drafter, quality)
         return do_step(values, request)[0]
 
     def on_tick(model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new, lora, precision,
-                request: gr.Request):
+                drafter, quality, request: gr.Request):
         values = (model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new, lora,
-                  precision)
+                  precision, drafter, quality)
         outputs, going = do_step(values, request)
         us = sessions.get(request.session_hash)
         if not going:
@@ -235,9 +235,9 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
 
     # ---------------------------------------------------------------- race handlers
     def on_race(model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new, lora, precision,
-                optional, request: gr.Request):
+                drafter, quality, optional, request: gr.Request):
         values = (model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new, lora,
-                  precision)
+                  precision, drafter, quality)
         us = sessions.get(request.session_hash)
         try:
             settings = make_settings(*values, cap=cap)
@@ -259,9 +259,9 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
         us = sessions.get(request.session_hash)
         result = us.race
         if result is None:
-            yield gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
             return
-        strings = store.strings_for(store.get(*result.settings.model_ref))
+        strings = store.strings_for(store.get(*result.settings.model_ref[:2]))
         speed = max(0.05, float(speed or 1))
         total = max((lane.total_ms for lane in result.lanes if lane.shown), default=0.0)
         start = time.perf_counter()
@@ -270,14 +270,13 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
             clock_ms = (time.perf_counter() - start) * 1000 * speed
             if clock_ms >= total or us.race is not result:
                 break
-            charts = race_figures(result.lanes, clock_ms) if frame % CHART_EVERY == 0 else (gr.skip(), gr.skip())
+            charts = race_figures(result.lanes, clock_ms) if frame % CHART_EVERY == 0 else (gr.skip(),) * 3
             yield lanes_html(result.lanes, clock_ms, strings, result.greedy), *charts, gr.skip()
             frame += 1
             time.sleep(REPLAY_FRAME_S)
         if us.race is not result:  # a newer race replaced this one
             return
-        fig_nfe, fig_wall = race_figures(result.lanes)
-        yield (lanes_html(result.lanes, float("inf"), strings, result.greedy), fig_nfe, fig_wall,
+        yield (lanes_html(result.lanes, float("inf"), strings, result.greedy), *race_figures(result.lanes),
                summary_html(result.lanes))
 
     # ---------------------------------------------------------------- explain handlers
@@ -303,8 +302,8 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
     # ---------------------------------------------------------------- API (gradio_client)
     def generate(prompt: str, schedule: str = "packed", block_size: int = 8, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int = 0, max_new_tokens: int = 128,
-                 model: str = "", drafter_lora: bool = False, precision: str = "",
-                 request: gr.Request = None) -> dict:
+                 model: str = "", drafter_lora: bool = False, precision: str = "", drafter: str = "model",
+                 drafter_quality: float = 0.8, request: gr.Request = None) -> dict:
         """Decode ``prompt`` to the end with one schedule; returns the run's metrics (JSON).
 
         Errors (bad prompt or settings, a model not offered, work over the budget) come back as a
@@ -312,7 +311,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
         """
         try:
             settings = make_settings(model, prompt, schedule, block_size, temperature, top_k, top_p, seed,
-                                     max_new_tokens, drafter_lora, precision, cap=cap)
+                                     max_new_tokens, drafter_lora, precision, drafter, drafter_quality, cap=cap)
             alive = None if eager or request is None else client_alive(demo, request.session_hash)
             return run_generate(tasks, settings, log=log, max_rows=max_rows, alive=alive).metrics()
         except Exception as error:  # noqa: BLE001 - every failure is a one-line message, never a traceback
@@ -320,7 +319,8 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
 
     def race(prompt: str, block_size: int = 8, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              seed: int = 0, max_new_tokens: int = 128, lanes: str = "", model: str = "",
-             drafter_lora: bool = False, precision: str = "", request: gr.Request = None) -> dict:
+             drafter_lora: bool = False, precision: str = "", drafter: str = "model", drafter_quality: float = 0.8,
+             request: gr.Request = None) -> dict:
         """Race AR, Linear, Quadratic and Packed (plus ``lanes="diffusion"``) on one prompt.
 
         Each lane is measured up to three times in rotating order, each call alone. Returns per-lane
@@ -330,7 +330,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
         """
         try:
             settings = make_settings(model, prompt, "packed", block_size, temperature, top_k, top_p, seed,
-                                     max_new_tokens, drafter_lora, precision, cap=cap)
+                                     max_new_tokens, drafter_lora, precision, drafter, drafter_quality, cap=cap)
             alive = None if eager or request is None else client_alive(demo, request.session_hash)
             return run_race(tasks, settings, extra=parse_lanes(lanes), log=log, max_rows=max_rows,
                             alive=alive).to_json()
@@ -384,9 +384,17 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                                            elem_id="drafter-lora")
                     precision_box = gr.Dropdown([("bfloat16 (default on CUDA)", ""), ("float32", "float32")],
                                                 value="", label="Precision", visible=on_cuda, elem_id="precision")
+                with gr.Row():
+                    # Teaching: the real verifier with a drafter whose quality is one number (monotone by
+                    # construction, so Theorem 3.2 holds on every run).
+                    drafter_box = gr.Radio([("the model's own", "model"), ("scripted (quality q)", "scripted")],
+                                           value="model", label="Drafter", elem_id="drafter")
+                    quality_box = gr.Slider(0, 1, value=0.8, step=0.05, elem_id="drafter-quality",
+                                            label="Scripted drafter quality q (proposal k tokens ahead right "
+                                                  "with probability q^k)")
         status = gr.HTML("", elem_id="status")
         settings = (model_box, prompt, schedule, block, temperature, top_k, top_p, seed, limit, lora_box,
-                    precision_box)
+                    precision_box, drafter_box, quality_box)
 
         with gr.Tabs():
             with gr.Tab("Step through", id="step"):
@@ -425,6 +433,8 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                 with gr.Row():
                     fig_nfe = gr.Plot(label="Tokens against NFE", elem_id="race-nfe")
                     fig_wall = gr.Plot(label="Tokens against wall time", elem_id="race-wall")
+                fig_theorem = gr.Plot(label="Packed-SS against Linear-SS: calls per token (Theorem 3.2)",
+                                      elem_id="race-theorem")
                 summary = gr.HTML("", elem_id="race-summary")
             with gr.Tab("Explain", id="explain") as explain_tab:
                 gr.Markdown(explain_md)
@@ -458,7 +468,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
         compute_kw = dict(concurrency_id="compute", concurrency_limit=compute_concurrency)
         race_btn.click(on_race, [*settings, optional], [race_status, badge, lanes_view], api_name="ui_race",
                        api_visibility="undocumented", **compute_kw).then(
-            on_replay, [replay], [lanes_view, fig_nfe, fig_wall, summary], api_name="replay",
+            on_replay, [replay], [lanes_view, fig_nfe, fig_wall, fig_theorem, summary], api_name="replay",
             api_visibility="undocumented", concurrency_id="replay", concurrency_limit=16, show_progress="hidden")
 
         explain_tab.select(on_explain, [block], [cost_plot, fit_text], api_visibility="private")

@@ -262,11 +262,35 @@ def _line_figure(lanes: Sequence[Lane], xkey: str, title: str, xtitle: str,
     return go.Figure(dict(data=traces, layout=layout))
 
 
-def race_figures(lanes: Sequence[Lane], clock_ms: float = float("inf")) -> tuple[go.Figure, go.Figure]:
-    """Tokens against NFE and tokens against decoder wall time (s) for every shown lane, the iterations
-    finished ``clock_ms`` into the replay (all by default)."""
+def race_figures(lanes: Sequence[Lane], clock_ms: float = float("inf")) -> tuple[go.Figure, go.Figure, go.Figure]:
+    """Tokens against NFE, tokens against decoder wall time (s) for every shown lane, and Packed-SS's
+    against Linear-SS's NFE path; the iterations finished ``clock_ms`` into the replay (all by default)."""
     return (_line_figure(lanes, "nfe", "Tokens against NFE", "NFE", clock_ms),
-            _line_figure(lanes, "wall", "Tokens against wall time", "decoder wall time (s)", clock_ms))
+            _line_figure(lanes, "wall", "Tokens against wall time", "decoder wall time (s)", clock_ms),
+            nfe_path_figure(lanes, clock_ms))
+
+
+def nfe_path_figure(lanes: Sequence[Lane], clock_ms: float = float("inf")) -> go.Figure:
+    """Calls needed for the first n tokens, Packed-SS against Linear-SS (paper Theorem 3.2: with a
+    monotone drafter and greedy decoding Packed-SS's path never lies above Linear-SS's)."""
+    traces = []
+    for lane in lanes:
+        if lane.schedule not in ("linear", "packed"):
+            continue
+        done = lane.at(clock_ms)
+        traces.append(dict(type="scatter", mode="lines", name=lane.title, x=[0] + list(lane.tokens[:done]),
+                           y=[0] + list(lane.nfe[:done]), line=dict(shape="vh", width=2,
+                                                                    color=SCHEDULE_COLORS.get(lane.schedule)),
+                           hovertemplate=f"{lane.title}<br>%{{x}} tokens after %{{y}} calls<extra></extra>"))
+    y_end = max((lane.nfe[-1] for lane in lanes if lane.schedule in ("linear", "packed") and lane.nfe), default=1)
+    x_end = max((lane.tokens[-1] for lane in lanes if lane.schedule in ("linear", "packed") and lane.tokens),
+                default=1)
+    layout = dict(title=dict(text="Theorem 3.2: calls (NFE) needed for the first n tokens", x=0.01),
+                  height=CHART_HEIGHT, margin=dict(l=50, r=10, t=40, b=45),
+                  xaxis=dict(title=dict(text="tokens generated"), range=[0, 1.04 * x_end]),
+                  yaxis=dict(title=dict(text="NFE"), range=[0, 1.06 * y_end]),
+                  legend=dict(orientation="h", y=-0.25), plot_bgcolor="#ffffff")
+    return go.Figure(dict(data=traces, layout=layout))
 
 
 def summary_html(lanes: Sequence[Lane]) -> str:

@@ -19,12 +19,14 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from packed_ss.config import DecodeConfig
 from packed_ss.divergence import Divergence, divergence
 from packed_ss.engine import decode, finish_run
+from packed_ss.models.scripted import ScriptedDrafter, scripted_drafter
 from packed_ss.inputs import PromptTextError, check_prompt, model_name, shown
 from packed_ss.records import IterationRecord, RunRecord, summarize
 from packed_ss.schedules import REGISTRY, SPECULATIVE
@@ -38,25 +40,29 @@ NEW_TOKENS_CAP = 512  # largest new-token limit the app accepts
 APP_MAX_BLOCK_SIZE = 32  # Quadratic-SS evaluates B(B+1) rows: 1056 at B = 32
 MAX_PROMPT_CHARS = 20_000
 MAX_SEED = 2**32 - 1  # largest seed the page and the API take (exact as a float; torch takes it)
+DRAFTERS = ("model", "scripted")  # the model's own drafter, or the scripted one (packed_ss.models.scripted)
 PRECISIONS = ("", "bfloat16", "float32")  # "" = the server's default (bfloat16 on CUDA, float32 on CPU)
 
 
 # --- settings ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RunSettings:
-    """Everything that defines a run: model name, prompt text, schedule, decoding config and the precision
-    the model runs in ("" = the server's default: bfloat16 on CUDA, float32 on CPU)."""
+    """Everything that defines a run: model name, prompt text, schedule, decoding config, the precision
+    the model runs in ("" = the server's default: bfloat16 on CUDA, float32 on CPU) and, for teaching,
+    the quality q of a scripted drafter (None = the model's own drafter; :mod:`packed_ss.models.scripted`)."""
 
     model: str
     prompt: str
     schedule: str
     config: DecodeConfig
     precision: str = ""
+    scripted: float | None = None
 
     @property
-    def model_ref(self) -> tuple[str, str]:
-        """(model name, precision): what :meth:`ModelStore.get` takes."""
-        return self.model, self.precision
+    def model_ref(self) -> tuple[str, str, float | None]:
+        """(model name, precision, scripted drafter quality or None): what a run is decoded with.
+        ``ModelStore.get(*model_ref[:2])`` gives the loaded model."""
+        return self.model, self.precision, self.scripted
 
 
 def _whole(value, name: str, low: int | None = None, high: int | None = None) -> int:
@@ -85,14 +91,16 @@ def _real(value, name: str) -> float:
 
 
 def make_settings(model: str | None, prompt: str | None, schedule: str, block_size, temperature, top_k, top_p,
-                  seed, max_new_tokens, drafter_lora=False, precision="", *, cap: int = NEW_TOKENS_CAP) -> RunSettings:
+                  seed, max_new_tokens, drafter_lora=False, precision="", drafter="model", drafter_quality=0.8, *,
+                  cap: int = NEW_TOKENS_CAP) -> RunSettings:
     """Validate raw page/API values into :class:`RunSettings`.
 
     Raises:
         UserError: a prompt that is not text, empty or not valid Unicode, a model name that is not text,
             unknown schedule, block size outside [2, 32], negative temperature, new-token limit outside
             [1, cap], seed outside [0, MAX_SEED], a drafter-LoRA switch that is not true/false, a precision
-            not in PRECISIONS, or any value :class:`DecodeConfig` rejects.
+            not in PRECISIONS, a drafter other than "model" or "scripted", a scripted drafter quality
+            outside [0, 1], or any value :class:`DecodeConfig` rejects.
     """
     try:
         check_prompt(prompt)  # the rule of every front end: non-empty, valid Unicode, whitespace allowed
@@ -114,6 +122,12 @@ def make_settings(model: str | None, prompt: str | None, schedule: str, block_si
     precision = text_value(precision, "precision").strip()
     if precision not in PRECISIONS:
         raise UserError(f"precision must be bfloat16 or float32 (empty = the server's default), got {shown(precision)}")
+    drafter = text_value(drafter, "drafter").strip() or "model"
+    if drafter not in DRAFTERS:
+        raise UserError(f"drafter must be 'model' (the model's own) or 'scripted', got {shown(drafter)}")
+    quality = _real(0.8 if drafter_quality is None else drafter_quality, "drafter quality")
+    if not 0 <= quality <= 1:
+        raise UserError(f"drafter quality must be from 0 to 1, got {quality}")
     limit = _whole(max_new_tokens, "new-token limit")
     if not 1 <= limit <= cap:
         raise UserError(f"the new-token limit must be from 1 to {cap} (the app's cap), got {limit}")
@@ -123,7 +137,8 @@ def make_settings(model: str | None, prompt: str | None, schedule: str, block_si
                               drafter_lora=drafter_lora)
     except ValueError as error:
         raise UserError(str(error)) from None
-    return RunSettings(model=model.strip(), prompt=prompt, schedule=schedule, config=config, precision=precision)
+    return RunSettings(model=model.strip(), prompt=prompt, schedule=schedule, config=config, precision=precision,
+                       scripted=quality if drafter == "scripted" else None)
 
 
 def text_value(value, name: str) -> str:
@@ -332,10 +347,16 @@ class StepRun:
         self.prompt_ids = list(model.encode(settings.prompt))
         # The whole run is bounded like any request (an eager run computes it at once); a Step's turn at
         # the gate weighs one call, so Steps pass ahead of long races between two of their iterations.
-        check_work([settings.schedule], len(self.prompt_ids), settings.config, max_rows)
+        reference = ["ar"] if settings.scripted is not None else []  # a scripted drafter's AR reference run
+        check_work([settings.schedule, *reference], len(self.prompt_ids), settings.config, max_rows)
         self.gate = gate
         self.priority = float(REGISTRY[settings.schedule].max_rows(1, replace(settings.config, max_new_tokens=2)))
-        self.adapter = model.share()  # this run's own KV cache
+        if settings.scripted is None or eager:
+            self.adapter = model.share()  # this run's own KV cache
+        else:
+            with gate.turn(self.priority) if gate is not None else nullcontext():
+                self.adapter = scripted_drafter(model, self.prompt_ids, settings.config, settings.scripted,
+                                                settings.config.seed)
         self.records: list[IterationRecord] = []
         self.position = 0
         self.first_call_only = False
@@ -519,19 +540,31 @@ class GpuTasks:
         self.calibration = gpu_task(self._calibration)
         self.divergence = gpu_task(self._divergence)
 
-    def _run(self, model, prompt_ids: Sequence[int], config: DecodeConfig, schedule: str, priority: float,
-             alive: Callable[[], bool] | None) -> RunRecord:
-        """One run on its own adapter, each iteration computed alone at the gate (wall time stays honest)."""
-        records = gated(decode(model.share(), list(prompt_ids), config, schedule), self.gate, priority, alive)
-        return finish_run(model, records, config, schedule, len(prompt_ids))
+    def _adapter(self, model_ref: tuple, prompt_ids: Sequence[int], config: DecodeConfig,
+                 reference: Sequence[int] | None = None):
+        """A run's own adapter: the model's, or a scripted drafter over it (``model_ref[2]`` = its quality;
+        ``reference``: the AR output it follows, when already computed)."""
+        model = self.store.get(*model_ref[:2])
+        quality = model_ref[2] if len(model_ref) > 2 else None
+        if quality is None:
+            return model.share()
+        if reference is not None:
+            return ScriptedDrafter(model.share(), reference, quality, config.seed)
+        return scripted_drafter(model, prompt_ids, config, quality, config.seed)
 
-    def _records(self, model_ref: tuple[str, str], prompt_ids: Sequence[int], config: DecodeConfig,
+    def _run(self, adapter, prompt_ids: Sequence[int], config: DecodeConfig, schedule: str, priority: float,
+             alive: Callable[[], bool] | None) -> RunRecord:
+        """One run on ``adapter`` (its own), each iteration computed alone at the gate (wall time stays honest)."""
+        records = gated(decode(adapter, list(prompt_ids), config, schedule), self.gate, priority, alive)
+        return finish_run(adapter, records, config, schedule, len(prompt_ids))
+
+    def _records(self, model_ref: tuple, prompt_ids: Sequence[int], config: DecodeConfig,
                  schedule: str, priority: float = 0.0) -> list[IterationRecord]:
         """Every iteration record of one run (an eager step-through run)."""
-        return list(gated(decode(self.store.get(*model_ref).share(), list(prompt_ids), config, schedule),
+        return list(gated(decode(self._adapter(model_ref, prompt_ids, config), list(prompt_ids), config, schedule),
                           self.gate, priority))
 
-    def _race(self, model_ref: tuple[str, str], prompt_ids: Sequence[int], config: DecodeConfig,
+    def _race(self, model_ref: tuple, prompt_ids: Sequence[int], config: DecodeConfig,
               schedules: Sequence[str], priority: float = 0.0, alive: Callable[[], bool] | None = None,
               repeats: int = 1) -> list[list[RunRecord]]:
         """Each schedule to the end ``repeats`` times, one run after the other on its own adapter (each
@@ -541,34 +574,37 @@ class GpuTasks:
         A two-token AR warm-up runs first so that the first lane does not pay one-off start-up costs.
         Raises: ClientGone between two iterations once ``alive()`` is False.
         """
-        model = self.store.get(*model_ref)
-        self._run(model, prompt_ids, DecodeConfig(block_size=config.block_size, max_new_tokens=2), "ar",
+        model = self.store.get(*model_ref[:2])
+        self._run(model.share(), prompt_ids, DecodeConfig(block_size=config.block_size, max_new_tokens=2), "ar",
                   priority, alive)
+        # A scripted drafter follows AR's output: computed once for every lane and repeat.
+        reference = getattr(self._adapter(model_ref, prompt_ids, config), "reference", None)
         runs: dict[str, list[RunRecord]] = {s: [] for s in schedules}
         for rep in range(repeats):
             shift = rep % len(schedules)
             for schedule in list(schedules[shift:]) + list(schedules[:shift]):
-                runs[schedule].append(self._run(model, prompt_ids, config, schedule, priority, alive))
+                adapter = self._adapter(model_ref, prompt_ids, config, reference)
+                runs[schedule].append(self._run(adapter, prompt_ids, config, schedule, priority, alive))
         return [runs[s] for s in schedules]
 
-    def _generate(self, model_ref: tuple[str, str], prompt_ids: Sequence[int], config: DecodeConfig, schedule: str,
+    def _generate(self, model_ref: tuple, prompt_ids: Sequence[int], config: DecodeConfig, schedule: str,
                   priority: float = 0.0, alive: Callable[[], bool] | None = None) -> RunRecord:
         """One full run. Raises: ClientGone between two iterations once ``alive()`` is False."""
-        return self._run(self.store.get(*model_ref), prompt_ids, config, schedule, priority, alive)
+        return self._run(self._adapter(model_ref, prompt_ids, config), prompt_ids, config, schedule, priority, alive)
 
-    def _divergence(self, model_ref: tuple[str, str], prompt_ids: Sequence[int], reference: Sequence[int],
+    def _divergence(self, model_ref: tuple, prompt_ids: Sequence[int], reference: Sequence[int],
                     other: Sequence[int]) -> Divergence | None:
         """Where ``other`` leaves AR's ``reference``, with AR's top-2 margin there (one no-cache forward)."""
-        model = self.store.get(*model_ref)
+        model = self.store.get(*model_ref[:2])
         if self.gate is None:
             return divergence(model, prompt_ids, reference, other)
         with self.gate.turn(0.0):
             return divergence(model, prompt_ids, reference, other)
 
-    def _calibration(self, model_ref: tuple[str, str], prompt_ids: Sequence[int], block_sizes: Sequence[int],
+    def _calibration(self, model_ref: tuple, prompt_ids: Sequence[int], block_sizes: Sequence[int],
                      new_tokens: int) -> list[tuple[int, list[IterationRecord]]]:
         """Short runs of AR (once) and the three speculative schedules at each block size."""
-        model = self.store.get(*model_ref)
+        model = self.store.get(*model_ref[:2])
         out = []
         for i, b in enumerate(block_sizes):
             config = DecodeConfig(block_size=b, max_new_tokens=new_tokens)
@@ -610,11 +646,12 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
     any run); ModelLoadError; PromptError for empty / too long prompts; ClientGone when ``alive()`` turns False.
     """
     extra = parse_lanes(list(extra))
-    model = tasks.store.get(*settings.model_ref)
+    model = tasks.store.get(*settings.model_ref[:2])
     ids = model.encode(settings.prompt)
     decode(model.share(), ids, settings.config, "ar")  # validates the prompt before any work
     schedules = ["ar", *SPECULATIVE] + (["diffusion"] if "diffusion" in extra else [])
-    once = check_work(schedules, len(ids), settings.config, max_rows)
+    reference = ["ar"] if settings.scripted is not None else []  # a scripted drafter's AR reference run
+    once = check_work(schedules + reference, len(ids), settings.config, max_rows)
     repeats = max(1, min(repeats, max_rows // max(1, once)))
     start = time.perf_counter()
     try:
@@ -628,7 +665,9 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
             for run in runs:
                 log.add(run.records, settings.config.block_size)
     reference = measured[0][0].token_ids
-    lanes = tuple(lane_from_runs(runs, REGISTRY[runs[0].schedule].title, reference) for runs in measured)
+    scripted = "" if settings.scripted is None else f" (scripted drafter, q = {settings.scripted:g})"
+    lanes = tuple(lane_from_runs(runs, REGISTRY[runs[0].schedule].title + (scripted if runs[0].schedule != "ar" else ""),
+                                 reference) for runs in measured)
     if settings.config.greedy:  # a lossless lane that left AR: near-tie (low precision) or bug?
         lanes = tuple(replace(lane, divergence=tasks.divergence(settings.model_ref, ids, reference, lane.token_ids))
                       if lane.schedule in SPECULATIVE and not lane.identical else lane for lane in lanes)
@@ -642,10 +681,11 @@ def run_generate(tasks: GpuTasks, settings: RunSettings, log: TimingLog | None =
 
     Raises: UserError (work beyond ``max_rows``), ModelLoadError, PromptError, ClientGone.
     """
-    model = tasks.store.get(*settings.model_ref)
+    model = tasks.store.get(*settings.model_ref[:2])
     ids = model.encode(settings.prompt)
     decode(model.share(), ids, settings.config, settings.schedule)  # validates before any GPU work
-    work = check_work([settings.schedule], len(ids), settings.config, max_rows)
+    reference = ["ar"] if settings.scripted is not None else []  # a scripted drafter's AR reference run
+    work = check_work([settings.schedule, *reference], len(ids), settings.config, max_rows)
     try:
         run = tasks.generate(settings.model_ref, ids, settings.config, settings.schedule, float(work), alive)
     finally:
@@ -661,7 +701,7 @@ def calibrate(tasks: GpuTasks, settings: RunSettings, log: TimingLog, block_size
 
     Returns: number of calls measured. Raises: ModelLoadError, PromptError.
     """
-    model = tasks.store.get(*settings.model_ref)
+    model = tasks.store.get(*settings.model_ref[:2])
     ids = model.encode(settings.prompt)
     decode(model.share(), ids, DecodeConfig(block_size=max(block_sizes), max_new_tokens=new_tokens), "ar")
     calls = 0

@@ -18,14 +18,14 @@ from packed_ss.engine import generate
 
 CAP = 64
 SETTINGS = dict(model="", prompt="w1 w2 w3", schedule="packed", block_size=4, temperature=0.0, top_k=0, top_p=1.0,
-                seed=0, max_new_tokens=10, drafter_lora=False, precision="")
+                seed=0, max_new_tokens=10, drafter_lora=False, precision="", drafter="model", drafter_quality=0.8)
 
 
 def ui_args(**overrides):
     """The page's settings in the order of the step/race events."""
     s = {**SETTINGS, **overrides}
     return (s["model"], s["prompt"], s["schedule"], s["block_size"], s["temperature"], s["top_k"], s["top_p"],
-            s["seed"], s["max_new_tokens"], s["drafter_lora"], s["precision"])
+            s["seed"], s["max_new_tokens"], s["drafter_lora"], s["precision"], s["drafter"], s["drafter_quality"])
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +161,7 @@ def test_race_page_event_and_replay(client):
     status, badge, _ = client.predict(*ui_args(max_new_tokens=8), ["diffusion"], api_name="/ui_race")
     assert "pss-error" not in status and "identical to AR" in badge
     job = client.submit(4.0, api_name="/replay")
-    lanes, fig_nfe, fig_wall, summary = job.result(timeout=60)
+    lanes, fig_nfe, fig_wall, fig_theorem, summary = job.result(timeout=60)
     for name in ("linear", "quadratic", "packed", "diffusion"):
         assert f'data-lane="{name}" data-done="1"' in lanes
     assert 'data-lane="ar" data-done="1"' in lanes  # AR, the baseline, is a lane by default
@@ -428,8 +428,9 @@ def test_race_charts_fill_in_during_the_replay():
 
     lane = Lane(schedule="packed", title="Packed-SS", token_ids=(1, 2, 3, 4), sources=("x",) * 4,
                 wall_ms=(10.0, 20.0, 30.0), nfe=(1, 2, 3), tokens=(1, 3, 4), metrics={})
-    early, _ = race_figures([lane], clock_ms=15.0)
-    full, wall = race_figures([lane])
+    early, _, early_path = race_figures([lane], clock_ms=15.0)
+    full, wall, path = race_figures([lane])
+    assert list(early_path.data[0].x) == [0, 1] and list(path.data[0].y) == [0, 1, 2, 3]  # NFE per token count
     assert list(early.data[0].y) == [0, 1] and list(full.data[0].y) == [0, 1, 3, 4]
     assert tuple(early.layout.xaxis.range) == tuple(full.layout.xaxis.range)  # axes stay put while it fills
     assert list(wall.data[0].x) == [0.0, 0.01, 0.02, 0.03]
@@ -443,3 +444,24 @@ def test_explain_log_axis_labels_in_full_and_poor_fits_are_flagged():
     assert "20" in ticks and "50" in ticks and "2" in ticks  # 20 is "20", not a minor "2"
     assert "⚠" not in fit_summary(CostModel(10.0, 0.1, 20, 1, 64, 5.0))
     assert "⚠ The residual is 3.0× τ" in fit_summary(CostModel(10.0, 0.1, 20, 1, 64, 30.0))
+
+
+def test_scripted_drafter_in_the_race_and_the_step_view(client):
+    perfect = client.predict("w1 w2 w3", max_new_tokens=12, block_size=4, drafter="scripted", drafter_quality=1.0,
+                             api_name="/race")
+    useless = client.predict("w1 w2 w3", max_new_tokens=12, block_size=4, drafter="scripted", drafter_quality=0.0,
+                             api_name="/race")
+    assert perfect["lossless_identical_to_ar"] and useless["lossless_identical_to_ar"]
+    for name in ("linear", "packed"):
+        assert perfect["lanes"][name]["nfe"] < useless["lanes"][name]["nfe"]
+        assert "scripted drafter, q = 1" in perfect["verdict"]
+    assert perfect["lanes"]["packed"]["nfe"] <= perfect["lanes"]["linear"]["nfe"]  # Theorem 3.2
+    step = client.predict(*ui_args(drafter="scripted", drafter_quality=0.5), api_name="/step")
+    assert "scripted drafter q = 0.5" in step[1]
+    client.predict(api_name="/reset")
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError, match="drafter quality must be from 0 to 1"):
+        client.predict("w1 w2", drafter="scripted", drafter_quality=1.5, api_name="/generate")
+    with pytest.raises(AppError, match="drafter must be 'model'"):
+        client.predict("w1 w2", drafter="oracle", api_name="/generate")
