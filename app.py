@@ -31,9 +31,9 @@ from components.charts import cost_figure, fit_cost_model, fit_summary
 from components.mask_plot import empty_figure
 from components.race_panel import badge_html, lanes_html, race_figures, summary_html
 from components.limits import MAX_ROWS_PER_REQUEST, ClientGone, ComputeGate, client_alive
-from components.runtime import (APP_MAX_BLOCK_SIZE, DEFAULT_MODEL, NEW_TOKENS_CAP, GpuTasks, ModelStore, Sessions,
-                                StepRun, TimingLog, UserSession, calibrate, has_spaces, make_settings,
-                                parse_lanes, run_generate, run_race)
+from components.runtime import (APP_MAX_BLOCK_SIZE, DEFAULT_MODEL, NEW_TOKENS_CAP, BestBlockSizes, GpuTasks,
+                                ModelStore, Sessions, StepRun, TimingLog, UserSession, calibrate, has_spaces,
+                                make_settings, parse_lanes, run_generate, run_race, wants_best_sizes)
 from components.style import ASSETS, PROMPT, error_html, legend_html, note_html
 from components.step_view import step_view
 from components.token_grid import empty_grid_html
@@ -128,6 +128,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
     gate = ComputeGate()  # one model iteration at a time, least work first
     tasks = GpuTasks(store, gate)  # the GPU work of each request (spaces.GPU on ZeroGPU)
     sessions = Sessions()
+    best_sizes = BestBlockSizes()  # each schedule's best B per model, found once (race option)
     log = TimingLog()
     eager = has_spaces()  # ZeroGPU: compute a step-through run in one GPU call
     cap = int(new_tokens_cap)
@@ -235,14 +236,15 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
 
     # ---------------------------------------------------------------- race handlers
     def on_race(model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new, lora, precision,
-                drafter, quality, optional, request: gr.Request):
+                drafter, quality, optional, sizes, request: gr.Request):
         values = (model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new, lora,
                   precision, drafter, quality)
         us = sessions.get(request.session_hash)
         try:
             settings = make_settings(*values, cap=cap)
             result = run_race(tasks, settings, extra=parse_lanes(list(optional or ())), log=log, max_rows=max_rows,
-                              alive=None if eager else client_alive(demo, request.session_hash))
+                              alive=None if eager else client_alive(demo, request.session_hash),
+                              best=race_block_sizes(sizes))
         except Exception as error:  # noqa: BLE001
             message = _message(error)
             gr.Warning(message)
@@ -253,7 +255,13 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
         note = (f"Measured {len(result.lanes)} lanes {times}, one run after the other, in {result.compute_s:.2f} s. "
                 f"Replaying each lane's median run on one clock. Timings on a shared machine vary between races: "
                 f"the Benchmark tab gives intervals over many prompts.")
+        if result.block_size_source:
+            note += f" Block sizes: {result.block_size_source}."
         return note_html(note), badge_html(result.lanes, result.greedy), '<div class="race-lanes"></div>'
+
+    def race_block_sizes(choice) -> BestBlockSizes | None:
+        """The best-B finder for "best", None for "same". Raises: UserError for anything else."""
+        return best_sizes if wants_best_sizes(choice) else None
 
     def on_replay(speed, request: gr.Request):
         us = sessions.get(request.session_hash)
@@ -320,7 +328,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
     def race(prompt: str, block_size: int = 8, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              seed: int = 0, max_new_tokens: int = 128, lanes: str = "", model: str = "",
              drafter_lora: bool = False, precision: str = "", drafter: str = "model", drafter_quality: float = 0.8,
-             request: gr.Request = None) -> dict:
+             block_sizes: str = "same", request: gr.Request = None) -> dict:
         """Race AR, Linear, Quadratic and Packed (plus ``lanes="diffusion"``) on one prompt.
 
         Each lane is measured up to three times in rotating order, each call alone. Returns per-lane
@@ -333,6 +341,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                                      max_new_tokens, drafter_lora, precision, drafter, drafter_quality, cap=cap)
             alive = None if eager or request is None else client_alive(demo, request.session_hash)
             return run_race(tasks, settings, extra=parse_lanes(lanes), log=log, max_rows=max_rows,
+                            best=race_block_sizes(block_sizes),
                             alive=alive).to_json()
         except Exception as error:  # noqa: BLE001
             raise gr.Error(_message(error), print_exception=False) from None
@@ -425,6 +434,9 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                 with gr.Row():
                     optional = gr.CheckboxGroup([("Block-diffusion lane", "diffusion")], value=[],
                                                 label="Optional lanes")
+                    sizes_box = gr.Radio([("same B for every lane", "same"),
+                                          ("each schedule at its best B", "best")], value="same",
+                                         label="Block size per lane", elem_id="race-sizes")
                     replay = gr.Slider(0.1, 4, value=1, step=0.1, label="Replay speed (× real time)")
                     race_btn = gr.Button("Race", variant="primary", elem_id="race-btn")
                 race_status = gr.HTML("", elem_id="race-status")
@@ -466,7 +478,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                         trigger_mode="always_last", **step_kw)
 
         compute_kw = dict(concurrency_id="compute", concurrency_limit=compute_concurrency)
-        race_btn.click(on_race, [*settings, optional], [race_status, badge, lanes_view], api_name="ui_race",
+        race_btn.click(on_race, [*settings, optional, sizes_box], [race_status, badge, lanes_view], api_name="ui_race",
                        api_visibility="undocumented", **compute_kw).then(
             on_replay, [replay], [lanes_view, fig_nfe, fig_wall, fig_theorem, summary], api_name="replay",
             api_visibility="undocumented", concurrency_id="replay", concurrency_limit=16, show_progress="hidden")

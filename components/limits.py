@@ -18,8 +18,9 @@ import ctypes.util
 import heapq
 import itertools
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 
 from packed_ss.config import DecodeConfig
 from packed_ss.schedules import REGISTRY
@@ -35,28 +36,37 @@ class ClientGone(Exception):
     """The client that asked for this work disconnected; the work was stopped."""
 
 
-def worst_case_rows(schedules: Sequence[str], prompt_len: int, config: DecodeConfig) -> dict[str, int]:
-    """Upper bound on the model rows of one run of each schedule (``Schedule.max_rows``)."""
-    return {s: REGISTRY[s].max_rows(prompt_len, config) for s in schedules}
+def worst_case_rows(schedules: Sequence[str], prompt_len: int, config: DecodeConfig,
+                    block_sizes: Mapping[str, int] | None = None) -> list[tuple[str, int, int]]:
+    """``(schedule, B, rows)`` per run: the upper bound on the model rows of one run of each schedule in
+    ``schedules`` (a schedule listed twice runs twice), at ``block_sizes[schedule]`` when given, else at
+    the config's B (``Schedule.max_rows``)."""
+    out = []
+    for s in schedules:
+        b = (block_sizes or {}).get(s, config.block_size)
+        out.append((s, b, REGISTRY[s].max_rows(prompt_len, replace(config, block_size=b))))
+    return out
 
 
 def check_work(schedules: Sequence[str], prompt_len: int, config: DecodeConfig, limit: int,
-               runs: int = 1) -> int:
+               runs: int = 1, block_sizes: Mapping[str, int] | None = None) -> int:
     """Refuse a request whose worst case exceeds ``limit`` rows; return that worst case.
 
     Args:
-        schedules: the runs of the request (a race: every lane, the AR reference included).
+        schedules: the runs of the request (a race: every lane, the AR reference included; a schedule
+            listed twice counts twice).
         prompt_len: prompt length in tokens. config: the shared settings. runs: repeats of the set.
+        block_sizes: per-schedule B where it differs from the config's (a race at each schedule's best B).
     Raises:
         UserError: naming the worst-case rows, the heaviest schedule and the settings to lower.
     """
-    rows = worst_case_rows(schedules, prompt_len, config)
-    total = runs * sum(rows.values())
+    rows = worst_case_rows(schedules, prompt_len, config, block_sizes)
+    total = runs * sum(r for _, _, r in rows)
     if total > limit:
-        heaviest = max(rows, key=rows.get)
+        heaviest, b, most = max(rows, key=lambda row: row[2])
         raise UserError(
             f"this request could evaluate up to {total:,} model rows ({REGISTRY[heaviest].title} alone up to "
-            f"{rows[heaviest]:,} at B = {config.block_size} with {config.max_new_tokens} new tokens and a "
+            f"{most:,} at B = {b} with {config.max_new_tokens} new tokens and a "
             f"{prompt_len}-token prompt); this server allows {limit:,} per request: lower the block size, the "
             f"new-token limit or the prompt length")
     return total

@@ -183,7 +183,8 @@ def lanes_html(lanes: Sequence[Lane], clock_ms: float, strings: TokenStrings, gr
         done = '<span class="done">finished</span>' if c["finished"] else ""
         parts.append(
             f'<div class="lane" data-lane="{lane.schedule}" data-done="{int(c["finished"])}">'
-            f'<h4 style="color:{SCHEDULE_COLORS.get(lane.schedule, "#0f172a")}">{html.escape(lane.title)} {done}</h4>'
+            f'<h4 style="color:{SCHEDULE_COLORS.get(lane.schedule, "#0f172a")}">{html.escape(lane.title)}'
+            f'{_block_label(lane)} {done}</h4>'
             f'{_lane_badge(lane, greedy)}'
             f'<div class="bar" title="decoder wall time replayed"><div style="width:{progress:.1f}%"></div>'
             f'<span class="bar-label">{min(clock_ms, lane.total_ms) / 1000:.2f} / {lane.total_ms / 1000:.2f} s · '
@@ -192,6 +193,12 @@ def lanes_html(lanes: Sequence[Lane], clock_ms: float, strings: TokenStrings, gr
             f'<div class="token-text">{"".join(spans)}</div></div>')
     parts.append("</div>")
     return "".join(parts)
+
+
+def _block_label(lane: Lane) -> str:
+    """" · B = 6" for lanes that use a block size (not AR)."""
+    b = lane.metrics.get("block_size")
+    return f' <span class="lane-b">· B = {b}</span>' if b and lane.schedule != "ar" else ""
 
 
 def badge_html(lanes: Sequence[Lane], greedy: bool) -> str:
@@ -295,7 +302,7 @@ def nfe_path_figure(lanes: Sequence[Lane], clock_ms: float = float("inf")) -> go
 
 def summary_html(lanes: Sequence[Lane]) -> str:
     """A table of each lane's final metrics (hidden reference lanes included, marked)."""
-    head = ("<tr><th>schedule</th><th>tokens</th><th>NFE</th><th>tokens/NFE</th><th>wall s (median, min–max)</th>"
+    head = ("<tr><th>schedule</th><th>B</th><th>tokens</th><th>NFE</th><th>tokens/NFE</th><th>wall s (median, min–max)</th>"
             "<th>ms/NFE</th><th>tokens/s</th><th>mean A (prefill excluded)</th><th>= AR</th></tr>")
     rows = []
     for lane in lanes:
@@ -306,7 +313,8 @@ def summary_html(lanes: Sequence[Lane]) -> str:
         name = lane.title + ("" if lane.shown else " (hidden)")
         accept = f"{m['mean_acceptance_length']:.2f}" if lane.schedule != "diffusion" else "–"
         med, lo, hi = lane.wall_range
-        rows.append(f"<tr><td>{html.escape(name)}</td><td>{m['tokens']}</td><td>{m['nfe']}</td>"
+        b = m.get("block_size") if lane.schedule != "ar" else "–"
+        rows.append(f"<tr><td>{html.escape(name)}</td><td>{b}</td><td>{m['tokens']}</td><td>{m['nfe']}</td>"
                     f"<td>{m['tokens_per_nfe']:.2f}</td><td>{med:.3f} ({lo:.3f}–{hi:.3f})</td><td>{m['time_per_nfe_ms']:.1f}</td>"
                     f"<td>{m['throughput']:.1f}</td><td>{accept}</td><td>{same}</td></tr>")
     return f'<table class="race-summary">{head}{"".join(rows)}</table>'

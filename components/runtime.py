@@ -14,6 +14,7 @@ Every request's worst-case work is checked against a row budget before it runs (
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import threading
 import time
@@ -481,6 +482,7 @@ class RaceResult:
         settings: the shared prompt and settings. lanes: AR first, then the requested schedules.
         greedy: temperature 0. compute_s: wall-clock seconds the computation took (lanes run one by one).
         repeats: measurements per lane (rotating order).
+        block_size_source: where each lane's own best B came from ("" = every lane at the settings' B).
     """
 
     settings: RunSettings
@@ -489,6 +491,7 @@ class RaceResult:
     compute_s: float
     prompt_tokens: int
     repeats: int = 1
+    block_size_source: str = ""
 
     def lane(self, schedule: str) -> Lane | None:
         return next((lane for lane in self.lanes if lane.schedule == schedule), None)
@@ -517,6 +520,8 @@ class RaceResult:
             "lossless_identical_to_ar": all(lane.identical for lane in lossless),
             "compute_s": self.compute_s,
             "repeats": self.repeats,
+            "block_sizes": {lane.schedule: lane.metrics["block_size"] for lane in self.lanes},
+            "block_size_source": self.block_size_source or "the same B for every lane",
             "verdict": verdict_text(self.lanes),
             "lanes": lanes,
         }
@@ -566,10 +571,11 @@ class GpuTasks:
 
     def _race(self, model_ref: tuple, prompt_ids: Sequence[int], config: DecodeConfig,
               schedules: Sequence[str], priority: float = 0.0, alive: Callable[[], bool] | None = None,
-              repeats: int = 1) -> list[list[RunRecord]]:
+              repeats: int = 1, block_sizes: dict[str, int] | None = None) -> list[list[RunRecord]]:
         """Each schedule to the end ``repeats`` times, one run after the other on its own adapter (each
         iteration measured alone at the gate); the order rotates by one lane per repeat so that no lane
-        always runs first. Returns the runs per schedule, in ``schedules`` order.
+        always runs first. ``block_sizes``: a schedule's own B where given. Returns the runs per schedule,
+        in ``schedules`` order.
 
         A two-token AR warm-up runs first so that the first lane does not pay one-off start-up costs.
         Raises: ClientGone between two iterations once ``alive()`` is False.
@@ -583,8 +589,9 @@ class GpuTasks:
         for rep in range(repeats):
             shift = rep % len(schedules)
             for schedule in list(schedules[shift:]) + list(schedules[:shift]):
-                adapter = self._adapter(model_ref, prompt_ids, config, reference)
-                runs[schedule].append(self._run(adapter, prompt_ids, config, schedule, priority, alive))
+                own = replace(config, block_size=(block_sizes or {}).get(schedule, config.block_size))
+                adapter = self._adapter(model_ref, prompt_ids, own, reference)
+                runs[schedule].append(self._run(adapter, prompt_ids, own, schedule, priority, alive))
         return [runs[s] for s in schedules]
 
     def _generate(self, model_ref: tuple, prompt_ids: Sequence[int], config: DecodeConfig, schedule: str,
@@ -632,16 +639,91 @@ def parse_lanes(lanes) -> list[str]:
     return items
 
 
+def wants_best_sizes(choice) -> bool:
+    """A race's block-size choice: "same" (every lane at the settings' B, default) or "best" (each
+    schedule at its own best B). Raises: UserError for anything else."""
+    choice = text_value(choice, "block_sizes").strip() or "same"
+    if choice not in ("same", "best"):
+        raise UserError(f"block_sizes must be 'same' (every lane at B) or 'best' (each schedule at its own best B), "
+                        f"got {shown(choice)}")
+    return choice == "best"
+
+
+PROBE_BLOCK_SIZES = (2, 3, 4, 6, 8)  # block sizes a best-B probe tries
+PROBE_TOKENS = 32  # new tokens of each probe run
+SAVED_REPORT = Path(__file__).resolve().parents[1] / "docs" / "bench-humaneval" / "summary.json"
+
+
+class BestBlockSizes:
+    """Each speculative schedule's fastest B, per model, precision and drafter, kept for the server's life.
+
+    From the saved benchmark report (``docs/bench-humaneval``) when it measured this very model on this
+    kind of device in this dtype; otherwise from a short probe on this machine: one greedy run of
+    :data:`PROBE_TOKENS` tokens on the race's prompt at each B in :data:`PROBE_BLOCK_SIZES`, the highest
+    throughput wins (one prompt: a rough choice, said so on the page).
+    """
+
+    def __init__(self, report: Path = SAVED_REPORT):
+        self.report = report
+        self._found: dict[tuple, tuple[dict[str, int], str]] = {}
+        self._lock = threading.Lock()
+
+    def choose(self, tasks: "GpuTasks", settings: RunSettings, prompt_ids: Sequence[int],
+               max_rows: int) -> tuple[dict[str, int], str]:
+        """``({schedule: B}, where it came from)``. Raises: UserError when a probe would exceed ``max_rows``."""
+        model = tasks.store.get(*settings.model_ref[:2])
+        key = (tasks.store.resolve(settings.model), str(model.dtype), str(model.device), settings.scripted)
+        with self._lock:
+            if key in self._found:
+                return self._found[key]
+        found = self._from_report(key[0], model) or self._probe(tasks, settings, prompt_ids, max_rows)
+        with self._lock:
+            self._found[key] = found
+        return found
+
+    def _from_report(self, identity: str, model) -> tuple[dict[str, int], str] | None:
+        try:
+            summary = json.loads(self.report.read_text(encoding="utf-8"))
+            meta, sizes = summary["meta"], summary["config"]["block_sizes"]
+        except (OSError, ValueError, KeyError):
+            return None
+        same = (meta.get("model") == model_name(identity) and meta.get("dtype") == str(model.dtype).removeprefix("torch.")
+                and str(meta.get("device", "")).split(":")[0] == model.device.type)
+        if not same or not all(s in sizes for s in SPECULATIVE):
+            return None
+        return ({s: int(sizes[s]) for s in SPECULATIVE},
+                f"each schedule's best B from the saved benchmark of this model ({model_name(str(self.report.parent))})")
+
+    @staticmethod
+    def _probe(tasks: "GpuTasks", settings: RunSettings, prompt_ids: Sequence[int],
+               max_rows: int) -> tuple[dict[str, int], str]:
+        base = replace(settings.config, temperature=0.0, max_new_tokens=PROBE_TOKENS)
+        runs = [(s, b) for s in SPECULATIVE for b in PROBE_BLOCK_SIZES]
+        work = sum(check_work([s], len(prompt_ids), replace(base, block_size=b), max_rows) for s, b in runs)
+        if work > max_rows:
+            raise UserError(f"finding each schedule's best B needs up to {work:,} model rows on this prompt; this "
+                            f"server allows {max_rows:,} per request: use the same B for every lane, or a shorter prompt")
+        speed: dict[str, dict[int, float]] = {s: {} for s in SPECULATIVE}
+        for s, b in runs:
+            run = tasks.generate(settings.model_ref, prompt_ids, replace(base, block_size=b), s, float(work))
+            speed[s][b] = run.throughput
+        best = {s: max(speed[s], key=speed[s].get) for s in SPECULATIVE}
+        tried = ", ".join(map(str, PROBE_BLOCK_SIZES))
+        return best, (f"each schedule's best B from a short probe on this machine ({PROBE_TOKENS} tokens of this "
+                      f"prompt at B = {tried}; one prompt, so a rough choice)")
+
+
 RACE_REPEATS = 3  # measurements per lane in a race (fewer when the row budget does not allow three)
 
 
 def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), log: TimingLog | None = None,
              max_rows: int = MAX_ROWS_PER_REQUEST, alive: Callable[[], bool] | None = None,
-             repeats: int = RACE_REPEATS) -> RaceResult:
+             repeats: int = RACE_REPEATS, best: "BestBlockSizes | None" = None) -> RaceResult:
     """Race AR, Linear, Quadratic and Packed (plus ``extra`` lane "diffusion") on one prompt.
 
     Every lane is measured ``repeats`` times in rotating order (as many as ``max_rows`` allows, at least
-    once); each lane replays its median-time run and reports the min-max of the repeats.
+    once); each lane replays its median-time run and reports the min-max of the repeats. With ``best``,
+    each speculative lane runs at its own fastest B (:class:`BestBlockSizes`), else all at the settings' B.
     Raises: UserError for bad extra lanes or work beyond ``max_rows`` for one measurement (checked before
     any run); ModelLoadError; PromptError for empty / too long prompts; ClientGone when ``alive()`` turns False.
     """
@@ -651,19 +733,20 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
     decode(model.share(), ids, settings.config, "ar")  # validates the prompt before any work
     schedules = ["ar", *SPECULATIVE] + (["diffusion"] if "diffusion" in extra else [])
     reference = ["ar"] if settings.scripted is not None else []  # a scripted drafter's AR reference run
-    once = check_work(schedules + reference, len(ids), settings.config, max_rows)
+    sizes, source = best.choose(tasks, settings, ids, max_rows) if best is not None else (None, "")
+    once = check_work(schedules + reference, len(ids), settings.config, max_rows, block_sizes=sizes)
     repeats = max(1, min(repeats, max_rows // max(1, once)))
     start = time.perf_counter()
     try:
         measured = tasks.race(settings.model_ref, ids, settings.config, schedules, float(once * repeats), alive,
-                              repeats)
+                              repeats, sizes)
     finally:
         release_memory()
     compute_s = time.perf_counter() - start
     if log is not None:
         for runs in measured:
             for run in runs:
-                log.add(run.records, settings.config.block_size)
+                log.add(run.records, run.block_size)
     reference = measured[0][0].token_ids
     scripted = "" if settings.scripted is None else f" (scripted drafter, q = {settings.scripted:g})"
     lanes = tuple(lane_from_runs(runs, REGISTRY[runs[0].schedule].title + (scripted if runs[0].schedule != "ar" else ""),
@@ -672,7 +755,7 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
         lanes = tuple(replace(lane, divergence=tasks.divergence(settings.model_ref, ids, reference, lane.token_ids))
                       if lane.schedule in SPECULATIVE and not lane.identical else lane for lane in lanes)
     return RaceResult(settings=settings, lanes=lanes, greedy=settings.config.greedy, compute_s=compute_s,
-                      prompt_tokens=len(ids), repeats=repeats)
+                      prompt_tokens=len(ids), repeats=repeats, block_size_source=source)
 
 
 def run_generate(tasks: GpuTasks, settings: RunSettings, log: TimingLog | None = None,

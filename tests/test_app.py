@@ -158,7 +158,7 @@ def test_race_repeats_shrink_to_fit_the_row_budget(tiny_model_dir):
 
 
 def test_race_page_event_and_replay(client):
-    status, badge, _ = client.predict(*ui_args(max_new_tokens=8), ["diffusion"], api_name="/ui_race")
+    status, badge, _ = client.predict(*ui_args(max_new_tokens=8), ["diffusion"], "same", api_name="/ui_race")
     assert "pss-error" not in status and "identical to AR" in badge
     job = client.submit(4.0, api_name="/replay")
     lanes, fig_nfe, fig_wall, fig_theorem, summary = job.result(timeout=60)
@@ -465,3 +465,35 @@ def test_scripted_drafter_in_the_race_and_the_step_view(client):
         client.predict("w1 w2", drafter="scripted", drafter_quality=1.5, api_name="/generate")
     with pytest.raises(AppError, match="drafter must be 'model'"):
         client.predict("w1 w2", drafter="oracle", api_name="/generate")
+
+
+def test_race_at_each_schedules_best_block_size(client):
+    first = client.predict("w1 w2 w3", max_new_tokens=8, block_size=4, block_sizes="best", api_name="/race")
+    assert "short probe on this machine" in first["block_size_source"]
+    from components.runtime import PROBE_BLOCK_SIZES
+
+    for name in ("linear", "quadratic", "packed"):
+        assert first["block_sizes"][name] in PROBE_BLOCK_SIZES
+        assert first["lanes"][name]["block_size"] == first["block_sizes"][name]
+    again = client.predict("w1 w2 w3", max_new_tokens=8, block_size=4, block_sizes="best", api_name="/race")
+    assert again["block_sizes"] == first["block_sizes"]  # found once per model, then kept
+    same = client.predict("w1 w2 w3", max_new_tokens=8, block_size=5, api_name="/race")
+    assert {same["lanes"][n]["block_size"] for n in ("linear", "quadratic", "packed")} == {5}
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError, match="block_sizes must be 'same'"):
+        client.predict("w1 w2 w3", max_new_tokens=8, block_sizes="fastest", api_name="/race")
+
+
+def test_best_block_sizes_come_from_the_saved_benchmark_for_its_own_model():
+    from components.runtime import BestBlockSizes
+    from conftest import EMBEDDED
+    from packed_ss.models import DualModeModel
+
+    if not (EMBEDDED / "model.safetensors").exists():
+        pytest.skip("assets/model has no weights yet")
+    model = DualModeModel.from_pretrained(EMBEDDED, device="cpu", dtype="float32")
+    sizes, source = BestBlockSizes()._from_report(str(EMBEDDED.resolve()), model)
+    assert sizes == {"linear": 6, "quadratic": 3, "packed": 6} and "saved benchmark" in source
+    model64 = DualModeModel.from_pretrained(EMBEDDED, device="cpu", dtype="float64")
+    assert BestBlockSizes()._from_report(str(EMBEDDED.resolve()), model64) is None  # measured in float32 only
