@@ -24,7 +24,7 @@ CODE_COLORS = ["#f1f5f9", "#94a3b8", "#2563eb", "#f59e0b", "#16a34a"]  # 0 = blo
 CODE_NAMES = ["blocked", "prefill row sees key", "verify row sees key", "draft row sees key",
               "branch row sees key"]
 REGION_TITLES = {PREFILL: "prefill", VERIFY: "verify", DRAFT: "draft", BRANCH: "branch"}
-HEIGHT = 480  # px; fixed so the plot does not jump between steps
+HEIGHT = 560  # px; fixed so the plot does not jump between steps
 ROW_LABELS_UP_TO = 32  # calls with at most this many rows label every row; larger ones label each region
 MAX_HOVER_CELLS = 40_000  # cells that get a "visible"/"blocked" hover text (the colours tell it beyond that)
 
@@ -158,9 +158,10 @@ def mask_figure(calls: Sequence[CallLayout], strings: TokenStrings, heading: str
         traces.append(dict(type="scatter", x=[None], y=[None], mode="markers",
                            name="first column: the cached prefix (every row sees all of it)",
                            marker=dict(symbol="square", size=12, color="#ffffff", line=dict(width=3, color="#0f172a"))))
-    layout = dict(height=HEIGHT, margin=dict(l=10, r=10, t=70, b=110), title=dict(text=heading, x=0.01),
+    layout = dict(height=HEIGHT, margin=dict(l=10, r=10, t=70, b=170), title=dict(text=heading, x=0.01),
                   plot_bgcolor="#ffffff", showlegend=True, shapes=shapes, annotations=annotations,
-                  legend=dict(orientation="h", yanchor="top", y=-0.16, x=0), **layout_axes)
+                  # below the tilted key labels and the x-axis title
+                  legend=dict(orientation="h", yanchor="top", y=-0.42, x=0), **layout_axes)
     return go.Figure(dict(data=traces, layout=layout))
 
 

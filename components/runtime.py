@@ -748,7 +748,7 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
             for run in runs:
                 log.add(run.records, run.block_size)
     reference = measured[0][0].token_ids
-    scripted = "" if settings.scripted is None else f" (scripted drafter, q = {settings.scripted:g})"
+    scripted = "" if settings.scripted is None else f" · scripted\u00a0drafter\u00a0q={settings.scripted:g}"
     lanes = tuple(lane_from_runs(runs, REGISTRY[runs[0].schedule].title + (scripted if runs[0].schedule != "ar" else ""),
                                  reference) for runs in measured)
     if settings.config.greedy:  # a lossless lane that left AR: near-tie (low precision) or bug?

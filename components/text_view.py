@@ -74,6 +74,11 @@ def iteration_stats(record: IterationRecord, pending: bool = False) -> str:
     ], "iteration")
 
 
+def _has_advances(run: RunRecord) -> bool:
+    """Whether mean A has anything to average: a verifying iteration, or AR past its prefill."""
+    return any(r.verifies for r in run.records) or (run.schedule == "ar" and run.iterations > 1)
+
+
 def run_stats(run: RunRecord, finished: bool) -> str:
     """Stat cards of the run so far: NFE, tokens, tokens/NFE, wall time, acceptance, stop reason."""
     stop = run.stop_reason if finished and run.stop_reason else "running"
@@ -83,6 +88,6 @@ def run_stats(run: RunRecord, finished: bool) -> str:
         ("tokens_per_nfe", "tokens / NFE", f"{run.tokens_per_nfe:.2f}"),
         ("wall_ms", "wall ms", f"{1000 * run.wall_s:.1f}"),
         ("mean_accept", "mean A (prefill excluded)",
-         f"{run.mean_acceptance_length:.2f}" if run.schedule != "diffusion" else "–"),
+         f"{run.mean_acceptance_length:.2f}" if _has_advances(run) else "–"),
         ("stop", "stop", stop),
     ], "run")

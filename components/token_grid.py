@@ -129,7 +129,10 @@ def grid_html(record: IterationRecord, sequence: Sequence[int], strings: TokenSt
         f'<tr class="sep" data-row="advance"><td class="row-label">advance</td>{"".join(adv_cells)}</tr>',
     ]
     calls = len(record.calls)
-    heading = (f"Iteration {record.index} · {html.escape(title or record.schedule)} · h = {h} · A = {a} · "
+    # A draft not verified yet (Linear-SS shown after its drafting call) has no h or A to report.
+    pending = bool(draft) and not record.verifier_tokens and not appended
+    outcome = "h and A after the verification call" if pending else f"h = {h} · A = {a}"
+    heading = (f"Iteration {record.index} · {html.escape(title or record.schedule)} · {outcome} · "
                f"{calls} call{'s' if calls != 1 else ''}, {record.rows} rows")
     if prefill:
         heading += " · prefill"

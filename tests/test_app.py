@@ -454,7 +454,7 @@ def test_scripted_drafter_in_the_race_and_the_step_view(client):
     assert perfect["lossless_identical_to_ar"] and useless["lossless_identical_to_ar"]
     for name in ("linear", "packed"):
         assert perfect["lanes"][name]["nfe"] < useless["lanes"][name]["nfe"]
-        assert "scripted drafter, q = 1" in perfect["verdict"]
+        assert "scripted\u00a0drafter\u00a0q=1" in perfect["verdict"]
     assert perfect["lanes"]["packed"]["nfe"] <= perfect["lanes"]["linear"]["nfe"]  # Theorem 3.2
     step = client.predict(*ui_args(drafter="scripted", drafter_quality=0.5), api_name="/step")
     assert "scripted drafter q = 0.5" in step[1]
