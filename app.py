@@ -257,6 +257,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                 f"the Benchmark tab gives intervals over many prompts.")
         if result.block_size_source:
             note += f" Block sizes: {result.block_size_source}."
+        note += " " + result.isolation
         return note_html(note), badge_html(result.lanes, result.greedy), '<div class="race-lanes"></div>'
 
     def race_block_sizes(choice) -> BestBlockSizes | None:

@@ -84,10 +84,12 @@ class ComputeGate:
         self._busy = False
         self._waiting: list[tuple[float, int]] = []
         self._tickets = itertools.count()
+        self._watched: dict[object, int] = {}  # owner -> turns other owners took while it was watched
 
     @contextmanager
-    def turn(self, priority: float):
-        """Hold the gate for the body of the ``with`` block (waits for its turn)."""
+    def turn(self, priority: float, owner: object = None):
+        """Hold the gate for the body of the ``with`` block (waits for its turn); ``owner`` tags the turn
+        for :meth:`watch`."""
         with self._cond:
             ticket = (priority, next(self._tickets))
             heapq.heappush(self._waiting, ticket)
@@ -95,12 +97,27 @@ class ComputeGate:
                 self._cond.wait()
             heapq.heappop(self._waiting)
             self._busy = True
+            for watched in self._watched:
+                if watched is not owner:
+                    self._watched[watched] += 1
         try:
             yield
         finally:
             with self._cond:
                 self._busy = False
                 self._cond.notify_all()
+
+    @contextmanager
+    def watch(self, owner: object) -> Iterator[Callable[[], int]]:
+        """Count the turns of other owners while the block runs; yields a function returning that count
+        (a race says whether other requests computed between its iterations)."""
+        with self._cond:
+            self._watched[owner] = 0
+        try:
+            yield lambda: self._watched.get(owner, 0)
+        finally:
+            with self._cond:
+                self._watched.pop(owner, None)
 
     @property
     def waiting(self) -> int:
@@ -110,8 +127,8 @@ class ComputeGate:
 
 
 def gated(records: Iterator, gate: ComputeGate | None, priority: float,
-          alive: Callable[[], bool] | None = None) -> Iterator:
-    """Yield the items of ``records``, computing each one while holding ``gate``.
+          alive: Callable[[], bool] | None = None, owner: object = None) -> Iterator:
+    """Yield the items of ``records``, computing each one while holding ``gate`` (turns tagged ``owner``).
 
     Raises: ClientGone before an iteration when ``alive()`` is False (the client disconnected).
     """
@@ -121,7 +138,7 @@ def gated(records: Iterator, gate: ComputeGate | None, priority: float,
         if gate is None:
             item = next(records, StopIteration)
         else:
-            with gate.turn(priority):
+            with gate.turn(priority, owner):
                 item = next(records, StopIteration)
         if item is StopIteration:
             return

@@ -483,7 +483,16 @@ class RaceResult:
         greedy: temperature 0. compute_s: wall-clock seconds the computation took (lanes run one by one).
         repeats: measurements per lane (rotating order).
         block_size_source: where each lane's own best B came from ("" = every lane at the settings' B).
+        interleaved: iterations of other requests that ran between this race's iterations (0 = isolated).
     """
+
+    @property
+    def isolation(self) -> str:
+        """One sentence on whether the race had the machine to itself."""
+        if not self.interleaved:
+            return "Nothing else computed in this process during the race."
+        return (f"{self.interleaved} iterations of other requests ran between this race's iterations: each call was "
+                f"still measured alone, but caches and memory bandwidth were shared, so treat close results as ties.")
 
     settings: RunSettings
     lanes: tuple[Lane, ...]
@@ -492,6 +501,7 @@ class RaceResult:
     prompt_tokens: int
     repeats: int = 1
     block_size_source: str = ""
+    interleaved: int = 0
 
     def lane(self, schedule: str) -> Lane | None:
         return next((lane for lane in self.lanes if lane.schedule == schedule), None)
@@ -520,6 +530,8 @@ class RaceResult:
             "lossless_identical_to_ar": all(lane.identical for lane in lossless),
             "compute_s": self.compute_s,
             "repeats": self.repeats,
+            "interleaved_iterations": self.interleaved,
+            "isolation": self.isolation,
             "block_sizes": {lane.schedule: lane.metrics["block_size"] for lane in self.lanes},
             "block_size_source": self.block_size_source or "the same B for every lane",
             "verdict": verdict_text(self.lanes),
@@ -558,9 +570,9 @@ class GpuTasks:
         return scripted_drafter(model, prompt_ids, config, quality, config.seed)
 
     def _run(self, adapter, prompt_ids: Sequence[int], config: DecodeConfig, schedule: str, priority: float,
-             alive: Callable[[], bool] | None) -> RunRecord:
+             alive: Callable[[], bool] | None, owner: object = None) -> RunRecord:
         """One run on ``adapter`` (its own), each iteration computed alone at the gate (wall time stays honest)."""
-        records = gated(decode(adapter, list(prompt_ids), config, schedule), self.gate, priority, alive)
+        records = gated(decode(adapter, list(prompt_ids), config, schedule), self.gate, priority, alive, owner)
         return finish_run(adapter, records, config, schedule, len(prompt_ids))
 
     def _records(self, model_ref: tuple, prompt_ids: Sequence[int], config: DecodeConfig,
@@ -571,28 +583,31 @@ class GpuTasks:
 
     def _race(self, model_ref: tuple, prompt_ids: Sequence[int], config: DecodeConfig,
               schedules: Sequence[str], priority: float = 0.0, alive: Callable[[], bool] | None = None,
-              repeats: int = 1, block_sizes: dict[str, int] | None = None) -> list[list[RunRecord]]:
+              repeats: int = 1, block_sizes: dict[str, int] | None = None) -> tuple[list[list[RunRecord]], int]:
         """Each schedule to the end ``repeats`` times, one run after the other on its own adapter (each
         iteration measured alone at the gate); the order rotates by one lane per repeat so that no lane
         always runs first. ``block_sizes``: a schedule's own B where given. Returns the runs per schedule,
-        in ``schedules`` order.
+        in ``schedules`` order, and how many iterations of other requests ran between this race's ones.
 
         A two-token AR warm-up runs first so that the first lane does not pay one-off start-up costs.
         Raises: ClientGone between two iterations once ``alive()`` is False.
         """
         model = self.store.get(*model_ref[:2])
-        self._run(model.share(), prompt_ids, DecodeConfig(block_size=config.block_size, max_new_tokens=2), "ar",
-                  priority, alive)
-        # A scripted drafter follows AR's output: computed once for every lane and repeat.
-        reference = getattr(self._adapter(model_ref, prompt_ids, config), "reference", None)
-        runs: dict[str, list[RunRecord]] = {s: [] for s in schedules}
-        for rep in range(repeats):
-            shift = rep % len(schedules)
-            for schedule in list(schedules[shift:]) + list(schedules[:shift]):
-                own = replace(config, block_size=(block_sizes or {}).get(schedule, config.block_size))
-                adapter = self._adapter(model_ref, prompt_ids, own, reference)
-                runs[schedule].append(self._run(adapter, prompt_ids, own, schedule, priority, alive))
-        return [runs[s] for s in schedules]
+        owner = object()  # this race's turns at the gate
+        with self.gate.watch(owner) if self.gate is not None else nullcontext(lambda: 0) as others:
+            self._run(model.share(), prompt_ids, DecodeConfig(block_size=config.block_size, max_new_tokens=2), "ar",
+                      priority, alive, owner)
+            # A scripted drafter follows AR's output: computed once for every lane and repeat.
+            reference = getattr(self._adapter(model_ref, prompt_ids, config), "reference", None)
+            runs: dict[str, list[RunRecord]] = {s: [] for s in schedules}
+            for rep in range(repeats):
+                shift = rep % len(schedules)
+                for schedule in list(schedules[shift:]) + list(schedules[:shift]):
+                    own = replace(config, block_size=(block_sizes or {}).get(schedule, config.block_size))
+                    adapter = self._adapter(model_ref, prompt_ids, own, reference)
+                    runs[schedule].append(self._run(adapter, prompt_ids, own, schedule, priority, alive, owner))
+            interleaved = others()
+        return [runs[s] for s in schedules], interleaved
 
     def _generate(self, model_ref: tuple, prompt_ids: Sequence[int], config: DecodeConfig, schedule: str,
                   priority: float = 0.0, alive: Callable[[], bool] | None = None) -> RunRecord:
@@ -738,8 +753,8 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
     repeats = max(1, min(repeats, max_rows // max(1, once)))
     start = time.perf_counter()
     try:
-        measured = tasks.race(settings.model_ref, ids, settings.config, schedules, float(once * repeats), alive,
-                              repeats, sizes)
+        measured, interleaved = tasks.race(settings.model_ref, ids, settings.config, schedules,
+                                           float(once * repeats), alive, repeats, sizes)
     finally:
         release_memory()
     compute_s = time.perf_counter() - start
@@ -755,7 +770,7 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
         lanes = tuple(replace(lane, divergence=tasks.divergence(settings.model_ref, ids, reference, lane.token_ids))
                       if lane.schedule in SPECULATIVE and not lane.identical else lane for lane in lanes)
     return RaceResult(settings=settings, lanes=lanes, greedy=settings.config.greedy, compute_s=compute_s,
-                      prompt_tokens=len(ids), repeats=repeats, block_size_source=source)
+                      prompt_tokens=len(ids), repeats=repeats, block_size_source=source, interleaved=interleaved)
 
 
 def run_generate(tasks: GpuTasks, settings: RunSettings, log: TimingLog | None = None,

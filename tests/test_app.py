@@ -497,3 +497,32 @@ def test_best_block_sizes_come_from_the_saved_benchmark_for_its_own_model():
     assert sizes == {"linear": 6, "quadratic": 3, "packed": 6} and "saved benchmark" in source
     model64 = DualModeModel.from_pretrained(EMBEDDED, device="cpu", dtype="float64")
     assert BestBlockSizes()._from_report(str(EMBEDDED.resolve()), model64) is None  # measured in float32 only
+
+
+def test_a_race_says_whether_other_requests_computed_during_it(tiny_model_dir):
+    from components.limits import ComputeGate
+    from components.runtime import GpuTasks, ModelStore, StepRun, make_settings, run_race
+
+    store, gate = ModelStore(str(tiny_model_dir)), ComputeGate()
+    tasks = GpuTasks(store, gate)
+    settings = make_settings("", "w1 w2 w3", "packed", 4, 0, 0, 1, 0, 12)
+    alone = run_race(tasks, settings)
+    assert alone.interleaved == 0 and alone.to_json()["isolation"].startswith("Nothing else computed")
+    done = threading.Event()
+
+    def stepping():  # another visitor stepping through a run the whole time
+        while not done.is_set():
+            run = StepRun(make_settings("", "w2 w3", "linear", 4, 0, 0, 1, 0, 8), store.get(""), gate=gate)
+            while not done.is_set() and run.step():
+                pass
+
+    other = threading.Thread(target=stepping)
+    other.start()
+    try:
+        shared = run_race(tasks, settings)
+    finally:
+        done.set()
+        other.join()
+    assert shared.interleaved > 0
+    assert f"{shared.interleaved} iterations of other requests" in shared.to_json()["isolation"]
+    assert [lane.token_ids for lane in shared.lanes] == [lane.token_ids for lane in alone.lanes]
