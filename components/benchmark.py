@@ -24,7 +24,7 @@ import gradio as gr
 from packed_ss.bench import (ALL_SCHEDULES, BenchConfig, BenchError, load_prompts, parse_block_sizes,
                              run_benchmark, write_outputs)
 from packed_ss.bench_report import figures, summary_markdown
-from packed_ss.inputs import model_name as report_model_name
+from packed_ss.inputs import model_fingerprint, model_name as report_model_name
 from packed_ss.schedules import REGISTRY
 
 DEFAULT_REPORT = "docs/bench-humaneval"  # committed summary of the 164-prompt benchmark
@@ -160,7 +160,8 @@ def run_small_benchmark(load_model: Callable[[str], object], model_name: str, pr
         if worst > max_rows:
             raise BenchError(f"this benchmark could evaluate up to {worst:,} model rows; this server allows "
                              f"{max_rows:,} per request: use fewer prompts, schedules or new tokens, or a smaller B")
-    meta = {"model": report_model_name(model_name), "prompt_source": source, "limit": limit, "threads": _threads(), "origin": "app"}
+    meta = {"model": report_model_name(model_name), "model_sha256": model_fingerprint(model_name),
+            "prompt_source": source, "limit": limit, "threads": _threads(), "origin": "app"}
     result = run_benchmark(model, prompts, config, progress, meta, turn=turn)
     paths = write_outputs(result, _fresh_folder())
     files = [str(paths[k]) for k in ("report", "examples", "summary_json", "summary_md", "probe") if k in paths]

@@ -33,7 +33,7 @@ import pandas as pd
 from packed_ss import stats
 from packed_ss.config import MAX_BLOCK_SIZE, DecodeConfig
 from packed_ss.divergence import divergence
-from packed_ss.inputs import PromptTextError, check_prompt, model_name
+from packed_ss.inputs import PromptTextError, check_prompt, model_fingerprint, model_name
 
 ALL_SCHEDULES = ("ar", "linear", "quadratic", "packed", "diffusion")
 LOSSLESS = ("linear", "quadratic", "packed")  # greedy outputs must equal REFERENCE's
@@ -821,7 +821,7 @@ def _run(args, config: BenchConfig, prompts: list[Prompt]) -> int:
         else:
             bar.refresh()
 
-    meta = {"model": model_name(args.model), "prompt_source": str(args.prompts), "limit": args.limit,
+    meta = {"model": model_name(args.model), "model_sha256": model_fingerprint(args.model), "prompt_source": str(args.prompts), "limit": args.limit,
             "threads": torch.get_num_threads()}
     result = run_benchmark(model, prompts, config, progress, meta)
     for bar in bars:

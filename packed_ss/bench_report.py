@@ -95,7 +95,9 @@ def _header(summary: dict) -> list[str]:
     meta, config = summary["meta"], summary["config"]
     blocks = ", ".join(f"{_label(s)} {b}" for s, b in config["block_sizes"].items()) or "-"
     lines = [
-        f"Model: `{meta.get('model', '?')}` on {meta.get('device', '?')} ({meta.get('dtype', '?')}), "
+        f"Model: `{meta.get('model', '?')}`"
+        + (f" (sha256 {meta['model_sha256']})" if meta.get("model_sha256") else "")
+        + f" on {meta.get('device', '?')} ({meta.get('dtype', '?')}), "
         f"{meta.get('threads', '?')} CPU threads.",
         f"Prompts: {meta.get('prompt_source', '?')}, {meta['prompts_measured']} measured "
         f"({meta.get('prompts_given', '?')} given, {len(meta.get('skipped_prompts', []))} skipped, "

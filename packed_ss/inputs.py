@@ -7,6 +7,7 @@ huge number or string never floods a message.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 SHOWN_CHARS = 40  # longest echo of a user value inside an error message
@@ -79,3 +80,29 @@ def model_name(name: str | Path) -> str:
         return str(Path(name).resolve().relative_to(PROJECT_ROOT))
     except (ValueError, OSError):
         return str(name)
+
+
+FULL_HASH_LIMIT = 256 * 2**20  # bytes of weights hashed in full; larger checkpoints hash their headers
+
+
+def model_fingerprint(name: str | Path) -> str:
+    """A short content hash of a local model folder for reports (so two reports of "assets/model" can be
+    told apart): sha256 of config.json and every safetensors file, in full up to 256 MiB of weights,
+    else of each file's size and header (tensor names, shapes, offsets), marked "headers". A hub id
+    (no local folder) gives "" (its revision names its content)."""
+    folder = Path(name).expanduser()
+    if not (folder / "config.json").is_file():
+        return ""
+    files = [folder / "config.json", *sorted(folder.glob("*.safetensors"))]
+    full = sum(f.stat().st_size for f in files) <= FULL_HASH_LIMIT
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.name.encode())
+        with f.open("rb") as stream:
+            if full or f.suffix != ".safetensors":
+                for block in iter(lambda: stream.read(1 << 20), b""):
+                    digest.update(block)
+            else:  # safetensors: 8-byte little-endian header length, then the JSON header
+                size = int.from_bytes(stream.read(8), "little")
+                digest.update(str(f.stat().st_size).encode() + stream.read(min(size, 100 * 2**20)))
+    return digest.hexdigest()[:12] + ("" if full else " (headers)")

@@ -287,3 +287,22 @@ def test_block_size_chart_ticks_every_measured_block_size():
     summary["probe"] = [{"schedule": "packed", "block_size": b, "tokens_per_nfe": 1.0 + b / 10} for b in (3, 6)] + \
         [{"schedule": "linear", "block_size": 4, "tokens_per_nfe": 1.2}]
     assert list(figures(summary)["block_size"].layout.xaxis.tickvals) == [3, 4, 6]
+
+
+def test_reports_carry_a_short_content_hash_of_a_local_model(tiny_model_dir, tmp_path):
+    import shutil
+
+    from packed_ss.inputs import model_fingerprint
+
+    first = model_fingerprint(tiny_model_dir)
+    assert len(first) == 12 and first == model_fingerprint(str(tiny_model_dir) + "/")
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_model_dir, copy)
+    assert model_fingerprint(copy) == first  # content, not location
+    with open(copy / "model.safetensors", "r+b") as f:
+        f.seek(-1, 2)
+        last = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([last[0] ^ 1]))
+    assert model_fingerprint(copy) != first
+    assert model_fingerprint("nvidia/Nemotron-Labs-Diffusion-3B") == ""
