@@ -48,7 +48,7 @@ def _next_draft(record: IterationRecord, strings: TokenStrings) -> str:
         return ""
     dropped, kept = record.discarded, record.kept
     text = (f" The drafter's proposals for {_positions(record.proposal_start, dropped)} were discarded: "
-            f"those positions are now filled." if dropped else "")
+            f"{'those positions are' if len(dropped) > 1 else 'that position is'} now filled." if dropped else "")
     if kept:
         kept_ids = [record.proposals[i] for i in kept]
         text += (f" Proposals {_quoted(strings, kept_ids)} ({_positions(record.proposal_start, kept)}) "
@@ -75,6 +75,9 @@ def narrate(record: IterationRecord, schedule: str, strings: TokenStrings, promp
     elif first:
         text = (f"Prefill: one call read the {prompt_len}-token prompt causally; its last row predicted the first "
                 f"token {_quoted(strings, record.appended)}.")
+        if schedule != "linear":
+            text += (" In the same call W + 1 masks drafted (Appendix E.2): the first falls where the verifier's "
+                     "token goes, so a full draft of W tokens is left for the next call.")
         text += _next_draft(record, strings) if schedule != "linear" else " Linear-SS drafts in the next iteration."
     elif schedule == "linear" and len(record.calls) == 1:  # shown after its drafting call only
         text = (f"Call 1 (drafting) read the newest prefix P_t-1 ({n} tokens) in diffusion mode and proposed the "

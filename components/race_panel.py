@@ -114,14 +114,21 @@ def verdict_text(lanes: Sequence[Lane]) -> str:
     best = timed[0]
     b_med, b_lo, b_hi = best.wall_range
     repeats = len(best.wall_s_repeats) or 1
-    parts = []
+    parts, ties = [], []
     for lane in timed[1:]:
         med, lo, hi = lane.wall_range
-        tie = " (tie: ranges overlap)" if lo <= b_hi and b_lo <= hi else ""
-        parts.append(f"{med / b_med:.2f}x {lane.title}{tie}" if b_med > 0 else f"{lane.title}")
+        tie = lo <= b_hi and b_lo <= hi
+        ties += [lane.title] if tie else []
+        parts.append(f"{med / b_med:.2f}x {lane.title}{' (tie: ranges overlap)' if tie else ''}" if b_med > 0
+                     else lane.title)
     ranking = ", ".join(f"{i}. {lane.title} {lane.wall_range[0]:.3f} s" for i, lane in enumerate(timed, 1))
     noun = "median of {} runs each".format(repeats) if repeats > 1 else "one run each: no range to judge noise by"
-    return f"Fastest: {best.title}, {', '.join(parts)}. Ranking by decoder wall time ({noun}): {ranking}."
+    if ties:
+        head = (f"No clear winner: {best.title} has the lowest median but ties with {', '.join(ties)} "
+                f"(their min-max ranges overlap)")
+    else:
+        head = f"Fastest: {best.title}, beyond the spread of the repeats"
+    return f"{head}. By median: {', '.join(parts)}. Ranking by decoder wall time ({noun}): {ranking}."
 
 
 def lane_counters(lane: Lane, clock_ms: float) -> dict[str, float]:
@@ -160,7 +167,6 @@ def lanes_html(lanes: Sequence[Lane], clock_ms: float, strings: TokenStrings, gr
     throughput) and each lane ``data-lane``/``data-done`` so tests can read them.
     """
     shown = [lane for lane in lanes if lane.shown]
-    longest = max((lane.total_ms for lane in shown), default=0.0) or 1.0
     parts = ['<div class="race-lanes">']
     for lane in shown:
         c = lane_counters(lane, clock_ms)
@@ -172,7 +178,7 @@ def lanes_html(lanes: Sequence[Lane], clock_ms: float, strings: TokenStrings, gr
             if i < len(lane.differs) and lane.differs[i]:
                 cls += " diff"
             spans.append(f'<span class="{cls}">{html.escape(piece)}</span>')
-        progress = 100 * min(clock_ms, lane.total_ms) / longest
+        progress = 100 * min(clock_ms, lane.total_ms) / (lane.total_ms or 1.0)  # its own run: full when finished
         counters = [("nfe", "NFE", f"{c['nfe']}"), ("tokens", "tokens", f"{c['tokens']}"),
                     ("wall_s", "wall s", f"{c['wall_s']:.3f}"),
                     ("tokens_per_nfe", "tokens/NFE", f"{c['tokens_per_nfe']:.2f}"),

@@ -122,7 +122,8 @@ def grid_html(record: IterationRecord, sequence: Sequence[int], strings: TokenSt
     rows = [
         f'<tr><td class="row-label">position</td>{head}</tr>',
         row("prefix P<sub>t-1</sub>", cells_prefix, "prefix"),
-        row("old draft d", cells_draft, "draft"),
+        # Linear-SS verifies the draft its own first call just made; the others verify last call's draft.
+        row("draft d (call 1)" if record.schedule == "linear" else "old draft d", cells_draft, "draft"),
         row("verifier v", cells_v, "verifier"),
         row("proposals z", cells_z, "proposals"),
         row("appended", cells_out, "appended"),
