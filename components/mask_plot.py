@@ -37,8 +37,9 @@ def _colorscale() -> list:
     return scale
 
 
-def segments(layout: CallLayout) -> list[tuple[int, int, str]]:
-    """Contiguous row ranges ``(start, stop, label)`` of one region; Quadratic branches split by h."""
+def segments(layout: CallLayout, selected: int | None = None) -> list[tuple[int, int, str]]:
+    """Contiguous row ranges ``(start, stop, label)`` of one region; Quadratic branches split by h, the
+    branch ``selected`` by the call's verification marked."""
     spans: list[tuple[int, int, str]] = []
     branch_of = {r: h for h, rows in enumerate(layout.branch_rows) for r in rows}
     start = 0
@@ -47,7 +48,7 @@ def segments(layout: CallLayout) -> list[tuple[int, int, str]]:
             region = layout.regions[start]
             label = REGION_TITLES.get(region, region)
             if region == BRANCH and start in branch_of:
-                label = f"branch h={branch_of[start]}"
+                label = f"branch h={branch_of[start]}" + (" ✓ selected" if branch_of[start] == selected else "")
             spans.append((start, r, f"{label} rows ({r - start})"))
             start = r
     return spans
@@ -65,8 +66,8 @@ def mask_codes(layout: CallLayout) -> tuple[np.ndarray, bool]:
     return codes, bool(layout.cached)
 
 
-def _call_spec(layout: CallLayout, strings: TokenStrings, i: int,
-               domain: tuple[float, float]) -> tuple[dict, dict, list]:
+def _call_spec(layout: CallLayout, strings: TokenStrings, i: int, domain: tuple[float, float],
+               selected: int | None = None) -> tuple[dict, dict, list]:
     """Heatmap trace, axis layouts and boundary shapes of one call drawn in subplot i.
 
     Both axes are categorical: each row and key is labelled with its token and position id, so the hover
@@ -89,14 +90,17 @@ def _call_spec(layout: CallLayout, strings: TokenStrings, i: int,
                      hovertemplate="query %{y}<br>key %{x}<br><b>%{text}</b><extra></extra>")
     if rows <= 80:
         trace.update(xgap=1, ygap=1)
-    spans = segments(layout)
+    spans = segments(layout, selected)
     # Keys are grouped like the rows (verify keys, draft keys, branch h=0 keys...); at most 12 group names.
     every = max(1, -(-len(spans) // 12))
     named = spans[::every]
     key_ticks = [key_labels[(a + b - 1) // 2 + off] for a, b, _ in named]
     key_text = [label.replace(" rows", " keys") for _, _, label in named]
     if rows <= ROW_LABELS_UP_TO:  # every row labelled: role, token, position id
-        row_ticks, row_text = row_labels, [f"{layout.regions[r]} · {names[r]!r} @ {layout.position_ids[r]}"
+        branch_of = {r: h for h, rows_h in enumerate(layout.branch_rows) for r in rows_h}
+        roles = [f"branch h={branch_of[r]}{' ✓' if branch_of[r] == selected else ''}" if r in branch_of
+                 else layout.regions[r] for r in range(rows)]
+        row_ticks, row_text = row_labels, [f"{roles[r]} · {names[r]!r} @ {layout.position_ids[r]}"
                                            for r in range(rows)]
     else:
         row_ticks, row_text = [row_labels[(a + b - 1) // 2] for a, b, _ in spans], [s for _, _, s in spans]
@@ -123,13 +127,15 @@ def _call_spec(layout: CallLayout, strings: TokenStrings, i: int,
     return trace, axes, shapes
 
 
-def mask_figure(calls: Sequence[CallLayout], strings: TokenStrings, heading: str = "") -> go.Figure:
+def mask_figure(calls: Sequence[CallLayout], strings: TokenStrings, heading: str = "",
+                selected_branch: int | None = None) -> go.Figure:
     """Heatmaps of the given calls side by side (Linear-SS has two per iteration).
 
     Args:
         calls: the iteration's call layouts, in call order.
         strings: maps token ids to display strings (hover text).
         heading: figure title.
+        selected_branch: Quadratic-SS: the branch h that this iteration's verification selected (labelled).
     Returns: a plotly figure of fixed height :data:`HEIGHT`.
     """
     if not calls:
@@ -141,7 +147,7 @@ def mask_figure(calls: Sequence[CallLayout], strings: TokenStrings, heading: str
     x0 = 0.0
     for i, call in enumerate(calls):
         x1 = x0 + usable * widths[i] / sum(widths)
-        trace, axes, lines = _call_spec(call, strings, i, (x0, x1))
+        trace, axes, lines = _call_spec(call, strings, i, (x0, x1), selected_branch)
         traces.append(trace)
         layout_axes.update(axes)
         shapes += lines

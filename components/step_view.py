@@ -71,5 +71,6 @@ def step_view(run, strings: TokenStrings | None, with_figure: bool = True) -> St
     figure = None
     if with_figure:
         figure = mask_figure([c.layout for c in record.calls], strings,
-                             f"Iteration {record.index}: {title} attention mask")
+                             f"Iteration {record.index}: {title} attention mask",
+                             selected_branch=record.h if record.schedule == "quadratic" else None)
     return StepView(k, run.done, grid, text, stats, figure, key)

@@ -41,3 +41,10 @@ def test_quadratic_keys_are_grouped_per_branch():
     big = quadratic_layout(5, list(range(6, 21)), 15, 10, MASK)  # B = 16: 272 rows, region labels
     x, y = axes(mask_figure([big], strings))
     assert len(x["ticktext"]) <= 13 and "verify rows (16)" in y["ticktext"]
+
+
+def test_quadratic_marks_the_branch_its_verification_selected():
+    layout = quadratic_layout(5, [6, 7, 8], 3, 10, MASK)
+    x, y = axes(mask_figure([layout], strings, selected_branch=2))
+    assert "branch h=2 ✓ selected keys (4)" in x["ticktext"] and "branch h=1 keys (4)" in x["ticktext"]
+    assert "branch h=2 ✓ · 't1' @ 13" in y["ticktext"] and "branch h=0 · 't1' @ 11" in y["ticktext"]
