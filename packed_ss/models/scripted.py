@@ -72,27 +72,38 @@ class ScriptedDrafter:
 
     def forward(self, layout: CallLayout, rows: tuple[int, ...], deferred: tuple[int, ...] = (),
                 adapter_rows: tuple[int, ...] = ()) -> CallOutput:
-        """The real call, then the proposal rows among ``rows`` rewritten by the script."""
+        """The real call, then the proposal rows among ``rows`` rewritten by the script (vectorised: the
+        rewrite is non-model decoder time, and Quadratic-SS calls hold B(B+1) rows)."""
         out = self.base.forward(layout, rows, **({"adapter_rows": adapter_rows} if adapter_rows else {}))
         proposal = set(layout.proposal_rows)
+        picked = [(i, r) for i, r in enumerate(rows) if r in proposal and layout.token_ids[r] == self.mask_token_id]
+        if not picked:
+            return out
         logits = out.logits.clone()
-        for i, r in enumerate(rows):
-            if r in proposal and layout.token_ids[r] == self.mask_token_id:
-                logits[i] = 0.0
-                logits[i, self.proposal(layout, r)] = SCRIPTED_LOGIT
+        tokens = self.proposals(layout, [r for _, r in picked])
+        index = torch.tensor([i for i, _ in picked], device=logits.device)
+        logits[index] = 0.0
+        logits[index, torch.tensor(tokens, device=logits.device)] = SCRIPTED_LOGIT
         return CallOutput(logits, out.model_ms)
 
-    def proposal(self, layout: CallLayout, row: int) -> int:
-        """The scripted token of mask row ``row``: the reference token, or a wrong one (module docstring)."""
-        pos = layout.position_ids[row]
-        seen = [(layout.position_ids[k], t) for k, t in enumerate(layout.token_ids)
-                if layout.mask[row, k] and t != self.mask_token_id]
-        last = max((p for p, _ in seen), default=layout.cached - 1)
-        agrees = all(p < len(self.reference) and self.reference[p] == t for p, t in seen)
-        right = self.reference[pos] if pos < len(self.reference) else None
-        if right is not None and agrees and self._u[pos] < self.quality ** (pos - last):
-            return right
-        return self._wrong(right)
+    def proposals(self, layout: CallLayout, rows: Sequence[int]) -> list[int]:
+        """The scripted token of each mask row in ``rows``: the reference token, or a wrong one (module
+        docstring). Shapes: K keys of the call, n rows asked for."""
+        tokens = torch.tensor(layout.token_ids)  # (K,)
+        positions = torch.tensor(layout.position_ids)  # (K,)
+        reference = torch.tensor(self.reference + [-1])  # -1: past the reference
+        refs = reference[positions.clamp(max=len(self.reference))]  # (K,) reference token at each key's position
+        filled = tokens != self.mask_token_id
+        visible = layout.mask[list(rows)] & filled  # (n, K) non-mask keys each row sees
+        last = torch.where(visible, positions, layout.cached - 1).max(dim=1).values  # (n,)
+        disagrees = (visible & (refs != tokens)).any(dim=1)  # a seen token is not the reference's
+        out = []
+        for row, lo, bad in zip(rows, last.tolist(), disagrees.tolist()):
+            pos = layout.position_ids[row]
+            right = self.reference[pos] if pos < len(self.reference) else None
+            ok = right is not None and not bad and self._u[pos] < self.quality ** (pos - lo)
+            out.append(right if ok else self._wrong(right))
+        return out
 
     def _wrong(self, right: int | None) -> int:
         """A token other than ``right`` that a schedule may output."""
