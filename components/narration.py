@@ -79,6 +79,10 @@ def narrate(record: IterationRecord, schedule: str, strings: TokenStrings, promp
             text += (" In the same call W + 1 masks drafted (Appendix E.2): the first falls where the verifier's "
                      "token goes, so a full draft of W tokens is left for the next call.")
         text += _next_draft(record, strings) if schedule != "linear" else " Linear-SS drafts in the next iteration."
+    elif schedule == "lookup":
+        found = (f"the n-gram match in the text so far gave the draft {_quoted(strings, record.old_draft)}"
+                 if record.old_draft else "no n-gram of the text so far matched, so there was no draft")
+        text = f"No drafter: {found}; one causal call checked it. " + _verdict(record, strings)
     elif schedule == "linear" and len(record.calls) == 1:  # shown after its drafting call only
         text = (f"Call 1 (drafting) read the newest prefix P_t-1 ({n} tokens) in diffusion mode and proposed the "
                 f"draft {_quoted(strings, record.old_draft)}. Nothing is verified yet: Step again for call 2. "

@@ -30,7 +30,7 @@ from packed_ss.engine import decode, finish_run
 from packed_ss.models.scripted import ScriptedDrafter, scripted_drafter
 from packed_ss.inputs import PromptTextError, check_prompt, model_name, shown
 from packed_ss.records import IterationRecord, RunRecord, summarize
-from packed_ss.schedules import REGISTRY, SPECULATIVE
+from packed_ss.schedules import LOSSLESS, REGISTRY, SPECULATIVE
 
 from components.limits import (MAX_ROWS_PER_REQUEST, ComputeGate, UserError, check_work, gated,
                                release_memory)
@@ -41,6 +41,7 @@ NEW_TOKENS_CAP = 512  # largest new-token limit the app accepts
 APP_MAX_BLOCK_SIZE = 32  # Quadratic-SS evaluates B(B+1) rows: 1056 at B = 32
 MAX_PROMPT_CHARS = 20_000
 MAX_SEED = 2**32 - 1  # largest seed the page and the API take (exact as a float; torch takes it)
+OPTIONAL_LANES = ("lookup", "diffusion")  # race lanes beyond AR and the self-speculative ones
 DRAFTERS = ("model", "scripted")  # the model's own drafter, or the scripted one (packed_ss.models.scripted)
 PRECISIONS = ("", "bfloat16", "float32")  # "" = the server's default (bfloat16 on CUDA, float32 on CPU)
 
@@ -530,7 +531,7 @@ class RaceResult:
             metrics["wall_s_repeats"] = list(lane.wall_s_repeats)
             metrics["wall_s_median"], metrics["wall_s_min"], metrics["wall_s_max"] = lane.wall_range
             lanes[lane.schedule] = metrics
-        lossless = [lane for lane in self.lanes if lane.schedule in SPECULATIVE]
+        lossless = [lane for lane in self.lanes if lane.schedule in LOSSLESS]
         c = self.settings.config
         return {
             "prompt_tokens": self.prompt_tokens,
@@ -649,8 +650,8 @@ class GpuTasks:
 
 
 def parse_lanes(lanes) -> list[str]:
-    """Optional race lanes from a list or a comma-separated text: "diffusion" ("ar" is accepted and changes
-    nothing: AR is always a lane).
+    """Optional race lanes from a list or a comma-separated text: "lookup" (prompt lookup, the peer without a
+    drafter), "diffusion" ("ar" is accepted and changes nothing: AR is always a lane).
 
     Raises: UserError for a value that is not text or an unknown lane.
     """
@@ -660,9 +661,10 @@ def parse_lanes(lanes) -> list[str]:
         items = [text_value(s, "a race lane").strip() for s in lanes]
     else:
         raise UserError(f"lanes must be text such as 'ar,diffusion', got {type(lanes).__name__} {shown(lanes)}")
-    unknown = [s for s in items if s not in ("ar", "diffusion")]
+    unknown = [s for s in items if s not in ("ar", *OPTIONAL_LANES)]
     if unknown:
-        raise UserError(f"optional race lanes are 'ar' and 'diffusion', got {', '.join(map(shown, unknown))}")
+        raise UserError(f"optional race lanes are {', '.join(map(repr, OPTIONAL_LANES))}, got "
+                        f"{', '.join(map(shown, unknown))}")
     return items
 
 
@@ -746,7 +748,7 @@ RACE_REPEATS = 3  # measurements per lane in a race (fewer when the row budget d
 def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), log: TimingLog | None = None,
              max_rows: int = MAX_ROWS_PER_REQUEST, alive: Callable[[], bool] | None = None,
              repeats: int = RACE_REPEATS, best: "BestBlockSizes | None" = None) -> RaceResult:
-    """Race AR, Linear, Quadratic and Packed (plus ``extra`` lane "diffusion") on one prompt.
+    """Race AR, Linear, Quadratic and Packed (plus ``extra`` lanes "lookup", "diffusion") on one prompt.
 
     Every lane is measured ``repeats`` times in rotating order (as many as ``max_rows`` allows, at least
     once); each lane replays its median-time run and reports the min-max of the repeats. With ``best``,
@@ -758,7 +760,7 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
     model = tasks.store.get(*settings.model_ref[:2])
     ids = model.encode(settings.prompt)
     decode(model.share(), ids, settings.config, "ar")  # validates the prompt before any work
-    schedules = ["ar", *SPECULATIVE] + (["diffusion"] if "diffusion" in extra else [])
+    schedules = ["ar", *SPECULATIVE] + [lane for lane in OPTIONAL_LANES if lane in extra]
     reference = ["ar"] if settings.scripted is not None else []  # a scripted drafter's AR reference run
     sizes, source = best.choose(tasks, settings, ids, max_rows) if best is not None else (None, "")
     once = check_work(schedules + reference, len(ids), settings.config, max_rows, block_sizes=sizes)
@@ -780,7 +782,7 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
                                  reference) for runs in measured)
     if settings.config.greedy:  # a lossless lane that left AR: near-tie (low precision) or bug?
         lanes = tuple(replace(lane, divergence=tasks.divergence(settings.model_ref, ids, reference, lane.token_ids))
-                      if lane.schedule in SPECULATIVE and not lane.identical else lane for lane in lanes)
+                      if lane.schedule in LOSSLESS and not lane.identical else lane for lane in lanes)
     return RaceResult(settings=settings, lanes=lanes, greedy=settings.config.greedy, compute_s=compute_s,
                       prompt_tokens=len(ids), repeats=repeats, block_size_source=source, interleaved=interleaved)
 

@@ -35,8 +35,8 @@ from packed_ss.config import MAX_BLOCK_SIZE, DecodeConfig
 from packed_ss.divergence import divergence
 from packed_ss.inputs import PromptTextError, check_prompt, model_fingerprint, model_name
 
-ALL_SCHEDULES = ("ar", "linear", "quadratic", "packed", "diffusion")
-LOSSLESS = ("linear", "quadratic", "packed")  # greedy outputs must equal REFERENCE's
+ALL_SCHEDULES = ("ar", "linear", "quadratic", "packed", "diffusion", "lookup")
+LOSSLESS = ("linear", "quadratic", "packed", "lookup")  # greedy outputs must equal REFERENCE's
 REFERENCE = "ar"  # greedy outputs of the lossless schedules must equal this one's
 BASELINE = "linear"  # the decomposition is normalised to this schedule's total time (F.3)
 COMPARISONS = (("packed", "linear"), ("packed", "quadratic"), ("packed", "ar"))  # (numerator, denominator)

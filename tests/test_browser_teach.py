@@ -193,11 +193,12 @@ def test_race_verdict_summary_and_theorem_chart(page):
     _race(page)
     verdict = page.locator('#race-badge [data-badge="verdict"]').inner_text()
     assert re.search(r"(Fastest: |No clear winner: ).+Ranking by decoder wall time", verdict), verdict
-    for lane in ("ar", "linear", "quadratic", "packed"):
+    for lane in ("ar", "linear", "quadratic", "packed", "lookup"):
         assert page.locator(f'#race-lanes [data-lane="{lane}"]').count() == 1, lane
     header = page.locator("#race-summary table.race-summary tr").first.inner_text()
     assert "median" in header, header
-    assert page.locator("#race-summary table.race-summary tr").count() == 5  # header + AR, Linear, Quadratic, Packed
+    # header + AR, Linear, Quadratic, Packed and the prompt-lookup peer (an optional lane, on by default)
+    assert page.locator("#race-summary table.race-summary tr").count() == 6
     plot = _wait_plot(page, "race-theorem", "p.traces.length >= 2", timeout=30_000)
     assert "Theorem 3.2" in plot["title"], plot["title"]
     _shot(page, "race-verdict")

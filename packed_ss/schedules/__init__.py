@@ -6,11 +6,14 @@ from packed_ss.schedules.ar import AR
 from packed_ss.schedules.base import PromptError, Schedule, Session
 from packed_ss.schedules.diffusion import Diffusion
 from packed_ss.schedules.linear import LinearSS
+from packed_ss.schedules.lookup import PromptLookup
 from packed_ss.schedules.packed import PackedSS
 from packed_ss.schedules.quadratic import QuadraticSS
 
-REGISTRY: dict[str, Schedule] = {s.name: s for s in (AR(), LinearSS(), QuadraticSS(), PackedSS(), Diffusion())}
-SPECULATIVE = ("linear", "quadratic", "packed")  # lossless schedules compared against AR
+REGISTRY: dict[str, Schedule] = {s.name: s for s in (AR(), LinearSS(), QuadraticSS(), PackedSS(), Diffusion(),
+                                                      PromptLookup())}
+SPECULATIVE = ("linear", "quadratic", "packed")  # the self-speculative schedules (the model drafts)
+LOSSLESS = SPECULATIVE + ("lookup",)  # every schedule whose output must equal AR's (greedy) / follow it (T > 0)
 
 
 def get_schedule(name: str) -> Schedule:
@@ -24,4 +27,4 @@ def get_schedule(name: str) -> Schedule:
         raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(REGISTRY)}") from None
 
 
-__all__ = ["REGISTRY", "SPECULATIVE", "PromptError", "Schedule", "Session", "get_schedule"]
+__all__ = ["LOSSLESS", "REGISTRY", "SPECULATIVE", "PromptError", "Schedule", "Session", "get_schedule"]
