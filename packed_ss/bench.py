@@ -39,7 +39,9 @@ ALL_SCHEDULES = ("ar", "linear", "quadratic", "packed", "diffusion", "lookup")
 LOSSLESS = ("linear", "quadratic", "packed", "lookup")  # greedy outputs must equal REFERENCE's
 REFERENCE = "ar"  # greedy outputs of the lossless schedules must equal this one's
 BASELINE = "linear"  # the decomposition is normalised to this schedule's total time (F.3)
-COMPARISONS = (("packed", "linear"), ("packed", "quadratic"), ("packed", "ar"))  # (numerator, denominator)
+# (numerator, denominator): Packed-SS against the other schedules, and against the prompt-lookup peer
+COMPARISONS = (("packed", "linear"), ("packed", "quadratic"), ("packed", "ar"), ("packed", "lookup"),
+               ("lookup", "ar"))
 NO_BLOCK = ("ar",)  # schedules whose output and cost do not depend on B
 WARMUP_TOKENS = 8  # new-token limit of the untimed warm-up runs
 MAX_SEED = 2**63 - 1  # run seeds (seed + prompt offsets) stay within what torch.Generator.manual_seed takes
