@@ -18,8 +18,9 @@ from typing import Protocol
 import torch
 
 from packed_ss.config import DecodeConfig
-from packed_ss.layout import PREFILL, VERIFY, CallLayout
-from packed_ss.records import SOURCE_BONUS, SOURCE_CORRECTION, SOURCE_DRAFT, CallRecord, IterationRecord
+from packed_ss.layout import PREFILL, VERIFY, CallLayout, prefill_layout, verify_layout
+from packed_ss.records import (SOURCE_BONUS, SOURCE_CORRECTION, SOURCE_DRAFT, SOURCE_PREFILL, CallRecord,
+                               IterationRecord)
 from packed_ss.sampling import SparseDist, Verdict, sample, verify_greedy, verify_sampled, warp
 
 
@@ -173,6 +174,33 @@ class Session:
         """C_t = (d^(1..h), correction or bonus) and the source of each (Algorithm 1 line 6)."""
         last = SOURCE_BONUS if verdict.is_bonus else SOURCE_CORRECTION
         return draft[: verdict.h] + [verdict.token], [SOURCE_DRAFT] * verdict.h + [last]
+
+    def first_token(self) -> IterationRecord:
+        """Iteration 1 of a schedule that drafts only after the prefill (Linear-SS, prompt lookup): prefill
+        the prompt causally and take the first token from its last row (no draft to verify)."""
+        self.begin()
+        layout = prefill_layout(self.prefix, 0, self.model.mask_token_id)
+        verdict, v, v_probs = self.verify([], [], self.call(layout, layout.verify_rows))
+        appended, sources = self.commit([verdict.token], [SOURCE_PREFILL])
+        self.rollback(len(self.prefix) - 1)
+        return self.record(prefix_len_before=self.prompt_len, prefix_len_after=len(self.prefix),
+                           verifier_tokens=v, verifier_probs=v_probs, advance=1,
+                           appended=tuple(appended), appended_sources=tuple(sources))
+
+    def verify_in_causal_call(self, draft: list[int], stored_q: list[SparseDist], before: int,
+                              name: str) -> IterationRecord:
+        """Check ``draft`` in one causal call ``[P^(n), d^(1..|D|)]`` (Algorithm 1/2 lines 3-9), commit,
+        roll back and close the iteration (``before`` = |P_{t-1}|). Linear-SS's second call; prompt lookup's
+        only one."""
+        layout = verify_layout([self.prefix[-1]], draft, self.cached, name=name)
+        verdict, v, v_probs = self.verify(draft, stored_q, self.call(layout, layout.verify_rows))
+        tokens, sources = self.verdict_tokens(draft, verdict)
+        appended, sources = self.commit(tokens, sources)
+        self.rollback(len(self.prefix) - 1)
+        return self.record(prefix_len_before=before, prefix_len_after=len(self.prefix), old_draft=tuple(draft),
+                           verifier_tokens=v, verifier_probs=v_probs, accept_probs=verdict.accept_probs,
+                           h=verdict.h, advance=verdict.h + 1, appended=tuple(appended),
+                           appended_sources=tuple(sources))
 
     # --- stopping and the cache -----------------------------------------------------------------
     def commit(self, tokens: list[int], sources: list[str]) -> tuple[list[int], list[str]]:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from packed_ss.layout import draft_layout, prefill_layout, verify_layout
-from packed_ss.records import SOURCE_PREFILL, IterationRecord
+from packed_ss.layout import draft_layout
+from packed_ss.records import IterationRecord
 from packed_ss.schedules.base import Session
 
 
@@ -29,15 +29,7 @@ class LinearSS:
 
     def iterate(self, session: Session) -> Iterator[IterationRecord]:
         mask_id, width = session.model.mask_token_id, session.config.width
-        # Iteration 1: prefill; the first token has no draft to verify.
-        session.begin()
-        layout = prefill_layout(session.prefix, 0, mask_id)
-        verdict, v, v_probs = session.verify([], [], session.call(layout, layout.verify_rows))
-        appended, sources = session.commit([verdict.token], [SOURCE_PREFILL])
-        session.rollback(len(session.prefix) - 1)
-        yield session.record(prefix_len_before=session.prompt_len, prefix_len_after=len(session.prefix),
-                             verifier_tokens=v, verifier_probs=v_probs, advance=1,
-                             appended=tuple(appended), appended_sources=tuple(sources))
+        yield session.first_token()  # iteration 1: prefill; the first token has no draft to verify
         while not session.finished:
             session.begin()
             before, last = len(session.prefix), session.prefix[-1]
@@ -46,12 +38,4 @@ class LinearSS:
             draft, stored_q = session.propose(session.call(layout, layout.draft_rows))
             session.rollback(before - 1)
             # 2. Verify them in causal mode.
-            layout = verify_layout([last], draft, session.cached, name="linear-verify")
-            verdict, v, v_probs = session.verify(draft, stored_q, session.call(layout, layout.verify_rows))
-            tokens, sources = session.verdict_tokens(draft, verdict)
-            appended, sources = session.commit(tokens, sources)
-            session.rollback(len(session.prefix) - 1)
-            yield session.record(prefix_len_before=before, prefix_len_after=len(session.prefix),
-                                 old_draft=tuple(draft), verifier_tokens=v, verifier_probs=v_probs,
-                                 accept_probs=verdict.accept_probs, h=verdict.h, advance=verdict.h + 1,
-                                 appended=tuple(appended), appended_sources=tuple(sources))
+            yield session.verify_in_causal_call(draft, stored_q, before, "linear-verify")
