@@ -63,7 +63,7 @@ def step_view(run, strings: TokenStrings | None, with_figure: bool = True) -> St
     title = REGISTRY[run.settings.schedule].title
     if run.settings.scripted is not None:
         title += f" · scripted drafter q = {run.settings.scripted:g}"
-    grid = grid_html(record, run.prompt_ids + tokens, strings, run.settings.config.width, run.model.mask_token_id,
+    grid = grid_html(record, run.prompt_ids + tokens, strings, run.model.mask_token_id,
                      title) + narrate(record, run.settings.schedule, strings, len(run.prompt_ids))
     text = text_html(run.prompt_ids, tokens, sources, strings, prompt_text=run.settings.prompt,
                      new_from=record.prefix_len_before - len(run.prompt_ids))

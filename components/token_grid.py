@@ -27,16 +27,15 @@ def _is_prefill(record: IterationRecord) -> bool:
     return bool(record.calls) and record.calls[0].layout.name.startswith("prefill")
 
 
-def grid_html(record: IterationRecord, sequence: Sequence[int], strings: TokenStrings, width: int,
-              mask_token_id: int, title: str = "", tail: int = 6) -> str:
+def grid_html(record: IterationRecord, sequence: Sequence[int], strings: TokenStrings, mask_token_id: int,
+              title: str = "", tail: int = 6) -> str:
     """HTML table of one iteration aligned by position (Figure 2).
 
     Args:
         record: the iteration to draw.
         sequence: token ids of the run (prompt + generated), at least ``record.prefix_len_before`` long.
         strings: maps token ids to their display strings (one per id).
-        width: W = B - 1; Packed-SS drafts shorter than W are shown padded with mask chips.
-        mask_token_id: id drawn as a mask chip.
+        mask_token_id: id drawn as a mask chip (Packed-SS's padded draft slots, where the call holds them).
         title: schedule name for the heading.
         tail: how many prefix tokens to show before the first new position.
     Returns: an HTML fragment (``div.token-grid-wrap``) whose structure depends only on B and the schedule.
@@ -46,8 +45,9 @@ def grid_html(record: IterationRecord, sequence: Sequence[int], strings: TokenSt
     prefix = list(sequence[start:before])
     draft = list(record.old_draft)
     prefill = _is_prefill(record)
-    if record.schedule == "packed" and not prefill and len(draft) < width:
-        draft += [mask_token_id] * (width - len(draft))  # D̄: the padded slots the call really holds
+    held = len(record.calls[0].layout.verify_rows) - 1 if record.calls else 0  # draft slots of the call
+    if record.schedule == "packed" and not prefill and len(draft) < held:
+        draft += [mask_token_id] * (held - len(draft))  # D̄: the padded slots the call really holds
     v, z = list(record.verifier_tokens), list(record.proposals)
     appended = list(record.appended)
     ends = [before + len(draft), before + len(v), record.proposal_start + len(z), before + len(appended), before + 1]

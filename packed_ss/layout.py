@@ -152,35 +152,39 @@ def draft_layout(last: int, width: int, cached: int, mask_id: int) -> CallLayout
     )
 
 
-def packed_layout(last: int, draft: list[int], width: int, cached: int, mask_id: int) -> CallLayout:
-    """Packed-SS call ``[P^(n), D̄ | P^(n), MASK x W]`` with mask ``[[T(B), O], [O, J(B)]]`` (Appendix D.1).
+def packed_layout(last: int, draft: list[int], width: int, cached: int, mask_id: int,
+                  pad: bool = True) -> CallLayout:
+    """Packed-SS call ``[P^(n), D̄ | P^(n), MASK x W]`` with mask ``[[T(v), O], [O, J(B)]]`` (Appendix D.1).
 
-    D̄ is the old draft padded with masks to W slots. Both halves use positions n-1..n+W-1 (0-based,
-    the last prefix token at n-1). Verify rows 0..W give p^(1..W+1); draft rows 1..W give q^(1..W)
-    conditioned on the OLD prefix P_{t-1} only (Equation 3).
+    D̄ is the old draft padded with masks to W slots (``pad``, the paper's fixed 2B-row shape, good for
+    batching on a GPU), or the draft as it is (``pad=False``: v = 1 + |D| verify rows, no row computed
+    for an empty slot; cheaper on a CPU). The verify half uses positions n-1..n-1+|D̄|, the draft half
+    n-1..n+W-1 (0-based, the last prefix token at n-1); shared positions. Verify rows give p^(1..|D̄|+1),
+    draft rows 1..W give q^(1..W) conditioned on the OLD prefix P_{t-1} only (Equation 3).
     """
     if len(draft) > width:
         raise ValueError(f"draft of {len(draft)} tokens exceeds width {width}")
     block = 1 + width
-    padded = list(draft) + [mask_id] * (width - len(draft))
+    slots = list(draft) + [mask_id] * (width - len(draft)) if pad else list(draft)
+    verify = 1 + len(slots)
     positions = tuple(range(cached, cached + block))
     return CallLayout(
         name="packed",
-        token_ids=(last, *padded, last) + (mask_id,) * width,
-        position_ids=positions + positions,
-        regions=(VERIFY,) * block + (DRAFT,) * block,
-        mask=_packed_mask(block),
+        token_ids=(last, *slots, last) + (mask_id,) * width,
+        position_ids=positions[:verify] + positions,
+        regions=(VERIFY,) * verify + (DRAFT,) * block,
+        mask=_packed_mask(verify, block),
         cached=cached,
-        verify_rows=tuple(range(block)),
-        draft_rows=tuple(range(block + 1, 2 * block)),
-        proposal_rows=tuple(range(block, 2 * block)),
+        verify_rows=tuple(range(verify)),
+        draft_rows=tuple(range(verify + 1, verify + block)),
+        proposal_rows=tuple(range(verify, verify + block)),
     )
 
 
-@lru_cache(maxsize=64)
-def _packed_mask(block: int) -> torch.Tensor:
-    return _blocks([[T(block), O(block, block)],   # verifier: causal over prefix + draft
-                    [O(block, block), J(block)]])  # drafter: bidirectional, blind to the draft
+@lru_cache(maxsize=256)
+def _packed_mask(verify: int, block: int) -> torch.Tensor:
+    return _blocks([[T(verify), O(verify, block)],   # verifier: causal over prefix + draft
+                    [O(block, verify), J(block)]])  # drafter: bidirectional, blind to the draft
 
 
 @lru_cache(maxsize=64)

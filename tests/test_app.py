@@ -305,7 +305,7 @@ def test_grid_marks_accepted_rejected_kept_and_discarded():
     strings = lambda ids: [f"t{i}" for i in ids]  # noqa: E731
     sequence = prompt + [t for r in records for t in r.appended]
     verifying = next(r for r in records[1:] if 0 < r.h < len(r.old_draft))
-    html = grid_html(verifying, sequence, strings, 3, model.mask_token_id, "Packed-SS")
+    html = grid_html(verifying, sequence, strings, model.mask_token_id, "Packed-SS")
     assert html.count('class="chip accepted"') == verifying.h
     assert 'class="chip rejected"' in html
     assert html.count('class="chip kept"') == len(verifying.kept)

@@ -79,3 +79,21 @@ def test_linear_and_prefill_masks_b4_by_hand():
         [1, 1, 1, 1, 1, 1],
     ]))
     assert pre.position_ids == (0, 1, 2, 3, 4, 5)
+
+
+def test_unpadded_packed_call_holds_only_the_drafts_own_rows():
+    """pad=False (the CPU choice): v = 1 + |D| causal verify rows, then the full drafter block, B = 4."""
+    layout = packed_layout(last=7, draft=[8, 9], width=3, cached=10, mask_id=MASK, pad=False)
+    assert layout.rows == 3 + 4 and layout.token_ids == (7, 8, 9, 7, MASK, MASK, MASK)
+    assert layout.position_ids == (10, 11, 12, 10, 11, 12, 13)
+    assert layout.verify_rows == (0, 1, 2) and layout.draft_rows == (4, 5, 6) and layout.proposal_rows == (3, 4, 5, 6)
+    assert torch.equal(layout.mask, bools([
+        [1, 0, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0],
+        [0, 0, 0, 1, 1, 1, 1],
+        [0, 0, 0, 1, 1, 1, 1],
+        [0, 0, 0, 1, 1, 1, 1],
+        [0, 0, 0, 1, 1, 1, 1]]))
+    assert packed_layout(7, [], 3, 10, MASK, pad=False).rows == 1 + 4
+    assert packed_layout(7, [8, 9, 10], 3, 10, MASK, pad=False).rows == packed_layout(7, [8, 9, 10], 3, 10, MASK).rows

@@ -115,3 +115,17 @@ def test_shipped_model_is_lossless(embedded_model):
             for name in SPECULATIVE:
                 run = generate(embedded_model, prompt, DecodeConfig(block_size=block, max_new_tokens=40), name)
                 assert run.token_ids == ref.token_ids, (name, block, text)
+
+
+@pytest.mark.parametrize("pad", [True, False])
+def test_packed_equals_ar_with_and_without_padded_draft_slots(pad):
+    """Packed-SS pads a short draft to W slots on a GPU and not on a CPU; both are lossless."""
+    model = tiny_llama(vocab_size=12, seed=0, logit_scale=3.0)
+    model.pads_drafts = pad
+    for prompt in ([3, 4], [5, 6, 7, 8]):
+        for block in (3, 5, 8):
+            config = DecodeConfig(block_size=block, max_new_tokens=24)
+            run = generate(model, prompt, config, "packed")
+            assert run.token_ids == generate(model, prompt, config, "ar").token_ids
+            later = [c.layout.rows for r in run.records[1:] for c in r.calls]
+            assert all(rows == 2 * block for rows in later) if pad else all(rows <= 2 * block for rows in later)

@@ -97,6 +97,7 @@ class DualModeModel:
     """A ``transformers`` causal LM used as verifier (causal rows) and drafter (mask rows).
 
     Attributes:
+        pads_drafts: Packed-SS calls pad a short draft to W slots (True off the CPU; see packed_layout).
         mask_token_id, eos_token_id: special token ids (from the config or the tokenizer).
         vocab_size: V, number of logits per row.
         never_emit_ids: ids no schedule may output (the mask token, vocabulary padding rows).
@@ -127,6 +128,9 @@ class DualModeModel:
         self._length = 0  # tokens in the cache, tracked here to keep get_seq_length off the hot path
         self.supports_deferred_rows = (getattr(model.config, "model_type", None) in PLAIN_HEAD_TYPES
                                        and model.get_output_embeddings() is not None)
+        # Packed-SS pads a short draft to W slots (the paper's fixed 2B-row call, for GPU kernels); on a CPU
+        # every row costs time, so the call holds only the draft's own rows there.
+        self.pads_drafts = self.device.type != "cpu"
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, device: str | None = None,

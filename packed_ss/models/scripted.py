@@ -45,7 +45,7 @@ class ScriptedDrafter:
         generator = torch.Generator().manual_seed(seed)
         self._u = torch.rand(len(self.reference) + 4096, generator=generator).tolist()  # one draw per position
         for name in ("tokenizer", "mask_token_id", "eos_token_id", "bos_token_id", "vocab_size", "never_emit_ids",
-                     "max_length", "device", "dtype", "drafter_lora", "adapter_note", "family"):
+                     "max_length", "device", "dtype", "drafter_lora", "adapter_note", "family", "pads_drafts"):
             setattr(self, name, getattr(base, name, None))
         self.model = base.model
         self._never = set(self.never_emit_ids or (self.mask_token_id,))

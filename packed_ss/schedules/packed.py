@@ -29,6 +29,7 @@ class PackedSS:
 
     def iterate(self, session: Session) -> Iterator[IterationRecord]:
         mask_id, width = session.model.mask_token_id, session.config.width
+        pad = getattr(session.model, "pads_drafts", True)  # D̄ padded to W slots (Appendix D.1) or as it is
         draft: list[int] = []  # D_0 = empty (Algorithm 1 line 1)
         stored_q = []  # Q_0 = empty (Algorithm 2 line 1)
         first = True
@@ -38,7 +39,7 @@ class PackedSS:
             if first:  # Appendix E.2: prefill + W + 1 masks
                 layout = prefill_layout(session.prefix, width + 1, mask_id)
             else:
-                layout = packed_layout(session.prefix[-1], draft, width, session.cached, mask_id)
+                layout = packed_layout(session.prefix[-1], draft, width, session.cached, mask_id, pad=pad)
             logits = session.call(layout, layout.verify_rows + layout.draft_rows)  # lines 3-4, one call
             n_verify = len(layout.verify_rows)
             verdict, v, v_probs = session.verify(draft, stored_q, logits[:n_verify])  # lines 5-6
