@@ -84,6 +84,7 @@ class BenchConfig:
         warmup: one untimed run per schedule before measuring.
         resamples: bootstrap resamples (E.5: 20,000).
         level: coverage of the bootstrap intervals.
+        drafter_lora: apply the model's drafter adapter to proposal rows (Appendix F.2).
     Raises:
         BenchError: from ``__post_init__`` for any value out of range, naming the argument.
     """
@@ -101,6 +102,7 @@ class BenchConfig:
     warmup: bool = True
     resamples: int = stats.RESAMPLES
     level: float = stats.LEVEL
+    drafter_lora: bool = False
 
     def __post_init__(self):
         if not self.schedules:
@@ -139,7 +141,8 @@ class BenchConfig:
                       max_new_tokens: int | None = None) -> DecodeConfig:
         """The :class:`DecodeConfig` of one run. Raises ValueError on values out of range."""
         return DecodeConfig(block_size=block_size, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                            max_new_tokens=max_new_tokens or self.max_new_tokens, seed=seed)
+                            max_new_tokens=max_new_tokens or self.max_new_tokens, seed=seed,
+                            drafter_lora=self.drafter_lora)
 
 
 def _check_block_size(size) -> None:
@@ -717,7 +720,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    from packed_ss.cli import DEFAULT_MODEL
+    from packed_ss.cli import DEFAULT_MODEL, add_model_flags
 
     p = _Parser(prog="python -m packed_ss.bench",
                 description="Paired throughput benchmark of the decoding schedules (paper E.5, F.1, F.3).")
@@ -740,6 +743,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float64 (default float32 on CPU)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    add_model_flags(p)
     return p
 
 
@@ -767,7 +771,7 @@ def config_from_args(args) -> BenchConfig:
     return BenchConfig(schedules=parse_schedules(args.schedules), block_sizes=overrides, default_block_size=default,
                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, samples=args.samples,
                        max_new_tokens=args.max_new_tokens, seed=args.seed, probe_block_sizes=probe,
-                       warmup=not args.no_warmup, resamples=args.resamples)
+                       warmup=not args.no_warmup, resamples=args.resamples, drafter_lora=bool(args.drafter_lora))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -808,7 +812,7 @@ def _run(args, config: BenchConfig, prompts: list[Prompt]) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     try:
-        model = load_model(args.model, args.device, args.dtype)
+        model = load_model(args.model, args.device, args.dtype, args.family, args.drafter_lora)
     except ValueError as error:  # ModelLoadError included
         raise BenchError(str(error).splitlines()[0] if str(error) else repr(error)) from None
     bars = []

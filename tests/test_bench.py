@@ -306,3 +306,20 @@ def test_reports_carry_a_short_content_hash_of_a_local_model(tiny_model_dir, tmp
         f.write(bytes([last[0] ^ 1]))
     assert model_fingerprint(copy) != first
     assert model_fingerprint("nvidia/Nemotron-Labs-Diffusion-3B") == ""
+
+
+def test_benchmark_takes_the_model_flags_of_the_cli(nld_dir, tmp_path):
+    """--family and --drafter-lora work in the benchmark as in the CLI and the app (NLD fixture + adapter)."""
+    from packed_ss.bench import main
+
+    out = tmp_path / "bench-nld"
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "w20 w21 w22 w23"}\n')
+    assert main(["--prompts", str(prompts), "--schedules", "ar,packed", "--max-new-tokens", "8", "--block-size", "4",
+                 "--model", str(nld_dir), "--family", "nemotron", "--drafter-lora", "linear_spec_lora",
+                 "--resamples", "100", "--no-warmup", "--out", str(out)]) == 0
+    import json
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["lossless"]["by_schedule"]["packed"]["differing"] == 0
+    assert summary["config"]["drafter_lora"] is True
