@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
 import torch
 
 # Region names (one per row); the UI draws them as labelled bands.
@@ -86,7 +87,9 @@ class CallLayout:
 
     def full_mask(self) -> torch.Tensor:
         """(R, C + R) bool mask over cached keys then the call's own keys."""
-        return torch.cat([torch.ones(self.rows, self.cached, dtype=torch.bool), self.mask], dim=1)
+        full = np.ones((self.rows, self.cached + self.rows), dtype=bool)  # NumPy: no per-op dispatch cost
+        full[:, self.cached:] = self.mask.numpy()
+        return torch.from_numpy(full)
 
 
 def _blocks(rows: list[list[torch.Tensor]]) -> torch.Tensor:
@@ -211,23 +214,31 @@ def quadratic_layout(last: int, draft: list[int], width: int, cached: int, mask_
         raise ValueError(f"draft of {len(draft)} tokens exceeds width {width}")
     block = 1 + width
     padded = list(draft) + [mask_id] * (width - len(draft))
-    positions = list(range(cached, cached + block))
-    branch_rows = []
-    for h in range(block):
-        start = block * (h + 1)
-        positions += range(cached + 1 + h, cached + 1 + h + block)
-        branch_rows.append(tuple(range(start, start + block)))
+    offsets, branch_rows = _quadratic_structure(block)
     return CallLayout(
         name="quadratic",
         token_ids=(last, *padded) + (mask_id,) * (block * block),
-        position_ids=tuple(positions),
+        position_ids=tuple(map(cached.__add__, offsets)),
         regions=(VERIFY,) * block + (BRANCH,) * (block * block),
         mask=_quadratic_mask(block),
         cached=cached,
         verify_rows=tuple(range(block)),
-        branch_rows=tuple(branch_rows),
+        branch_rows=branch_rows,
         proposal_rows=tuple(range(block, block * (block + 1))),
     )
+
+
+@lru_cache(maxsize=64)
+def _quadratic_structure(block: int) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """Position offsets from the cache length (verify rows 0..W, branch h at 1+h..1+h+W) and the rows of
+    each branch; built once per block size, so a call adds only the cache length."""
+    offsets = list(range(block))
+    branch_rows = []
+    for h in range(block):
+        start = block * (h + 1)
+        offsets += range(1 + h, 1 + h + block)
+        branch_rows.append(tuple(range(start, start + block)))
+    return tuple(offsets), tuple(branch_rows)
 
 
 def diffusion_layout(tail: list[int], slots: list[int], cached: int) -> CallLayout:

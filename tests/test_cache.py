@@ -93,8 +93,9 @@ def test_deferred_rows_give_the_same_logits_and_count_their_head_time():
     verify = session.call(layout, layout.verify_rows, deferred=branch_rows)
     before, calls = session._calls[-1].model_ms, len(session._calls)
     branch2 = session.deferred_logits(8, 12)
-    assert torch.allclose(verify, at_once[:4], atol=1e-10)
-    assert torch.allclose(branch2, at_once[4 + 8: 4 + 12], atol=1e-10)
+    assert torch.allclose(verify.logits, at_once.logits[:4], atol=1e-10)
+    assert torch.allclose(branch2.logits, at_once.logits[4 + 8: 4 + 12], atol=1e-10)
+    assert verify.top == at_once.top[:4] and branch2.top == at_once.top[4 + 8: 4 + 12]
     assert session._calls[-1].model_ms > before
     assert len(session._calls) == calls  # the head adds no NFE
     with pytest.raises(ValueError):

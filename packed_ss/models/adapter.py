@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from packed_ss.layout import CallLayout
@@ -131,6 +132,7 @@ class DualModeModel:
         # Packed-SS pads a short draft to W slots (the paper's fixed 2B-row call, for GPU kernels); on a CPU
         # every row costs time, so the call holds only the draft's own rows there.
         self.pads_drafts = self.device.type != "cpu"
+        self._cuda = self.device.type == "cuda"
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, device: str | None = None,
@@ -287,8 +289,8 @@ class DualModeModel:
 
     def _call(self, layout: CallLayout, rows: tuple[int, ...], deferred: tuple[int, ...]) -> CallOutput:
         device = self.device
-        input_ids = torch.tensor([layout.token_ids], device=device)
-        position_ids = torch.tensor([layout.position_ids], device=device)
+        ids = torch.from_numpy(np.array((layout.token_ids, layout.position_ids), dtype=np.int64)).to(device)
+        input_ids, position_ids = ids[:1], ids[1:]  # (1, R) each, one host array
         mask = layout.full_mask().to(device)[None, None]  # (1, 1, R, C + R)
         inputs = dict(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
                       past_key_values=self.cache, use_cache=True)
@@ -300,7 +302,7 @@ class DualModeModel:
             logits = self.model.get_output_embeddings()(states[list(rows)])
             hidden = states[list(deferred)]
         else:
-            keep = torch.tensor(rows, dtype=torch.long, device=device)
+            keep = torch.from_numpy(np.array(rows, dtype=np.int64)).to(device)
             logits = self.model(**inputs, logits_to_keep=keep).logits[0]
         self._sync()
         model_ms = (time.perf_counter() - start) * 1000
@@ -317,7 +319,7 @@ class DualModeModel:
         return CallOutput(self._as_float(logits), (time.perf_counter() - start) * 1000)
 
     def _sync(self) -> None:
-        if self.device.type == "cuda":
+        if self._cuda:
             torch.cuda.synchronize(self.device)
 
     @staticmethod

@@ -19,9 +19,9 @@ from packed_ss.schedules.base import Session
 MAX_NGRAM = 2  # longest suffix matched (transformers' max_matching_ngram_size default)
 
 
-def ngram_draft(sequence: Sequence[int], width: int, max_ngram: int = MAX_NGRAM) -> list[int]:
+def ngram_match(sequence: Sequence[int], width: int, max_ngram: int = MAX_NGRAM) -> tuple[list[int], int]:
     """Up to ``width`` tokens that followed the earliest earlier match of the sequence's last n tokens,
-    trying n = ``max_ngram`` .. 1; empty when nothing matches.
+    trying n = ``max_ngram`` .. 1, and that n (the match length); ``([], 0)`` when nothing matches.
 
     Pure: ``sequence`` is the verified prefix (prompt included), token ids.
     """
@@ -32,8 +32,13 @@ def ngram_draft(sequence: Sequence[int], width: int, max_ngram: int = MAX_NGRAM)
             if list(sequence[start:start + n]) == suffix:
                 follow = list(sequence[start + n:start + n + width])
                 if follow:
-                    return follow
-    return []
+                    return follow, n
+    return [], 0
+
+
+def ngram_draft(sequence: Sequence[int], width: int, max_ngram: int = MAX_NGRAM) -> list[int]:
+    """The tokens of :func:`ngram_match` (the prompt-lookup draft)."""
+    return ngram_match(sequence, width, max_ngram)[0]
 
 
 class PromptLookup:

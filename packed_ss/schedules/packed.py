@@ -49,7 +49,7 @@ class PackedSS:
             appended, sources = session.commit(tokens, sources)  # lines 7-9
             a = len(appended)
             q_logits = logits[n_verify:]
-            proposals = q_logits.argmax(-1).tolist()  # z_t (the drafter's argmax, shown for every slot)
+            proposals = list(q_logits.top)  # z_t (the drafter's argmax, shown for every slot)
             kept: tuple[int, ...] = ()
             if not session.finished:  # line 10: D_t = z_t^(a+1..W); Alg. 2 line 12 samples them now
                 draft, stored_q = session.propose(q_logits[a:])

@@ -53,7 +53,7 @@ class QuadraticSS:
             # Branch h_t: the one whose leader is the last accepted draft token.
             size = len(branches[0])
             q_logits = session.deferred_logits(verdict.h * size, (verdict.h + 1) * size)
-            proposals = q_logits.argmax(-1).tolist()
+            proposals = list(q_logits.top)
             kept: tuple[int, ...] = ()
             if not session.finished:  # the first mask of the branch is the correction/bonus slot
                 draft, stored_q = session.propose(q_logits[1:])
