@@ -373,7 +373,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                 prompt = gr.Textbox(value=prompts[0], label="Prompt", lines=7, max_lines=20, elem_id="prompt")
                 gr.Examples([[p] for p in prompts], inputs=[prompt], label="Examples (short ones, then HumanEval)")
             with gr.Column(scale=2):
-                names = ("packed", "linear", "quadratic", "ar", "diffusion", "lookup")
+                names = ("packed", "linear", "quadratic", "ar", "diffusion", "lookup", "packed-mixed")
                 schedule = gr.Radio([(REGISTRY[n].title, n) for n in names], value="packed",
                                     label="Schedule (Step through)", elem_id="schedule")
                 block = gr.Slider(2, APP_MAX_BLOCK_SIZE, value=8, step=1,
@@ -434,7 +434,9 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                             "gap is more than the spread between repeats.")
                 with gr.Row():
                     optional = gr.CheckboxGroup([("Prompt-lookup lane (the peer: n-gram drafts, no drafter)", "lookup"),
-                                                 ("Block-diffusion lane", "diffusion")], value=["lookup"],
+                                                 ("Packed-SS + n-gram lane (drafter or n-gram per position)",
+                                                  "packed-mixed"),
+                                                 ("Block-diffusion lane", "diffusion")], value=["lookup", "packed-mixed"],
                                                 label="Optional lanes")
                     sizes_box = gr.Radio([("same B for every lane", "same"),
                                           ("each schedule at its best B", "best")], value="same",

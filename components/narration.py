@@ -56,6 +56,33 @@ def _next_draft(record: IterationRecord, strings: TokenStrings) -> str:
     return text
 
 
+def _mixed(record: IterationRecord, strings: TokenStrings, n: int) -> str:
+    """Packed-SS + n-gram: the call's shape, the verdict, and where each next-draft token came from."""
+    grams = sum(s == "n-gram" for s in record.old_draft_sources)
+    lean = bool(record.calls) and record.calls[0].layout.name == "packed-verify"
+    text = ("One causal call verified the old draft; its diffusion half was left out, because the draft came "
+            "from an n-gram match that has mostly been accepted so far. " if lean else
+            f"One call verified the old draft in causal mode and drafted from P_t-1 ({n} tokens) in diffusion "
+            f"mode. ")
+    if grams:
+        text += f"{grams} of the {len(record.old_draft)} draft tokens came from an n-gram match. "
+    text += _verdict(record, strings)
+    if record.next_draft:
+        sources = record.next_draft_sources
+        gram_ids = [t for t, s in zip(record.next_draft, sources) if s == "n-gram"]
+        drafter_ids = [t for t, s in zip(record.next_draft, sources) if s != "n-gram"]
+        parts = []
+        if drafter_ids:
+            parts.append(f"{len(drafter_ids)} from the drafter ({_quoted(strings, drafter_ids)})")
+        if gram_ids:
+            parts.append(f"{len(gram_ids)} copied after an earlier match of the text's last tokens "
+                         f"({_quoted(strings, gram_ids)})")
+        count = len(record.next_draft)
+        text += (f" Next draft, {count} token{'s' if count != 1 else ''}: " + " and ".join(parts) +
+                 "; per position the source judged likelier to be accepted.")
+    return text
+
+
 def narrate(record: IterationRecord, schedule: str, strings: TokenStrings, prompt_len: int) -> str:
     """The narration of one iteration as an HTML paragraph (text escaped).
 
@@ -95,6 +122,8 @@ def narrate(record: IterationRecord, schedule: str, strings: TokenStrings, promp
         text = (f"One call verified the draft and, in the same call, drafted one branch for every possible h "
                 f"(B branches). ") + _verdict(record, strings)
         text += f" Branch h = {record.h} was selected by this verification." + _next_draft(record, strings)
+    elif schedule == "packed-mixed":
+        text = _mixed(record, strings, n)
     else:  # packed
         text = (f"One call verified the old draft in causal mode and, in the same call, drafted from the old prefix "
                 f"P_t-1 ({n} tokens) in diffusion mode. ") + _verdict(record, strings) + _next_draft(record, strings)

@@ -4,7 +4,8 @@ Columns are absolute token positions. Rows, top to bottom: the tail of the verif
 old draft d (accepted / rejected / unchecked), the verifier predictions v (reached rows solid, rows
 computed but not reached faded), the drafter's proposals z (kept ones become the next draft, discarded
 ones are struck through), the tokens appended to the prefix coloured by source, and a bar spanning the
-advance A. Pure rendering: every value comes from an :class:`~packed_ss.records.IterationRecord`.
+advance A. A schedule that mixes draft sources (Packed-SS + n-gram) adds the next draft D_t with each
+token's source, and marks the old draft's n-gram tokens. Pure rendering: every value comes from an :class:`~packed_ss.records.IterationRecord`.
 """
 
 from __future__ import annotations
@@ -46,18 +47,23 @@ def grid_html(record: IterationRecord, sequence: Sequence[int], strings: TokenSt
     draft = list(record.old_draft)
     prefill = _is_prefill(record)
     held = len(record.calls[0].layout.verify_rows) - 1 if record.calls else 0  # draft slots of the call
-    if record.schedule == "packed" and not prefill and len(draft) < held:
+    if record.schedule in ("packed", "packed-mixed") and not prefill and len(draft) < held:
         draft += [mask_token_id] * (held - len(draft))  # D̄: the padded slots the call really holds
     v, z = list(record.verifier_tokens), list(record.proposals)
     appended = list(record.appended)
-    ends = [before + len(draft), before + len(v), record.proposal_start + len(z), before + len(appended), before + 1]
+    after = record.prefix_len_after
+    nxt = list(record.next_draft)
+    ends = [before + len(draft), before + len(v), record.proposal_start + len(z), before + len(appended), before + 1,
+            after + len(nxt)]
     end = max(ends)
     positions = list(range(start, end))
-    ids = prefix + draft + v + z + appended
+    ids = prefix + draft + v + z + appended + nxt
     text = dict(zip(ids, strings(ids))) if ids else {}
     verified = bool(v) and not prefill  # a draft was checked in this iteration
     kept = set(record.kept)
     h = record.h
+    old_sources = record.old_draft_sources
+    next_sources = dict(zip(range(after, after + len(nxt)), record.next_draft_sources))
 
     def row(label: str, cells: dict[int, str], css: str = "") -> str:
         tds = "".join(f"<td>{cells.get(p, '')}</td>" for p in positions)
@@ -82,6 +88,8 @@ def grid_html(record: IterationRecord, sequence: Sequence[int], strings: TokenSt
         else:
             cls, what = "unchecked", "not checked (after the first rejection)"
         label = "MASK" if tok == mask_token_id else text[tok]
+        if i < len(old_sources) and old_sources[i] == "n-gram":
+            cls, what = f"{cls} ngram".strip(), f"{what} (from an n-gram match)"
         cells_draft[pos] = _chip(label, cls, f"d({i + 1}) = {tok} at position {pos}: {what}")
     cells_v = {}
     for i, tok in enumerate(v):
@@ -96,7 +104,9 @@ def grid_html(record: IterationRecord, sequence: Sequence[int], strings: TokenSt
         pos = record.proposal_start + i
         filled = pos < before + len(appended)
         why = (f"discarded: position {pos} was just filled by this iteration's accepted tokens" if filled
-               else "discarded: the run stopped" if record.stop_reason else "discarded")
+               else "discarded: the run stopped" if record.stop_reason
+               else "discarded: the n-gram match's token looked likelier here" if next_sources.get(pos) == "n-gram"
+               else "discarded")
         cls, what = ("kept", "kept: next draft") if i in kept else ("discarded", why)
         cells_z[pos] = _chip(text[tok], cls, f"z({i + 1}) = {tok} at position {pos}: {what}")
     cells_out = {}
@@ -104,6 +114,12 @@ def grid_html(record: IterationRecord, sequence: Sequence[int], strings: TokenSt
         pos = before + i
         cells_out[pos] = _chip(text[tok], source_class(source), f"{source}: token {tok} at position {pos}")
 
+    cells_next = {}
+    for i, tok in enumerate(nxt):
+        pos = after + i
+        source = next_sources[pos]
+        cells_next[pos] = _chip(text[tok], "ngram" if source == "n-gram" else "kept",
+                                f"D_t({i + 1}) = {tok} at position {pos}: from the {source}")
     head = "".join(f'<th class="{"pos-new" if p >= before else ""}">{p}</th>' for p in positions)
     a = len(appended)
     adv_cells = []
@@ -128,6 +144,7 @@ def grid_html(record: IterationRecord, sequence: Sequence[int], strings: TokenSt
         row("proposals z", cells_z, "proposals"),
         row("appended", cells_out, "appended"),
         f'<tr class="sep" data-row="advance"><td class="row-label">advance</td>{"".join(adv_cells)}</tr>',
+        *([row("next draft D<sub>t</sub>", cells_next, "next-draft")] if nxt else []),
     ]
     calls = len(record.calls)
     # A draft not verified yet (Linear-SS shown after its drafting call) has no h or A to report.

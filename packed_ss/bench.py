@@ -33,16 +33,21 @@ import pandas as pd
 from packed_ss import stats
 from packed_ss.config import MAX_BLOCK_SIZE, DecodeConfig
 from packed_ss.divergence import divergence
+from packed_ss.hf_reference import HF_REFERENCES, hf_generate, reference_problem
 from packed_ss.inputs import PromptTextError, check_prompt, model_fingerprint, model_name
+from packed_ss.schedules import LOSSLESS as ENGINE_LOSSLESS
 
-ALL_SCHEDULES = ("ar", "linear", "quadratic", "packed", "diffusion", "lookup")
-LOSSLESS = ("linear", "quadratic", "packed", "lookup")  # greedy outputs must equal REFERENCE's
+ALL_SCHEDULES = ("ar", "linear", "quadratic", "packed", "diffusion", "lookup", "packed-mixed")
+KNOWN = ALL_SCHEDULES + HF_REFERENCES  # also transformers' own greedy and prompt-lookup generate (opt-in)
+LOSSLESS = ENGINE_LOSSLESS + HF_REFERENCES  # greedy outputs must equal REFERENCE's
 REFERENCE = "ar"  # greedy outputs of the lossless schedules must equal this one's
 BASELINE = "linear"  # the decomposition is normalised to this schedule's total time (F.3)
-# (numerator, denominator): Packed-SS against the other schedules, and against the prompt-lookup peer
+# (numerator, denominator): Packed-SS against the other schedules and the prompt-lookup peer; the
+# two-source variant against both of its sources; the engine's loops against transformers' own.
 COMPARISONS = (("packed", "linear"), ("packed", "quadratic"), ("packed", "ar"), ("packed", "lookup"),
-               ("lookup", "ar"))
-NO_BLOCK = ("ar",)  # schedules whose output and cost do not depend on B
+               ("lookup", "ar"), ("packed-mixed", "lookup"), ("packed-mixed", "packed"), ("packed-mixed", "ar"),
+               ("lookup", "hf-lookup"), ("ar", "hf-greedy"), ("packed-mixed", "hf-lookup"))
+NO_BLOCK = ("ar", "hf-greedy")  # schedules whose output and cost do not depend on B
 WARMUP_TOKENS = 8  # new-token limit of the untimed warm-up runs
 MAX_SEED = 2**63 - 1  # run seeds (seed + prompt offsets) stay within what torch.Generator.manual_seed takes
 
@@ -85,6 +90,7 @@ class BenchConfig:
         resamples: bootstrap resamples (E.5: 20,000).
         level: coverage of the bootstrap intervals.
         drafter_lora: apply the model's drafter adapter to proposal rows (Appendix F.2).
+        drafter_width: masks per call of ``packed-mixed``'s diffusion half (at most W).
     Raises:
         BenchError: from ``__post_init__`` for any value out of range, naming the argument.
     """
@@ -103,25 +109,30 @@ class BenchConfig:
     resamples: int = stats.RESAMPLES
     level: float = stats.LEVEL
     drafter_lora: bool = False
+    drafter_width: int = DecodeConfig.drafter_width
 
     def __post_init__(self):
         if not self.schedules:
             raise BenchError("no schedules selected")
         for name in self.schedules:
-            if name not in ALL_SCHEDULES:
-                raise BenchError(f"unknown schedule {name!r}; choose from {', '.join(ALL_SCHEDULES)}")
+            if name not in KNOWN:
+                raise BenchError(f"unknown schedule {name!r}; choose from {', '.join(KNOWN)}")
         if len(set(self.schedules)) != len(self.schedules):
             raise BenchError(f"a schedule is listed twice: {','.join(self.schedules)}")
         for name, size in self.block_sizes:
-            if name not in ALL_SCHEDULES:
+            if name not in KNOWN:
                 raise BenchError(f"unknown schedule {name!r} in the block sizes; "
-                                 f"choose from {', '.join(ALL_SCHEDULES)}")
+                                 f"choose from {', '.join(KNOWN)}")
             _check_block_size(size)
         _check_block_size(self.default_block_size)
         for size in self.probe_block_sizes:
             _check_block_size(size)
         if not isinstance(self.samples, int) or self.samples < 1:
             raise BenchError(f"--samples must be an integer >= 1, got {self.samples}")
+        references = [s for s in self.schedules if s in HF_REFERENCES]
+        problem = references and reference_problem(None, self.temperature, self.drafter_lora, check_model=False)
+        if problem:
+            raise BenchError(f"{', '.join(references)}: {problem}")
         if self.samples > 1 and self.temperature == 0:
             raise BenchError("--samples > 1 needs --temperature > 0 (greedy runs repeat exactly)")
         if self.resamples < 1:
@@ -142,7 +153,7 @@ class BenchConfig:
         """The :class:`DecodeConfig` of one run. Raises ValueError on values out of range."""
         return DecodeConfig(block_size=block_size, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
                             max_new_tokens=max_new_tokens or self.max_new_tokens, seed=seed,
-                            drafter_lora=self.drafter_lora)
+                            drafter_lora=self.drafter_lora, drafter_width=self.drafter_width)
 
 
 def _check_block_size(size) -> None:
@@ -189,8 +200,8 @@ def parse_schedules(spec: str) -> tuple[str, ...]:
     if not names:
         raise BenchError("--schedules is empty")
     for name in names:
-        if name not in ALL_SCHEDULES:
-            raise BenchError(f"unknown schedule {name!r}; choose from {', '.join(ALL_SCHEDULES)}")
+        if name not in KNOWN:
+            raise BenchError(f"unknown schedule {name!r}; choose from {', '.join(KNOWN)}")
     if len(set(names)) != len(names):
         raise BenchError(f"a schedule is listed twice in --schedules {spec!r}")
     return names
@@ -217,8 +228,8 @@ def parse_block_sizes(spec: str, default: int = 8) -> tuple[int, tuple[tuple[str
                 raise BenchError(f"--block-size {spec!r} gives more than one plain number")
             plain = number
             continue
-        if name not in ALL_SCHEDULES:
-            raise BenchError(f"unknown schedule {name!r} in --block-size; choose from {', '.join(ALL_SCHEDULES)}")
+        if name not in KNOWN:
+            raise BenchError(f"unknown schedule {name!r} in --block-size; choose from {', '.join(KNOWN)}")
         if name in overrides:
             raise BenchError(f"--block-size gives {name!r} twice")
         overrides[name] = number
@@ -388,8 +399,10 @@ def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progres
     Returns: a :class:`BenchResult`.
     Raises: BenchError when no prompt fits the model.
     """
-    from packed_ss.engine import generate
-
+    references = [s for s in config.schedules if s in HF_REFERENCES]
+    problem = references and reference_problem(model, config.temperature, config.drafter_lora)
+    if problem:
+        raise BenchError(f"{', '.join(references)}: {problem}")
     largest = max([config.block_size(s) for s in config.schedules] + list(config.probe_block_sizes))
     encoded, skipped = [], []
     for prompt in prompts:  # tokenisation happens here, outside the timed runs (E.5)
@@ -414,16 +427,16 @@ def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progres
             for schedule in config.schedules:
                 report(0, len(units), f"warm-up {schedule}")
                 with turn():
-                    generate(model, prompt_ids, config.decode_config(schedule, config.block_size(schedule),
-                                                                     config.seed, min(WARMUP_TOKENS, config.max_new_tokens)),
-                             schedule)
+                    run_one(model, prompt_ids, config.decode_config(schedule, config.block_size(schedule), config.seed,
+                                                                    min(WARMUP_TOKENS, config.max_new_tokens)),
+                            schedule)
         for done, unit in enumerate(units):
             prompt, ids = encoded[unit.prompt_index]
             size = "" if unit.schedule in NO_BLOCK else f" B={unit.block_size}"
             report(done, len(units), f"{unit.phase} {prompt.id} {unit.schedule}{size}")
             seed = config.seed + unit.prompt_index * config.samples + unit.sample
             with turn():
-                run = generate(model, ids, config.decode_config(unit.schedule, unit.block_size, seed), unit.schedule)
+                run = run_one(model, ids, config.decode_config(unit.schedule, unit.block_size, seed), unit.schedule)
             rows[unit.phase].append(_example_row(unit, prompt, len(ids), seed, run))
             if unit.phase == "main":
                 outputs[(unit.prompt_index, unit.sample, unit.schedule)] = run.token_ids
@@ -445,6 +458,16 @@ def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progres
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     return BenchResult(examples, probe, summarize(examples, config, probe, info), interrupted)
+
+
+def run_one(model, prompt_ids: list[int], config: DecodeConfig, schedule: str):
+    """One run of an engine schedule (:func:`packed_ss.engine.generate`) or of a transformers reference
+    (:func:`packed_ss.hf_reference.hf_generate`); both return what :func:`_example_row` reads."""
+    from packed_ss.engine import generate
+
+    if schedule in HF_REFERENCES:
+        return hf_generate(model, prompt_ids, config.max_new_tokens, schedule, config.block_size)
+    return generate(model, prompt_ids, config, schedule)
 
 
 def greedy_divergences(model, encoded: Sequence[tuple], outputs: dict, turn=nullcontext) -> list[dict]:
@@ -490,8 +513,11 @@ DEFINITIONS = {
                  "samples of a drawn prompt (E.5); they describe variation across prompts, not timing noise",
     "decomposition": "mean model time and mean non-model decoder time per response of each schedule, "
                      "divided by Linear-SS's mean total wall time (F.3)",
-    "lossless": "greedy runs whose token ids differ from AR's for the same prompt (0 expected for linear, "
-                "quadratic, packed; diffusion is unverified and may differ)",
+    "lossless": "greedy runs whose token ids differ from AR's for the same prompt (0 expected for "
+                + ", ".join(LOSSLESS) + "; diffusion is unverified and may differ)",
+    "references": "hf-greedy and hf-lookup are transformers' own generate (greedy; prompt lookup with "
+                  "prompt_lookup_num_tokens = B - 1, max_matching_ngram_size = 2) on the same weights: wall "
+                  "time is the whole call (not split into model and non-model), NFE counts the network's forwards",
     "probe": "per schedule and B over the same prompts: tokens/s = mean tokens / mean wall, mean wall, "
              "mean NFE, mean tokens, tokens/NFE (aggregate) and rows/call = most input rows of a call after "
              "the first iteration (F.1)",
@@ -627,7 +653,7 @@ def probe_table(probe: pd.DataFrame) -> list[dict]:
                       "tokens_per_s": s["tokens_mean"] / s["wall_mean_s"] if s["wall_mean_s"] else math.nan,
                       "wall_mean_s": s["wall_mean_s"], "nfe_mean": s["nfe_mean"], "tokens_mean": s["tokens_mean"],
                       "tokens_per_nfe": s["tokens_per_nfe"], "max_rows_per_call": s["max_rows_per_call"]})
-    order = {name: i for i, name in enumerate(ALL_SCHEDULES)}
+    order = {name: i for i, name in enumerate(KNOWN)}
     return sorted(table, key=lambda r: (order.get(r["schedule"], 99), r["block_size"]))
 
 
@@ -727,7 +753,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", default="humaneval", help="'humaneval' or a JSONL file with a 'prompt' field")
     p.add_argument("--limit", type=int, default=None, help="use the first N prompts (N >= 1)")
     p.add_argument("--schedules", default=",".join(ALL_SCHEDULES),
-                   help="comma-separated, from " + ",".join(ALL_SCHEDULES))
+                   help="comma-separated, from " + ",".join(KNOWN) + " (hf-*: transformers' own generate, greedy)")
+    p.add_argument("--drafter-width", type=int, default=DecodeConfig.drafter_width,
+                   help="packed-mixed: masks per call in the diffusion half (default 3)")
     p.add_argument("--block-size", default="8", help="B for all (8) or per schedule (linear=8,quadratic=4,packed=8)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0)
@@ -771,7 +799,8 @@ def config_from_args(args) -> BenchConfig:
     return BenchConfig(schedules=parse_schedules(args.schedules), block_sizes=overrides, default_block_size=default,
                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, samples=args.samples,
                        max_new_tokens=args.max_new_tokens, seed=args.seed, probe_block_sizes=probe,
-                       warmup=not args.no_warmup, resamples=args.resamples, drafter_lora=bool(args.drafter_lora))
+                       warmup=not args.no_warmup, resamples=args.resamples, drafter_lora=bool(args.drafter_lora),
+                       drafter_width=args.drafter_width)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -156,7 +156,7 @@ def draft_layout(last: int, width: int, cached: int, mask_id: int) -> CallLayout
 
 
 def packed_layout(last: int, draft: list[int], width: int, cached: int, mask_id: int,
-                  pad: bool = True) -> CallLayout:
+                  pad: bool = True, drafter_width: int | None = None) -> CallLayout:
     """Packed-SS call ``[P^(n), D̄ | P^(n), MASK x W]`` with mask ``[[T(v), O], [O, J(B)]]`` (Appendix D.1).
 
     D̄ is the old draft padded with masks to W slots (``pad``, the paper's fixed 2B-row shape, good for
@@ -164,17 +164,21 @@ def packed_layout(last: int, draft: list[int], width: int, cached: int, mask_id:
     for an empty slot; cheaper on a CPU). The verify half uses positions n-1..n-1+|D̄|, the draft half
     n-1..n+W-1 (0-based, the last prefix token at n-1); shared positions. Verify rows give p^(1..|D̄|+1),
     draft rows 1..W give q^(1..W) conditioned on the OLD prefix P_{t-1} only (Equation 3).
+    ``drafter_width``: masks in the draft half when it differs from the draft's W (a variant whose drafts
+    also come from n-gram matches reaches further than its drafter); default W.
+    Raises: ValueError for a draft longer than ``width``.
     """
     if len(draft) > width:
         raise ValueError(f"draft of {len(draft)} tokens exceeds width {width}")
-    block = 1 + width
+    masks = width if drafter_width is None else drafter_width
+    block = 1 + masks
     slots = list(draft) + [mask_id] * (width - len(draft)) if pad else list(draft)
     verify = 1 + len(slots)
-    positions = tuple(range(cached, cached + block))
+    positions = tuple(range(cached, cached + max(block, verify)))
     return CallLayout(
         name="packed",
-        token_ids=(last, *slots, last) + (mask_id,) * width,
-        position_ids=positions[:verify] + positions,
+        token_ids=(last, *slots, last) + (mask_id,) * masks,
+        position_ids=positions[:verify] + positions[:block],
         regions=(VERIFY,) * verify + (DRAFT,) * block,
         mask=_packed_mask(verify, block),
         cached=cached,

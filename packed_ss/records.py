@@ -67,6 +67,10 @@ class IterationRecord:
         calls: the model calls of this iteration.
         model_ms, other_ms: model time and non-model decoder time (milliseconds).
         stop_reason: ``"eos"``, ``"limit"``, ``"stop string"`` or ``None`` while running.
+        next_draft, next_draft_sources: D_t from position ``prefix_len_after`` on and where each token came
+            from (``"drafter"`` or ``"n-gram"``); filled by schedules that mix draft sources, empty otherwise
+            (there D_t is ``proposals`` at ``kept``).
+        old_draft_sources: the same for ``old_draft`` (what this iteration verified).
     """
 
     index: int
@@ -88,6 +92,9 @@ class IterationRecord:
     model_ms: float
     other_ms: float
     stop_reason: str | None = None
+    next_draft: tuple[int, ...] = ()
+    next_draft_sources: tuple[str, ...] = ()
+    old_draft_sources: tuple[str, ...] = ()
 
     @property
     def rows(self) -> int:

@@ -5,7 +5,7 @@ import torch
 from helpers import ScriptedModel, tiny_llama
 
 from packed_ss import DecodeConfig, generate
-from packed_ss.schedules import SPECULATIVE
+from packed_ss.schedules import LOSSLESS, SPECULATIVE
 
 BLOCKS = (2, 3, 5, 8, 16)
 
@@ -21,7 +21,7 @@ def test_greedy_equals_ar(seed, vocab, scale):
             assert ref.tokens <= limit
             for block in blocks:
                 config = DecodeConfig(block_size=block, max_new_tokens=limit)
-                for name in SPECULATIVE:
+                for name in LOSSLESS:
                     run = generate(model, prompt, config, name)
                     assert run.token_ids == ref.token_ids, (name, block, limit, prompt)
                     assert run.stop_reason == ref.stop_reason
@@ -33,7 +33,7 @@ def test_eos_inside_an_accepted_draft_ends_the_output():
     target = [5, 6, 7, eos, 8, 9, 10, 11, 12, 13]
     model = ScriptedModel([3, 4], target, thresholds=[0] * 20)
     model.eos_token_id = eos
-    for name in ("ar",) + SPECULATIVE:
+    for name in ("ar",) + LOSSLESS:
         for block in (3, 5, 8):
             run = generate(model, [3, 4], DecodeConfig(block_size=block, max_new_tokens=20), name)
             assert run.token_ids == (5, 6, 7, eos), (name, block)
@@ -43,7 +43,7 @@ def test_eos_inside_an_accepted_draft_ends_the_output():
     assert run.sources[3] == "accepted draft"
 
 
-@pytest.mark.parametrize("name", SPECULATIVE)
+@pytest.mark.parametrize("name", LOSSLESS)
 def test_limit_never_exceeded_with_full_acceptance(name):
     """Whole draft + bonus accepted on every iteration; the limit still cuts exactly."""
     target = list(range(2, 14)) * 4
@@ -76,7 +76,7 @@ def test_stop_string_spanning_tokens_is_recognised_only_when_accepted():
     assert len(words) >= 4
     stop = " ".join(words[2:4])  # spans two tokens
     first = text.find(stop)
-    for name in ("ar",) + SPECULATIVE:
+    for name in ("ar",) + LOSSLESS:
         for block in (2, 4, 8):
             run = generate(model, prompt, DecodeConfig(block_size=block, max_new_tokens=30, stop_strings=(stop,)),
                            name)
@@ -85,7 +85,7 @@ def test_stop_string_spanning_tokens_is_recognised_only_when_accepted():
             assert run.token_ids == ref.token_ids[: len(run.token_ids)]
 
 
-@pytest.mark.parametrize("name", ["ar", "linear", "quadratic", "packed", "diffusion"])
+@pytest.mark.parametrize("name", ["ar", "linear", "quadratic", "packed", "diffusion", "packed-mixed"])
 def test_same_seed_same_run(name):
     model = tiny_llama(vocab_size=16, seed=5, logit_scale=1.0)
     config = DecodeConfig(block_size=4, temperature=1.0, max_new_tokens=25, seed=123)
@@ -101,7 +101,7 @@ def test_same_seed_same_run(name):
 def test_tiny_temperature_behaves_like_greedy(temperature):
     model = tiny_llama(vocab_size=16, seed=6, logit_scale=3.0)
     ref = generate(model, [3, 4], DecodeConfig(max_new_tokens=20), "ar")
-    for name in SPECULATIVE:
+    for name in LOSSLESS:
         run = generate(model, [3, 4], DecodeConfig(block_size=4, temperature=temperature, max_new_tokens=20), name)
         assert run.token_ids == ref.token_ids
 
@@ -112,7 +112,7 @@ def test_shipped_model_is_lossless(embedded_model):
         prompt = embedded_model.encode(text)
         ref = generate(embedded_model, prompt, DecodeConfig(max_new_tokens=40), "ar")
         for block in (4, 8):
-            for name in SPECULATIVE:
+            for name in LOSSLESS:
                 run = generate(embedded_model, prompt, DecodeConfig(block_size=block, max_new_tokens=40), name)
                 assert run.token_ids == ref.token_ids, (name, block, text)
 

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
 from packed_ss.records import IterationRecord
 from packed_ss.sampling import SparseDist
 from packed_ss.schedules.base import Session
@@ -25,14 +28,16 @@ def ngram_match(sequence: Sequence[int], width: int, max_ngram: int = MAX_NGRAM)
 
     Pure: ``sequence`` is the verified prefix (prompt included), token ids.
     """
-    length = len(sequence)
+    tokens = np.asarray(sequence, dtype=np.int64)
+    length = len(tokens)
     for n in range(min(max_ngram, length - 1), 0, -1):
-        suffix = list(sequence[-n:])
-        for start in range(length - n):  # earliest first; the suffix itself is never its own match
-            if list(sequence[start:start + n]) == suffix:
-                follow = list(sequence[start + n:start + n + width])
-                if follow:
-                    return follow, n
+        # Windows starting at 0..length-n-1 (the suffix itself is never its own match); a match at the
+        # last of them is followed by nothing but the suffix's tail, so it still yields tokens.
+        windows = sliding_window_view(tokens[:-1], n)  # (length - n, n)
+        hits = np.flatnonzero((windows == tokens[-n:]).all(axis=1))
+        if len(hits):
+            start = int(hits[0])  # earliest first
+            return tokens[start + n:start + n + width].tolist(), n
     return [], 0
 
 
