@@ -373,7 +373,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                 prompt = gr.Textbox(value=prompts[0], label="Prompt", lines=7, max_lines=20, elem_id="prompt")
                 gr.Examples([[p] for p in prompts], inputs=[prompt], label="Examples (short ones, then HumanEval)")
             with gr.Column(scale=2):
-                names = ("packed", "linear", "quadratic", "ar", "diffusion", "lookup", "packed-mixed")
+                names = ("packed", "linear", "quadratic", "ar", "diffusion", "lookup", "packed-mixed", "partial")
                 schedule = gr.Radio([(REGISTRY[n].title, n) for n in names], value="packed",
                                     label="Schedule (Step through)", elem_id="schedule")
                 block = gr.Slider(2, APP_MAX_BLOCK_SIZE, value=8, step=1,
@@ -436,6 +436,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                     optional = gr.CheckboxGroup([("Prompt-lookup lane (the peer: n-gram drafts, no drafter)", "lookup"),
                                                  ("Packed-SS + n-gram lane (drafter or n-gram per position)",
                                                   "packed-mixed"),
+                                                 ("Partial-branch SS lane (k of Quadratic-SS's branches)", "partial"),
                                                  ("Block-diffusion lane", "diffusion")], value=["lookup", "packed-mixed"],
                                                 label="Optional lanes")
                     sizes_box = gr.Radio([("same B for every lane", "same"),

@@ -41,7 +41,7 @@ def segments(layout: CallLayout, selected: int | None = None) -> list[tuple[int,
     """Contiguous row ranges ``(start, stop, label)`` of one region; Quadratic branches split by h, the
     branch ``selected`` by the call's verification marked."""
     spans: list[tuple[int, int, str]] = []
-    branch_of = {r: h for h, rows in enumerate(layout.branch_rows) for r in rows}
+    branch_of = layout.branch_h
     start = 0
     for r in range(1, layout.rows + 1):
         if r == layout.rows or layout.regions[r] != layout.regions[start] or branch_of.get(r) != branch_of.get(start):
@@ -97,7 +97,7 @@ def _call_spec(layout: CallLayout, strings: TokenStrings, i: int, domain: tuple[
     key_ticks = [key_labels[(a + b - 1) // 2 + off] for a, b, _ in named]
     key_text = [label.replace(" rows", " keys") for _, _, label in named]
     if rows <= ROW_LABELS_UP_TO:  # every row labelled: role, token, position id
-        branch_of = {r: h for h, rows_h in enumerate(layout.branch_rows) for r in rows_h}
+        branch_of = layout.branch_h
         roles = [f"branch h={branch_of[r]}{' ✓' if branch_of[r] == selected else ''}" if r in branch_of
                  else layout.regions[r] for r in range(rows)]
         row_ticks, row_text = row_labels, [f"{roles[r]} · {names[r]!r} @ {layout.position_ids[r]}"

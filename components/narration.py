@@ -122,6 +122,13 @@ def narrate(record: IterationRecord, schedule: str, strings: TokenStrings, promp
         text = (f"One call verified the draft and, in the same call, drafted one branch for every possible h "
                 f"(B branches). ") + _verdict(record, strings)
         text += f" Branch h = {record.h} was selected by this verification." + _next_draft(record, strings)
+    elif schedule == "partial":
+        hs = ", ".join(map(str, record.branches)) or "none"
+        text = (f"One call verified the old draft, drafted from P_t-1 ({n} tokens) as Packed-SS does, and prepared "
+                f"Quadratic-SS branches for the likeliest acceptance lengths only (h = {hs}). ") + _verdict(record, strings)
+        text += (f" h = {record.h} had a branch, so its proposals (which saw the accepted draft tokens) became the "
+                 f"next draft." if record.h in record.branches else
+                 f" h = {record.h} had no branch, so the next draft is Packed-SS's.") + _next_draft(record, strings)
     elif schedule == "packed-mixed":
         text = _mixed(record, strings, n)
     else:  # packed

@@ -41,7 +41,7 @@ NEW_TOKENS_CAP = 512  # largest new-token limit the app accepts
 APP_MAX_BLOCK_SIZE = 32  # Quadratic-SS evaluates B(B+1) rows: 1056 at B = 32
 MAX_PROMPT_CHARS = 20_000
 MAX_SEED = 2**32 - 1  # largest seed the page and the API take (exact as a float; torch takes it)
-OPTIONAL_LANES = ("lookup", "packed-mixed", "diffusion")  # race lanes beyond AR and the self-speculative ones
+OPTIONAL_LANES = ("lookup", "packed-mixed", "partial", "diffusion")  # race lanes beyond AR and the self-speculative ones
 DRAFTERS = ("model", "scripted")  # the model's own drafter, or the scripted one (packed_ss.models.scripted)
 PRECISIONS = ("", "bfloat16", "float32")  # "" = the server's default (bfloat16 on CUDA, float32 on CPU)
 
@@ -651,8 +651,8 @@ class GpuTasks:
 
 def parse_lanes(lanes) -> list[str]:
     """Optional race lanes from a list or a comma-separated text: "lookup" (prompt lookup, the peer without a
-    drafter), "packed-mixed" (Packed-SS with drafter and n-gram drafts), "diffusion" ("ar" is accepted and
-    changes nothing: AR is always a lane).
+    drafter), "packed-mixed" (Packed-SS with drafter and n-gram drafts), "partial" (partial-branch SS),
+    "diffusion" ("ar" is accepted and changes nothing: AR is always a lane).
 
     Raises: UserError for a value that is not text or an unknown lane.
     """
@@ -749,7 +749,7 @@ RACE_REPEATS = 3  # measurements per lane in a race (fewer when the row budget d
 def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), log: TimingLog | None = None,
              max_rows: int = MAX_ROWS_PER_REQUEST, alive: Callable[[], bool] | None = None,
              repeats: int = RACE_REPEATS, best: "BestBlockSizes | None" = None) -> RaceResult:
-    """Race AR, Linear, Quadratic and Packed (plus ``extra`` lanes "lookup", "packed-mixed", "diffusion") on one
+    """Race AR, Linear, Quadratic and Packed (plus ``extra`` lanes "lookup", "packed-mixed", "partial", "diffusion") on one
     prompt.
 
     Every lane is measured ``repeats`` times in rotating order (as many as ``max_rows`` allows, at least

@@ -72,5 +72,5 @@ def step_view(run, strings: TokenStrings | None, with_figure: bool = True) -> St
     if with_figure:
         figure = mask_figure([c.layout for c in record.calls], strings,
                              f"Iteration {record.index}: {title} attention mask",
-                             selected_branch=record.h if record.schedule == "quadratic" else None)
+                             selected_branch=record.h if record.schedule in ("quadratic", "partial") else None)
     return StepView(k, run.done, grid, text, stats, figure, key)

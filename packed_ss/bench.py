@@ -37,7 +37,7 @@ from packed_ss.hf_reference import HF_REFERENCES, hf_generate, reference_problem
 from packed_ss.inputs import PromptTextError, check_prompt, model_fingerprint, model_name
 from packed_ss.schedules import LOSSLESS as ENGINE_LOSSLESS
 
-ALL_SCHEDULES = ("ar", "linear", "quadratic", "packed", "diffusion", "lookup", "packed-mixed")
+ALL_SCHEDULES = ("ar", "linear", "quadratic", "packed", "diffusion", "lookup", "packed-mixed", "partial")
 KNOWN = ALL_SCHEDULES + HF_REFERENCES  # also transformers' own greedy and prompt-lookup generate (opt-in)
 LOSSLESS = ENGINE_LOSSLESS + HF_REFERENCES  # greedy outputs must equal REFERENCE's
 REFERENCE = "ar"  # greedy outputs of the lossless schedules must equal this one's
@@ -46,7 +46,8 @@ BASELINE = "linear"  # the decomposition is normalised to this schedule's total 
 # two-source variant against both of its sources; the engine's loops against transformers' own.
 COMPARISONS = (("packed", "linear"), ("packed", "quadratic"), ("packed", "ar"), ("packed", "lookup"),
                ("lookup", "ar"), ("packed-mixed", "lookup"), ("packed-mixed", "packed"), ("packed-mixed", "ar"),
-               ("lookup", "hf-lookup"), ("ar", "hf-greedy"), ("packed-mixed", "hf-lookup"))
+               ("lookup", "hf-lookup"), ("ar", "hf-greedy"), ("packed-mixed", "hf-lookup"), ("partial", "packed"),
+               ("partial", "quadratic"))
 NO_BLOCK = ("ar", "hf-greedy")  # schedules whose output and cost do not depend on B
 WARMUP_TOKENS = 8  # new-token limit of the untimed warm-up runs
 MAX_SEED = 2**63 - 1  # run seeds (seed + prompt offsets) stay within what torch.Generator.manual_seed takes

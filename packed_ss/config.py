@@ -28,6 +28,8 @@ class DecodeConfig:
             have been loaded with one.
         drafter_width: Packed-SS + n-gram only: masks in each call's diffusion half (min(this, W)); its
             n-gram drafts still reach W tokens. 3 measured fastest on this project's CPU (README).
+        branches: Partial-branch SS only: Quadratic-SS branches per call (capped at |D| + 1); -1 picks k
+            per call from the model's fitted call cost on this machine.
     Raises:
         ValueError: from ``__post_init__`` for any value out of range, with the allowed range.
     """
@@ -42,6 +44,7 @@ class DecodeConfig:
     confidence_threshold: float = 0.9
     drafter_lora: bool = False
     drafter_width: int = 3
+    branches: int = -1
 
     def __post_init__(self):
         if not isinstance(self.block_size, int) or not 2 <= self.block_size <= MAX_BLOCK_SIZE:
@@ -62,6 +65,8 @@ class DecodeConfig:
             raise ValueError(f"drafter_lora must be true or false, got {shown(self.drafter_lora)}")
         if not isinstance(self.drafter_width, int) or not 1 <= self.drafter_width <= MAX_BLOCK_SIZE:
             raise ValueError(f"drafter width must be an integer in [1, {MAX_BLOCK_SIZE}], got {shown(self.drafter_width)}")
+        if not isinstance(self.branches, int) or not -1 <= self.branches <= MAX_BLOCK_SIZE:
+            raise ValueError(f"branches must be -1 (auto) or an integer in [0, {MAX_BLOCK_SIZE}], got {shown(self.branches)}")
         if not 0 < self.confidence_threshold <= 1:
             raise ValueError(f"confidence threshold must be in (0, 1], got {shown(self.confidence_threshold)}")
 

@@ -62,6 +62,8 @@ class CallLayout:
         branch_rows: Quadratic-SS only: the draft rows of the branch for each acceptance length h.
         proposal_rows: the diffusion-mode rows of a speculative call (drafter half, branches, masks):
             the only rows a drafter adapter updates (Appendix F.2; Table 5 "selected" rows).
+        branch_lengths: the acceptance length h each of ``branch_rows`` serves; empty means 0, 1, 2, ...
+            (Quadratic-SS's branch for every h).
     """
 
     name: str
@@ -74,11 +76,18 @@ class CallLayout:
     draft_rows: tuple[int, ...] = ()
     branch_rows: tuple[tuple[int, ...], ...] = ()
     proposal_rows: tuple[int, ...] = ()
+    branch_lengths: tuple[int, ...] = ()
 
     def __post_init__(self):
         rows = len(self.token_ids)
         if not (len(self.position_ids) == len(self.regions) == rows and tuple(self.mask.shape) == (rows, rows)):
             raise ValueError(f"layout {self.name}: inconsistent row counts")
+
+    @property
+    def branch_h(self) -> dict[int, int]:
+        """Row index -> the acceptance length h of the branch holding it (branch rows only)."""
+        lengths = self.branch_lengths or tuple(range(len(self.branch_rows)))
+        return {r: h for h, rows in zip(lengths, self.branch_rows) for r in rows}
 
     @property
     def rows(self) -> int:
@@ -263,3 +272,57 @@ def diffusion_layout(tail: list[int], slots: list[int], cached: int) -> CallLayo
         cached=cached,
         draft_rows=tuple(range(k + 1, k + b)),
     )
+
+
+def partial_layout(last: int, draft: list[int], width: int, cached: int, mask_id: int,
+                   branches: tuple[int, ...], pad: bool = True) -> CallLayout:
+    """Partial-branch call: Packed-SS's two halves plus Quadratic-SS's branches for some acceptance lengths.
+
+    Rows: ``[P^(n), D̄]`` causal verify rows (v = W + 1 padded, 1 + |D| without ``pad``), then the drafter
+    half ``[P^(n), MASK x W]`` (B rows, blind to the draft: it reads the cache and itself, as in
+    :func:`packed_layout`), then for each h in ``branches`` (ascending, each <= |D|) a block of B masks at
+    positions n+h..n+h+W that reads verify rows 0..h and itself (as in :func:`quadratic_layout`).
+    Rows: v + B + k B, k = len(branches); B(k + 2) when padded.
+    Raises: ValueError for a draft longer than W, or a branch outside 0..|D|, repeated or unsorted.
+    """
+    if len(draft) > width:
+        raise ValueError(f"draft of {len(draft)} tokens exceeds width {width}")
+    if list(branches) != sorted(set(branches)) or any(not 0 <= h <= len(draft) for h in branches):
+        raise ValueError(f"branches must be distinct acceptance lengths in 0..{len(draft)}, ascending; got {branches}")
+    block = 1 + width
+    slots = list(draft) + [mask_id] * (width - len(draft)) if pad else list(draft)
+    verify = 1 + len(slots)
+    mask = _partial_mask(verify, block, tuple(branches))
+    start = verify + block  # first branch row
+    positions = list(range(cached, cached + verify)) + list(range(cached, cached + block))
+    branch_rows = []
+    for j, h in enumerate(branches):
+        positions += range(cached + 1 + h, cached + 1 + h + block)
+        branch_rows.append(tuple(range(start + j * block, start + (j + 1) * block)))
+    rows = start + len(branches) * block
+    return CallLayout(
+        name="partial",
+        token_ids=(last, *slots, last) + (mask_id,) * (width + len(branches) * block),
+        position_ids=tuple(positions),
+        regions=(VERIFY,) * verify + (DRAFT,) * block + (BRANCH,) * (len(branches) * block),
+        mask=mask,
+        cached=cached,
+        verify_rows=tuple(range(verify)),
+        draft_rows=tuple(range(verify + 1, verify + block)),
+        branch_rows=tuple(branch_rows),
+        proposal_rows=tuple(range(verify, rows)),
+        branch_lengths=tuple(branches),
+    )
+
+
+@lru_cache(maxsize=512)
+def _partial_mask(verify: int, block: int, branches: tuple[int, ...]) -> torch.Tensor:
+    rows = verify + block * (1 + len(branches))
+    mask = O(rows, rows)
+    mask[:verify, :verify] = T(verify)  # verifier rows: causal over cache + draft
+    mask[verify:verify + block, verify:verify + block] = J(block)  # drafter half: itself only
+    for j, h in enumerate(branches):
+        start = verify + block * (1 + j)
+        mask[start:start + block, : h + 1] = True  # leader: verify rows 0..h
+        mask[start:start + block, start:start + block] = J(block)
+    return mask

@@ -71,6 +71,7 @@ class IterationRecord:
             from (``"drafter"`` or ``"n-gram"``); filled by schedules that mix draft sources, empty otherwise
             (there D_t is ``proposals`` at ``kept``).
         old_draft_sources: the same for ``old_draft`` (what this iteration verified).
+        branches: the partial-branch schedule only: the acceptance lengths h its call prepared a branch for.
     """
 
     index: int
@@ -95,6 +96,7 @@ class IterationRecord:
     next_draft: tuple[int, ...] = ()
     next_draft_sources: tuple[str, ...] = ()
     old_draft_sources: tuple[str, ...] = ()
+    branches: tuple[int, ...] = ()
 
     @property
     def rows(self) -> int:

@@ -104,11 +104,11 @@ def test_two_prompt_run_of_every_schedule_and_csv_summary_agree(tiny_model_dir, 
     packed_linear = summary["comparisons"][0]
     assert (packed_linear["numerator"], packed_linear["denominator"]) == ("packed", "linear")
     by = summary["lossless"]["by_schedule"]
-    assert all(by[s]["differing"] == 0 for s in ("linear", "quadratic", "packed", "lookup", "packed-mixed"))
+    assert all(by[s]["differing"] == 0 for s in ("linear", "quadratic", "packed", "lookup", "packed-mixed", "partial"))
     assert "diffusion" in by  # reported, whatever its count
     assert summary["decomposition"]["by_schedule"]["linear"]["total"] == pytest.approx(1.0)
     assert {(r["schedule"], r["block_size"]) for r in summary["probe"]} == {
-        (s, b) for s in ("linear", "quadratic", "packed", "diffusion", "lookup", "packed-mixed") for b in (2, 4)}
+        (s, b) for s in ("linear", "quadratic", "packed", "diffusion", "lookup", "packed-mixed", "partial") for b in (2, 4)}
     page = (out / "report.html").read_text()
     assert len(page) > 1_000_000 and "<script src=" not in page  # plotly.js embedded: works offline
 

@@ -56,7 +56,7 @@ def p_value(model, name, temperature, top_k, top_p) -> float:
     return chisquare(observed, [e * scale for e in expected]).pvalue
 
 
-@pytest.mark.parametrize("name", ["packed", "linear", "quadratic", "lookup", "packed-mixed"])
+@pytest.mark.parametrize("name", ["packed", "linear", "quadratic", "lookup", "packed-mixed", "partial"])
 @pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (3, 0.85)])
 def test_matches_exact_ar_distribution(model, name, top_k, top_p):
     assert p_value(model, name, 1.0, top_k, top_p) > ALPHA

@@ -9,12 +9,13 @@ from packed_ss.schedules.linear import LinearSS
 from packed_ss.schedules.lookup import PromptLookup
 from packed_ss.schedules.packed import PackedSS
 from packed_ss.schedules.packed_mixed import PackedMixed
+from packed_ss.schedules.partial import PartialSS
 from packed_ss.schedules.quadratic import QuadraticSS
 
 REGISTRY: dict[str, Schedule] = {s.name: s for s in (AR(), LinearSS(), QuadraticSS(), PackedSS(), Diffusion(),
-                                                      PromptLookup(), PackedMixed())}
+                                                      PromptLookup(), PackedMixed(), PartialSS())}
 SPECULATIVE = ("linear", "quadratic", "packed")  # the self-speculative schedules (the model drafts)
-LOSSLESS = SPECULATIVE + ("lookup", "packed-mixed")  # every schedule whose output must equal AR's (greedy) / follow it (T > 0)
+LOSSLESS = SPECULATIVE + ("lookup", "packed-mixed", "partial")  # every schedule whose output must equal AR's (greedy) / follow it (T > 0)
 
 
 def get_schedule(name: str) -> Schedule:

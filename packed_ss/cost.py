@@ -1,0 +1,62 @@
+"""Per-call cost of a model on this machine: tau + delta * rows milliseconds (fitted from a few timed calls).
+
+Schedules that size their calls from the cost (the partial-branch schedule picks how many branches a call
+prepares) read :func:`call_cost`; it is measured once per model object and cached on it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+import numpy as np
+
+PROBE_ROWS = (1, 8, 24, 48)  # rows of the timed calls
+PROBE_PREFIX = 64  # cached tokens the timed calls attend to
+PROBE_REPEATS = 5  # calls per row count (the median is kept)
+
+
+@dataclass(frozen=True)
+class CallCost:
+    """Fitted cost of one call: ``tau_ms + delta_ms * rows`` milliseconds."""
+
+    tau_ms: float
+    delta_ms: float
+
+    def ms(self, rows: int) -> float:
+        return self.tau_ms + self.delta_ms * rows
+
+
+def call_cost(model) -> CallCost:
+    """The model's :class:`CallCost`: a least-squares line through the median model time of calls of
+    :data:`PROBE_ROWS` causal rows after a :data:`PROBE_PREFIX`-token prefix (about 20 calls), measured on
+    first use and cached on the network (``model.model``, so every :meth:`share` of it reuses the fit; on
+    ``model`` itself when it has none) as ``call_cost_fit``. Leaves the model's cache empty.
+
+    A model without real timings (all model times 0, as scripted test models) gets tau = 1 ms, delta = 0.
+    """
+    holder = getattr(model, "model", None) or model
+    found = getattr(holder, "call_cost_fit", None)
+    if found is not None:
+        return found
+    from packed_ss.layout import prefill_layout, verify_layout
+
+    never = set(getattr(model, "never_emit_ids", (model.mask_token_id,)))
+    filler = next(t for t in range(1, model.vocab_size) if t not in never)
+    model.reset()
+    first = prefill_layout([filler] * PROBE_PREFIX, 0, model.mask_token_id)
+    model.forward(first, first.verify_rows)
+    model.rollback(PROBE_PREFIX - 1)
+    medians = []
+    for rows in PROBE_ROWS:
+        layout = verify_layout([filler], [filler] * (rows - 1), PROBE_PREFIX - 1)
+        times = []
+        for _ in range(PROBE_REPEATS):
+            times.append(model.forward(layout, layout.verify_rows).model_ms)
+            model.rollback(PROBE_PREFIX - 1)
+        medians.append(statistics.median(times))
+    model.reset()
+    delta, tau = np.polyfit(np.array(PROBE_ROWS, dtype=float), np.array(medians), 1)
+    fit = CallCost(max(float(tau), 1e-3), max(float(delta), 0.0)) if max(medians) > 0 else CallCost(1.0, 0.0)
+    holder.call_cost_fit = fit
+    return fit
