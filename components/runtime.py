@@ -721,7 +721,8 @@ class BestBlockSizes:
                 and str(meta.get("device", "")).split(":")[0] == model.device.type)
         if not same or not all(s in sizes for s in SPECULATIVE):
             return None
-        return ({s: int(sizes[s]) for s in SPECULATIVE},
+        lanes = set(SPECULATIVE) | set(OPTIONAL_LANES)  # every lane the saved benchmark measured
+        return ({s: int(b) for s, b in sizes.items() if s in lanes and s in REGISTRY},
                 f"each schedule's best B from the saved benchmark of this model ({model_name(str(self.report.parent))})")
 
     @staticmethod

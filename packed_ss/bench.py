@@ -345,7 +345,7 @@ def plan_runs(config: BenchConfig, n_prompts: int) -> list[_Unit]:
 
 
 def _example_row(unit: _Unit, prompt: Prompt, prompt_len: int, seed: int, run) -> dict:
-    later = run.records[1:] or run.records
+    later = run.records[1:]  # a run that stopped at its first token has no call after the first iteration
     return {
         "phase": unit.phase,
         "prompt_index": unit.prompt_index,

@@ -12,8 +12,11 @@ import math
 import plotly.graph_objects as go
 
 LABELS = {"ar": "AR", "linear": "Linear-SS", "quadratic": "Quadratic-SS", "packed": "Packed-SS",
-          "diffusion": "Diffusion"}
-COLORS = {"ar": "#7f7f7f", "linear": "#1f77b4", "quadratic": "#ff7f0e", "packed": "#2ca02c", "diffusion": "#9467bd"}
+          "diffusion": "Diffusion", "lookup": "Prompt lookup", "packed-mixed": "Packed-SS + n-gram",
+          "partial": "Partial-branch SS", "hf-greedy": "transformers greedy", "hf-lookup": "transformers prompt lookup"}
+COLORS = {"ar": "#7f7f7f", "linear": "#1f77b4", "quadratic": "#ff7f0e", "packed": "#2ca02c", "diffusion": "#9467bd",
+          "lookup": "#e377c2", "packed-mixed": "#17becf", "partial": "#8c564b", "hf-greedy": "#bcbd22",
+          "hf-lookup": "#d62728"}
 RATIOS = (("throughput_ratio", "Throughput"), ("tokens_per_nfe_ratio", "Tokens/NFE"),
           ("time_per_nfe_ratio", "Time/NFE"))
 

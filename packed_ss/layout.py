@@ -292,27 +292,34 @@ def partial_layout(last: int, draft: list[int], width: int, cached: int, mask_id
     block = 1 + width
     slots = list(draft) + [mask_id] * (width - len(draft)) if pad else list(draft)
     verify = 1 + len(slots)
-    mask = _partial_mask(verify, block, tuple(branches))
-    start = verify + block  # first branch row
-    positions = list(range(cached, cached + verify)) + list(range(cached, cached + block))
-    branch_rows = []
-    for j, h in enumerate(branches):
-        positions += range(cached + 1 + h, cached + 1 + h + block)
-        branch_rows.append(tuple(range(start + j * block, start + (j + 1) * block)))
-    rows = start + len(branches) * block
+    branches = tuple(branches)
+    offsets, branch_rows = _partial_structure(verify, block, branches)
+    rows = len(offsets)
     return CallLayout(
         name="partial",
         token_ids=(last, *slots, last) + (mask_id,) * (width + len(branches) * block),
-        position_ids=tuple(positions),
+        position_ids=tuple(map(cached.__add__, offsets)),
         regions=(VERIFY,) * verify + (DRAFT,) * block + (BRANCH,) * (len(branches) * block),
-        mask=mask,
+        mask=_partial_mask(verify, block, branches),
         cached=cached,
         verify_rows=tuple(range(verify)),
         draft_rows=tuple(range(verify + 1, verify + block)),
-        branch_rows=tuple(branch_rows),
+        branch_rows=branch_rows,
         proposal_rows=tuple(range(verify, rows)),
-        branch_lengths=tuple(branches),
+        branch_lengths=branches,
     )
+
+
+@lru_cache(maxsize=512)
+def _partial_structure(verify: int, block: int, branches: tuple[int, ...]):
+    """Position offsets from the cache length and each branch's rows, built once per shape."""
+    start = verify + block  # first branch row
+    offsets = list(range(verify)) + list(range(block))
+    branch_rows = []
+    for j, h in enumerate(branches):
+        offsets += range(1 + h, 1 + h + block)
+        branch_rows.append(tuple(range(start + j * block, start + (j + 1) * block)))
+    return tuple(offsets), tuple(branch_rows)
 
 
 @lru_cache(maxsize=512)
