@@ -21,7 +21,7 @@ from packed_ss.config import DecodeConfig
 from packed_ss.layout import PREFILL, VERIFY, CallLayout, prefill_layout, verify_layout
 from packed_ss.records import (SOURCE_BONUS, SOURCE_CORRECTION, SOURCE_DRAFT, SOURCE_PREFILL, CallRecord,
                                IterationRecord)
-from packed_ss.sampling import SparseDist, Verdict, sample, verify_greedy, verify_sampled, warp
+from packed_ss.sampling import SparseDist, Verdict, sample_rows, verify_greedy, verify_sampled, warp
 
 
 @dataclass(frozen=True)
@@ -193,7 +193,7 @@ class Session:
         c = self.config
         q = warp(rows.logits, c.temperature, c.top_k, c.top_p).cpu()
         stored = [SparseDist.from_dense(row) for row in q]
-        return [sample(row, self.generator) for row in q], stored
+        return sample_rows(q, self.generator), stored
 
     @staticmethod
     def verdict_tokens(draft: list[int], verdict: Verdict) -> tuple[list[int], list[str]]:
