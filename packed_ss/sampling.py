@@ -34,18 +34,23 @@ class SparseDist:
 
     ids: torch.Tensor
     probs: torch.Tensor
+    full: bool = False  # every id 0..V-1 is in the support, in order (ids == arange(V)): direct indexing
 
     def prob(self, token: int) -> float:
         """Q(token); 0.0 for a token outside the support."""
+        if self.full:
+            return float(self.probs.numpy()[token]) if 0 <= token < len(self.probs) else 0.0
         hit = np.flatnonzero(self.ids.numpy() == token)
         return float(self.probs.numpy()[hit[0]]) if hit.size else 0.0
 
     def dense(self, vocab_size: int) -> torch.Tensor:
         """The full (V,) float64 vector."""
-        return torch.from_numpy(self.dense_array(vocab_size))
+        return torch.from_numpy(self.dense_array(vocab_size).copy())
 
     def dense_array(self, vocab_size: int) -> np.ndarray:
-        """The full (V,) float64 vector as a NumPy array."""
+        """The full (V,) float64 vector as a NumPy array (read-only when the support is full)."""
+        if self.full and len(self.probs) == vocab_size:
+            return self.probs.numpy()
         out = np.zeros(vocab_size, dtype=np.float64)
         out[self.ids.numpy()] = self.probs.numpy()
         return out
@@ -56,9 +61,11 @@ class SparseDist:
         return SparseDist(torch.tensor([token]), torch.tensor([1.0], dtype=torch.float64))
 
     @staticmethod
-    def from_dense(probs: torch.Tensor) -> "SparseDist":
-        """Keep the non-zero entries of a (V,) probability vector."""
-        values = probs.detach().double().cpu().numpy()
+    def from_dense(probs: torch.Tensor | np.ndarray) -> "SparseDist":
+        """Keep the non-zero entries of a (V,) probability vector (torch or NumPy)."""
+        values = probs.detach().double().cpu().numpy() if isinstance(probs, torch.Tensor) else np.asarray(probs, float)
+        if np.count_nonzero(values) == values.size:  # T > 0 without top-k/top-p: nothing to drop, no copy
+            return SparseDist(torch.arange(values.size), torch.from_numpy(values), full=True)
         ids = np.flatnonzero(values)
         return SparseDist(torch.from_numpy(ids), torch.from_numpy(values[ids]))
 
@@ -172,14 +179,14 @@ def verify_greedy(draft: list[int], verifier_argmax: list[int]) -> Verdict:
     return Verdict(h=h, token=verifier_argmax[h], is_bonus=h == len(draft))
 
 
-def verify_sampled(draft: list[int], stored_q: list[SparseDist], p: torch.Tensor,
+def verify_sampled(draft: list[int], stored_q: list[SparseDist], p: torch.Tensor | np.ndarray,
                    generator: torch.Generator) -> Verdict:
     """Rejection-sampling verification with the stored drafter distributions (Algorithm 2, lines 5-8).
 
     Args:
         draft: d, the |D| draft tokens.
         stored_q: Q, one SparseDist per draft token, the distribution it was drawn from.
-        p: (|D| + 1, V) warped verifier distributions p^(1..|D|+1).
+        p: (|D| + 1, V) warped verifier distributions p^(1..|D|+1) (torch or NumPy).
     Returns:
         Verdict; the correction comes from norm([p - Q]+), the bonus from p^(|D|+1).
     Raises:
@@ -187,7 +194,7 @@ def verify_sampled(draft: list[int], stored_q: list[SparseDist], p: torch.Tensor
     """
     if len(stored_q) != len(draft) or p.shape[0] != len(draft) + 1:
         raise ValueError(f"draft {len(draft)}, stored Q {len(stored_q)}, verifier rows {p.shape[0]}")
-    p = p.double().cpu().numpy()  # (|D| + 1, V), read row by row below
+    p = p.double().cpu().numpy() if isinstance(p, torch.Tensor) else np.asarray(p, float)  # (|D| + 1, V)
     alphas = []
     for i, (token, q_i) in enumerate(zip(draft, stored_q)):
         p_token, q_token = float(p[i, token]), q_i.prob(token)

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from packed_ss.config import DecodeConfig
@@ -30,11 +31,13 @@ class CallLogits:
     over the vocabulary for the verifier's v and the drafter's proposals).
 
     Attributes: logits (R, V) float with never-emit ids at -inf; top (R,) argmax token id of each row
-    (ties: lowest id). Slicing (``rows[a:b]``) slices both.
+    (ties: lowest id); probs (R, V) float64 NumPy array of the warped distributions p or q (T > 0 only,
+    warped once for the whole call; None when greedy). Slicing (``rows[a:b]``) slices all three.
     """
 
     logits: torch.Tensor
     top: tuple[int, ...]
+    probs: np.ndarray | None = None
 
     @staticmethod
     def of(logits: torch.Tensor, never: torch.Tensor) -> "CallLogits":
@@ -51,7 +54,14 @@ class CallLogits:
     def __getitem__(self, rows: slice) -> "CallLogits":
         if not isinstance(rows, slice):
             raise TypeError("CallLogits takes a slice of rows")
-        return CallLogits(self.logits[rows], self.top[rows])
+        return CallLogits(self.logits[rows], self.top[rows], None if self.probs is None else self.probs[rows])
+
+    def warped(self, config: DecodeConfig) -> "CallLogits":
+        """These rows with ``probs`` set from ``config``'s temperature, top-k and top-p (T > 0)."""
+        if config.greedy:
+            return self
+        probs = warp(self.logits, config.temperature, config.top_k, config.top_p).cpu().numpy()
+        return CallLogits(self.logits, self.top, probs)
 
     def __len__(self) -> int:
         return len(self.top)
@@ -143,7 +153,7 @@ class Session:
         selected = len(layout.proposal_rows) if adapter else 0
         self._calls.append(CallRecord(layout, out.model_ms, selected, layout.rows if selected else 0))
         self._last_layout = layout
-        return CallLogits.of(logits, self._never_emit)
+        return CallLogits.of(logits, self._never_emit).warped(self.config)
 
     def deferred_logits(self, start: int, stop: int) -> CallLogits:
         """Logits (stop - start, V) and their argmax of deferred rows ``[start, stop)`` of the last call (indices into its
@@ -151,11 +161,11 @@ class Session:
         if self._deferred is None or not 0 <= start < stop <= len(self._deferred_rows):
             raise ValueError(f"the last call deferred {len(self._deferred_rows)} rows, asked for [{start}, {stop})")
         if not getattr(self.model, "supports_deferred_rows", False):
-            return CallLogits.of(self._deferred[start:stop], self._never_emit)  # already logits
+            return CallLogits.of(self._deferred[start:stop], self._never_emit).warped(self.config)  # already logits
         out = self.model.head(self._deferred[start:stop])
         last = self._calls[-1]
         self._calls[-1] = replace(last, model_ms=last.model_ms + out.model_ms)
-        return CallLogits.of(out.logits, self._never_emit)
+        return CallLogits.of(out.logits, self._never_emit).warped(self.config)
 
     def record(self, **fields) -> IterationRecord:
         """Close the iteration: wall time since :meth:`begin`, split into model and non-model time."""
@@ -176,11 +186,10 @@ class Session:
         """
         if self.config.greedy:  # Algorithm 1 lines 3, 5-6
             return verify_greedy(draft, rows.top), rows.top, ()
-        c = self.config  # Algorithm 2 lines 3, 5-7
-        p = warp(rows.logits, c.temperature, c.top_k, c.top_p).cpu()
-        best = p.max(-1)
+        p = rows.probs  # Algorithm 2 lines 3, 5-7 (warped once per call)
+        best = p.argmax(-1)
         verdict = verify_sampled(draft, stored_q, p[: len(draft) + 1], self.generator)
-        return verdict, tuple(best.indices.tolist()), tuple(best.values.tolist())
+        return verdict, tuple(best.tolist()), tuple(p[np.arange(len(p)), best].tolist())
 
     def propose(self, rows: CallLogits) -> tuple[list[int], list[SparseDist]]:
         """Draft tokens from drafter rows (R of them), with the distributions Q they were drawn from.
@@ -190,8 +199,7 @@ class Session:
         """
         if self.config.greedy:
             return list(rows.top), []
-        c = self.config
-        q = warp(rows.logits, c.temperature, c.top_k, c.top_p).cpu()
+        q = rows.probs  # warped once per call
         stored = [SparseDist.from_dense(row) for row in q]
         return sample_rows(q, self.generator), stored
 

@@ -43,7 +43,8 @@ class Diffusion:
             tail = session.prefix[session.cached:]
             layout = diffusion_layout(tail, list(old), session.cached)
             logits = session.call(layout, layout.draft_rows)
-            probs = warp(logits.logits, c.temperature if c.temperature > 0 else 1.0, c.top_k, c.top_p).cpu()
+            probs = (torch.from_numpy(logits.probs) if logits.probs is not None  # T > 0: warped with the call
+                     else warp(logits.logits, 1.0, c.top_k, c.top_p).cpu())
             if c.greedy:
                 tokens = probs.argmax(-1)
             else:

@@ -53,7 +53,7 @@ class MixedDrafting:
             if session.config.greedy:
                 confidence = torch.softmax(rows.logits.double(), -1).amax(-1).tolist()
             else:
-                confidence = [float(q.probs.max()) for q in drafter_q]  # max of the warped q it was drawn from
+                confidence = rows.probs.max(-1).tolist()  # max of the warped q each token was drawn from
         gram, n = ngram_match(session.prefix, session.config.width)
         sources = mix_sources(drafter, confidence, gram, self.rates.rate(n) if n else 0.0)
         draft = [drafter[i] if s == SOURCE_DRAFTER else gram[i] for i, s in enumerate(sources)]

@@ -63,7 +63,7 @@ def confidences(session: Session, rows: CallLogits, stored_q) -> list[float]:
     """Drafter confidence of each draft token: max_x q(x), the greedy softmax or the warped q drawn from."""
     if session.config.greedy:
         return torch.softmax(rows.logits.double(), -1).amax(-1).tolist() if len(rows) else []
-    return [float(q.probs.max()) for q in stored_q]
+    return rows.probs.max(-1).tolist()  # the warped q each token was drawn from
 
 
 class PartialSS:
