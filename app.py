@@ -330,7 +330,8 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
              seed: int = 0, max_new_tokens: int = 128, lanes: str = "", model: str = "",
              drafter_lora: bool = False, precision: str = "", drafter: str = "model", drafter_quality: float = 0.8,
              block_sizes: str = "same", request: gr.Request = None) -> dict:
-        """Race AR, Linear, Quadratic and Packed (plus ``lanes="diffusion"``) on one prompt.
+        """Race AR, Linear, Quadratic and Packed (plus optional ``lanes``: comma-separated from "lookup",
+        "packed-mixed", "partial", "diffusion") on one prompt.
 
         Each lane is measured up to three times in rotating order, each call alone. Returns per-lane
         metrics (those of the median run) with ``wall_s_repeats``, ``wall_s_median/min/max``,

@@ -92,6 +92,7 @@ class BenchConfig:
         level: coverage of the bootstrap intervals.
         drafter_lora: apply the model's drafter adapter to proposal rows (Appendix F.2).
         drafter_width: masks per call of ``packed-mixed``'s diffusion half (at most W).
+        branches: ``partial``'s branches per call (-1: chosen per call from the fitted call cost).
     Raises:
         BenchError: from ``__post_init__`` for any value out of range, naming the argument.
     """
@@ -111,6 +112,7 @@ class BenchConfig:
     level: float = stats.LEVEL
     drafter_lora: bool = False
     drafter_width: int = DecodeConfig.drafter_width
+    branches: int = DecodeConfig.branches
 
     def __post_init__(self):
         if not self.schedules:
@@ -154,7 +156,7 @@ class BenchConfig:
         """The :class:`DecodeConfig` of one run. Raises ValueError on values out of range."""
         return DecodeConfig(block_size=block_size, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
                             max_new_tokens=max_new_tokens or self.max_new_tokens, seed=seed,
-                            drafter_lora=self.drafter_lora, drafter_width=self.drafter_width)
+                            drafter_lora=self.drafter_lora, drafter_width=self.drafter_width, branches=self.branches)
 
 
 def _check_block_size(size) -> None:
@@ -757,6 +759,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="comma-separated, from " + ",".join(KNOWN) + " (hf-*: transformers' own generate, greedy)")
     p.add_argument("--drafter-width", type=int, default=DecodeConfig.drafter_width,
                    help="packed-mixed: masks per call in the diffusion half (default 3)")
+    p.add_argument("--branches", type=int, default=DecodeConfig.branches,
+                   help="partial: Quadratic-SS branches per call (default -1: from the fitted call cost)")
     p.add_argument("--block-size", default="8", help="B for all (8) or per schedule (linear=8,quadratic=4,packed=8)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0)
@@ -801,7 +805,7 @@ def config_from_args(args) -> BenchConfig:
                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, samples=args.samples,
                        max_new_tokens=args.max_new_tokens, seed=args.seed, probe_block_sizes=probe,
                        warmup=not args.no_warmup, resamples=args.resamples, drafter_lora=bool(args.drafter_lora),
-                       drafter_width=args.drafter_width)
+                       drafter_width=args.drafter_width, branches=args.branches)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -125,3 +125,16 @@ def test_references_are_refused_where_they_cannot_run(embedded_model):
     scripted.model = None  # not a transformers network
     with pytest.raises(BenchError, match="transformers model"):
         run_benchmark(scripted, [Prompt("a", "w1 w2")], BenchConfig(schedules=("ar", "hf-greedy"), warmup=False))
+
+
+def test_benchmark_flags_reach_the_runs():
+    from packed_ss.bench import _parser, config_from_args
+
+    config = config_from_args(_parser().parse_args(["--schedules", "packed-mixed,partial,hf-lookup",
+                                                    "--drafter-width", "2", "--branches", "1"]))
+    run = config.decode_config("partial", 6, 0)
+    assert (run.drafter_width, run.branches) == (2, 1)
+    with pytest.raises(BenchError, match="drafter width"):
+        config_from_args(_parser().parse_args(["--drafter-width", "0"]))
+    with pytest.raises(BenchError, match="unknown schedule"):
+        config_from_args(_parser().parse_args(["--schedules", "hf-nothing"]))
