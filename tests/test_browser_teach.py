@@ -193,12 +193,14 @@ def test_race_verdict_summary_and_theorem_chart(page):
     _race(page)
     verdict = page.locator('#race-badge [data-badge="verdict"]').inner_text()
     assert re.search(r"(Fastest: |No clear winner: ).+Ranking by decoder wall time", verdict), verdict
-    for lane in ("ar", "linear", "quadratic", "packed", "lookup"):
+    for lane in ("ar", "linear", "quadratic", "packed", "lookup", "packed-mixed"):
         assert page.locator(f'#race-lanes [data-lane="{lane}"]').count() == 1, lane
     header = page.locator("#race-summary table.race-summary tr").first.inner_text()
     assert "median" in header, header
-    # header + AR, Linear, Quadratic, Packed and the prompt-lookup peer (an optional lane, on by default)
-    assert page.locator("#race-summary table.race-summary tr").count() == 6
+    # header + AR, Linear, Quadratic, Packed and the two optional lanes on by default: the prompt-lookup peer
+    # and Packed-SS + n-gram
+    assert page.locator("#race-summary table.race-summary tr").count() == 7
+    assert "Packed-SS + n-gram" in page.locator("#race-summary").inner_text()
     plot = _wait_plot(page, "race-theorem", "p.traces.length >= 2", timeout=30_000)
     assert "Theorem 3.2" in plot["title"], plot["title"]
     _shot(page, "race-verdict")
