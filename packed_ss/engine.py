@@ -18,7 +18,8 @@ def decode(model, prompt_ids: list[int], config: DecodeConfig, schedule: str = "
         model: a :class:`~packed_ss.models.DualModeModel` (or any object with the same call interface).
         prompt_ids: prompt token ids (at least one).
         config: decoding settings.
-        schedule: ``"ar"``, ``"linear"``, ``"quadratic"``, ``"packed"`` or ``"diffusion"``.
+        schedule: a name in :data:`packed_ss.schedules.REGISTRY` (``"ar"``, ``"linear"``, ``"quadratic"``,
+            ``"packed"``, ``"diffusion"``, ``"lookup"``, ``"packed-mixed"``, ``"partial"``).
     Raises:
         ValueError: unknown schedule; PromptError: empty or too long prompt (raised on creation).
     """

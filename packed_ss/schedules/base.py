@@ -156,8 +156,9 @@ class Session:
         return CallLogits.of(logits, self._never_emit).warped(self.config)
 
     def deferred_logits(self, start: int, stop: int) -> CallLogits:
-        """Logits (stop - start, V) and their argmax of deferred rows ``[start, stop)`` of the last call (indices into its
-        ``deferred`` tuple). Raises: ValueError when the last call deferred no such rows."""
+        """Logits (stop - start, V), argmax and (T > 0) warped distributions of deferred rows ``[start, stop)``
+        of the last call (indices into its ``deferred`` tuple).
+        Raises: ValueError when the last call deferred no such rows."""
         if self._deferred is None or not 0 <= start < stop <= len(self._deferred_rows):
             raise ValueError(f"the last call deferred {len(self._deferred_rows)} rows, asked for [{start}, {stop})")
         if not getattr(self.model, "supports_deferred_rows", False):
