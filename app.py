@@ -92,7 +92,7 @@ def _grid_legend() -> str:
     keys = [("accepted", "ok", "accepted draft"), ("rejected", "x", "first rejected"),
             ("unchecked", "u", "not checked"), ("reached", "v", "verifier row reached"), ("faded", "v", "computed, not reached"),
             ("kept", "z", "kept as next draft"), ("discarded", "z", "discarded (its position is now filled)"),
-            ("mask", "MASK", "empty slot")]
+            ("ngram", "g", "from an n-gram match (Packed-SS + n-gram)"), ("mask", "MASK", "empty slot")]
     chips = " · ".join(f'<span class="chip {cls}">{text}</span> {label}' for cls, text, label in keys)
     chips += " · in chips: · space, ⏎ newline, ⇥ tab, ∅ empty token"
     from packed_ss.records import SOURCES

@@ -32,8 +32,12 @@ def _verdict(record: IterationRecord, strings: TokenStrings) -> str:
     kind = {SOURCE_CORRECTION: "a correction", SOURCE_BONUS: "a bonus token"}.get(last, "")
     end = f", the last one {kind} {_quoted(strings, record.appended[-1:])}" if kind else ""
     checked = len(record.old_draft)
-    text = (f"The verifier accepted h = {record.h} of the {checked} draft tokens and appended A = {a} "
-            f"token{'s' if a != 1 else ''}{end}.")
+    if not checked:
+        text = (f"There was no draft to check: the verifier's row after the prefix gave the next token, and "
+                f"A = {a} token{'s were' if a != 1 else ' was'} appended{end}.")
+    else:
+        text = (f"The verifier accepted h = {record.h} of the {checked} draft token{'s' if checked != 1 else ''} "
+                f"and appended A = {a} token{'s' if a != 1 else ''}{end}.")
     if record.accept_probs:
         probs = ", ".join(f"{p:.2f}" for p in record.accept_probs)
         text += f" Acceptance probabilities min(1, p/Q) of the checked tokens: {probs}."
@@ -66,21 +70,28 @@ def _mixed(record: IterationRecord, strings: TokenStrings, n: int) -> str:
             f"mode. ")
     if grams:
         text += f"{grams} of the {len(record.old_draft)} draft tokens came from an n-gram match. "
-    text += _verdict(record, strings)
-    if record.next_draft:
-        sources = record.next_draft_sources
-        gram_ids = [t for t, s in zip(record.next_draft, sources) if s == "n-gram"]
-        drafter_ids = [t for t, s in zip(record.next_draft, sources) if s != "n-gram"]
-        parts = []
-        if drafter_ids:
-            parts.append(f"{len(drafter_ids)} from the drafter ({_quoted(strings, drafter_ids)})")
-        if gram_ids:
-            parts.append(f"{len(gram_ids)} copied after an earlier match of the text's last tokens "
-                         f"({_quoted(strings, gram_ids)})")
-        count = len(record.next_draft)
-        text += (f" Next draft, {count} token{'s' if count != 1 else ''}: " + " and ".join(parts) +
-                 "; per position the source judged likelier to be accepted.")
-    return text
+    return text + _verdict(record, strings) + _mixed_next(record, strings)
+
+
+def _mixed_next(record: IterationRecord, strings: TokenStrings) -> str:
+    """Where each token of Packed-SS + n-gram's next draft came from (or why there is none)."""
+    if record.stop_reason:
+        return ""
+    if not record.next_draft:
+        return (" Next draft: none (the drafter's proposals all fell on positions just filled, and no n-gram of "
+                "the text matched), so the next call checks no draft and the verifier gives one token.")
+    sources = record.next_draft_sources
+    gram_ids = [t for t, s in zip(record.next_draft, sources) if s == "n-gram"]
+    drafter_ids = [t for t, s in zip(record.next_draft, sources) if s != "n-gram"]
+    parts = []
+    if drafter_ids:
+        parts.append(f"{len(drafter_ids)} from the drafter ({_quoted(strings, drafter_ids)})")
+    if gram_ids:
+        parts.append(f"{len(gram_ids)} copied after an earlier match of the text's last tokens "
+                     f"({_quoted(strings, gram_ids)})")
+    count = len(record.next_draft)
+    return (f" Next draft, {count} token{'s' if count != 1 else ''}: " + " and ".join(parts) +
+            "; per position the source judged likelier to be accepted (the other proposals were dropped).")
 
 
 def narrate(record: IterationRecord, schedule: str, strings: TokenStrings, prompt_len: int) -> str:
@@ -99,6 +110,12 @@ def narrate(record: IterationRecord, schedule: str, strings: TokenStrings, promp
         text = (f"The block was read bidirectionally over the {n}-token prefix; {len(record.appended)} "
                 f"token{'s were' if len(record.appended) != 1 else ' was'} committed without verification "
                 f"({_quoted(strings, record.appended)}).")
+    elif first and schedule == "packed-mixed":
+        masks = len(record.calls[0].layout.draft_rows) if record.calls else 0
+        text = (f"Prefill: one call read the {prompt_len}-token prompt causally; its last row predicted the first "
+                f"token {_quoted(strings, record.appended)}. In the same call {masks} masks drafted (this variant "
+                f"keeps its diffusion half small); the first falls where the verifier's token goes."
+                + _mixed_next(record, strings))
     elif first:
         text = (f"Prefill: one call read the {prompt_len}-token prompt causally; its last row predicted the first "
                 f"token {_quoted(strings, record.appended)}.")

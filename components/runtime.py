@@ -652,7 +652,7 @@ class GpuTasks:
 def parse_lanes(lanes) -> list[str]:
     """Optional race lanes from a list or a comma-separated text: "lookup" (prompt lookup, the peer without a
     drafter), "packed-mixed" (Packed-SS with drafter and n-gram drafts), "partial" (partial-branch SS),
-    "diffusion" ("ar" is accepted and changes nothing: AR is always a lane).
+    "diffusion" ("ar", "linear", "quadratic" and "packed" are accepted and change nothing: they are always lanes).
 
     Raises: UserError for a value that is not text or an unknown lane.
     """
@@ -662,7 +662,7 @@ def parse_lanes(lanes) -> list[str]:
         items = [text_value(s, "a race lane").strip() for s in lanes]
     else:
         raise UserError(f"lanes must be text such as 'ar,diffusion', got {type(lanes).__name__} {shown(lanes)}")
-    unknown = [s for s in items if s not in ("ar", *OPTIONAL_LANES)]
+    unknown = [s for s in items if s not in ("ar", *SPECULATIVE, *OPTIONAL_LANES)]
     if unknown:
         raise UserError(f"optional race lanes are {', '.join(map(repr, OPTIONAL_LANES))}, got "
                         f"{', '.join(map(shown, unknown))}")

@@ -40,7 +40,7 @@ SOURCE_STYLES: dict[str, SourceStyle] = {
 # Line colours of the schedules in charts (distinct from the token-source colours).
 SCHEDULE_COLORS = {"ar": "#7c3aed", "linear": "#0891b2", "quadratic": "#ea580c", "packed": "#16a34a",
                    "diffusion": "#ca8a04", "lookup": "#db2777", "packed-mixed": "#0f766e",
-                   "partial": "#9333ea"}
+                   "partial": "#92400e"}
 
 
 def source_class(source: str) -> str:

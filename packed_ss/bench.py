@@ -47,7 +47,7 @@ BASELINE = "linear"  # the decomposition is normalised to this schedule's total 
 COMPARISONS = (("packed", "linear"), ("packed", "quadratic"), ("packed", "ar"), ("packed", "lookup"),
                ("lookup", "ar"), ("packed-mixed", "lookup"), ("packed-mixed", "packed"), ("packed-mixed", "ar"),
                ("lookup", "hf-lookup"), ("ar", "hf-greedy"), ("packed-mixed", "hf-lookup"), ("partial", "packed"),
-               ("partial", "quadratic"))
+               ("partial", "quadratic"), ("partial", "ar"))
 NO_BLOCK = ("ar", "hf-greedy")  # schedules whose output and cost do not depend on B
 WARMUP_TOKENS = 8  # new-token limit of the untimed warm-up runs
 MAX_SEED = 2**63 - 1  # run seeds (seed + prompt offsets) stay within what torch.Generator.manual_seed takes
@@ -363,7 +363,7 @@ def _example_row(unit: _Unit, prompt: Prompt, prompt_len: int, seed: int, run) -
         "iterations": run.iterations,
         "verify_iterations": sum(1 for r in run.records if r.verifies),
         "rows": run.rows,
-        "max_rows_per_call": max((c.layout.rows for r in later for c in r.calls), default=0),
+        "max_rows_per_call": max((c.layout.rows for r in later for c in r.calls), default=None),
         "wall_s": run.wall_s,
         "model_s": run.model_s,
         "other_s": run.other_s,
@@ -520,7 +520,8 @@ DEFINITIONS = {
                 + ", ".join(LOSSLESS) + "; diffusion is unverified and may differ)",
     "references": "hf-greedy and hf-lookup are transformers' own generate (greedy; prompt lookup with "
                   "prompt_lookup_num_tokens = B - 1, max_matching_ngram_size = 2) on the same weights: wall "
-                  "time is the whole call (not split into model and non-model), NFE counts the network's forwards",
+                  "time is the whole call (model and non-model time n/a: not split), NFE counts the network's "
+                  "forwards, rows/call n/a",
     "probe": "per schedule and B over the same prompts: tokens/s = mean tokens / mean wall, mean wall, "
              "mean NFE, mean tokens, tokens/NFE (aggregate) and rows/call = most input rows of a call after "
              "the first iteration (F.1)",
@@ -561,13 +562,14 @@ def schedule_stats(rows: pd.DataFrame) -> dict:
         "tokens_mean": tokens / n if n else math.nan,
         "nfe_mean": nfe / n if n else math.nan,
         "wall_mean_s": wall / n if n else math.nan,
-        "model_mean_s": float(rows["model_s"].sum()) / n if n else math.nan,
-        "other_mean_s": float(rows["other_s"].sum()) / n if n else math.nan,
+        "model_mean_s": float(rows["model_s"].sum(skipna=False)) / n if n else math.nan,
+        "other_mean_s": float(rows["other_s"].sum(skipna=False)) / n if n else math.nan,
         "tokens_per_nfe": tokens / nfe if nfe else math.nan,
         "time_per_nfe_ms": 1000 * wall / nfe if nfe else math.nan,
         "throughput": tokens / wall if wall else math.nan,
         "mean_acceptance_length": advance / verifying if verifying else math.nan,
-        "max_rows_per_call": int(rows["max_rows_per_call"].max()) if n else None,
+        "max_rows_per_call": (int(rows["max_rows_per_call"].max())
+                              if n and pd.notna(rows["max_rows_per_call"].max()) else None),
     }
 
 

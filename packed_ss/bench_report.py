@@ -154,6 +154,9 @@ def figures(summary: dict) -> dict[str, go.Figure]:
                                    marker_color="#ff7f0e"))
     if by:
         decomposition.add_hline(y=1, line_dash="dash", line_color="#444")
+    else:
+        decomposition.add_annotation(text="no decomposition: it is normalised to Linear-SS, which was not measured",
+                                     showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5)
     reference = summary["decomposition"]["reference"]
     reference_name = _label(reference) if reference else "n/a (Linear-SS not measured)"
     decomposition.update_layout(barmode="stack", height=420, template="plotly_white",

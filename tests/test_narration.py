@@ -23,7 +23,9 @@ def records(schedule, thresholds, block=4, limit=12):
 def test_every_verifying_iteration_states_h_and_a_and_the_last_token_kind(schedule):
     for record in records(schedule, thresholds=[0, 0, 1, 9, 9, 9] + [0] * 40)[1:]:
         text = narrate(record, schedule, strings, 2)
-        assert f"h = {record.h} of the {len(record.old_draft)} draft tokens" in text
+        n = len(record.old_draft)
+        assert (f"h = {record.h} of the {n} draft token{'s' if n != 1 else ''} and" in text if n
+                else "There was no draft to check" in text)
         assert f"A = {len(record.appended)} token" in text
         kind = record.appended_sources[-1]
         assert ("a correction" in text) == (kind == "correction") and ("a bonus token" in text) == (kind == "bonus")
@@ -48,3 +50,23 @@ def test_schedule_specific_sentences():
     assert narrate(records("packed", [0])[0], "packed", strings, 2).count("Prefill") == 1
     assert re.search(r'<p class="narration" data-narration="packed">', narrate(records("packed", [0])[0], "packed",
                                                                               strings, 2))
+
+
+def test_two_source_narration_matches_the_next_draft():
+    from helpers import tiny_llama
+
+    model = tiny_llama(vocab_size=6, seed=0, logit_scale=3.0, eos=False)
+    run = list(decode(model, [2, 3, 4, 2, 3, 4], DecodeConfig(block_size=6, max_new_tokens=30), "packed-mixed"))
+    words = lambda ids: model.token_strings(list(ids))  # noqa: E731
+    first = narrate(run[0], "packed-mixed", words, 6)
+    assert f"{min(3, 5) + 1} masks drafted" in first and "W + 1" not in first
+    for record in run:
+        text = narrate(record, "packed-mixed", words, 6)
+        grams = sum(s == "n-gram" for s in record.next_draft_sources)
+        if record.stop_reason:
+            continue
+        if not record.next_draft:
+            assert "Next draft: none" in text
+        else:
+            assert f"Next draft, {len(record.next_draft)} token" in text
+            assert (f"{grams} copied after an earlier match" in text) == (grams > 0)
