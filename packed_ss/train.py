@@ -23,6 +23,8 @@ Usage::
         --set lr=1e-3 --set block_sizes=4,4,8                             # a new cosine cycle after the end
     python -m packed_ss.train --run runs/embedded --minutes 100 --set distill_prob=1 --set total_steps=2050
     python -m packed_ss.train --run runs/embedded --export assets/model   # write the shipped folder
+    python -m packed_ss.train --run runs/distill --init-from assets/model  # a run that starts from a shipped
+        # folder (its weights, tokenizer, config and step; a fresh optimizer), then continue it as above
 """
 
 from __future__ import annotations
@@ -326,8 +328,11 @@ def _prepare_data(run: Path, vocab_size: int):
     train_path, held_path = run / "train_tokens.npy", run / "heldout_tokens.npy"
     if not train_path.exists():
         train_files, held_files = load_corpus()
-        tokenizer = train_tokenizer((f.text for f in train_files), vocab_size)
-        tokenizer.save_pretrained(tok_dir)
+        if (tok_dir / "tokenizer.json").exists():  # a run started from a shipped folder keeps its tokenizer
+            tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+        else:
+            tokenizer = train_tokenizer((f.text for f in train_files), vocab_size)
+            tokenizer.save_pretrained(tok_dir)
         eos = tokenizer.eos_token_id
         for files, path in ((train_files, train_path), (held_files, held_path)):
             ids: list[int] = []
@@ -444,6 +449,32 @@ def parse_setting(text: str) -> tuple[str, object]:
                          ) from None
 
 
+def init_run(run: Path, folder: Path) -> TrainConfig:
+    """Start a run folder from a shipped model folder (as :func:`export` wrote it): its float16 weights
+    (loaded as float32), tokenizer, training config and step count, with a fresh optimizer (the shipped
+    folder has no optimizer state). Continue it with :func:`continue_run` and :func:`train`.
+
+    Returns: the run's config. Raises: FileExistsError when ``run`` already has a checkpoint;
+    FileNotFoundError when ``folder`` has no ``training.json``.
+    """
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    if (run / "ckpt.pt").exists():
+        raise FileExistsError(f"{run}/ckpt.pt exists: give a new run folder to start from {folder}")
+    if not (folder / "training.json").is_file():
+        raise FileNotFoundError(f"{folder}/training.json does not exist: not a folder written by --export")
+    info = json.loads((folder / "training.json").read_text())
+    cfg = TrainConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in info["config"].items()})
+    run.mkdir(parents=True, exist_ok=True)
+    AutoTokenizer.from_pretrained(folder).save_pretrained(run / "tokenizer")
+    (run / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    _save_checkpoint(run, model, optimizer, int(info["step"]), int(info["clean_tokens"]),
+                     float(info["train_seconds"]), np.random.default_rng(cfg.seed + int(info["step"])))
+    return cfg
+
+
 def continue_run(run: Path, steps: int | None = None, **changes) -> TrainConfig:
     """Change the stored config of a run before resuming it; with ``steps``, start a new cosine cycle.
 
@@ -538,6 +569,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--run", type=Path, default=Path("runs/embedded"), help="checkpoint folder")
     parser.add_argument("--minutes", type=float, default=60.0, help="wall-time budget of this session")
     parser.add_argument("--export", type=Path, help="write the shipped model folder from the checkpoint and exit")
+    parser.add_argument("--init-from", type=Path,
+                        help="start --run (a new folder) from a shipped model folder, e.g. assets/model, and exit")
     parser.add_argument("--evaluate", type=Path, help="print held-out figures of a saved model folder and exit")
     parser.add_argument("--eval-block-size", type=int, default=8, help="B for the drafter accuracy per offset")
     parser.add_argument("--eval-every", type=int, default=500)
@@ -557,6 +590,13 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.export:
         print(json.dumps(export(args.run, args.export), indent=2))
+        return
+    if args.init_from:
+        try:
+            cfg = init_run(args.run, args.init_from)
+        except (FileExistsError, FileNotFoundError) as error:
+            parser.error(str(error))
+        print(f"{args.run} starts from {args.init_from} ({json.dumps(asdict(cfg))})")
         return
     if args.continue_steps is not None or args.set:
         try:

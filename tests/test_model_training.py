@@ -161,3 +161,34 @@ def test_distillation_targets_only_fully_masked_blocks():
         for a, chain in zip(starts, chains):
             for p in np.nonzero(row == a)[0]:
                 assert new[i, p].item() == chain[p - a - 1]
+
+
+def test_a_run_starts_from_a_shipped_folder(tmp_path):
+    """--init-from: the shipped weights (float16, loaded as float32), tokenizer, config and step carry over."""
+    from dataclasses import asdict
+
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    from packed_ss.train import continue_run, init_run, model_config
+
+    tokenizer = AutoTokenizer.from_pretrained("assets/model")
+    cfg = TrainConfig(hidden_size=32, num_layers=1, num_heads=2, ffn_size=64, total_steps=40)
+    folder = tmp_path / "shipped"
+    model = LlamaForCausalLM(model_config(cfg, tokenizer.eos_token_id, tokenizer.mask_token_id,
+                                          tokenizer.pad_token_id))
+    model.half().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    (folder / "training.json").write_text(json.dumps({"step": 40, "clean_tokens": 1000, "train_seconds": 3.0,
+                                                      "config": asdict(cfg)}))
+    run = tmp_path / "run"
+    assert init_run(run, folder) == cfg
+    state = torch.load(run / "ckpt.pt", weights_only=False)
+    assert state["step"] == 40 and not state["optimizer"]["state"]  # fresh optimizer
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(state["model"][name], tensor.float()), name
+    assert (run / "tokenizer" / "tokenizer.json").exists()
+    assert continue_run(run, 10, distill_prob=1.0).total_steps == 50
+    with pytest.raises(FileExistsError):
+        init_run(run, folder)
+    with pytest.raises(FileNotFoundError):
+        init_run(tmp_path / "other", tmp_path)
