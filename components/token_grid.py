@@ -47,7 +47,7 @@ def grid_html(record: IterationRecord, sequence: Sequence[int], strings: TokenSt
     draft = list(record.old_draft)
     prefill = _is_prefill(record)
     held = len(record.calls[0].layout.verify_rows) - 1 if record.calls else 0  # draft slots of the call
-    if record.schedule in ("packed", "packed-mixed") and not prefill and len(draft) < held:
+    if not prefill and len(draft) < held:  # any call whose verify rows hold padded slots
         draft += [mask_token_id] * (held - len(draft))  # D̄: the padded slots the call really holds
     v, z = list(record.verifier_tokens), list(record.proposals)
     appended = list(record.appended)

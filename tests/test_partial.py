@@ -79,3 +79,20 @@ def test_auto_k_is_lossless_and_uses_the_measured_cost(seed, vocab):
             config = DecodeConfig(block_size=block, max_new_tokens=30)
             run = generate(model, prompt, config, "partial")
             assert run.token_ids == generate(model, prompt, config, "ar").token_ids
+
+
+@pytest.mark.parametrize("schedule", ["quadratic", "packed", "partial", "packed-mixed", "linear", "lookup"])
+def test_grid_draws_every_padded_slot_a_call_holds(schedule):
+    """The Step grid's old-draft row shows MASK chips exactly where a call's verify rows hold padded slots,
+    whatever the schedule (Quadratic-SS and Partial-branch SS pad as Packed-SS does on a GPU)."""
+    from components.token_grid import grid_html
+    from packed_ss import decode
+
+    model = tiny_llama(vocab_size=10, seed=1, logit_scale=3.0)
+    model.pads_drafts = True
+    records = list(decode(model, [3, 4, 5], DecodeConfig(block_size=5, max_new_tokens=24), schedule))
+    sequence = [3, 4, 5] + [t for r in records for t in r.appended]
+    for record in records[1:]:
+        html = grid_html(record, sequence, model.token_strings, MASK)
+        held = max(0, len(record.calls[0].layout.verify_rows) - 1)
+        assert html.count("mask slot") == max(0, held - len(record.old_draft)), (schedule, record.index)

@@ -187,10 +187,9 @@ class Session:
         """
         if self.config.greedy:  # Algorithm 1 lines 3, 5-6
             return verify_greedy(draft, rows.top), rows.top, ()
-        p = rows.probs  # Algorithm 2 lines 3, 5-7 (warped once per call)
-        best = p.argmax(-1)
+        p = rows.probs  # Algorithm 2 lines 3, 5-7 (warped once per call; its argmax is the logits' top)
         verdict = verify_sampled(draft, stored_q, p[: len(draft) + 1], self.generator)
-        return verdict, tuple(best.tolist()), tuple(p[np.arange(len(p)), best].tolist())
+        return verdict, rows.top, tuple(p[np.arange(len(p)), list(rows.top)].tolist())
 
     def propose(self, rows: CallLogits) -> tuple[list[int], list[SparseDist]]:
         """Draft tokens from drafter rows (R of them), with the distributions Q they were drawn from.
@@ -203,6 +202,15 @@ class Session:
         q = rows.probs  # warped once per call
         stored = [SparseDist.from_dense(row) for row in q]
         return sample_rows(q, self.generator), stored
+
+    def confidence(self, rows: CallLogits) -> list[float]:
+        """Drafter confidence of each row: max_x q(x), from the softmax of the logits when greedy, from the
+        warped q the row's token is drawn from at T > 0 (never from the drawn token itself)."""
+        if not len(rows):
+            return []
+        if self.config.greedy:
+            return torch.softmax(rows.logits.double(), -1).amax(-1).tolist()
+        return rows.probs.max(-1).tolist()
 
     @staticmethod
     def verdict_tokens(draft: list[int], verdict: Verdict) -> tuple[list[int], list[str]]:

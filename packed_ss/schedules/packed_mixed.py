@@ -11,7 +11,6 @@ n-gram tokens (deterministic given P_t), so greedy outputs equal AR's and sampli
 
 from __future__ import annotations
 
-import torch
 
 from packed_ss.draft_sources import SOURCE_DRAFTER, NgramRates, mix_sources
 from packed_ss.sampling import SparseDist
@@ -47,13 +46,8 @@ class MixedDrafting:
         if self.gram_n:
             self.rates = self.rates.updated(self.sources, self.gram_n, h)
         rows = q_rows[a:]
-        drafter, drafter_q, confidence = [], [], []
-        if len(rows):
-            drafter, drafter_q = session.propose(rows)
-            if session.config.greedy:
-                confidence = torch.softmax(rows.logits.double(), -1).amax(-1).tolist()
-            else:
-                confidence = rows.probs.max(-1).tolist()  # max of the warped q each token was drawn from
+        drafter, drafter_q = session.propose(rows) if len(rows) else ([], [])
+        confidence = session.confidence(rows)
         gram, n = ngram_match(session.prefix, session.config.width)
         sources = mix_sources(drafter, confidence, gram, self.rates.rate(n) if n else 0.0)
         draft = [drafter[i] if s == SOURCE_DRAFTER else gram[i] for i, s in enumerate(sources)]

@@ -19,12 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-import torch
-
 from packed_ss.cost import call_cost
 from packed_ss.layout import partial_layout, prefill_layout
 from packed_ss.records import SOURCE_PREFILL, IterationRecord
-from packed_ss.schedules.base import CallLogits, Session
+from packed_ss.schedules.base import Session
 
 PRIOR_WEIGHT = 2.0  # pseudo-iterations behind each running mean
 PRIOR_A_PACKED, PRIOR_A_BRANCH = 1.0, 2.0  # prior mean A after a Packed-SS draft / after a branch draft
@@ -57,13 +55,6 @@ def choose_k(confidence: Sequence[float], verify_rows: int, block: int, cost, me
         if value > best_value + 1e-12:
             best, best_value = k, value
     return best
-
-
-def confidences(session: Session, rows: CallLogits, stored_q) -> list[float]:
-    """Drafter confidence of each draft token: max_x q(x), the greedy softmax or the warped q drawn from."""
-    if session.config.greedy:
-        return torch.softmax(rows.logits.double(), -1).amax(-1).tolist() if len(rows) else []
-    return rows.probs.max(-1).tolist()  # the warped q each token was drawn from
 
 
 class PartialSS:
@@ -125,7 +116,7 @@ class PartialSS:
             kept: tuple[int, ...] = ()
             if not session.finished:
                 draft, stored_q = session.propose(q_rows[skip:])
-                conf = confidences(session, q_rows[skip:], stored_q)
+                conf = session.confidence(q_rows[skip:])
                 proposals[skip:] = draft
                 kept = tuple(range(skip, len(proposals)))
             session.rollback(len(session.prefix) - 1)
