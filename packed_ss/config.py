@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from packed_ss.inputs import shown
 
+ORDERS = ("ltr", "confidence")  # any-order verification policies (Appendix C, E.6)
 SEED_RANGE = (-(2**63), 2**63 - 1)  # seeds torch.Generator.manual_seed accepts (int64)
 MAX_BLOCK_SIZE = 64  # Quadratic-SS evaluates B(B+1) rows; beyond this a call gets impractically large
 
@@ -30,6 +31,8 @@ class DecodeConfig:
             n-gram drafts still reach W tokens. 3 measured fastest on this project's CPU (README).
         branches: Partial-branch SS only: Quadratic-SS branches per call (capped at |D| + 1); -1 picks k
             per call from the model's fitted call cost on this machine.
+        order: any-order models only (paper Appendix C): the verification order policy, ``"ltr"``
+            (textual) or ``"confidence"`` (decreasing confidence of each position's draft token, E.6).
     Raises:
         ValueError: from ``__post_init__`` for any value out of range, with the allowed range.
     """
@@ -45,6 +48,7 @@ class DecodeConfig:
     drafter_lora: bool = False
     drafter_width: int = 3
     branches: int = -1
+    order: str = "ltr"
 
     def __post_init__(self):
         if not isinstance(self.block_size, int) or not 2 <= self.block_size <= MAX_BLOCK_SIZE:
@@ -67,6 +71,8 @@ class DecodeConfig:
             raise ValueError(f"drafter width must be an integer in [1, {MAX_BLOCK_SIZE}], got {shown(self.drafter_width)}")
         if not isinstance(self.branches, int) or not -1 <= self.branches <= MAX_BLOCK_SIZE:
             raise ValueError(f"branches must be -1 (auto) or an integer in [0, {MAX_BLOCK_SIZE}], got {shown(self.branches)}")
+        if self.order not in ORDERS:
+            raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {shown(self.order)}")
         if not 0 < self.confidence_threshold <= 1:
             raise ValueError(f"confidence threshold must be in (0, 1], got {shown(self.confidence_threshold)}")
 

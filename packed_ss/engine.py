@@ -19,11 +19,17 @@ def decode(model, prompt_ids: list[int], config: DecodeConfig, schedule: str = "
         prompt_ids: prompt token ids (at least one).
         config: decoding settings.
         schedule: a name in :data:`packed_ss.schedules.REGISTRY` (``"ar"``, ``"linear"``, ``"quadratic"``,
-            ``"packed"``, ``"diffusion"``, ``"lookup"``, ``"packed-mixed"``, ``"partial"``).
+            ``"packed"``, ``"diffusion"``, ``"lookup"``, ``"packed-mixed"``, ``"partial"``); on an any-order
+            model (``model.any_order``) ``"ar"``, ``"linear"``, ``"quadratic"`` or ``"packed"`` with
+            ``config.order`` (:mod:`packed_ss.any_order`).
     Raises:
         ValueError: unknown schedule; PromptError: empty or too long prompt (raised on creation).
     """
-    runner = get_schedule(schedule)
+    runner = get_schedule(schedule, model)
+    if getattr(model, "any_order", False):
+        from packed_ss.any_order import OrderSession
+
+        return runner.iterate(OrderSession(model, list(prompt_ids), config, runner.name))
     session = Session(model, list(prompt_ids), config, runner.name)
     return runner.iterate(session)
 

@@ -72,6 +72,12 @@ class IterationRecord:
             (there D_t is ``proposals`` at ``kept``).
         old_draft_sources: the same for ``old_draft`` (what this iteration verified).
         branches: the partial-branch schedule only: the acceptance lengths h its call prepared a branch for.
+        order: any-order schedules (Appendix C) only: pi_t, the window's unresolved output positions in
+            verification order (absolute positions); empty for left-to-right schedules, whose rows follow
+            the prefix. There ``old_draft`` and ``verifier_tokens`` are in rank order, ``draft_positions``
+            gives the position of each old draft token, ``appended_positions`` of each appended token,
+            ``proposal_positions`` of each proposal, and ``dropped_positions`` lists earlier accepted
+            positions removed because an end marker moved E before them (Algorithm 3 line 12).
     """
 
     index: int
@@ -97,6 +103,11 @@ class IterationRecord:
     next_draft_sources: tuple[str, ...] = ()
     old_draft_sources: tuple[str, ...] = ()
     branches: tuple[int, ...] = ()
+    order: tuple[int, ...] = ()
+    draft_positions: tuple[int, ...] = ()
+    appended_positions: tuple[int, ...] = ()
+    proposal_positions: tuple[int, ...] = ()
+    dropped_positions: tuple[int, ...] = ()
 
     @property
     def rows(self) -> int:
@@ -206,11 +217,25 @@ def _mean_advance(records: list[IterationRecord], verifying: list[IterationRecor
     return sum(len(r.appended) for r in counted) / len(counted) if counted else 0.0
 
 
+def _textual(records: list[IterationRecord]) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """Tokens and sources of an any-order run by output position, dropped positions removed."""
+    filled: dict[int, tuple[int, str]] = {}
+    for r in records:
+        for j in r.dropped_positions:
+            filled.pop(j, None)
+        for j, t, s in zip(r.appended_positions, r.appended, r.appended_sources):
+            filled[j] = (t, s)
+    ordered = [filled[j] for j in sorted(filled)]
+    return tuple(t for t, _ in ordered), tuple(s for _, s in ordered)
+
+
 def summarize(records: list[IterationRecord], schedule: str, block_size: int, temperature: float,
               prompt_len: int, text: str = "") -> RunRecord:
     """Aggregate iteration records into a run record (definitions in the module docstring)."""
     tokens = tuple(t for r in records for t in r.appended)
     sources = tuple(s for r in records for s in r.appended_sources)
+    if any(r.appended_positions for r in records):  # any order: the output in textual order (Algorithm 3 line 18)
+        tokens, sources = _textual(records)
     width = block_size - 1
     verifying = [r for r in records if r.verifies]
     histogram = [0] * (width + 1)

@@ -40,7 +40,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from packed_ss.order_training import evaluate_order, make_order_batch, order_losses
+
 # Shape legend: N batch, S clean length, V vocab, B block size.
+
+DUAL, ANY_ORDER = "dual", "any-order"  # training objectives
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,9 @@ class TrainConfig:
     seed: int = 0
     restart_step: int = 0  # step where the current cosine cycle began (0, or where a run was continued)
     distill_prob: float = 0.0  # share of fully masked blocks whose targets are the verifier's greedy chain
+    objective: str = "dual"  # "dual" (causal + diffusion modes) or "any-order" (packed_ss.order_training)
+    order_span: int = 8  # any-order: tokens are shuffled within this many positions of their own
+    max_group: int = 8  # any-order: largest group of masks predicted in parallel
 
 
 def model_config(cfg: TrainConfig, eos_id: int, mask_id: int, pad_id: int):
@@ -85,6 +92,8 @@ def model_config(cfg: TrainConfig, eos_id: int, mask_id: int, pad_id: int):
         pad_token_id=pad_id,
     )
     config.mask_token_id = mask_id
+    if cfg.objective == ANY_ORDER:
+        config.any_order = True  # the engine decodes it with the any-order schedules (Appendix C)
     return config
 
 
@@ -411,7 +420,9 @@ def evaluate_folder(folder: Path, block: int = 8, windows: int = 256) -> dict:
     for f in load_corpus()[1]:
         ids.extend(tokenizer.encode(f.text))
         ids.append(tokenizer.eos_token_id)
-    figures = evaluate(model, np.asarray(ids, dtype=np.int32), tokenizer.mask_token_id, block=block, windows=windows)
+    objective = ANY_ORDER if getattr(model.config, "any_order", False) else DUAL
+    figures = _evaluate(model, TrainConfig(objective=objective), np.asarray(ids, dtype=np.int32),
+                        tokenizer.mask_token_id, windows=windows, block=block)
     return {"parameters": sum(p.numel() for p in model.parameters()), "heldout_tokens": len(ids),
             "windows": windows, "block_size": block, **figures}
 
@@ -423,7 +434,7 @@ def _stored_config(run: Path) -> TrainConfig:
 
 # Stored-config fields a resumed run may change (the architecture and the data stay fixed).
 MUTABLE_FIELDS = ("lr", "min_lr_ratio", "warmup_steps", "total_steps", "weight_decay", "block_sizes",
-                  "clean_first_prob", "full_mask_prob", "distill_prob")
+                  "clean_first_prob", "full_mask_prob", "distill_prob", "objective", "order_span", "max_group")
 
 
 def parse_setting(text: str) -> tuple[str, object]:
@@ -442,10 +453,12 @@ def parse_setting(text: str) -> tuple[str, object]:
             if not parsed or any(b < 2 for b in parsed):
                 raise ValueError
             return key, parsed
+        if key == "objective" and value not in (DUAL, ANY_ORDER):
+            raise ValueError
         return key, type(default)(value)
     except ValueError:
         raise ValueError(f"--set {key}: cannot read {value!r} as "
-                         f"{'integers >= 2 separated by commas' if isinstance(default, tuple) else type(default).__name__}"
+                         f"{'integers >= 2 separated by commas' if isinstance(default, tuple) else f'{DUAL} or {ANY_ORDER}' if key == 'objective' else type(default).__name__}"
                          ) from None
 
 
@@ -537,10 +550,15 @@ def train(run: Path, minutes: float, cfg: TrainConfig, eval_every: int, save_eve
         tick = time.monotonic()
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(cfg, step)
-        batch = make_batch(train_stream, cfg, mask_id, rng)
-        if cfg.distill_prob > 0:
-            batch = distill_targets(model, batch, cfg, rng)
-        ar, diff = losses(model, batch)
+        if cfg.objective == ANY_ORDER:  # "ar": masks in groups of one; "diff": parallel groups
+            batch = make_order_batch(train_stream, cfg.seq_len, cfg.batch_size, cfg.order_span, cfg.max_group,
+                                     mask_id, rng)
+            ar, diff = order_losses(model, batch)
+        else:
+            batch = make_batch(train_stream, cfg, mask_id, rng)
+            if cfg.distill_prob > 0:
+                batch = distill_targets(model, batch, cfg, rng)
+            ar, diff = losses(model, batch)
         optimizer.zero_grad(set_to_none=True)
         (ar + diff).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -553,7 +571,7 @@ def train(run: Path, minutes: float, cfg: TrainConfig, eval_every: int, save_eve
         bar.update(0)
         entry = {"step": step, "tokens": tokens, "seconds": round(seconds, 1), "ar": ar.item(), "diff": diff.item()}
         if step % eval_every == 0:
-            entry.update(evaluate(model, held_stream, mask_id, windows=16))
+            entry.update(_evaluate(model, cfg, held_stream, mask_id, windows=16))
         if step % 50 == 0 or step % eval_every == 0:
             log.write(json.dumps(entry) + "\n")
             log.flush()
@@ -561,7 +579,15 @@ def train(run: Path, minutes: float, cfg: TrainConfig, eval_every: int, save_eve
             _save_checkpoint(run, model, optimizer, step, tokens, seconds, rng)
     _save_checkpoint(run, model, optimizer, step, tokens, seconds, rng)
     bar.close()
-    print(json.dumps({"step": step, "tokens": tokens, **evaluate(model, held_stream, mask_id)}), flush=True)
+    print(json.dumps({"step": step, "tokens": tokens, **_evaluate(model, cfg, held_stream, mask_id)}), flush=True)
+
+
+def _evaluate(model, cfg: TrainConfig, stream: np.ndarray, mask_id: int, windows: int = 64,
+              block: int = 8) -> dict:
+    """Held-out figures for the run's objective (:func:`evaluate` or :func:`evaluate_order`)."""
+    if cfg.objective == ANY_ORDER:
+        return evaluate_order(model, stream, mask_id, block=block, windows=windows)
+    return evaluate(model, stream, mask_id, block=block, windows=windows)
 
 
 def main(argv: list[str] | None = None) -> None:

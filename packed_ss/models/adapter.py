@@ -103,6 +103,7 @@ class DualModeModel:
         vocab_size: V, number of logits per row.
         never_emit_ids: ids no schedule may output (the mask token, vocabulary padding rows).
         max_length: longest sequence (prompt + new tokens + one block) the model's positions allow.
+        any_order: the config says ``any_order: true`` (a SetDLM-style model, :mod:`packed_ss.any_order`).
     """
 
     def __init__(self, model, tokenizer, mask_token_id: int, eos_token_id: int | None,
@@ -122,6 +123,8 @@ class DualModeModel:
         # that decode to nothing). The schedules give these ids zero probability in every distribution.
         self.never_emit_ids = (self.mask_token_id,) + tuple(range(len(tokenizer), self.vocab_size))
         self.max_length = int(getattr(model.config, "max_position_embeddings", 2048))
+        # A same-position any-order model (paper Appendix C/D.2): decoded by packed_ss.any_order's schedules.
+        self.any_order = bool(getattr(model.config, "any_order", False))
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self._cache_class = DynamicCache

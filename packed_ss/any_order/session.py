@@ -1,0 +1,236 @@
+"""State of an any-order run: accepted tokens by output position, the end position E, the cache, stopping.
+
+Paper Appendix C (Algorithm 3) and E.2. Output positions are absolute (the first generated token sits at
+the prompt length n); a run fills positions n..E, where E starts at n + L - 1 and moves to the position
+of an accepted EOS or of the last token of a completed stop string, whichever ends earliest. Tokens are
+accepted in any order; the KV cache holds the prompt and processed accepted tokens in acceptance order
+(each computed seeing the tokens accepted before it), which is exactly the context Equation 8 conditions on.
+
+Shape legend: u unresolved positions in the window, W speculative width.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from packed_ss.config import DecodeConfig
+from packed_ss.layout import PREFILL, CallLayout
+from packed_ss.records import (SOURCE_BONUS, SOURCE_CORRECTION, SOURCE_DRAFT, SOURCE_PREFILL, CallRecord,
+                               IterationRecord)
+from packed_ss.schedules.base import CallLogits, PromptError
+
+LTR, CONFIDENCE = "ltr", "confidence"  # order policies (DecodeConfig.order)
+
+
+def confidence_order(positions: list[int], scores: dict[int, float]) -> tuple[int, ...]:
+    """pi_t by confidence (paper E.6): decreasing score, ties by position; positions without a finite
+    score last, in textual order. ``positions`` are the window's unresolved positions."""
+    scored = sorted((p for p in positions if math.isfinite(scores.get(p, math.nan))), key=lambda p: (-scores[p], p))
+    rest = sorted(p for p in positions if not math.isfinite(scores.get(p, math.nan)))
+    return tuple(scored + rest)
+
+
+class OrderSession:
+    """Mutable state of one any-order run (one per run, never shared).
+
+    Attributes:
+        prompt: prompt token ids; prompt_len n.
+        filled: accepted tokens, output position -> token id.
+        accepted: accepted positions in acceptance order (P_t's order).
+        end: E, the last output position to fill (absolute).
+        pending: N, accepted (position, token) pairs not yet processed as inputs.
+        stop_reason: None while running, else ``"eos"``, ``"stop string"`` or ``"limit"``.
+    """
+
+    def __init__(self, model, prompt_ids: list[int], config: DecodeConfig, schedule: str = ""):
+        if not prompt_ids:
+            raise PromptError("the prompt is empty (it has no tokens for this model)")
+        if not getattr(model, "any_order", False):
+            raise PromptError(f"{schedule or 'this schedule'} needs an any-order model (config any_order: true), "
+                              f"e.g. assets/model-anyorder")
+        if not config.greedy:
+            raise PromptError("any-order verification is greedy (Algorithm 3): set the temperature to 0")
+        needed = len(prompt_ids) + config.max_new_tokens
+        if needed > model.max_length:
+            raise PromptError(f"prompt of {len(prompt_ids)} tokens + {config.max_new_tokens} new tokens exceeds "
+                              f"the model's {model.max_length} positions")
+        self.model = model
+        self.config = config
+        self.schedule = schedule
+        self.prompt = list(prompt_ids)
+        self.prompt_len = len(prompt_ids)
+        self.filled: dict[int, int] = {}
+        self.sources: dict[int, str] = {}
+        self.accepted: list[int] = []
+        self.end = self.prompt_len + config.max_new_tokens - 1
+        self.pending: list[tuple[int, int]] = []
+        self.in_cache: list[int] = []  # output positions whose tokens the cache holds, in cache order
+        self.stop_reason: str | None = None
+        self.iteration = 0
+        self._calls: list[CallRecord] = []
+        self._started = 0.0
+        self._last: CallLayout | None = None
+        never = getattr(model, "never_emit_ids", (model.mask_token_id,))
+        self._never_emit = torch.tensor(sorted(set(never)), dtype=torch.long)
+        model.reset()
+
+    # --- the window ---------------------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return all(j in self.filled for j in range(self.prompt_len, self.end + 1))
+
+    @property
+    def prefilled(self) -> bool:
+        return self.model.cache_length > 0
+
+    def window(self) -> list[int]:
+        """U_t: unresolved positions of {l, ..., min(E, l + W - 1)}, l the leftmost unresolved (lines 3-4)."""
+        left = next(j for j in range(self.prompt_len, self.end + 1) if j not in self.filled)
+        last = min(self.end, left + self.config.width - 1)
+        return [j for j in range(left, last + 1) if j not in self.filled]
+
+    def text_order(self) -> tuple[int, ...]:
+        """The filled output, positions n..E in textual order (Algorithm 3 line 18)."""
+        return tuple(self.filled[j] for j in sorted(self.filled))
+
+    # --- calls --------------------------------------------------------------------------------
+    def begin(self) -> None:
+        self.iteration += 1
+        self._calls = []
+        self._started = time.perf_counter()
+
+    def call(self, layout: CallLayout, rows: tuple[int, ...]) -> CallLogits:
+        """One model call (one NFE): logits (len(rows), V) of ``rows`` with their argmax."""
+        out = self.model.forward(layout, rows)
+        self._calls.append(CallRecord(layout, out.model_ms))
+        self._last = layout
+        return CallLogits.of(out.logits, self._never_emit)
+
+    def settle(self, cached_new: list[tuple[int, int]]) -> None:
+        """Cache update after a call (Appendix D.2): keep the rows of N and of ``cached_new`` (the accepted
+        O rows, which directly follow N), drop the rest. Positions past E are never kept."""
+        layout = self._last
+        n0 = layout.regions.count(PREFILL)
+        fresh = [j for j, _ in self.pending] + [j for j, _ in cached_new]
+        keep = layout.cached + n0 + len(fresh)
+        assert list(layout.position_ids[n0: n0 + len(fresh)]) == fresh, "kept rows are not N and accepted O"
+        self.model.rollback(keep)
+        self.in_cache += fresh
+        self.pending = []
+
+    # --- acceptance and stopping (Algorithm 3 lines 10-13, E.2) ------------------------------------
+    def accept(self, pairs: list[tuple[int, int]], sources: list[str]) -> tuple[list[int], list[int]]:
+        """Add C_t (position, token) pairs in rank order; move E on EOS or a completed stop string (the
+        earliest ending one) and drop pairs past E (lines 11-12).
+
+        Returns: ``(appended, dropped)``: positions added (rank order, after the cut) and previously
+        accepted positions removed because E moved before them.
+        """
+        for (j, t), s in zip(pairs, sources):
+            self.filled[j] = t
+            self.sources[j] = s
+            self.accepted.append(j)
+        new = [j for j, _ in pairs]
+        end, reason = self.end, None
+        eos = self.model.eos_token_id
+        hits = [j for j, t in pairs if eos is not None and t == eos and j <= end]
+        if hits:
+            end, reason = min(hits), "eos"
+        marker = self._stop_string_end(new)
+        if marker is not None and marker < end:
+            end, reason = marker, "stop string"
+        dropped = []
+        if end < self.end:
+            self.end = end
+            self.stop_reason = reason
+            dropped = [j for j in self.accepted if j > end]
+            for j in dropped:
+                del self.filled[j]
+                del self.sources[j]
+            self.accepted = [j for j in self.accepted if j <= end]
+        appended = [j for j in new if j <= self.end]
+        if dropped and any(j in self.in_cache for j in dropped):
+            self._forget(set(dropped))
+        return appended, [j for j in dropped if j not in new]
+
+    def _forget(self, dropped: set[int]) -> None:
+        """Remove dropped positions from the cache: crop it before the first one and queue the surviving
+        later tokens again as N, so every cached token was computed seeing only tokens of P_t."""
+        first = next(i for i, j in enumerate(self.in_cache) if j in dropped)
+        survivors = [j for j in self.in_cache[first:] if j not in dropped]
+        self.model.rollback(self.prompt_len + first)
+        self.in_cache = self.in_cache[:first]
+        self.pending = [(j, self.filled[j]) for j in survivors] + [p for p in self.pending if p[0] in self.filled]
+
+    def _stop_string_end(self, new: list[int]) -> int | None:
+        """Earliest last position of a stop string completed by the new positions, all of its tokens
+        accepted (E.2): searched in each run of consecutive filled positions that holds a new one."""
+        if not self.config.stop_strings or not new:
+            return None
+        best = None
+        for j in sorted(set(new)):
+            start = j
+            while start - 1 >= self.prompt_len and start - 1 in self.filled:
+                start -= 1
+            stop = j
+            while stop + 1 in self.filled:
+                stop += 1
+            for k in range(j, stop + 1):
+                text = self.model.decode([self.filled[i] for i in range(start, k + 1)])
+                if any(s in text for s in self.config.stop_strings):
+                    best = k if best is None else min(best, k)
+                    break
+        return best
+
+    def record(self, **fields) -> IterationRecord:
+        """Close the iteration (times as :meth:`packed_ss.schedules.base.Session.record`)."""
+        wall_ms = (time.perf_counter() - self._started) * 1000
+        model_ms = sum(c.model_ms for c in self._calls)
+        defaults = dict(old_draft=(), verifier_tokens=(), verifier_probs=(), accept_probs=(), proposals=(),
+                        proposal_start=0, kept=(), h=0, advance=0, appended=(), appended_sources=())
+        defaults.update(fields)
+        return IterationRecord(index=self.iteration, schedule=self.schedule, calls=tuple(self._calls),
+                               model_ms=model_ms, other_ms=max(0.0, wall_ms - model_ms),
+                               stop_reason=(self.stop_reason or "limit") if self.finished else None,
+                               prefix_len_after=self.prompt_len + len(self.filled), **defaults)
+
+    @staticmethod
+    def top_probs(rows: CallLogits) -> list[float]:
+        """max_x softmax of each row: the confidence of its argmax (E.6 scores)."""
+        if not len(rows):
+            return []
+        return torch.softmax(rows.logits.double(), -1).amax(-1).tolist()
+
+
+def order_for(config: DecodeConfig, positions: list[int], scores: dict[int, float]) -> tuple[int, ...]:
+    """pi_t under the run's order policy (Algorithm 3 line 5): textual, or by confidence."""
+    if config.order == CONFIDENCE:
+        return confidence_order(positions, scores)
+    return tuple(positions)
+
+
+
+
+def verify_in_order(order: tuple[int, ...], draft: dict[int, int], v: tuple[int, ...],
+                    first: bool = False) -> tuple[int, list[tuple[int, int]], list[str]]:
+    """Greedy any-order verification (Algorithm 3 lines 6, 9-10): h matches in rank order, then A = min(h + 1, u).
+
+    Args: order pi_t (u positions); draft D_{t-1} (position -> token); v the verifier's argmax at ranks
+        1..len(v) (at least min(kappa + 1, u) of them); first: the run's first call (no draft yet).
+    Returns: ``(h, C_t, sources)``: C_t as (position, token) pairs in rank order; sources name each
+        (accepted draft, then the correction where a draft token was rejected, the bonus where the
+        drafts ran out, or the prefill token of the first call).
+    """
+    kappa = 0
+    while kappa < len(order) and order[kappa] in draft:
+        kappa += 1
+    h = 0
+    while h < kappa and draft[order[h]] == v[h]:
+        h += 1
+    pairs = [(order[r], v[r]) for r in range(min(h + 1, len(order)))]
+    last = SOURCE_PREFILL if first else SOURCE_CORRECTION if h < kappa else SOURCE_BONUS
+    sources = [SOURCE_DRAFT] * h + ([last] if h < len(order) else [])
+    return h, pairs, sources
