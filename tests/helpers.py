@@ -223,3 +223,14 @@ def write_lora_adapter(folder, base_state: dict, rank: int = 4, alpha: int = 16,
               "bias": "none", "target_modules": list(targets), "fan_in_fan_out": False, "use_rslora": False,
               "base_model_name_or_path": None, "inference_mode": True}
     (folder / "adapter_config.json").write_text(json.dumps(config, indent=2))
+
+
+def tiny_any_order(vocab_size: int = 24, seed: int = 0, logit_scale: float = 4.0, eos: bool = True) -> DualModeModel:
+    """A tiny random any-order model (float64): :func:`tiny_llama` with ``any_order`` set and a zero mask
+    embedding, so a mask row's prediction comes from the context it sees (varied, order-dependent outputs)."""
+    model = tiny_llama(vocab_size=vocab_size, seed=seed, logit_scale=logit_scale, eos=eos)
+    with torch.no_grad():
+        model.model.model.embed_tokens.weight[model.mask_token_id].zero_()
+    model.model.config.any_order = True
+    model.any_order = True
+    return model
