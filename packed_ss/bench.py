@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from packed_ss import stats
-from packed_ss.config import MAX_BLOCK_SIZE, DecodeConfig
+from packed_ss.config import MAX_BLOCK_SIZE, ORDERS, DecodeConfig
 from packed_ss.divergence import divergence
 from packed_ss.hf_reference import HF_REFERENCES, hf_generate, reference_problem
 from packed_ss.inputs import PromptTextError, check_prompt, model_fingerprint, model_name
@@ -113,6 +113,7 @@ class BenchConfig:
     drafter_lora: bool = False
     drafter_width: int = DecodeConfig.drafter_width
     branches: int = DecodeConfig.branches
+    order: str = DecodeConfig.order
 
     def __post_init__(self):
         if not self.schedules:
@@ -156,7 +157,8 @@ class BenchConfig:
         """The :class:`DecodeConfig` of one run. Raises ValueError on values out of range."""
         return DecodeConfig(block_size=block_size, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
                             max_new_tokens=max_new_tokens or self.max_new_tokens, seed=seed,
-                            drafter_lora=self.drafter_lora, drafter_width=self.drafter_width, branches=self.branches)
+                            drafter_lora=self.drafter_lora, drafter_width=self.drafter_width, branches=self.branches,
+                            order=self.order)
 
 
 def _check_block_size(size) -> None:
@@ -447,7 +449,10 @@ def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progres
     except KeyboardInterrupt:
         interrupted = True
     examples, probe = _frame(rows["main"]), _frame(rows["probe"])
-    divergences = greedy_divergences(model, encoded, outputs, turn) if config.temperature == 0 else []
+    # AR's logit margins at a divergence are a left-to-right causal model's; an any-order model's outputs
+    # differ from its ltr decoding by design under the confidence order (Appendix C)
+    checks = config.temperature == 0 and not getattr(model, "any_order", False)
+    divergences = greedy_divergences(model, encoded, outputs, turn) if checks else []
     info = {
         **(meta or {}),
         "divergences": divergences,
@@ -461,6 +466,21 @@ def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progres
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     return BenchResult(examples, probe, summarize(examples, config, probe, info), interrupted)
+
+
+def any_order_problem(model, config: BenchConfig) -> None:
+    """Refuse schedules an any-order model cannot run, and the confidence order on a left-to-right model.
+
+    Raises: BenchError naming what to change."""
+    from packed_ss.any_order import ORDER_REGISTRY
+
+    if getattr(model, "any_order", False):
+        other = [s for s in config.schedules if s not in ORDER_REGISTRY]
+        if other:
+            raise BenchError(f"{', '.join(other)} cannot run on an any-order model; choose from "
+                             f"{', '.join(ORDER_REGISTRY)}")
+    elif config.order != "ltr":
+        raise BenchError(f"--order {config.order} needs an any-order model (e.g. --model assets/model-anyorder)")
 
 
 def run_one(model, prompt_ids: list[int], config: DecodeConfig, schedule: str):
@@ -600,14 +620,16 @@ def compare(examples: pd.DataFrame, numerator: str, denominator: str, prompts: S
 
 
 def lossless_check(examples: pd.DataFrame, schedules: Sequence[str], temperature: float,
-                   divergences: Sequence[dict] = ()) -> dict:
+                   divergences: Sequence[dict] = (), order: str = "ltr") -> dict:
     """Count greedy runs whose output differs from AR's on the same prompt and sample.
 
     ``divergences``: one dict per differing run (:func:`greedy_divergences`): schedule, prompt_id, first
     differing index, AR's top-2 logit margin there and whether it is a near-tie for the dtype.
     Returns: ``{"applies": bool, "reason": str, "by_schedule": {name: {"compared", "differing",
     "expected_zero", "differing_prompts", "near_ties", "differences"}}}``; it applies only at T = 0 with
-    AR measured. A differing lossless run that is not a near-tie is an engine bug.
+    AR measured. A differing lossless run that is not a near-tie is an engine bug. Under the confidence
+    order of an any-order model no schedule is expected to match (Appendix C: the order defines the
+    conditionals); the counts then measure how often the order changed the output.
     """
     if temperature != 0:
         return {"applies": False, "reason": "T > 0: outputs are samples, equal only in distribution",
@@ -625,7 +647,7 @@ def lossless_check(examples: pd.DataFrame, schedules: Sequence[str], temperature
         differing = joined[joined["token_hash"] != joined["reference"]]
         mine = [d for d in divergences if d["schedule"] == schedule]
         result[schedule] = {"compared": len(joined), "differing": len(differing),
-                            "expected_zero": schedule in LOSSLESS,
+                            "expected_zero": schedule in LOSSLESS and order == "ltr",
                             "differing_prompts": sorted(set(map(str, differing["prompt_id"]))),
                             "near_ties": sum(bool(d["near_tie"]) for d in mine), "differences": mine}
     return {"applies": True, "reason": "greedy: lossless schedules must reproduce AR token for token",
@@ -692,7 +714,8 @@ def summarize(examples: pd.DataFrame, config: BenchConfig, probe: pd.DataFrame |
         "definitions": DEFINITIONS,
         "schedules": per_schedule,
         "comparisons": comparisons,
-        "lossless": lossless_check(used, schedules, config.temperature, (meta or {}).get("divergences", ())),
+        "lossless": lossless_check(used, schedules, config.temperature, (meta or {}).get("divergences", ()),
+                                   config.order),
         "decomposition": decomposition(per_schedule),
         "probe": probe_table(probe if probe is not None else _frame([])),
     }
@@ -763,6 +786,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="packed-mixed: masks per call in the diffusion half (default 3)")
     p.add_argument("--branches", type=int, default=DecodeConfig.branches,
                    help="partial: Quadratic-SS branches per call (default -1: from the fitted call cost)")
+    p.add_argument("--order", default=DecodeConfig.order, choices=ORDERS,
+                   help="any-order models: verification order, ltr or confidence (paper Appendix C, E.6)")
     p.add_argument("--block-size", default="8", help="B for all (8) or per schedule (linear=8,quadratic=4,packed=8)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0)
@@ -807,7 +832,7 @@ def config_from_args(args) -> BenchConfig:
                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, samples=args.samples,
                        max_new_tokens=args.max_new_tokens, seed=args.seed, probe_block_sizes=probe,
                        warmup=not args.no_warmup, resamples=args.resamples, drafter_lora=bool(args.drafter_lora),
-                       drafter_width=args.drafter_width, branches=args.branches)
+                       drafter_width=args.drafter_width, branches=args.branches, order=args.order)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -863,7 +888,8 @@ def _run(args, config: BenchConfig, prompts: list[Prompt]) -> int:
         else:
             bar.refresh()
 
-    meta = {"model": model_name(args.model), "model_sha256": model_fingerprint(args.model), "prompt_source": str(args.prompts), "limit": args.limit,
+    any_order_problem(model, config)
+    meta = {"model": model_name(args.model), "any_order": bool(getattr(model, "any_order", False)), "model_sha256": model_fingerprint(args.model), "prompt_source": str(args.prompts), "limit": args.limit,
             "threads": torch.get_num_threads()}
     result = run_benchmark(model, prompts, config, progress, meta)
     for bar in bars:

@@ -71,7 +71,10 @@ def tables(summary: dict) -> list[tuple[str, list[str], list[list[str]], str]]:
                  "0" if c["expected_zero"] else "not lossless (reported)",
                  ", ".join(c["differing_prompts"][:5]) + (" ..." if len(c["differing_prompts"]) > 5 else "")]
                 for name, c in lossless["by_schedule"].items()]
-        out.append(("Lossless check: greedy outputs differing from AR",
+        confidence = summary["config"].get("order", "ltr") != "ltr"
+        out.append(("Outputs differing from the model's own left-to-right decoding (confidence order: expected, "
+                    "the order defines the conditionals)" if confidence else
+                    "Lossless check: greedy outputs differing from AR",
                     ["schedule", "compared", "differing", "expected", "differing prompts"], rows,
                     "Token ids compared by hash, same prompt and sample."))
     else:
@@ -106,7 +109,9 @@ def _header(summary: dict) -> list[str]:
         f"({meta.get('prompts_given', '?')} given, {len(meta.get('skipped_prompts', []))} skipped, "
         f"{meta.get('prompts_incomplete', 0)} incomplete).",
         f"T = {config['temperature']}, samples per prompt = {config['samples']}, max new tokens = "
-        f"{config['max_new_tokens']}, seed = {config['seed']}; B: {blocks}.",
+        f"{config['max_new_tokens']}, seed = {config['seed']}; B: {blocks}."
+        + (f" Any-order model, verification order: {config.get('order', 'ltr')} (Appendix C)."
+           if meta.get("any_order") else ""),
         f"Schedules measured in rotating order per prompt; warm-up run: {'yes' if config['warmup'] else 'no'}. "
         "Decoder wall time excludes model loading and tokenisation (E.5).",
     ]
