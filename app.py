@@ -31,7 +31,7 @@ from components.charts import cost_figure, fit_cost_model, fit_summary
 from components.mask_plot import empty_figure
 from components.race_panel import badge_html, lanes_html, race_figures, summary_html
 from components.limits import MAX_ROWS_PER_REQUEST, ClientGone, ComputeGate, client_alive
-from components.runtime import (APP_MAX_BLOCK_SIZE, DEFAULT_MODEL, NEW_TOKENS_CAP, BestBlockSizes, GpuTasks,
+from components.runtime import (ANY_ORDER_MODEL, APP_MAX_BLOCK_SIZE, DEFAULT_MODEL, NEW_TOKENS_CAP, BestBlockSizes, GpuTasks,
                                 ModelStore, Sessions, StepRun, TimingLog, UserSession, calibrate, has_spaces,
                                 make_settings, parse_lanes, run_generate, run_race, wants_best_sizes)
 from components.style import ASSETS, PROMPT, error_html, legend_html, note_html
@@ -178,15 +178,15 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
             return view(us) + [note_html(note) if note else ""], not run.at_end
 
     def on_step(model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new, lora, precision,
-                drafter, quality, request: gr.Request):
+                drafter, quality, order, request: gr.Request):
         values = (model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new, lora,
-                  precision, drafter, quality)
+                  precision, drafter, quality, order)
         return do_step(values, request)[0]
 
     def on_tick(model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new, lora, precision,
-                drafter, quality, request: gr.Request):
+                drafter, quality, order, request: gr.Request):
         values = (model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new, lora,
-                  precision, drafter, quality)
+                  precision, drafter, quality, order)
         outputs, going = do_step(values, request)
         us = sessions.get(request.session_hash)
         if not going:
@@ -236,9 +236,9 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
 
     # ---------------------------------------------------------------- race handlers
     def on_race(model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new, lora, precision,
-                drafter, quality, optional, sizes, request: gr.Request):
+                drafter, quality, order, optional, sizes, request: gr.Request):
         values = (model_name, prompt_text, schedule_name, block_size, temp, k, p, seed_value, max_new, lora,
-                  precision, drafter, quality)
+                  precision, drafter, quality, order)
         us = sessions.get(request.session_hash)
         try:
             settings = make_settings(*values, cap=cap)
@@ -312,15 +312,17 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
     def generate(prompt: str, schedule: str = "packed", block_size: int = 8, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int = 0, max_new_tokens: int = 128,
                  model: str = "", drafter_lora: bool = False, precision: str = "", drafter: str = "model",
-                 drafter_quality: float = 0.8, request: gr.Request = None) -> dict:
-        """Decode ``prompt`` to the end with one schedule; returns the run's metrics (JSON).
+                 drafter_quality: float = 0.8, order: str = "ltr", request: gr.Request = None) -> dict:
+        """Decode ``prompt`` to the end with one schedule; returns the run's metrics (JSON). ``order``: an
+        any-order model's verification order, "ltr" or "confidence" (paper Appendix C).
 
         Errors (bad prompt or settings, a model not offered, work over the budget) come back as a
         Gradio error with a one-line message.
         """
         try:
             settings = make_settings(model, prompt, schedule, block_size, temperature, top_k, top_p, seed,
-                                     max_new_tokens, drafter_lora, precision, drafter, drafter_quality, cap=cap)
+                                     max_new_tokens, drafter_lora, precision, drafter, drafter_quality, order,
+                                     cap=cap)
             alive = None if eager or request is None else client_alive(demo, request.session_hash)
             return run_generate(tasks, settings, log=log, max_rows=max_rows, alive=alive).metrics()
         except Exception as error:  # noqa: BLE001 - every failure is a one-line message, never a traceback
@@ -329,18 +331,20 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
     def race(prompt: str, block_size: int = 8, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              seed: int = 0, max_new_tokens: int = 128, lanes: str = "", model: str = "",
              drafter_lora: bool = False, precision: str = "", drafter: str = "model", drafter_quality: float = 0.8,
-             block_sizes: str = "same", request: gr.Request = None) -> dict:
+             block_sizes: str = "same", order: str = "ltr", request: gr.Request = None) -> dict:
         """Race AR, Linear, Quadratic and Packed (plus optional ``lanes``: comma-separated from "lookup",
         "packed-mixed", "partial", "diffusion") on one prompt.
 
         Each lane is measured up to three times in rotating order, each call alone. Returns per-lane
         metrics (those of the median run) with ``wall_s_repeats``, ``wall_s_median/min/max``,
         ``identical_to_ar``, ``first_difference`` and ``divergence``; ``repeats``, ``verdict`` and
-        ``lossless_identical_to_ar`` overall.
+        ``lossless_identical_to_ar`` overall. ``order``: an any-order model's verification order for the
+        speculative lanes ("ltr" or "confidence"); such a model races AR, Linear, Quadratic and Packed only.
         """
         try:
             settings = make_settings(model, prompt, "packed", block_size, temperature, top_k, top_p, seed,
-                                     max_new_tokens, drafter_lora, precision, drafter, drafter_quality, cap=cap)
+                                     max_new_tokens, drafter_lora, precision, drafter, drafter_quality, order,
+                                     cap=cap)
             alive = None if eager or request is None else client_alive(demo, request.session_hash)
             return run_race(tasks, settings, extra=parse_lanes(lanes), log=log, max_rows=max_rows,
                             best=race_block_sizes(block_sizes),
@@ -403,9 +407,13 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                     quality_box = gr.Slider(0, 1, value=0.8, step=0.05, elem_id="drafter-quality",
                                             label="Scripted drafter quality q (proposal k tokens ahead right "
                                                   "with probability q^k)")
+                # Appendix C: an any-order model may check its draft in an order other than left to right.
+                order_box = gr.Radio([("left to right", "ltr"), ("by confidence", "confidence")], value="ltr",
+                                     label="Verification order (any-order model only, Appendix C)",
+                                     elem_id="order")
         status = gr.HTML("", elem_id="status")
         settings = (model_box, prompt, schedule, block, temperature, top_k, top_p, seed, limit, lora_box,
-                    precision_box, drafter_box, quality_box)
+                    precision_box, drafter_box, quality_box, order_box)
 
         with gr.Tabs():
             with gr.Tab("Step through", id="step"):
@@ -519,7 +527,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--cap", type=int, default=NEW_TOKENS_CAP, help="largest new-token limit")
     parser.add_argument("--allow-model", action="append", default=None, metavar="NAME",
                         help="another folder or hub id visitors may choose (repeatable; env PACKED_SS_ALLOW_MODELS, "
-                             "comma-separated; default: --model only)")
+                             "comma-separated; default: the shipped any-order model, assets/model-anyorder)")
     parser.add_argument("--models-held", type=int, default=2, help="models kept loaded at once (default 2)")
     parser.add_argument("--max-rows", type=int, default=MAX_ROWS_PER_REQUEST,
                         help=f"worst-case model rows one request may need (default {MAX_ROWS_PER_REQUEST:,})")
@@ -529,6 +537,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.set_defaults(drafter_lora=environ.get("PACKED_SS_DRAFTER_LORA") or None)
     args = parser.parse_args(argv)
     allowed = allowed_env if args.allow_model is None else args.allow_model
+    if args.allow_model is None and not allowed_env and (Path(ANY_ORDER_MODEL) / "config.json").is_file():
+        allowed = [ANY_ORDER_MODEL]  # the shipped any-order model, for the verification-order selector
     for flag, value in (("--cap", args.cap), ("--models-held", args.models_held), ("--max-rows", args.max_rows),
                         ("--queue-size", args.queue_size), ("--threads", 1 if args.threads is None else args.threads)):
         if value < 1:

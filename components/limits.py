@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 from packed_ss.config import DecodeConfig
+from packed_ss.any_order import ORDER_REGISTRY
 from packed_ss.schedules import REGISTRY
 
 MAX_ROWS_PER_REQUEST = 100_000  # model rows (tokens evaluated) one request may need in its worst case
@@ -37,19 +38,20 @@ class ClientGone(Exception):
 
 
 def worst_case_rows(schedules: Sequence[str], prompt_len: int, config: DecodeConfig,
-                    block_sizes: Mapping[str, int] | None = None) -> list[tuple[str, int, int]]:
+                    block_sizes: Mapping[str, int] | None = None, any_order: bool = False) -> list[tuple[str, int, int]]:
     """``(schedule, B, rows)`` per run: the upper bound on the model rows of one run of each schedule in
     ``schedules`` (a schedule listed twice runs twice), at ``block_sizes[schedule]`` when given, else at
-    the config's B (``Schedule.max_rows``)."""
+    the config's B (``Schedule.max_rows``; the any-order schedules' bounds for an any-order model)."""
+    registry = ORDER_REGISTRY if any_order else REGISTRY
     out = []
     for s in schedules:
         b = (block_sizes or {}).get(s, config.block_size)
-        out.append((s, b, REGISTRY[s].max_rows(prompt_len, replace(config, block_size=b))))
+        out.append((s, b, registry[s].max_rows(prompt_len, replace(config, block_size=b))))
     return out
 
 
 def check_work(schedules: Sequence[str], prompt_len: int, config: DecodeConfig, limit: int,
-               runs: int = 1, block_sizes: Mapping[str, int] | None = None) -> int:
+               runs: int = 1, block_sizes: Mapping[str, int] | None = None, any_order: bool = False) -> int:
     """Refuse a request whose worst case exceeds ``limit`` rows; return that worst case.
 
     Args:
@@ -57,15 +59,16 @@ def check_work(schedules: Sequence[str], prompt_len: int, config: DecodeConfig, 
             listed twice counts twice).
         prompt_len: prompt length in tokens. config: the shared settings. runs: repeats of the set.
         block_sizes: per-schedule B where it differs from the config's (a race at each schedule's best B).
+        any_order: the runs decode an any-order model (:mod:`packed_ss.any_order`'s bounds).
     Raises:
         UserError: naming the worst-case rows, the heaviest schedule and the settings to lower.
     """
-    rows = worst_case_rows(schedules, prompt_len, config, block_sizes)
+    rows = worst_case_rows(schedules, prompt_len, config, block_sizes, any_order)
     total = runs * sum(r for _, _, r in rows)
     if total > limit:
         heaviest, b, most = max(rows, key=lambda row: row[2])
         raise UserError(
-            f"this request could evaluate up to {total:,} model rows ({REGISTRY[heaviest].title} alone up to "
+            f"this request could evaluate up to {total:,} model rows ({(ORDER_REGISTRY if any_order else REGISTRY)[heaviest].title} alone up to "
             f"{most:,} at B = {b} with {config.max_new_tokens} new tokens and a "
             f"{prompt_len}-token prompt); this server allows {limit:,} per request: lower the block size, the "
             f"new-token limit or the prompt length")

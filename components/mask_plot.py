@@ -15,15 +15,18 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
+from packed_ss.any_order.layout import PENDING, TOKENS
 from packed_ss.layout import BRANCH, DRAFT, PREFILL, VERIFY, CallLayout
 
 TokenStrings = Callable[[Sequence[int]], list[str]]
 
-REGION_CODES = {PREFILL: 1, VERIFY: 2, DRAFT: 3, BRANCH: 4}
-CODE_COLORS = ["#f1f5f9", "#94a3b8", "#2563eb", "#f59e0b", "#16a34a"]  # 0 = blocked
+# Any-order calls (Appendix D.2) add N (pending accepted tokens) and O (draft tokens as token entries).
+REGION_CODES = {PREFILL: 1, VERIFY: 2, DRAFT: 3, BRANCH: 4, PENDING: 5, TOKENS: 6}
+CODE_COLORS = ["#f1f5f9", "#94a3b8", "#2563eb", "#f59e0b", "#16a34a", "#475569", "#db2777"]  # 0 = blocked
 CODE_NAMES = ["blocked", "prefill row sees key", "verify row sees key", "draft row sees key",
-              "branch row sees key"]
-REGION_TITLES = {PREFILL: "prefill", VERIFY: "verify", DRAFT: "draft", BRANCH: "branch"}
+              "branch row sees key", "pending token (N) sees key", "draft token (O) sees key"]
+REGION_TITLES = {PREFILL: "prefill", VERIFY: "verify", DRAFT: "draft", BRANCH: "branch", PENDING: "N",
+                 TOKENS: "O: draft tokens"}
 HEIGHT = 560  # px; fixed so the plot does not jump between steps
 ROW_LABELS_UP_TO = 32  # calls with at most this many rows label every row; larger ones label each region
 MAX_HOVER_CELLS = 40_000  # cells that get a "visible"/"blocked" hover text (the colours tell it beyond that)

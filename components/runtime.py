@@ -30,13 +30,15 @@ from packed_ss.engine import decode, finish_run
 from packed_ss.models.scripted import ScriptedDrafter, scripted_drafter
 from packed_ss.inputs import PromptTextError, check_prompt, model_name, shown
 from packed_ss.records import IterationRecord, RunRecord, summarize
-from packed_ss.schedules import LOSSLESS, REGISTRY, SPECULATIVE
+from packed_ss.schedules import LOSSLESS, REGISTRY, SPECULATIVE, get_schedule
 
 from components.limits import (MAX_ROWS_PER_REQUEST, ComputeGate, UserError, check_work, gated,
                                release_memory)
 from components.race_panel import Lane, lane_from_runs, verdict_text
 
 DEFAULT_MODEL = str(Path(__file__).resolve().parents[1] / "assets" / "model")
+# The shipped any-order model (Appendix C), offered beside the default when the operator names no others.
+ANY_ORDER_MODEL = str(Path(__file__).resolve().parents[1] / "assets" / "model-anyorder")
 NEW_TOKENS_CAP = 512  # largest new-token limit the app accepts
 APP_MAX_BLOCK_SIZE = 32  # Quadratic-SS evaluates B(B+1) rows: 1056 at B = 32
 MAX_PROMPT_CHARS = 20_000
@@ -93,8 +95,8 @@ def _real(value, name: str) -> float:
 
 
 def make_settings(model: str | None, prompt: str | None, schedule: str, block_size, temperature, top_k, top_p,
-                  seed, max_new_tokens, drafter_lora=False, precision="", drafter="model", drafter_quality=0.8, *,
-                  cap: int = NEW_TOKENS_CAP) -> RunSettings:
+                  seed, max_new_tokens, drafter_lora=False, precision="", drafter="model", drafter_quality=0.8,
+                  order="ltr", *, cap: int = NEW_TOKENS_CAP) -> RunSettings:
     """Validate raw page/API values into :class:`RunSettings`.
 
     Raises:
@@ -102,7 +104,8 @@ def make_settings(model: str | None, prompt: str | None, schedule: str, block_si
             unknown schedule, block size outside [2, 32], negative temperature, new-token limit outside
             [1, cap], seed outside [0, MAX_SEED], a drafter-LoRA switch that is not true/false, a precision
             not in PRECISIONS, a drafter other than "model" or "scripted", a scripted drafter quality
-            outside [0, 1], or any value :class:`DecodeConfig` rejects.
+            outside [0, 1], an order other than "ltr" or "confidence", or any value :class:`DecodeConfig`
+            rejects.
     """
     try:
         check_prompt(prompt)  # the rule of every front end: non-empty, valid Unicode, whitespace allowed
@@ -136,7 +139,7 @@ def make_settings(model: str | None, prompt: str | None, schedule: str, block_si
     try:
         config = DecodeConfig(block_size=block, temperature=temp, top_k=_whole(top_k, "top-k", 0),
                               top_p=_real(top_p, "top-p"), max_new_tokens=limit, seed=_whole(seed, "seed", 0, MAX_SEED),
-                              drafter_lora=drafter_lora)
+                              drafter_lora=drafter_lora, order=text_value(order, "order").strip() or "ltr")
     except ValueError as error:
         raise UserError(str(error)) from None
     return RunSettings(model=model.strip(), prompt=prompt, schedule=schedule, config=config, precision=precision,
@@ -362,9 +365,11 @@ class StepRun:
         # The whole run is bounded like any request (an eager run computes it at once); a Step's turn at
         # the gate weighs one call, so Steps pass ahead of long races between two of their iterations.
         reference = ["ar"] if settings.scripted is not None else []  # a scripted drafter's AR reference run
-        check_work([settings.schedule, *reference], len(self.prompt_ids), settings.config, max_rows)
+        runner = schedule_for(model, settings)
+        check_work([settings.schedule, *reference], len(self.prompt_ids), settings.config, max_rows,
+                   any_order=getattr(model, "any_order", False))
         self.gate = gate
-        self.priority = float(REGISTRY[settings.schedule].max_rows(1, replace(settings.config, max_new_tokens=2)))
+        self.priority = float(runner.max_rows(1, replace(settings.config, max_new_tokens=2)))
         if settings.scripted is None or eager:
             self.adapter = model.share()  # this run's own KV cache
         else:
@@ -649,6 +654,23 @@ class GpuTasks:
         return out
 
 
+def schedule_for(model, settings: RunSettings):
+    """The schedule ``settings`` name on ``model`` (an any-order model has its own four).
+
+    Raises: UserError for a schedule the model cannot run, the confidence order on a left-to-right
+    model, or a scripted drafter on an any-order model."""
+    try:
+        runner = get_schedule(settings.schedule, model)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    any_order = getattr(model, "any_order", False)
+    if settings.config.order != "ltr" and not any_order:
+        raise UserError("the confidence order needs an any-order model (choose model-anyorder), or set the order to ltr")
+    if any_order and settings.scripted is not None:
+        raise UserError("the scripted drafter works with left-to-right models only: choose the model's own drafter")
+    return runner
+
+
 def parse_lanes(lanes) -> list[str]:
     """Optional race lanes from a list or a comma-separated text: "lookup" (prompt lookup, the peer without a
     drafter), "packed-mixed" (Packed-SS with drafter and n-gram drafts), "partial" (partial-branch SS),
@@ -761,12 +783,16 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
     """
     extra = parse_lanes(list(extra))
     model = tasks.store.get(*settings.model_ref[:2])
+    schedule_for(model, replace(settings, schedule="ar"))  # the order and drafter suit the model
     ids = model.encode(settings.prompt)
     decode(model.share(), ids, settings.config, "ar")  # validates the prompt before any work
-    schedules = ["ar", *SPECULATIVE] + [lane for lane in OPTIONAL_LANES if lane in extra]
+    any_order = getattr(model, "any_order", False)
+    # An any-order model races its own four schedules (AR left to right, the others in the chosen order).
+    schedules = ["ar", *SPECULATIVE] + [lane for lane in OPTIONAL_LANES if lane in extra and not any_order]
     reference = ["ar"] if settings.scripted is not None else []  # a scripted drafter's AR reference run
     sizes, source = best.choose(tasks, settings, ids, max_rows) if best is not None else (None, "")
-    once = check_work(schedules + reference, len(ids), settings.config, max_rows, block_sizes=sizes)
+    once = check_work(schedules + reference, len(ids), settings.config, max_rows, block_sizes=sizes,
+                      any_order=any_order)
     repeats = max(1, min(repeats, max_rows // max(1, once)))
     start = time.perf_counter()
     try:
@@ -781,9 +807,10 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
                 log.add(run.records, run.block_size)
     reference = measured[0][0].token_ids
     scripted = "" if settings.scripted is None else f" · scripted\u00a0drafter\u00a0q={settings.scripted:g}"
-    lanes = tuple(lane_from_runs(runs, REGISTRY[runs[0].schedule].title + (scripted if runs[0].schedule != "ar" else ""),
+    titles = {s: get_schedule(s, model).title for s in schedules}
+    lanes = tuple(lane_from_runs(runs, titles[runs[0].schedule] + (scripted if runs[0].schedule != "ar" else ""),
                                  reference) for runs in measured)
-    if settings.config.greedy:  # a lossless lane that left AR: near-tie (low precision) or bug?
+    if settings.config.greedy and not any_order:  # a lossless lane that left AR: near-tie (low precision) or bug?
         lanes = tuple(replace(lane, divergence=tasks.divergence(settings.model_ref, ids, reference, lane.token_ids))
                       if lane.schedule in LOSSLESS and not lane.identical else lane for lane in lanes)
     return RaceResult(settings=settings, lanes=lanes, greedy=settings.config.greedy, compute_s=compute_s,
@@ -797,10 +824,12 @@ def run_generate(tasks: GpuTasks, settings: RunSettings, log: TimingLog | None =
     Raises: UserError (work beyond ``max_rows``), ModelLoadError, PromptError, ClientGone.
     """
     model = tasks.store.get(*settings.model_ref[:2])
+    schedule_for(model, settings)
     ids = model.encode(settings.prompt)
     decode(model.share(), ids, settings.config, settings.schedule)  # validates before any GPU work
     reference = ["ar"] if settings.scripted is not None else []  # a scripted drafter's AR reference run
-    work = check_work([settings.schedule, *reference], len(ids), settings.config, max_rows)
+    work = check_work([settings.schedule, *reference], len(ids), settings.config, max_rows,
+                      any_order=getattr(model, "any_order", False))
     try:
         run = tasks.generate(settings.model_ref, ids, settings.config, settings.schedule, float(work), alive)
     finally:

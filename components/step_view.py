@@ -11,10 +11,12 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
+from packed_ss.any_order import ORDER_REGISTRY
 from packed_ss.schedules import REGISTRY
 
 from components.mask_plot import empty_figure, mask_figure
 from components.narration import narrate
+from components.order_grid import filled_before, narrate_order, order_grid_html
 from components.text_view import iteration_stats, run_stats, text_html
 from components.token_grid import empty_grid_html, grid_html
 
@@ -58,15 +60,27 @@ def step_view(run, strings: TokenStrings | None, with_figure: bool = True) -> St
         return StepView(0, run.done, empty_grid_html(), text, "", empty_figure(NO_CALL) if with_figure else None, key)
     records = run.shown_records()
     record = records[-1]
-    tokens = [t for r in records for t in r.appended]
-    sources = [s for r in records for s in r.appended_sources]
-    title = REGISTRY[run.settings.schedule].title
+    any_order = bool(record.order)
+    title = (ORDER_REGISTRY if any_order else REGISTRY)[run.settings.schedule].title
     if run.settings.scripted is not None:
         title += f" · scripted drafter q = {run.settings.scripted:g}"
-    grid = grid_html(record, run.prompt_ids + tokens, strings, run.model.mask_token_id,
-                     title) + narrate(record, run.settings.schedule, strings, len(run.prompt_ids))
-    text = text_html(run.prompt_ids, tokens, sources, strings, prompt_text=run.settings.prompt,
-                     new_from=record.prefix_len_before - len(run.prompt_ids))
+    if any_order:  # positions fill in any order: the text shows open positions as masks
+        mask = run.model.mask_token_id
+        filled = filled_before(records, len(records))
+        tokens = [filled.get(j, mask) for j in range(len(run.prompt_ids), max(filled, default=0) + 1)]
+        by_position = {j: s for r in records for j, s in zip(r.appended_positions, r.appended_sources)}
+        sources = [by_position.get(j, "open") if j in filled else "open"
+                   for j in range(len(run.prompt_ids), len(run.prompt_ids) + len(tokens))]
+        grid = order_grid_html(record, filled_before(records, len(records) - 1), strings, title
+                               ) + narrate_order(record, strings)
+        new_from = None
+    else:
+        tokens = [t for r in records for t in r.appended]
+        sources = [s for r in records for s in r.appended_sources]
+        grid = grid_html(record, run.prompt_ids + tokens, strings, run.model.mask_token_id,
+                         title) + narrate(record, run.settings.schedule, strings, len(run.prompt_ids))
+        new_from = record.prefix_len_before - len(run.prompt_ids)
+    text = text_html(run.prompt_ids, tokens, sources, strings, prompt_text=run.settings.prompt, new_from=new_from)
     stats = iteration_stats(record, pending=run.first_call_only) + run_stats(run.summary(), finished=run.at_end)
     figure = None
     if with_figure:

@@ -1,0 +1,145 @@
+"""The token grid and narration of one any-order iteration (paper Appendix C, Algorithm 3), as HTML.
+
+Columns are output positions around the active window. Rows: tokens accepted before this iteration
+(the prefix tail and positions already accepted out of textual order inside the window), the
+verification order pi_t as rank numbers, the old draft at its positions (accepted / rejected /
+unchecked, each chip carrying its rank), the verifier's predictions in rank order, the drafter's
+proposals (kept or discarded), and the tokens accepted now, marked where they sit after a position that
+is still unresolved. Pure rendering from an :class:`~packed_ss.records.IterationRecord` with ``order``.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable, Sequence
+
+from packed_ss.records import IterationRecord
+
+from components.style import source_class, visible
+
+TokenStrings = Callable[[Sequence[int]], list[str]]
+
+
+def _chip(text: str, classes: str, title: str, rank: int | None = None) -> str:
+    badge = f'<sup class="rank-badge">{rank}</sup>' if rank is not None else ""
+    return f'<span class="chip {classes}" title="{html.escape(title)}">{visible(text)}{badge}</span>'
+
+
+def filled_before(records: Sequence[IterationRecord], index: int) -> dict[int, int]:
+    """Output position -> token accepted by the records before ``records[index]`` (dropped ones removed)."""
+    filled: dict[int, int] = {}
+    for r in records[:index]:
+        for j in r.dropped_positions:
+            filled.pop(j, None)
+        filled.update(zip(r.appended_positions, r.appended))
+    return filled
+
+
+def order_grid_html(record: IterationRecord, before: dict[int, int], strings: TokenStrings, title: str = "",
+                    tail: int = 3) -> str:
+    """HTML table of one any-order iteration aligned by output position.
+
+    Args:
+        record: the iteration (``record.order`` non-empty). before: accepted tokens before it, by position
+            (prompt positions included or not: only those in the shown columns are drawn).
+        strings: token ids -> display strings. title: schedule title for the heading.
+        tail: positions shown left of the window.
+    """
+    order = record.order
+    rank = {j: r + 1 for r, j in enumerate(order)}
+    window = [*order, *record.appended_positions, *record.proposal_positions]
+    inside = [j for j in before if min(order) <= j <= max(window)]
+    start, end = max(0, min(order) - tail), max(window + inside) + 1
+    positions = list(range(start, end))
+    h, kappa = record.h, len(record.old_draft)
+    ids = [before[j] for j in positions if j in before] + list(record.old_draft) + list(record.verifier_tokens) \
+        + list(record.proposals) + list(record.appended)
+    text = dict(zip(ids, strings(ids))) if ids else {}
+    accepted_now = dict(zip(record.appended_positions, zip(record.appended, record.appended_sources)))
+    unresolved_after = {j for j in order if j not in accepted_now}
+
+    def row(label: str, cells: dict[int, str], css: str) -> str:
+        tds = "".join(f"<td>{cells.get(p, '')}</td>" for p in positions)
+        return f'<tr class="{css}" data-row="{css}"><td class="row-label">{label}</td>{tds}</tr>'
+
+    cells_before = {j: _chip(text[before[j]], "prefix", f"accepted earlier: token {before[j]} at position {j}")
+                    for j in positions if j in before}
+    cells_rank = {j: f'<span class="rank" title="verification rank {r} of position {j}">{r}</span>'
+                  for j, r in rank.items()}
+    cells_draft = {}
+    for r, (j, tok) in enumerate(zip(record.draft_positions, record.old_draft)):
+        cls, what = (("accepted", "accepted draft") if r < h else
+                     ("rejected", "first rejected draft token") if r == h else
+                     ("unchecked", "not checked (after the first rejection, in rank order)"))
+        cells_draft[j] = _chip(text[tok], cls, f"rank {r + 1}: d = {tok} at position {j}: {what}", r + 1)
+    for j in order[kappa:]:
+        cells_draft[j] = _chip("·", "mask", f"position {j} has no draft token yet", rank[j])
+    cells_v = {}
+    for r, tok in enumerate(record.verifier_tokens):
+        j = order[r]
+        reached = r <= h
+        cells_v[j] = _chip(text[tok], "reached" if reached else "faded",
+                           f"rank {r + 1}: v = {tok} at position {j}: "
+                           f"{'reached' if reached else 'computed, not reached'}", r + 1)
+    kept = set(record.kept)
+    cells_z = {}
+    for r, (j, tok) in enumerate(zip(record.proposal_positions, record.proposals)):
+        cls, what = ("kept", "kept: next draft") if r in kept else ("discarded", "discarded: position filled now")
+        cells_z[j] = _chip(text[tok], cls, f"z = {tok} at position {j}: {what}")
+    cells_out = {}
+    for j, (tok, source) in accepted_now.items():
+        jump = any(k < j for k in unresolved_after)
+        cls = source_class(source) + (" out-of-order" if jump else "")
+        what = f"{source}: token {tok} at position {j}" + (
+            ", accepted while an earlier position is still open" if jump else "")
+        cells_out[j] = _chip(text[tok], cls, what, rank.get(j))
+    head = "".join(f'<th class="{"pos-new" if j in rank else ""}">{j}</th>' for j in positions)
+    rows = [
+        f'<tr><td class="row-label">position</td>{head}</tr>',
+        row("accepted before", cells_before, "prefix"),
+        row("order π<sub>t</sub> (rank)", cells_rank, "order"),
+        row("draft d" if record.schedule == "linear" else "old draft d", cells_draft, "draft"),
+        row("verifier v", cells_v, "verifier"),
+        row("proposals z", cells_z, "proposals"),
+        row("accepted now", cells_out, "appended"),
+    ]
+    a = len(record.appended)
+    heading = (f"Iteration {record.index} · {html.escape(title or record.schedule)} · order "
+               f"({', '.join(map(str, order))}) · h = {h} · A = {a} · {len(record.calls)} "
+               f"call{'s' if len(record.calls) != 1 else ''}, {record.rows} rows")
+    if record.stop_reason:
+        heading += f" · stopped: {html.escape(record.stop_reason)}"
+    return (f'<div class="token-grid-wrap" data-iteration="{record.index}">'
+            f'<div class="token-grid-head">{heading}</div>'
+            f'<table class="token-grid order-grid">{"".join(rows)}</table></div>')
+
+
+def narrate_order(record: IterationRecord, strings: TokenStrings) -> str:
+    """One paragraph on what the iteration did: the order, what was checked and accepted, where (HTML)."""
+    order = record.order
+    ltr = list(order) == sorted(order)
+    words = [f"The window's unresolved positions were checked in {'textual' if ltr else 'confidence'} order "
+             f"({', '.join(map(str, order))})."]
+    if record.schedule == "ar":
+        words = [f"One mask at position {order[0]} saw the prompt and every accepted token and predicted it: "
+                 f"the any-order model's own left-to-right decoding, one token per call."]
+    elif record.old_draft:
+        accepted = record.draft_positions[: record.h]
+        words.append(f"{record.h} of {len(record.old_draft)} draft tokens matched the verifier in that order"
+                     + (f" (positions {', '.join(map(str, accepted))})" if accepted else "") + ".")
+    else:
+        words.append("There was no draft yet, so the verifier's prediction at the first rank was taken.")
+    if record.appended and record.schedule != "ar":
+        last_source = record.appended_sources[-1]
+        if last_source in ("correction", "bonus", "prefill"):
+            words.append(f"The verifier's token {' '.join(repr(s) for s in strings(record.appended[-1:]))} "
+                         f"filled position {record.appended_positions[-1]} ({last_source}).")
+        jumps = [j for j in record.appended_positions if any(k < j and k not in record.appended_positions
+                                                             for k in order)]
+        if jumps:
+            words.append(f"Accepted out of textual order: position{'s' if len(jumps) > 1 else ''} "
+                         f"{', '.join(map(str, jumps))}, while an earlier one stays open for a later call.")
+    if record.dropped_positions:
+        words.append(f"An end marker moved E: earlier accepted positions {', '.join(map(str, record.dropped_positions))} "
+                     f"were dropped.")
+    return f'<p class="narration" data-narration="{html.escape(record.schedule)}">{html.escape(" ".join(words))}</p>'
