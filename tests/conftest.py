@@ -60,3 +60,16 @@ def nld_model(nld_dir):
     from packed_ss.models import DualModeModel
 
     return DualModeModel.from_pretrained(nld_dir, device="cpu", dtype="float64")
+
+
+@pytest.fixture(scope="session")
+def tiny_any_order_dir(tmp_path_factory):
+    """A tiny random any-order model (``any_order: true`` in its config) saved as a folder."""
+    from helpers import tiny_any_order
+
+    folder = tmp_path_factory.mktemp("tiny-any-order")
+    model = tiny_any_order(vocab_size=20, seed=1)
+    model.model.config.mask_token_id = 1
+    model.model.float().save_pretrained(folder)
+    model.tokenizer.save_pretrained(folder)
+    return folder
