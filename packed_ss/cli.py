@@ -32,7 +32,7 @@ def decode_config(args) -> DecodeConfig:
     """The :class:`DecodeConfig` of parsed ``generate`` arguments. Raises ValueError with a one-line message."""
     return DecodeConfig(block_size=args.block_size, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                         max_new_tokens=args.max_new_tokens, seed=args.seed, stop_strings=tuple(args.stop),
-                        drafter_lora=bool(args.drafter_lora))
+                        drafter_lora=bool(args.drafter_lora), order=args.order)
 
 
 def load_model(name: str, device: str | None, dtype: str | None, family: str | None = None,
@@ -75,6 +75,8 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--order", default="ltr", choices=("ltr", "confidence"),
+                     help="any-order models: verification order (paper Appendix C; default ltr)")
     gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     gen.add_argument("--dtype", default=None, help=f"one of {', '.join(DTYPES)} (default float32 on CPU)")
     gen.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
@@ -102,6 +104,9 @@ def _generate(args) -> int:
         # reach Python as lone surrogates and are refused there.
         prompt = read_prompt_file(args.prompt_file) if args.prompt_file is not None else check_prompt(args.prompt)
         model = load_model(args.model, args.device, args.dtype, args.family, args.drafter_lora)
+        get_schedule(args.schedule, model)
+        if config.order != "ltr" and not getattr(model, "any_order", False):
+            raise UsageError(f"--order {config.order} needs an any-order model (e.g. --model assets/model-anyorder)")
         run = generate(model, model.encode(prompt), config, args.schedule)
     except (ValueError, ModelLoadError, UsageError) as error:
         raise UsageError(str(error).splitlines()[0] if str(error) else type(error).__name__) from None
