@@ -30,6 +30,7 @@ from packed_ss.engine import decode, finish_run
 from packed_ss.models.scripted import ScriptedDrafter, scripted_drafter
 from packed_ss.inputs import PromptTextError, check_prompt, model_name, shown
 from packed_ss.records import IterationRecord, RunRecord, summarize
+from packed_ss.any_order import ORDER_REGISTRY
 from packed_ss.schedules import LOSSLESS, REGISTRY, SPECULATIVE, get_schedule
 
 from components.limits import (MAX_ROWS_PER_REQUEST, ComputeGate, UserError, check_work, gated,
@@ -787,8 +788,10 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
     ids = model.encode(settings.prompt)
     decode(model.share(), ids, settings.config, "ar")  # validates the prompt before any work
     any_order = getattr(model, "any_order", False)
-    # An any-order model races its own four schedules (AR left to right, the others in the chosen order).
-    schedules = ["ar", *SPECULATIVE] + [lane for lane in OPTIONAL_LANES if lane in extra and not any_order]
+    # An any-order model races its own schedules (AR left to right, the others in the chosen order; its native
+    # decoding as the diffusion lane); lanes it has no version of are left out.
+    schedules = ["ar", *SPECULATIVE] + [lane for lane in OPTIONAL_LANES
+                                        if lane in extra and (not any_order or lane in ORDER_REGISTRY)]
     reference = ["ar"] if settings.scripted is not None else []  # a scripted drafter's AR reference run
     sizes, source = best.choose(tasks, settings, ids, max_rows) if best is not None else (None, "")
     once = check_work(schedules + reference, len(ids), settings.config, max_rows, block_sizes=sizes,

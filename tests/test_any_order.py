@@ -270,3 +270,13 @@ def test_steps_show_positions_and_work_per_step():
         assert r.prefix_len_after == len(PROMPT) + len(filled)
     assert filled == set(range(4, 16))
     assert np.all(np.diff([r.prefix_len_after for r in records]) > 0)
+
+
+def test_native_any_order_decoding_commits_confident_positions_in_any_order():
+    model = tiny_any_order(seed=1)
+    everything = run(model, "diffusion", confidence_threshold=1e-9)  # every prediction committed at once
+    assert everything.tokens == 24 and everything.nfe == 6  # 24 positions, windows of W = 4
+    one = run(model, "diffusion", confidence_threshold=1.0)  # only the most confident position per call
+    assert one.tokens == 24 and one.nfe == 24
+    assert any(r.appended_positions[0] != min(r.order) for r in one.records)  # not always the leftmost
+    assert all(len(r.appended) == 1 and r.appended_sources == ("diffusion",) for r in one.records)

@@ -1,0 +1,53 @@
+"""The any-order model's own parallel decoding (SetDLM's native sliding-window decoder, paper E.6).
+
+Each call holds N (tokens accepted by the previous call, entering the cache) and a mask at every
+unresolved position of the window, each seeing only the accepted tokens. Every prediction with
+probability >= ``config.confidence_threshold`` is committed, and at least the most confident one (ties:
+the leftmost), in any textual order and without verification, so the output can differ from the
+model's left-to-right decoding: the lane shows what speed without a verifier costs on this model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from packed_ss.any_order.layout import order_layout
+from packed_ss.any_order.session import OrderSession
+from packed_ss.records import SOURCE_DIFFUSION, IterationRecord
+
+
+class OrderDiffusion:
+    name = "diffusion"
+    title = "Native any-order decoding (unverified)"
+    summary = "Commits every confident prediction in the window, in any order; not lossless."
+
+    @staticmethod
+    def max_rows(prompt_len: int, config) -> int:
+        """Most rows a run can evaluate: at least one token per call; a call holds the tokens accepted by
+        the previous one (at most W) and W masks."""
+        return prompt_len + config.max_new_tokens * 2 * config.width
+
+    def iterate(self, session: OrderSession) -> Iterator[IterationRecord]:
+        mask_id, threshold = session.model.mask_token_id, session.config.confidence_threshold
+        first = True
+        while not session.finished:
+            session.begin()
+            before = session.prompt_len + len(session.filled)
+            order = tuple(session.window())
+            layout = order_layout("ao-diffusion", session.model.cache_length, session.pending, order, {}, mask_id,
+                                  checked=0, verified=0, drafted=True, prompt=session.prompt if first else ())
+            rows = session.call(layout, layout.draft_rows)
+            z, conf = rows.top, session.top_probs(rows)
+            best = max(range(len(order)), key=lambda r: (conf[r], -r))
+            chosen = [r for r in range(len(order)) if conf[r] >= threshold or r == best]
+            pairs = [(order[r], z[r]) for r in chosen]
+            session.settle([])
+            appended, dropped = session.accept(pairs, [SOURCE_DIFFUSION] * len(pairs))
+            session.pending += [(j, session.filled[j]) for j in appended]
+            yield session.record(prefix_len_before=before, advance=len(pairs), order=order,
+                                 appended=tuple(session.filled[j] for j in appended),
+                                 appended_sources=tuple(session.sources[j] for j in appended),
+                                 appended_positions=tuple(appended), dropped_positions=tuple(dropped),
+                                 proposals=z, proposal_positions=order, proposal_start=order[0],
+                                 kept=tuple(chosen))
+            first = False
