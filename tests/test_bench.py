@@ -323,3 +323,31 @@ def test_benchmark_takes_the_model_flags_of_the_cli(nld_dir, tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["lossless"]["by_schedule"]["packed"]["differing"] == 0
     assert summary["config"]["drafter_lora"] is True
+
+
+def test_any_order_model_benchmark_with_both_orders(tiny_any_order_dir, tiny_model_dir, prompt_file, tmp_path, capsys):
+    """--order: ltr reproduces the model's own AR (a lossless check), confidence reports how often the order
+    changed the output instead; schedules the model has no version of and confidence on a left-to-right
+    model are refused in one line."""
+    common = ["--model", str(tiny_any_order_dir), "--prompts", str(prompt_file), "--max-new-tokens", "12",
+              "--block-size", "5", "--schedules", "ar,linear,quadratic,packed,diffusion", "--threads", "1",
+              "--resamples", "200"]
+    for order in ("ltr", "confidence"):
+        out = tmp_path / order
+        code = main(common + ["--order", order, "--out", str(out)])
+        captured = capsys.readouterr()
+        assert code == 0, captured.err
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["config"]["order"] == order and summary["meta"]["any_order"] is True
+        by = summary["lossless"]["by_schedule"]
+        assert all(by[s]["expected_zero"] == (order == "ltr") for s in ("linear", "quadratic", "packed"))
+        if order == "ltr":
+            assert all(by[s]["differing"] == 0 for s in ("linear", "quadratic", "packed"))
+        else:
+            assert "Outputs differing from the model's own left-to-right decoding" in captured.out
+        assert f"verification order: {order}" in captured.out
+    assert main(common[:-2] + ["--schedules", "ar,lookup", "--out", str(tmp_path / "x")]) == 2
+    assert "cannot run on an any-order model" in capsys.readouterr().err
+    assert main(["--model", str(tiny_model_dir), "--prompts", str(prompt_file), "--schedules", "ar,packed",
+                 "--order", "confidence", "--out", str(tmp_path / "y")]) == 2
+    assert "needs an any-order model" in capsys.readouterr().err
