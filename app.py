@@ -257,8 +257,11 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                 f"the Benchmark tab gives intervals over many prompts.")
         if result.block_size_source:
             note += f" Block sizes: {result.block_size_source}."
+        if result.left_out:
+            note += (f" Left out: {', '.join(result.left_out)} (no version for an any-order model).")
         note += " " + result.isolation
-        return note_html(note), badge_html(result.lanes, result.greedy), '<div class="race-lanes"></div>'
+        return (note_html(note), badge_html(result.lanes, result.greedy, result.settings.config.order),
+                '<div class="race-lanes"></div>')
 
     def race_block_sizes(choice) -> BestBlockSizes | None:
         """The best-B finder for "best", None for "same". Raises: UserError for anything else."""

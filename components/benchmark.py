@@ -21,11 +21,11 @@ from pathlib import Path
 
 import gradio as gr
 
-from packed_ss.bench import (ALL_SCHEDULES, BenchConfig, BenchError, load_prompts, parse_block_sizes,
-                             run_benchmark, write_outputs)
+from packed_ss.bench import (ALL_SCHEDULES, BenchConfig, BenchError, any_order_problem, load_prompts,
+                             parse_block_sizes, run_benchmark, write_outputs)
 from packed_ss.bench_report import figures, summary_markdown
 from packed_ss.inputs import model_fingerprint, model_name as report_model_name
-from packed_ss.schedules import REGISTRY
+from packed_ss.schedules import get_schedule
 
 DEFAULT_REPORT = "docs/bench-humaneval"  # committed summary of the 164-prompt benchmark
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,7 +104,7 @@ def run_small_benchmark(load_model: Callable[[str], object], model_name: str, pr
                         max_new_tokens: int, temperature: float, samples: int, seed: int,
                         progress: Callable[[int, int, str], None] | None = None,
                         resamples: int = APP_RESAMPLES, turn: Callable[[], ContextManager] = nullcontext,
-                        max_rows: int | None = None) -> tuple[str, dict, list[str]]:
+                        max_rows: int | None = None, order: str = "ltr") -> tuple[str, dict, list[str]]:
     """Run a benchmark of at most :data:`MAX_PROMPTS` prompts and write its files to a new temporary folder.
 
     Args:
@@ -116,6 +116,7 @@ def run_small_benchmark(load_model: Callable[[str], object], model_name: str, pr
         progress: ``progress(done, total, label)``.
         turn: held around each run (the app's compute gate), see :func:`packed_ss.bench.run_benchmark`.
         max_rows: worst-case model rows the whole benchmark may need (None = no limit).
+        order: an any-order model's verification order, "ltr" or "confidence" (paper Appendix C).
     Returns: ``(markdown, {name: figure}, [report.html, examples.csv, summary.json, ...])``.
     Raises: BenchError with a one-line message for any user error or model loading failure.
     """
@@ -135,7 +136,7 @@ def run_small_benchmark(load_model: Callable[[str], object], model_name: str, pr
     order = tuple(s for s in ALL_SCHEDULES if s in schedules)
     config = BenchConfig(schedules=order, block_sizes=overrides, default_block_size=default,
                          temperature=temperature, samples=samples, max_new_tokens=max_new_tokens,
-                         seed=seed, resamples=resamples)
+                         seed=seed, resamples=resamples, order=order)
     if prompt_source == UPLOAD:
         if not prompt_file:
             raise BenchError("upload a JSONL file with a 'prompt' field on each line, or choose HumanEval")
@@ -154,8 +155,9 @@ def run_small_benchmark(load_model: Callable[[str], object], model_name: str, pr
             message = f"cannot load model {model_name!r}: {message}"
         raise BenchError(message) from None
     model = model.share() if hasattr(model, "share") else model  # own cache: other sessions keep theirs
+    any_order_problem(model, config)  # schedules, order and temperature this model can run
     if max_rows is not None:
-        worst = sum(REGISTRY[s].max_rows(len(model.encode(p.text)), config.decode_config(s, config.block_size(s), 0))
+        worst = sum(get_schedule(s, model).max_rows(len(model.encode(p.text)), config.decode_config(s, config.block_size(s), 0))
                     for p in prompts for s in order) * (samples if temperature > 0 else 1)
         if worst > max_rows:
             raise BenchError(f"this benchmark could evaluate up to {worst:,} model rows; this server allows "
@@ -253,6 +255,8 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
             temperature = gr.Number(value=0.0, minimum=0, label="temperature (0 = greedy)")
             samples = gr.Slider(1, 4, value=1, step=1, label="samples per prompt (T > 0)")
             seed = gr.Number(value=0, precision=0, label="seed")
+            order = gr.Radio([("left to right", "ltr"), ("by confidence", "confidence")], value="ltr",
+                             label="verification order (any-order model)")
         run_button = gr.Button("Run benchmark", variant="primary")
     status = gr.Markdown()
     with gr.Row():
@@ -269,7 +273,7 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
         return (f"Showing {'the uploaded summary' if upload else path}.", markdown,
                 *(panel_figure(figs.get(name)) for name in FIGURES))
 
-    def run(model_name, source, upload, n, chosen, blocks, length, temp, k, seed_value,
+    def run(model_name, source, upload, n, chosen, blocks, length, temp, k, seed_value, order_value="ltr",
             progress=gr.Progress()):
         def step(done, total, label):
             progress((done, total), desc=label, unit="runs")
@@ -280,7 +284,7 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
             name = (model_name or "").strip() or models[0]  # the report names the model actually used
             markdown, figs, paths = run_small_benchmark(load_model, name, source, upload, n, chosen, blocks,
                                                         length, temp, k, seed_value, step, turn=turn,
-                                                        max_rows=max_rows)
+                                                        max_rows=max_rows, order=order_value or "ltr")
         except BenchError as error:
             raise gr.Error(str(error)) from None
         note = ("Measured in the app (timings shared with other users are noisy); files below. "
@@ -291,7 +295,7 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
     load_button.click(show, [report_path, report_upload], [status, summary, *plots], api_name="benchmark_show",
                       api_visibility="undocumented")
     run_button.click(run, [model, prompt_source, prompt_file, limit, schedules, block_size, max_new_tokens,
-                           temperature, samples, seed], [status, summary, *plots, files],
+                           temperature, samples, seed, order], [status, summary, *plots, files],
                      concurrency_limit=1, concurrency_id=concurrency_id, api_name="benchmark_run",
                      api_visibility="undocumented")
     return BenchmarkTab(report_path, report_upload, load_button, model, prompt_source, prompt_file, limit, schedules,

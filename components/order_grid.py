@@ -35,6 +35,21 @@ def filled_before(records: Sequence[IterationRecord], index: int) -> dict[int, i
     return filled
 
 
+def _positions(ps) -> str:
+    ps = list(ps)
+    return f"position{'s' if len(ps) != 1 else ''} {', '.join(map(str, ps))}"
+
+
+def _pending(record: IterationRecord) -> bool:
+    """Linear-SS shown after its drafting call only: a draft, nothing verified yet."""
+    return record.schedule == "linear" and not record.verifier_tokens and not record.appended
+
+
+LEGEND = ('<div class="order-legend"><span class="rank">1</span> verification rank of a position · '
+          '<span class="chip out-of-order">x</span> accepted while an earlier position is still open · '
+          '<span class="chip mask">∅</span> no draft token yet</div>')
+
+
 def order_grid_html(record: IterationRecord, before: dict[int, int], strings: TokenStrings, title: str = "",
                     tail: int = 3) -> str:
     """HTML table of one any-order iteration aligned by output position.
@@ -66,14 +81,18 @@ def order_grid_html(record: IterationRecord, before: dict[int, int], strings: To
                     for j in positions if j in before}
     cells_rank = {j: f'<span class="rank" title="verification rank {r} of position {j}">{r}</span>'
                   for j, r in rank.items()}
+    native = record.schedule == "diffusion"
+    pending = _pending(record)
     cells_draft = {}
     for r, (j, tok) in enumerate(zip(record.draft_positions, record.old_draft)):
-        cls, what = (("accepted", "accepted draft") if r < h else
+        cls, what = (("", "drafted, verified by the next call") if pending else
+                     ("accepted", "accepted draft") if r < h else
                      ("rejected", "first rejected draft token") if r == h else
                      ("unchecked", "not checked (after the first rejection, in rank order)"))
         cells_draft[j] = _chip(text[tok], cls, f"rank {r + 1}: d = {tok} at position {j}: {what}", r + 1)
-    for j in order[kappa:]:
-        cells_draft[j] = _chip("·", "mask", f"position {j} has no draft token yet", rank[j])
+    if not native:
+        for j in order[kappa:]:
+            cells_draft[j] = _chip("∅", "mask", f"position {j} has no draft token yet", rank[j])
     cells_v = {}
     for r, tok in enumerate(record.verifier_tokens):
         j = order[r]
@@ -84,7 +103,13 @@ def order_grid_html(record: IterationRecord, before: dict[int, int], strings: To
     kept = set(record.kept)
     cells_z = {}
     for r, (j, tok) in enumerate(zip(record.proposal_positions, record.proposals)):
-        cls, what = ("kept", "kept: next draft") if r in kept else ("discarded", "discarded: position filled now")
+        if native:
+            cls, what = (("kept", "committed: confident enough") if r in kept else
+                         ("discarded", "not confident enough: the position stays open"))
+        elif pending:
+            cls, what = "kept", "the draft the second call verifies"
+        else:
+            cls, what = ("kept", "kept: next draft") if r in kept else ("discarded", "discarded: position filled now")
         cells_z[j] = _chip(text[tok], cls, f"z = {tok} at position {j}: {what}")
     cells_out = {}
     for j, (tok, source) in accepted_now.items():
@@ -97,49 +122,65 @@ def order_grid_html(record: IterationRecord, before: dict[int, int], strings: To
     rows = [
         f'<tr><td class="row-label">position</td>{head}</tr>',
         row("accepted before", cells_before, "prefix"),
-        row("order π<sub>t</sub> (rank)", cells_rank, "order"),
-        row("draft d" if record.schedule == "linear" else "old draft d", cells_draft, "draft"),
-        row("verifier v", cells_v, "verifier"),
-        row("proposals z", cells_z, "proposals"),
-        row("accepted now", cells_out, "appended"),
+        row("window (rank)" if native else "order π<sub>t</sub> (rank)", cells_rank, "order"),
+        *([] if native else [row("draft d (call 1)" if record.schedule == "linear" else "old draft d",
+                                 cells_draft, "draft"),
+                             row("verifier v", cells_v, "verifier")]),
+        row("predictions" if native else "proposals z", cells_z, "proposals"),
+        row("committed now" if native else "accepted now", cells_out, "appended"),
     ]
     a = len(record.appended)
-    heading = (f"Iteration {record.index} · {html.escape(title or record.schedule)} · order "
-               f"({', '.join(map(str, order))}) · h = {h} · A = {a} · {len(record.calls)} "
-               f"call{'s' if len(record.calls) != 1 else ''}, {record.rows} rows")
+    outcome = ("h and A after the verification call" if pending else f"{a} committed" if native
+               else f"h = {h} · A = {a}")
+    heading = (f"Iteration {record.index} · {html.escape(title or record.schedule)} · "
+               f"{'window' if native else 'order'} ({', '.join(map(str, order))}) · {outcome} · "
+               f"{len(record.calls)} call{'s' if len(record.calls) != 1 else ''}, {record.rows} rows")
     if record.stop_reason:
         heading += f" · stopped: {html.escape(record.stop_reason)}"
     return (f'<div class="token-grid-wrap" data-iteration="{record.index}">'
-            f'<div class="token-grid-head">{heading}</div>'
+            f'<div class="token-grid-head">{heading}</div>{LEGEND}'
             f'<table class="token-grid order-grid">{"".join(rows)}</table></div>')
 
 
-def narrate_order(record: IterationRecord, strings: TokenStrings) -> str:
-    """One paragraph on what the iteration did: the order, what was checked and accepted, where (HTML)."""
+def narrate_order(record: IterationRecord, strings: TokenStrings, policy: str = "ltr") -> str:
+    """One paragraph on what the iteration did: the order, what was checked and accepted, where (HTML).
+    ``policy``: the run's order policy (``"ltr"`` or ``"confidence"``)."""
     order = record.order
-    ltr = list(order) == sorted(order)
-    words = [f"The window's unresolved positions were checked in {'textual' if ltr else 'confidence'} order "
-             f"({', '.join(map(str, order))})."]
+    sorted_order = list(order) == sorted(order)
+    how = ("textual order" if policy == "ltr" else
+           "confidence order (here the same as textual order)" if sorted_order else "confidence order")
+    words = [f"The window's unresolved positions were checked in {how} ({', '.join(map(str, order))})."]
     if record.schedule == "ar":
         words = [f"One mask at position {order[0]} saw the prompt and every accepted token and predicted it: "
                  f"the any-order model's own left-to-right decoding, one token per call."]
+    elif record.schedule == "diffusion":
+        words = [f"One mask per open position of the window ({', '.join(map(str, order))}) predicted its token "
+                 f"from the accepted tokens alone; {len(record.appended)} prediction"
+                 f"{'s were' if len(record.appended) != 1 else ' was'} confident enough (at least the threshold, "
+                 f"or the most confident one) and committed without verification at "
+                 f"{_positions(record.appended_positions)}; the other positions stay open."]
+    elif _pending(record):
+        words = [f"Call 1 (drafting) put a mask at every open position of the window and proposed the draft; "
+                 f"the order ({', '.join(map(str, order))}) was fixed before this call from the previous "
+                 f"verification's confidences. Nothing is verified yet: Step again for call 2."]
     elif record.old_draft:
         accepted = record.draft_positions[: record.h]
-        words.append(f"{record.h} of {len(record.old_draft)} draft tokens matched the verifier in that order"
-                     + (f" (positions {', '.join(map(str, accepted))})" if accepted else "") + ".")
+        n = len(record.old_draft)
+        words.append(f"{record.h} of {n} draft token{'s' if n != 1 else ''} matched the verifier in that order"
+                     + (f" ({_positions(accepted)})" if accepted else "") + ".")
     else:
         words.append("There was no draft yet, so the verifier's prediction at the first rank was taken.")
-    if record.appended and record.schedule != "ar":
+    if record.appended and record.schedule not in ("ar", "diffusion") and not _pending(record):
         last_source = record.appended_sources[-1]
         if last_source in ("correction", "bonus", "prefill"):
             words.append(f"The verifier's token {' '.join(repr(s) for s in strings(record.appended[-1:]))} "
                          f"filled position {record.appended_positions[-1]} ({last_source}).")
+    if record.appended and not _pending(record):
         jumps = [j for j in record.appended_positions if any(k < j and k not in record.appended_positions
                                                              for k in order)]
         if jumps:
-            words.append(f"Accepted out of textual order: position{'s' if len(jumps) > 1 else ''} "
-                         f"{', '.join(map(str, jumps))}, while an earlier one stays open for a later call.")
+            words.append(f"Accepted out of textual order: {_positions(jumps)}, while an earlier one stays open for "
+                         f"a later call.")
     if record.dropped_positions:
-        words.append(f"An end marker moved E: earlier accepted positions {', '.join(map(str, record.dropped_positions))} "
-                     f"were dropped.")
+        words.append(f"An end marker moved E: earlier accepted {_positions(record.dropped_positions)} were dropped.")
     return f'<p class="narration" data-narration="{html.escape(record.schedule)}">{html.escape(" ".join(words))}</p>'

@@ -207,10 +207,12 @@ def _block_label(lane: Lane) -> str:
     return f' <span class="lane-b">· B = {b}</span>' if b and lane.schedule != "ar" else ""
 
 
-def badge_html(lanes: Sequence[Lane], greedy: bool) -> str:
+def badge_html(lanes: Sequence[Lane], greedy: bool, order: str = "ltr") -> str:
     """The race verdict: are the lossless lanes' greedy outputs identical to AR's; diffusion's differences.
 
     The AR reference always runs (hidden or not); diffusion is compared too and its differences shown.
+    ``order``: an any-order model's verification order; under ``"confidence"`` the speculative lanes may
+    leave the model's left-to-right output by design (Appendix C), so a difference is reported, not flagged.
     """
     lossless = [lane for lane in lanes if lane.schedule not in ("ar", "diffusion")]
     badges = []
@@ -220,7 +222,14 @@ def badge_html(lanes: Sequence[Lane], greedy: bool) -> str:
     names = ", ".join(lane.title for lane in lossless)
     ref = next((lane for lane in lanes if lane.schedule == "ar"), None)
     n = len(ref.token_ids) if ref else 0
-    if greedy:
+    if greedy and order != "ltr":
+        for lane in lossless:
+            where = ("matches the left-to-right output" if lane.identical else
+                     f"differs from the left-to-right output from token {lane.first_difference} on "
+                     f"({sum(lane.differs)} of {len(lane.token_ids)} tokens differ)")
+            badges.append(f'<span class="badge info" data-badge="order">{html.escape(lane.title)} {where}: '
+                          f'the confidence order changes the conditionals, so this is expected</span>')
+    elif greedy:
         bad = [lane for lane in lossless if not lane.identical]
         if not bad:
             badges.append(f'<span class="badge ok" data-badge="identical">✓ Greedy outputs of {html.escape(names)} '

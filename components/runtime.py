@@ -503,6 +503,7 @@ class RaceResult:
         repeats: measurements per lane (rotating order).
         block_size_source: where each lane's own best B came from ("" = every lane at the settings' B).
         interleaved: iterations of other requests that ran between this race's iterations (0 = isolated).
+        left_out: titles of requested lanes the model has no version of (an any-order model).
     """
 
     @property
@@ -521,6 +522,7 @@ class RaceResult:
     repeats: int = 1
     block_size_source: str = ""
     interleaved: int = 0
+    left_out: tuple[str, ...] = ()
 
     def lane(self, schedule: str) -> Lane | None:
         return next((lane for lane in self.lanes if lane.schedule == schedule), None)
@@ -543,7 +545,8 @@ class RaceResult:
             "prompt_tokens": self.prompt_tokens,
             "settings": {"schedules": [lane.schedule for lane in self.lanes], "block_size": c.block_size,
                          "temperature": c.temperature, "top_k": c.top_k, "top_p": c.top_p, "seed": c.seed,
-                         "max_new_tokens": c.max_new_tokens, "model": self.settings.model},
+                         "max_new_tokens": c.max_new_tokens, "model": self.settings.model, "order": c.order},
+            "left_out": list(self.left_out),
             "greedy": self.greedy,
             "reference": "ar",
             "lossless_identical_to_ar": all(lane.identical for lane in lossless),
@@ -660,16 +663,19 @@ def schedule_for(model, settings: RunSettings):
 
     Raises: UserError for a schedule the model cannot run, the confidence order on a left-to-right
     model, or a scripted drafter on an any-order model."""
-    try:
-        runner = get_schedule(settings.schedule, model)
-    except ValueError as error:
-        raise UserError(str(error)) from None
     any_order = getattr(model, "any_order", False)
+    if any_order and settings.schedule not in ORDER_REGISTRY:
+        offered = ", ".join(ORDER_REGISTRY[s].title for s in ORDER_REGISTRY)
+        raise UserError(f"{REGISTRY[settings.schedule].title} has no version for an any-order model; choose one of: "
+                        f"{offered}")
     if settings.config.order != "ltr" and not any_order:
-        raise UserError("the confidence order needs an any-order model (choose model-anyorder), or set the order to ltr")
+        raise UserError("verification by confidence needs an any-order model (assets/model-anyorder in the model "
+                        "list), or choose the order \"left to right\"")
     if any_order and settings.scripted is not None:
         raise UserError("the scripted drafter works with left-to-right models only: choose the model's own drafter")
-    return runner
+    if any_order and settings.config.drafter_lora:
+        raise UserError("an any-order model has no drafter adapter: turn the drafter LoRA off")
+    return get_schedule(settings.schedule, model)
 
 
 def parse_lanes(lanes) -> list[str]:
@@ -792,6 +798,7 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
     # decoding as the diffusion lane); lanes it has no version of are left out.
     schedules = ["ar", *SPECULATIVE] + [lane for lane in OPTIONAL_LANES
                                         if lane in extra and (not any_order or lane in ORDER_REGISTRY)]
+    left_out = tuple(REGISTRY[lane].title for lane in OPTIONAL_LANES if lane in extra and lane not in schedules)
     reference = ["ar"] if settings.scripted is not None else []  # a scripted drafter's AR reference run
     sizes, source = best.choose(tasks, settings, ids, max_rows) if best is not None else (None, "")
     once = check_work(schedules + reference, len(ids), settings.config, max_rows, block_sizes=sizes,
@@ -810,14 +817,16 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
                 log.add(run.records, run.block_size)
     reference = measured[0][0].token_ids
     scripted = "" if settings.scripted is None else f" · scripted\u00a0drafter\u00a0q={settings.scripted:g}"
-    titles = {s: get_schedule(s, model).title for s in schedules}
+    order = f" · {settings.config.order} order" if any_order else ""
+    titles = {s: get_schedule(s, model).title + (order if s in SPECULATIVE else "") for s in schedules}
     lanes = tuple(lane_from_runs(runs, titles[runs[0].schedule] + (scripted if runs[0].schedule != "ar" else ""),
                                  reference) for runs in measured)
     if settings.config.greedy and not any_order:  # a lossless lane that left AR: near-tie (low precision) or bug?
         lanes = tuple(replace(lane, divergence=tasks.divergence(settings.model_ref, ids, reference, lane.token_ids))
                       if lane.schedule in LOSSLESS and not lane.identical else lane for lane in lanes)
     return RaceResult(settings=settings, lanes=lanes, greedy=settings.config.greedy, compute_s=compute_s,
-                      prompt_tokens=len(ids), repeats=repeats, block_size_source=source, interleaved=interleaved)
+                      prompt_tokens=len(ids), repeats=repeats, block_size_source=source, interleaved=interleaved,
+                      left_out=left_out)
 
 
 def run_generate(tasks: GpuTasks, settings: RunSettings, log: TimingLog | None = None,

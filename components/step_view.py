@@ -72,7 +72,7 @@ def step_view(run, strings: TokenStrings | None, with_figure: bool = True) -> St
         sources = [by_position.get(j, "open") if j in filled else "open"
                    for j in range(len(run.prompt_ids), len(run.prompt_ids) + len(tokens))]
         grid = order_grid_html(record, filled_before(records, len(records) - 1), strings, title
-                               ) + narrate_order(record, strings)
+                               ) + narrate_order(record, strings, run.settings.config.order)
         new_from = None
     else:
         tokens = [t for r in records for t in r.appended]

@@ -469,7 +469,8 @@ def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progres
 
 
 def any_order_problem(model, config: BenchConfig) -> None:
-    """Refuse schedules an any-order model cannot run, and the confidence order on a left-to-right model.
+    """Refuse what an any-order model cannot run (other schedules, T > 0, the drafter LoRA) and the confidence
+    order on a left-to-right model, before anything is measured.
 
     Raises: BenchError naming what to change."""
     from packed_ss.any_order import ORDER_REGISTRY
@@ -479,6 +480,10 @@ def any_order_problem(model, config: BenchConfig) -> None:
         if other:
             raise BenchError(f"{', '.join(other)} cannot run on an any-order model; choose from "
                              f"{', '.join(ORDER_REGISTRY)}")
+        if config.temperature > 0:
+            raise BenchError("any-order verification is greedy (Algorithm 3): use --temperature 0 with this model")
+        if config.drafter_lora:
+            raise BenchError("an any-order model has no drafter adapter: leave out --drafter-lora")
     elif config.order != "ltr":
         raise BenchError(f"--order {config.order} needs an any-order model (e.g. --model assets/model-anyorder)")
 
@@ -527,7 +532,8 @@ DEFINITIONS = {
     "wall": "decoder wall time per response in seconds: model time + non-model decoder time; model "
             "loading and tokenisation excluded (E.5)",
     "mean_acceptance_length": "total tokens committed by verifying iterations / their number: A = h + 1 "
-                              "(bonus or correction included), less where EOS or the limit cut the iteration",
+                              "(bonus or correction included; any-order models: A = min(h + 1, u) with u open "
+                              "positions in the window), less where EOS or the limit cut the iteration",
     "ratios": "ratio of aggregated sums over the (resampled) prompts, e.g. throughput ratio = "
               "(sum tokens_A / sum wall_A) / (sum tokens_B / sum wall_B); not a mean of per-prompt ratios",
     "wall_difference_s": "mean wall seconds per response of A minus that of B, paired by prompt",
@@ -537,7 +543,8 @@ DEFINITIONS = {
     "decomposition": "mean model time and mean non-model decoder time per response of each schedule, "
                      "divided by Linear-SS's mean total wall time (F.3)",
     "lossless": "greedy runs whose token ids differ from AR's for the same prompt (0 expected for "
-                + ", ".join(LOSSLESS) + "; diffusion is unverified and may differ)",
+                + ", ".join(LOSSLESS) + "; diffusion is unverified and may differ; on an any-order model "
+                "under the confidence order none is expected to match: the order changes the conditionals)",
     "references": "hf-greedy and hf-lookup are transformers' own generate (greedy; prompt lookup with "
                   "prompt_lookup_num_tokens = B - 1, max_matching_ngram_size = 2) on the same weights: wall "
                   "time is the whole call (model and non-model time n/a: not split), NFE counts the network's "

@@ -55,17 +55,28 @@ def test_generate_api_takes_the_order(client, tiny_any_order_dir):
     assert confidence["tokens"] == 10
 
 
-def test_race_on_an_any_order_model_runs_its_four_schedules(client, tiny_any_order_dir):
-    result = client.predict("w1 w2 w3", max_new_tokens=10, block_size=4, lanes="lookup,packed-mixed",
+def test_race_on_an_any_order_model_runs_its_own_schedules(client, tiny_any_order_dir):
+    result = client.predict("w1 w2 w3", max_new_tokens=10, block_size=4, lanes="lookup,packed-mixed,diffusion",
                             model=str(tiny_any_order_dir), order="confidence", api_name="/race")
-    assert set(result["lanes"]) == {"ar", "linear", "quadratic", "packed"}
+    assert set(result["lanes"]) == {"ar", "linear", "quadratic", "packed", "diffusion"}
+    assert result["left_out"] == ["Prompt lookup", "Packed-SS + n-gram"]
+    assert result["settings"]["order"] == "confidence"
     assert result["lanes"]["packed"]["tokens"] == 10
+
+
+def test_race_page_reports_confidence_order_differences_as_expected(client, tiny_any_order_dir):
+    args = ui_args(model=str(tiny_any_order_dir), order="confidence", block_size=5, max_new_tokens=24)
+    note, badges, _ = client.predict(*args, ["lookup"], "same", api_name="/ui_race")
+    assert "Left out: Prompt lookup" in note
+    assert 'data-badge="order"' in badges and "expected" in badges and 'class="badge bad"' not in badges.split(
+        'data-badge="diffusion"')[0]
 
 
 @pytest.mark.parametrize("overrides,message", [
     (dict(order="confidence"), "needs an any-order model"),
+    (dict(any_order=True, drafter_lora=True), "no drafter adapter"),
     (dict(order="sideways"), "order must be one of ltr, confidence"),
-    (dict(any_order=True, schedule="lookup"), "does not run on an any-order model"),
+    (dict(any_order=True, schedule="lookup"), "Prompt lookup has no version for an any-order model"),
     (dict(any_order=True, temperature=1.0), "greedy"),
     (dict(any_order=True, drafter="scripted"), "left-to-right models only"),
 ])
@@ -75,11 +86,13 @@ def test_refusals_are_one_line(client, tiny_any_order_dir, overrides, message):
     overrides = dict(overrides)
     model = str(tiny_any_order_dir) if overrides.pop("any_order", False) else ""
     settings = dict(schedule="packed", block_size=4, temperature=0.0, max_new_tokens=8, model=model, order="ltr",
-                    drafter="model")
+                    drafter="model", drafter_lora=False)
     settings.update(overrides)
     with pytest.raises(AppError, match=message):
         client.predict("w1 w2 w3", api_name="/generate", **settings)
     if settings["order"] not in ("ltr", "confidence"):
         return  # the page's radio offers only these two (Gradio refuses others before the handler)
     slider, grid, text, stats, plot, status = client.predict(*ui_args(**settings), api_name="/step")
+    if settings["drafter_lora"]:
+        return  # the page shows the drafter LoRA box only when the server has an adapter
     assert message.split()[0] in status and "Traceback" not in status
