@@ -133,8 +133,8 @@ def run_small_benchmark(load_model: Callable[[str], object], model_name: str, pr
     if not schedules:
         raise BenchError("select at least one schedule")
     default, overrides = parse_block_sizes(block_size or "8")
-    order = tuple(s for s in ALL_SCHEDULES if s in schedules)
-    config = BenchConfig(schedules=order, block_sizes=overrides, default_block_size=default,
+    chosen = tuple(s for s in ALL_SCHEDULES if s in schedules)
+    config = BenchConfig(schedules=chosen, block_sizes=overrides, default_block_size=default,
                          temperature=temperature, samples=samples, max_new_tokens=max_new_tokens,
                          seed=seed, resamples=resamples, order=order)
     if prompt_source == UPLOAD:
@@ -158,7 +158,7 @@ def run_small_benchmark(load_model: Callable[[str], object], model_name: str, pr
     any_order_problem(model, config)  # schedules, order and temperature this model can run
     if max_rows is not None:
         worst = sum(get_schedule(s, model).max_rows(len(model.encode(p.text)), config.decode_config(s, config.block_size(s), 0))
-                    for p in prompts for s in order) * (samples if temperature > 0 else 1)
+                    for p in prompts for s in chosen) * (samples if temperature > 0 else 1)
         if worst > max_rows:
             raise BenchError(f"this benchmark could evaluate up to {worst:,} model rows; this server allows "
                              f"{max_rows:,} per request: use fewer prompts, schedules or new tokens, or a smaller B")
