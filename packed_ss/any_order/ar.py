@@ -39,8 +39,6 @@ class OrderAR:
             appended, dropped = session.accept([pair], [SOURCE_PREFILL if first else SOURCE_AR])
             if appended:
                 session.pending.append(pair)
-            yield session.record(prefix_len_before=before, verifier_tokens=v, advance=1, order=order,
-                                 appended=tuple(session.filled[j] for j in appended),
-                                 appended_sources=tuple(session.sources[j] for j in appended),
-                                 appended_positions=tuple(appended), dropped_positions=tuple(dropped))
+            yield session.record(appended, dropped, prefix_len_before=before, verifier_tokens=v, advance=1,
+                                 order=order)
             first = False

@@ -44,10 +44,6 @@ class OrderDiffusion:
             session.settle([])
             appended, dropped = session.accept(pairs, [SOURCE_DIFFUSION] * len(pairs))
             session.pending += [(j, session.filled[j]) for j in appended]
-            yield session.record(prefix_len_before=before, advance=len(pairs), order=order,
-                                 appended=tuple(session.filled[j] for j in appended),
-                                 appended_sources=tuple(session.sources[j] for j in appended),
-                                 appended_positions=tuple(appended), dropped_positions=tuple(dropped),
-                                 proposals=z, proposal_positions=order, proposal_start=order[0],
-                                 kept=tuple(chosen))
+            yield session.record(appended, dropped, prefix_len_before=before, advance=len(pairs), order=order,
+                                 proposals=z, proposal_positions=order, proposal_start=order[0], kept=tuple(chosen))
             first = False

@@ -46,17 +46,11 @@ class OrderLinearSS:
             rows = session.call(layout, layout.verify_rows)
             v = rows.top
             h, pairs, sources = verify_in_order(order, draft, v)
-            session.settle(pairs[:h])
-            appended, dropped = session.accept(pairs, sources)
-            if h < len(pairs) and pairs[h][0] in session.filled:
-                session.pending.append(pairs[h])
+            appended, dropped = session.conclude(pairs, sources, h)
             conf = session.top_probs(rows)
             scores = {j: conf[r] for r, j in enumerate(order) if j not in session.filled}
-            yield session.record(prefix_len_before=before, old_draft=tuple(z), draft_positions=order,
-                                 verifier_tokens=v, h=h, advance=len(pairs), order=order,
-                                 appended=tuple(session.filled[j] for j in appended),
-                                 appended_sources=tuple(session.sources[j] for j in appended),
-                                 appended_positions=tuple(appended), dropped_positions=tuple(dropped),
+            yield session.record(appended, dropped, prefix_len_before=before, old_draft=tuple(z),
+                                 draft_positions=order, verifier_tokens=v, h=h, advance=len(pairs), order=order,
                                  proposals=tuple(z), proposal_positions=order, proposal_start=order[0],
                                  kept=tuple(range(u)))
             first = False

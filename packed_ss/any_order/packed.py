@@ -49,18 +49,13 @@ class OrderPackedSS:
             z_rows = logits[len(layout.verify_rows):]
             h, pairs, sources = verify_in_order(order, draft, v, first)  # lines 9-10
             old = tuple(draft[j] for j in order[:kappa])
-            session.settle(pairs[:h])  # cache: N and the accepted draft tokens
-            appended, dropped = session.accept(pairs, sources)  # lines 11-13
-            if h < len(pairs) and pairs[h][0] in session.filled:
-                session.pending.append(pairs[h])  # the correction enters the cache as N next call
+            appended, dropped = session.conclude(pairs, sources, h)  # lines 11-13
             z, conf = z_rows.top, session.top_probs(z_rows)
             kept = tuple(r for r, j in enumerate(order) if j not in session.filled and j <= session.end)  # line 14
             draft = {order[r]: z[r] for r in kept}  # line 15
             scores = {order[r]: conf[r] for r in kept}
-            yield session.record(prefix_len_before=before, old_draft=old, draft_positions=order[:kappa],
-                                 verifier_tokens=v, h=h, advance=len(pairs), order=order,
-                                 appended=tuple(session.filled[j] for j in appended),
-                                 appended_sources=tuple(session.sources[j] for j in appended),
-                                 appended_positions=tuple(appended), dropped_positions=tuple(dropped),
-                                 proposals=z, proposal_positions=order, proposal_start=order[0], kept=kept)
+            yield session.record(appended, dropped, prefix_len_before=before, old_draft=old,
+                                 draft_positions=order[:kappa], verifier_tokens=v, h=h, advance=len(pairs),
+                                 order=order, proposals=z, proposal_positions=order, proposal_start=order[0],
+                                 kept=kept)
             first = False

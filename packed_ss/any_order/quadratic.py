@@ -48,10 +48,7 @@ class OrderQuadraticSS:
             v = logits.top[: len(layout.verify_rows)]
             h, pairs, sources = verify_in_order(order, draft, v, first)
             old = tuple(draft[j] for j in order[:kappa])
-            session.settle(pairs[:h])
-            appended, dropped = session.accept(pairs, sources)
-            if h < len(pairs) and pairs[h][0] in session.filled:
-                session.pending.append(pairs[h])
+            appended, dropped = session.conclude(pairs, sources, h)
             z_rows, z, kept = None, (), ()
             if h < u:  # branch h_t (none needed when every position was accepted)
                 start = len(layout.verify_rows) + h * u
@@ -61,11 +58,8 @@ class OrderQuadraticSS:
             conf = session.top_probs(z_rows) if z_rows is not None else []
             draft = {order[r]: z[r] for r in kept}
             scores = {order[r]: conf[r] for r in kept}
-            yield session.record(prefix_len_before=before, old_draft=old, draft_positions=order[:kappa],
-                                 verifier_tokens=v, h=h, advance=len(pairs), order=order,
-                                 appended=tuple(session.filled[j] for j in appended),
-                                 appended_sources=tuple(session.sources[j] for j in appended),
-                                 appended_positions=tuple(appended), dropped_positions=tuple(dropped),
-                                 proposals=z, proposal_positions=order if z else (), proposal_start=order[0],
-                                 kept=kept)
+            yield session.record(appended, dropped, prefix_len_before=before, old_draft=old,
+                                 draft_positions=order[:kappa], verifier_tokens=v, h=h, advance=len(pairs),
+                                 order=order, proposals=z, proposal_positions=order if z else (),
+                                 proposal_start=order[0], kept=kept)
             first = False

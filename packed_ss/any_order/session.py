@@ -20,7 +20,7 @@ from packed_ss.config import DecodeConfig
 from packed_ss.layout import PREFILL, CallLayout
 from packed_ss.records import (SOURCE_BONUS, SOURCE_CORRECTION, SOURCE_DRAFT, SOURCE_PREFILL, CallRecord,
                                IterationRecord)
-from packed_ss.schedules.base import CallLogits, PromptError
+from packed_ss.schedules.base import CallLogits, PromptError, close_iteration
 
 LTR, CONFIDENCE = "ltr", "confidence"  # order policies (DecodeConfig.order)
 
@@ -185,17 +185,25 @@ class OrderSession:
                     break
         return best
 
-    def record(self, **fields) -> IterationRecord:
-        """Close the iteration (times as :meth:`packed_ss.schedules.base.Session.record`)."""
-        wall_ms = (time.perf_counter() - self._started) * 1000
-        model_ms = sum(c.model_ms for c in self._calls)
-        defaults = dict(old_draft=(), verifier_tokens=(), verifier_probs=(), accept_probs=(), proposals=(),
-                        proposal_start=0, kept=(), h=0, advance=0, appended=(), appended_sources=())
-        defaults.update(fields)
-        return IterationRecord(index=self.iteration, schedule=self.schedule, calls=tuple(self._calls),
-                               model_ms=model_ms, other_ms=max(0.0, wall_ms - model_ms),
-                               stop_reason=(self.stop_reason or "limit") if self.finished else None,
-                               prefix_len_after=self.prompt_len + len(self.filled), **defaults)
+    def record(self, appended: list[int] = (), dropped: list[int] = (), **fields) -> IterationRecord:
+        """Close the iteration (times as :meth:`packed_ss.schedules.base.Session.record`); ``appended`` and
+        ``dropped`` are the positions :meth:`conclude` returned."""
+        stop = (self.stop_reason or "limit") if self.finished else None
+        return close_iteration(self.iteration, self.schedule, self._calls, self._started, stop,
+                               prefix_len_after=self.prompt_len + len(self.filled),
+                               appended=tuple(self.filled[j] for j in appended),
+                               appended_sources=tuple(self.sources[j] for j in appended),
+                               appended_positions=tuple(appended), dropped_positions=tuple(dropped), **fields)
+
+    def conclude(self, pairs: list[tuple[int, int]], sources: list[str], h: int) -> tuple[list[int], list[int]]:
+        """After a verifying call: cache N and the h accepted draft tokens, accept C_t = ``pairs`` (lines
+        10-13) and queue the correction, if any, as the next call's N. Returns :meth:`accept`'s
+        ``(appended, dropped)``."""
+        self.settle(pairs[:h])
+        appended, dropped = self.accept(pairs, sources)
+        if h < len(pairs) and pairs[h][0] in self.filled:
+            self.pending.append(pairs[h])  # the correction enters the cache in the next call
+        return appended, dropped
 
     @staticmethod
     def top_probs(rows: CallLogits) -> list[float]:

@@ -67,6 +67,19 @@ class CallLogits:
         return len(self.top)
 
 
+def close_iteration(index: int, schedule: str, calls: list[CallRecord], started: float, stop_reason: str | None,
+                    **fields) -> IterationRecord:
+    """The record of an iteration that began at ``started`` (``time.perf_counter()``): its wall time split
+    into model time (the calls') and non-model time, milliseconds; ``fields`` fill the rest."""
+    wall_ms = (time.perf_counter() - started) * 1000
+    model_ms = sum(c.model_ms for c in calls)
+    defaults = dict(old_draft=(), verifier_tokens=(), verifier_probs=(), accept_probs=(), proposals=(),
+                    proposal_start=0, kept=(), h=0, advance=0, appended=(), appended_sources=())
+    defaults.update(fields)
+    return IterationRecord(index=index, schedule=schedule, calls=tuple(calls), model_ms=model_ms,
+                           other_ms=max(0.0, wall_ms - model_ms), stop_reason=stop_reason, **defaults)
+
+
 class PromptError(ValueError):
     """The prompt cannot be decoded (empty, or too long for the model's positions)."""
 
@@ -170,13 +183,7 @@ class Session:
 
     def record(self, **fields) -> IterationRecord:
         """Close the iteration: wall time since :meth:`begin`, split into model and non-model time."""
-        wall_ms = (time.perf_counter() - self._started) * 1000
-        model_ms = sum(c.model_ms for c in self._calls)
-        defaults = dict(old_draft=(), verifier_tokens=(), verifier_probs=(), accept_probs=(), proposals=(),
-                        proposal_start=0, kept=(), h=0, advance=0, appended=(), appended_sources=())
-        defaults.update(fields)
-        return IterationRecord(index=self.iteration, schedule=self.schedule, calls=tuple(self._calls), model_ms=model_ms,
-                               other_ms=max(0.0, wall_ms - model_ms), stop_reason=self.stop_reason, **defaults)
+        return close_iteration(self.iteration, self.schedule, self._calls, self._started, self.stop_reason, **fields)
 
     # --- token selection ------------------------------------------------------------------------
     def verify(self, draft: list[int], stored_q: list[SparseDist], rows: CallLogits):
