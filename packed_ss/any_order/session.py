@@ -82,10 +82,6 @@ class OrderSession:
     def finished(self) -> bool:
         return all(j in self.filled for j in range(self.prompt_len, self.end + 1))
 
-    @property
-    def prefilled(self) -> bool:
-        return self.model.cache_length > 0
-
     def window(self) -> list[int]:
         """U_t: unresolved positions of {l, ..., min(E, l + W - 1)}, l the leftmost unresolved (lines 3-4)."""
         left = next(j for j in range(self.prompt_len, self.end + 1) if j not in self.filled)
@@ -111,7 +107,7 @@ class OrderSession:
 
     def settle(self, cached_new: list[tuple[int, int]]) -> None:
         """Cache update after a call (Appendix D.2): keep the rows of N and of ``cached_new`` (the accepted
-        O rows, which directly follow N), drop the rest. Positions past E are never kept."""
+        O rows, which directly follow N), drop the rest (masks, rejected and unchecked draft tokens)."""
         layout = self._last
         n0 = layout.regions.count(PREFILL)
         fresh = [j for j, _ in self.pending] + [j for j, _ in cached_new]
