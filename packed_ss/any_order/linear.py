@@ -47,8 +47,7 @@ class OrderLinearSS:
             v = rows.top
             h, pairs, sources = verify_in_order(order, draft, v)
             appended, dropped = session.conclude(pairs, sources, h)
-            conf = session.top_probs(rows)
-            scores = {j: conf[r] for r, j in enumerate(order) if j not in session.filled}
+            scores = session.order_scores(rows, {j: r for r, j in enumerate(order) if j not in session.filled})
             yield session.record(appended, dropped, prefix_len_before=before, old_draft=tuple(z),
                                  draft_positions=order, verifier_tokens=v, h=h, advance=len(pairs), order=order,
                                  proposals=tuple(z), proposal_positions=order, proposal_start=order[0],

@@ -50,10 +50,10 @@ class OrderPackedSS:
             h, pairs, sources = verify_in_order(order, draft, v, first)  # lines 9-10
             old = tuple(draft[j] for j in order[:kappa])
             appended, dropped = session.conclude(pairs, sources, h)  # lines 11-13
-            z, conf = z_rows.top, session.top_probs(z_rows)
+            z = z_rows.top
             kept = tuple(r for r, j in enumerate(order) if j not in session.filled and j <= session.end)  # line 14
             draft = {order[r]: z[r] for r in kept}  # line 15
-            scores = {order[r]: conf[r] for r in kept}
+            scores = session.order_scores(z_rows, {order[r]: r for r in kept})
             yield session.record(appended, dropped, prefix_len_before=before, old_draft=old,
                                  draft_positions=order[:kappa], verifier_tokens=v, h=h, advance=len(pairs),
                                  order=order, proposals=z, proposal_positions=order, proposal_start=order[0],

@@ -55,9 +55,8 @@ class OrderQuadraticSS:
                 z_rows = logits[start: start + u]
                 z = z_rows.top
                 kept = tuple(r for r, j in enumerate(order) if j not in session.filled and j <= session.end)
-            conf = session.top_probs(z_rows) if z_rows is not None else []
             draft = {order[r]: z[r] for r in kept}
-            scores = {order[r]: conf[r] for r in kept}
+            scores = session.order_scores(z_rows, {order[r]: r for r in kept})
             yield session.record(appended, dropped, prefix_len_before=before, old_draft=old,
                                  draft_positions=order[:kappa], verifier_tokens=v, h=h, advance=len(pairs),
                                  order=order, proposals=z, proposal_positions=order if z else (),

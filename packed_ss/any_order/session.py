@@ -66,6 +66,7 @@ class OrderSession:
         self.sources: dict[int, str] = {}
         self.accepted: list[int] = []
         self.end = self.prompt_len + config.max_new_tokens - 1
+        self.left = self.prompt_len  # the leftmost unresolved position (l of Algorithm 3 line 3)
         self.pending: list[tuple[int, int]] = []
         self.in_cache: list[int] = []  # output positions whose tokens the cache holds, in cache order
         self.stop_reason: str | None = None
@@ -80,13 +81,13 @@ class OrderSession:
     # --- the window ---------------------------------------------------------------------------
     @property
     def finished(self) -> bool:
-        return all(j in self.filled for j in range(self.prompt_len, self.end + 1))
+        """Every position up to E is filled (Algorithm 3 line 2)."""
+        return self.left > self.end
 
     def window(self) -> list[int]:
         """U_t: unresolved positions of {l, ..., min(E, l + W - 1)}, l the leftmost unresolved (lines 3-4)."""
-        left = next(j for j in range(self.prompt_len, self.end + 1) if j not in self.filled)
-        last = min(self.end, left + self.config.width - 1)
-        return [j for j in range(left, last + 1) if j not in self.filled]
+        last = min(self.end, self.left + self.config.width - 1)
+        return [j for j in range(self.left, last + 1) if j not in self.filled]
 
     def text_order(self) -> tuple[int, ...]:
         """The filled output, positions n..E in textual order (Algorithm 3 line 18)."""
@@ -129,6 +130,8 @@ class OrderSession:
             self.filled[j] = t
             self.sources[j] = s
             self.accepted.append(j)
+        while self.left in self.filled:  # E only moves to a filled position, so l stays the leftmost open one
+            self.left += 1
         new = [j for j, _ in pairs]
         end, reason = self.end, None
         eos = self.model.eos_token_id
@@ -200,6 +203,15 @@ class OrderSession:
         if h < len(pairs) and pairs[h][0] in self.filled:
             self.pending.append(pairs[h])  # the correction enters the cache in the next call
         return appended, dropped
+
+    def order_scores(self, rows: CallLogits | None, positions: dict[int, int]) -> dict[int, float]:
+        """E.6 scores for the next order: position -> max_x softmax of its row (``positions`` maps each
+        position to its row index in ``rows``). Empty under the ltr policy, which never reads them (no
+        softmax on the decoding path then)."""
+        if self.config.order != CONFIDENCE or rows is None or not positions:
+            return {}
+        probs = self.top_probs(rows)
+        return {j: probs[r] for j, r in positions.items()}
 
     @staticmethod
     def top_probs(rows: CallLogits) -> list[float]:
