@@ -56,7 +56,7 @@ def measure_http(model_path: str, settings, steps: int) -> list[float]:
         client = Client(url, verbose=False)
         c = settings.config
         args = ("", settings.prompt, settings.schedule, c.block_size, c.temperature, c.top_k, c.top_p, c.seed,
-                c.max_new_tokens, c.drafter_lora, settings.precision, "model", 0.8)
+                c.max_new_tokens, c.drafter_lora, settings.precision, "model", 0.8, c.order)
         times = []
         for _ in range(steps):
             start = time.perf_counter()

@@ -51,7 +51,7 @@ def main() -> None:
         ("warm-up (first generate, loads the model)", lambda: client.predict(prompt, max_new_tokens=8,
                                                                             api_name="/generate")),
         ("20 Steps, Packed-SS, B = 8", lambda: [client.predict("", prompt, "packed", 8, 0.0, 0, 1.0, 0, 128, False, "", "model", 0.8,
-                                                                api_name="/step") for _ in range(20)]),
+                                                                "ltr", api_name="/step") for _ in range(20)]),
         ("generate, Packed-SS, B = 8, 128 tokens", lambda: client.predict(prompt, api_name="/generate")),
         ("race, B = 8, 128 tokens (default)", lambda: client.predict(prompt, api_name="/race")),
         ("race + AR + diffusion, B = 8, 512 tokens", lambda: client.predict(prompt, max_new_tokens=512,

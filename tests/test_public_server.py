@@ -292,7 +292,7 @@ def test_soak_four_clients_outputs_equal_solo_runs_and_memory_returns(server, ti
                     failures.append(f"race {p} {name}")
         for i in range(k, 100, 4):  # 100 Steps over the 4 clients, 25 each: runs of 12 tokens
             p = prompts[(i // 13) % len(prompts)]
-            ui = ("", p, "packed", 4, 0.0, 0, 1.0, 0, 12, False, "", "model", 0.8)
+            ui = ("", p, "packed", 4, 0.0, 0, 1.0, 0, 12, False, "", "model", 0.8, "ltr")
             c.predict(*ui, api_name="/step")
         final = c.predict(prompts[0], schedule="packed", max_new_tokens=12, block_size=4, api_name="/generate")
         if final["token_ids"] != solo_steps[prompts[0]]:
