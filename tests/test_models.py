@@ -272,7 +272,7 @@ def test_space_variables_choose_the_default_model_the_offered_ones_and_the_adapt
     monkeypatch.delenv("PACKED_SS_ALLOW_MODELS")
     monkeypatch.delenv("PACKED_SS_DRAFTER_LORA")
     app.main([])
-    assert seen["model"] == app.DEFAULT_MODEL and seen["allowed_models"] == [] and seen["drafter_lora"] is None
+    assert seen["model"] == app.DEFAULT_MODEL and seen["allowed_models"] == [app.ANY_ORDER_MODEL] and seen["drafter_lora"] is None
 
 
 def test_token_strings_keep_the_spaces_a_sentencepiece_tokenizer_marks():

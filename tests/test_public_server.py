@@ -111,7 +111,7 @@ def test_raw_http_calls_get_documented_defaults(server, client):
     status, text = raw_call(server, "race", {"data": [PROMPT, 4]})
     kind, answer = stream_result(text)
     assert kind == "complete" and answer[0]["settings"]["block_size"] == 4
-    for payload in ({"data": []}, {"data": "w1"}, {}, [PROMPT], {"data": [PROMPT, 4, 0, 0, 1, 0, 8, "", "", False, "", "model", 0.8, "same", 1]}):
+    for payload in ({"data": []}, {"data": "w1"}, {}, [PROMPT], {"data": [PROMPT, 4, 0, 0, 1, 0, 8, "", "", False, "", "model", 0.8, "same", "ltr", 1]}):
         status, text = raw_call(server, "race", payload)
         message = json.loads(text)["error"]
         assert status == 422 and "prompt" in message and "\n" not in message
