@@ -163,7 +163,8 @@ def run_small_benchmark(load_model: Callable[[str], object], model_name: str, pr
             raise BenchError(f"this benchmark could evaluate up to {worst:,} model rows; this server allows "
                              f"{max_rows:,} per request: use fewer prompts, schedules or new tokens, or a smaller B")
     meta = {"model": report_model_name(model_name), "model_sha256": model_fingerprint(model_name),
-            "prompt_source": source, "limit": limit, "threads": _threads(), "origin": "app"}
+            "prompt_source": source, "limit": limit, "threads": _threads(), "origin": "app",
+            "any_order": bool(getattr(model, "any_order", False))}
     result = run_benchmark(model, prompts, config, progress, meta, turn=turn)
     paths = write_outputs(result, _fresh_folder())
     files = [str(paths[k]) for k in ("report", "examples", "summary_json", "summary_md", "probe") if k in paths]

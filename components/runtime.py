@@ -659,10 +659,10 @@ class GpuTasks:
 
 
 def schedule_for(model, settings: RunSettings):
-    """The schedule ``settings`` name on ``model`` (an any-order model has its own four).
+    """The schedule ``settings`` name on ``model`` (an any-order model has its own, :data:`ORDER_REGISTRY`).
 
     Raises: UserError for a schedule the model cannot run, the confidence order on a left-to-right
-    model, or a scripted drafter on an any-order model."""
+    model, or a scripted drafter or the drafter LoRA on an any-order model."""
     any_order = getattr(model, "any_order", False)
     if any_order and settings.schedule not in ORDER_REGISTRY:
         offered = ", ".join(ORDER_REGISTRY[s].title for s in ORDER_REGISTRY)

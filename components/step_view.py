@@ -71,7 +71,8 @@ def step_view(run, strings: TokenStrings | None, with_figure: bool = True) -> St
         by_position = {j: s for r in records for j, s in zip(r.appended_positions, r.appended_sources)}
         sources = [by_position.get(j, "open") if j in filled else "open"
                    for j in range(len(run.prompt_ids), len(run.prompt_ids) + len(tokens))]
-        grid = order_grid_html(record, filled_before(records, len(records) - 1), strings, title
+        before = dict(enumerate(run.prompt_ids)) | filled_before(records, len(records) - 1)  # prompt shown too
+        grid = order_grid_html(record, before, strings, title
                                ) + narrate_order(record, strings, run.settings.config.order)
         new_from = None
     else:

@@ -896,7 +896,8 @@ def _run(args, config: BenchConfig, prompts: list[Prompt]) -> int:
             bar.refresh()
 
     any_order_problem(model, config)
-    meta = {"model": model_name(args.model), "any_order": bool(getattr(model, "any_order", False)), "model_sha256": model_fingerprint(args.model), "prompt_source": str(args.prompts), "limit": args.limit,
+    meta = {"model": model_name(args.model), "any_order": bool(getattr(model, "any_order", False)),
+            "model_sha256": model_fingerprint(args.model), "prompt_source": str(args.prompts), "limit": args.limit,
             "threads": torch.get_num_threads()}
     result = run_benchmark(model, prompts, config, progress, meta)
     for bar in bars:

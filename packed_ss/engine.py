@@ -20,8 +20,8 @@ def decode(model, prompt_ids: list[int], config: DecodeConfig, schedule: str = "
         config: decoding settings.
         schedule: a name in :data:`packed_ss.schedules.REGISTRY` (``"ar"``, ``"linear"``, ``"quadratic"``,
             ``"packed"``, ``"diffusion"``, ``"lookup"``, ``"packed-mixed"``, ``"partial"``); on an any-order
-            model (``model.any_order``) ``"ar"``, ``"linear"``, ``"quadratic"`` or ``"packed"`` with
-            ``config.order`` (:mod:`packed_ss.any_order`).
+            model (``model.any_order``) ``"ar"``, ``"linear"``, ``"quadratic"``, ``"packed"`` or ``"diffusion"``
+            with ``config.order`` (:mod:`packed_ss.any_order`).
     Raises:
         ValueError: unknown schedule; PromptError: empty or too long prompt (raised on creation).
     """

@@ -69,7 +69,7 @@ class TrainConfig:
     seed: int = 0
     restart_step: int = 0  # step where the current cosine cycle began (0, or where a run was continued)
     distill_prob: float = 0.0  # share of fully masked blocks whose targets are the verifier's greedy chain
-    objective: str = "dual"  # "dual" (causal + diffusion modes) or "any-order" (packed_ss.order_training)
+    objective: str = DUAL  # DUAL (causal + diffusion modes) or ANY_ORDER (packed_ss.order_training)
     order_span: int = 8  # any-order: tokens are shuffled within this many positions of their own
     max_group: int = 8  # any-order: largest group of masks predicted in parallel
 
@@ -453,13 +453,17 @@ def parse_setting(text: str) -> tuple[str, object]:
             if not parsed or any(b < 2 for b in parsed):
                 raise ValueError
             return key, parsed
-        if key == "objective" and value not in (DUAL, ANY_ORDER):
+        parsed = type(default)(value)
+        if (key == "objective" and parsed not in (DUAL, ANY_ORDER)) or (key == "max_group" and parsed < 2) or (
+                key == "order_span" and parsed < 0):
             raise ValueError
-        return key, type(default)(value)
+        return key, parsed
     except ValueError:
-        raise ValueError(f"--set {key}: cannot read {value!r} as "
-                         f"{'integers >= 2 separated by commas' if isinstance(default, tuple) else f'{DUAL} or {ANY_ORDER}' if key == 'objective' else type(default).__name__}"
-                         ) from None
+        wanted = {"objective": f"{DUAL} or {ANY_ORDER}", "max_group": "an integer >= 2",
+                  "order_span": "an integer >= 0"}.get(key, type(default).__name__)
+        if isinstance(default, tuple):
+            wanted = "integers >= 2 separated by commas"
+        raise ValueError(f"--set {key}: cannot read {value!r} as {wanted}") from None
 
 
 def init_run(run: Path, folder: Path) -> TrainConfig:

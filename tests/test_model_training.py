@@ -111,7 +111,8 @@ def test_continue_run_extends_the_stored_config(tmp_path):
     assert (kept.restart_step, kept.total_steps, kept.distill_prob) == (50, 80, 1.0)
 
 
-@pytest.mark.parametrize("text", ["lr", "hidden_size=8", "block_sizes=4,x", "block_sizes=1", "lr=fast"])
+@pytest.mark.parametrize("text", ["lr", "hidden_size=8", "block_sizes=4,x", "block_sizes=1", "lr=fast",
+                                  "objective=sideways", "max_group=1", "order_span=-1"])
 def test_bad_settings_are_refused(text):
     from packed_ss.train import parse_setting
 
