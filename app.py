@@ -317,7 +317,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                  model: str = "", drafter_lora: bool = False, precision: str = "", drafter: str = "model",
                  drafter_quality: float = 0.8, order: str = "ltr", request: gr.Request = None) -> dict:
         """Decode ``prompt`` to the end with one schedule; returns the run's metrics (JSON). ``order``: an
-        any-order model's verification order, "ltr" or "confidence" (paper Appendix C).
+        any-order model's verification order, "ltr" or "confidence" (paper Appendix C; empty = "ltr").
 
         Errors (bad prompt or settings, a model not offered, work over the budget) come back as a
         Gradio error with a one-line message.

@@ -138,7 +138,7 @@ def order_grid_html(record: IterationRecord, before: dict[int, int], strings: To
     if record.stop_reason:
         heading += f" · stopped: {html.escape(record.stop_reason)}"
     return (f'<div class="token-grid-wrap" data-iteration="{record.index}">'
-            f'<div class="token-grid-head">{heading}</div>{LEGEND}'
+            f'<div class="token-grid-head">{heading}</div>{"" if native else LEGEND}'
             f'<table class="token-grid order-grid">{"".join(rows)}</table></div>')
 
 
@@ -160,9 +160,11 @@ def narrate_order(record: IterationRecord, strings: TokenStrings, policy: str = 
                  f"or the most confident one) and committed without verification at "
                  f"{_positions(record.appended_positions)}; the other positions stay open."]
     elif _pending(record):
+        origin = ("textual, as there is no earlier verification" if record.index == 1 or policy == "ltr" else
+                  "fixed before this call from the previous verification's confidences")
         words = [f"Call 1 (drafting) put a mask at every open position of the window and proposed the draft; "
-                 f"the order ({', '.join(map(str, order))}) was fixed before this call from the previous "
-                 f"verification's confidences. Nothing is verified yet: Step again for call 2."]
+                 f"the order ({', '.join(map(str, order))}) is {origin}. Nothing is verified yet: Step again "
+                 f"for call 2."]
     elif record.old_draft:
         accepted = record.draft_positions[: record.h]
         n = len(record.old_draft)

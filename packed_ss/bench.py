@@ -544,7 +544,8 @@ DEFINITIONS = {
                      "divided by Linear-SS's mean total wall time (F.3)",
     "lossless": "greedy runs whose token ids differ from AR's for the same prompt (0 expected for "
                 + ", ".join(LOSSLESS) + "; diffusion is unverified and may differ; on an any-order model "
-                "under the confidence order none is expected to match: the order changes the conditionals)",
+                "under the confidence order the speculative schedules need not match: the order changes the "
+                "conditionals)",
     "references": "hf-greedy and hf-lookup are transformers' own generate (greedy; prompt lookup with "
                   "prompt_lookup_num_tokens = B - 1, max_matching_ngram_size = 2) on the same weights: wall "
                   "time is the whole call (model and non-model time n/a: not split), NFE counts the network's "

@@ -115,7 +115,8 @@ def _generate(args) -> int:
         print(json.dumps(metrics))
     else:
         print(run.text)
-        print(f"\n[{run.schedule}] B={run.block_size} tokens={run.tokens} NFE={run.nfe} "
+        order = f" order={config.order}" if getattr(model, "any_order", False) else ""
+        print(f"\n[{run.schedule}] B={run.block_size}{order} tokens={run.tokens} NFE={run.nfe} "
               f"tokens/NFE={run.tokens_per_nfe:.2f} wall={run.wall_s:.3f}s "
               f"time/NFE={run.time_per_nfe_ms:.2f}ms throughput={run.throughput:.1f} tok/s "
               f"mean acceptance length={run.mean_acceptance_length:.2f} stop={run.stop_reason}",
