@@ -30,15 +30,12 @@ class OrderAR:
         while not session.finished:
             session.begin()
             before = session.prompt_len + len(session.filled)
-            order = tuple(session.window()[:1])
+            order = (session.left,)  # the leftmost open position
             layout = order_layout("ao-ar", session.model.cache_length, session.pending, order, {}, mask_id,
                                   checked=0, verified=1, drafted=False, prompt=session.prompt if first else ())
             v = session.call(layout, layout.verify_rows).top
-            pair = (order[0], v[0])
-            session.settle([])
-            appended, dropped = session.accept([pair], [SOURCE_PREFILL if first else SOURCE_AR])
-            if appended:
-                session.pending.append(pair)
+            # no draft (h = 0): the verifier's token is accepted and enters the cache next call as N
+            appended, dropped = session.conclude([(order[0], v[0])], [SOURCE_PREFILL if first else SOURCE_AR], 0)
             yield session.record(appended, dropped, prefix_len_before=before, verifier_tokens=v, advance=1,
                                  order=order)
             first = False

@@ -35,7 +35,7 @@ TOKENS = "draft tokens"  # O: draft tokens in token entries (the accepted ones e
 
 def order_layout(name: str, cached: int, pending: list[tuple[int, int]], order: tuple[int, ...],
                  draft: dict[int, int], mask_id: int, *, checked: int, verified: int, drafted: bool,
-                 branches: int = 0, prompt: list[int] = ()) -> CallLayout:
+                 branches: int = 0, prompt: tuple[int, ...] | list[int] = ()) -> CallLayout:
     """One call over the window's unresolved positions ``order`` (pi_t: absolute positions, rank order).
 
     Args:
