@@ -19,6 +19,9 @@ import numpy as np
 import torch
 
 from packed_ss.layout import CallLayout
+from packed_ss.models.errors import ModelLoadError
+from packed_ss.models.families import pick_family, read_config
+from packed_ss.models.lora import DrafterLora, adapter_folder
 
 
 @dataclass(frozen=True)
@@ -40,16 +43,6 @@ PLAIN_HEAD_TYPES = frozenset({"llama", "mistral", "ministral3", "qwen2", "qwen3"
 
 
 WORD_START = "\u2581"  # SentencePiece's word-start marker
-
-
-class ModelLoadError(ValueError):
-    """The model folder or hub id cannot be loaded as a dual-mode model."""
-
-
-def some(names, shown: int = 3) -> str:
-    """Up to ``shown`` of ``names`` (sorted), then how many more: for one-line load errors."""
-    names = sorted(names)
-    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")  # dtypes from_pretrained accepts by name
@@ -159,8 +152,6 @@ class DualModeModel:
             ModelLoadError: missing folder, unreadable config, unknown family, weights that do not all map
             (keys named), no mask token id, or an adapter that does not load.
         """
-        from packed_ss.models.families import pick_family, read_config
-
         name = str(name_or_path)
         local = Path(name).expanduser()
         if (name.startswith((".", "/", "~")) or local.exists()) and not (local / "config.json").is_file():
@@ -190,8 +181,6 @@ class DualModeModel:
         model = checkpoint.model
         lora, adapter_note = None, None
         if drafter_lora:
-            from packed_ss.models.lora import DrafterLora, adapter_folder
-
             folder = adapter_folder(local if local.exists() else None, name, drafter_lora, local_only)
             try:
                 if folder is None:

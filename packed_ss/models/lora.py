@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from packed_ss.models.adapter import ModelLoadError, some
+from packed_ss.models.errors import ModelLoadError, some
 
 ADAPTER_NAME = "drafter"
 PEFT_PREFIX = "base_model.model."  # peft's saved-key prefix before the module path

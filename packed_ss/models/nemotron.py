@@ -18,8 +18,8 @@ app's per-request row budget refuses prompts far shorter than that.
 
 from __future__ import annotations
 
-from packed_ss.models.adapter import ModelLoadError
-from packed_ss.models.families import Checkpoint, refuse_partial_load
+from packed_ss.models.checkpoint import Checkpoint, refuse_partial_load
+from packed_ss.models.errors import ModelLoadError
 
 MODEL_TYPE = "nemotron_labs_diffusion"
 ARCHITECTURE = "NemotronLabsDiffusionModel"

@@ -6,8 +6,8 @@ or the tokenizer's mask token, EOS from the tokenizer (else the config). No BOS 
 
 from __future__ import annotations
 
-from packed_ss.models.adapter import ModelLoadError
-from packed_ss.models.families import Checkpoint, refuse_partial_load
+from packed_ss.models.checkpoint import Checkpoint, refuse_partial_load
+from packed_ss.models.errors import ModelLoadError
 
 
 class PlainCausalLM:
