@@ -25,7 +25,7 @@ from packed_ss.bench import (ALL_SCHEDULES, BenchConfig, BenchError, any_order_p
                              parse_block_sizes, run_benchmark, write_outputs)
 from packed_ss.bench_report import figures, summary_markdown
 from packed_ss.inputs import model_fingerprint, model_name as report_model_name
-from packed_ss.schedules import get_schedule
+from packed_ss.registry import get_schedule
 
 DEFAULT_REPORT = "docs/bench-humaneval"  # committed summary of the 164-prompt benchmark
 ROOT = Path(__file__).resolve().parents[1]

@@ -31,7 +31,8 @@ from packed_ss.models.scripted import ScriptedDrafter, scripted_drafter
 from packed_ss.inputs import PromptTextError, check_prompt, model_name, shown
 from packed_ss.records import IterationRecord, RunRecord, summarize
 from packed_ss.any_order import ORDER_REGISTRY
-from packed_ss.schedules import LOSSLESS, REGISTRY, SPECULATIVE, get_schedule
+from packed_ss.registry import get_schedule
+from packed_ss.schedules import LOSSLESS, REGISTRY, SPECULATIVE
 
 from components.limits import (MAX_ROWS_PER_REQUEST, ComputeGate, UserError, check_work, gated,
                                release_memory)

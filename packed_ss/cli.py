@@ -89,7 +89,7 @@ def _generate(args) -> int:
     from packed_ss.engine import generate
     from packed_ss.inputs import check_prompt, read_prompt_file
     from packed_ss.models import ModelLoadError
-    from packed_ss.schedules import get_schedule
+    from packed_ss.registry import get_schedule
 
     try:
         get_schedule(args.schedule)

@@ -7,7 +7,8 @@ from dataclasses import replace
 
 from packed_ss.config import DecodeConfig
 from packed_ss.records import IterationRecord, RunRecord, summarize
-from packed_ss.schedules import get_schedule
+from packed_ss.any_order import OrderSession
+from packed_ss.registry import get_schedule
 from packed_ss.schedules.base import Session
 
 
@@ -27,8 +28,6 @@ def decode(model, prompt_ids: list[int], config: DecodeConfig, schedule: str = "
     """
     runner = get_schedule(schedule, model)
     if getattr(model, "any_order", False):
-        from packed_ss.any_order import OrderSession
-
         return runner.iterate(OrderSession(model, list(prompt_ids), config, runner.name))
     session = Session(model, list(prompt_ids), config, runner.name)
     return runner.iterate(session)

@@ -15,7 +15,7 @@ from packed_ss import DecodeConfig, decode, generate
 from packed_ss.any_order.layout import PENDING, TOKENS, order_layout
 from packed_ss.any_order.session import OrderSession, confidence_order, verify_in_order
 from packed_ss.layout import BRANCH, DRAFT, VERIFY
-from packed_ss.schedules.base import PromptError
+from packed_ss.iteration import PromptError
 
 SPECULATIVE = ("linear", "quadratic", "packed")
 PROMPT = [5, 6, 7, 8]

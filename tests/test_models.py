@@ -178,7 +178,7 @@ def test_adapter_runs_stay_lossless_and_count_selected_and_evaluated_rows(lora_m
 
 
 def test_adapter_flag_without_an_adapter_and_broken_adapters_are_refused(nld_dir, nld_model, tmp_path):
-    from packed_ss.schedules.base import PromptError
+    from packed_ss.iteration import PromptError
 
     with pytest.raises(PromptError, match="no drafter adapter: turn the drafter LoRA off"):
         generate(nld_model, [NLD_BOS_ID, 5], DecodeConfig(drafter_lora=True), "packed")

@@ -20,7 +20,7 @@ from packed_ss.config import DecodeConfig
 from packed_ss.layout import PREFILL, CallLayout
 from packed_ss.records import (SOURCE_BONUS, SOURCE_CORRECTION, SOURCE_DRAFT, SOURCE_PREFILL, CallRecord,
                                IterationRecord)
-from packed_ss.schedules.base import CallLogits, PromptError, close_iteration
+from packed_ss.iteration import CallLogits, PromptError, close_iteration
 
 LTR, CONFIDENCE = "ltr", "confidence"  # order policies (DecodeConfig.order)
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from packed_ss.layout import packed_layout, prefill_layout, verify_layout
 from packed_ss.records import SOURCE_PREFILL, IterationRecord
 from packed_ss.sampling import SparseDist
-from packed_ss.schedules.base import CallLogits, Session
+from packed_ss.iteration import CallLogits
+from packed_ss.schedules.base import Session
 
 
 @dataclass(frozen=True)
