@@ -277,7 +277,7 @@ def load_prompts(source: str, limit: int | None = None) -> list[Prompt]:
     if limit is not None and (not isinstance(limit, int) or limit < 1):
         raise BenchError(f"--limit must be an integer >= 1, got {limit}")
     if source == "humaneval":
-        from packed_ss.corpus import humaneval_prompts
+        from packed_ss.training.corpus import humaneval_prompts
 
         try:
             problems = humaneval_prompts()

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packed_ss import DecodeConfig, generate
-from packed_ss.train import TrainConfig, losses, make_batch, model_config, packed_mask
+from packed_ss.training.train import TrainConfig, losses, make_batch, model_config, packed_mask
 
 
 def test_packed_training_mask_layout():
@@ -76,7 +76,7 @@ def test_shipped_model_matches_its_golden_continuation(embedded_model):
 def test_learning_rate_restarts_its_cosine_at_the_continued_step():
     from dataclasses import replace
 
-    from packed_ss.train import learning_rate
+    from packed_ss.training.train import learning_rate
 
     first = TrainConfig(lr=2e-3, min_lr_ratio=0.1, warmup_steps=10, total_steps=100)
     assert learning_rate(first, 0) == pytest.approx(2e-4)  # warm-up from step 0
@@ -91,7 +91,7 @@ def test_learning_rate_restarts_its_cosine_at_the_continued_step():
 def test_continue_run_extends_the_stored_config(tmp_path):
     from dataclasses import asdict
 
-    from packed_ss.train import continue_run, parse_setting
+    from packed_ss.training.train import continue_run, parse_setting
 
     cfg = TrainConfig(total_steps=50)
     (tmp_path / "config.json").write_text(json.dumps(asdict(cfg)))
@@ -114,7 +114,7 @@ def test_continue_run_extends_the_stored_config(tmp_path):
 @pytest.mark.parametrize("text", ["lr", "hidden_size=8", "block_sizes=4,x", "block_sizes=1", "lr=fast",
                                   "objective=sideways", "max_group=1", "order_span=-1"])
 def test_bad_settings_are_refused(text):
-    from packed_ss.train import parse_setting
+    from packed_ss.training.train import parse_setting
 
     with pytest.raises(ValueError):
         parse_setting(text)
@@ -124,7 +124,7 @@ def test_greedy_chains_equal_step_by_step_greedy_decoding():
     """The drafter's distillation targets: g_1..g_D after each anchor, as plain greedy decoding gives them."""
     from helpers import tiny_llama
 
-    from packed_ss.train import greedy_chains
+    from packed_ss.training.train import greedy_chains
 
     model = tiny_llama(vocab_size=16, seed=4, logit_scale=3.0, eos=False).model
     clean = torch.randint(2, 16, (2, 12), generator=torch.Generator().manual_seed(0))
@@ -142,7 +142,7 @@ def test_greedy_chains_equal_step_by_step_greedy_decoding():
 def test_distillation_targets_only_fully_masked_blocks():
     from helpers import tiny_llama
 
-    from packed_ss.train import distill_targets
+    from packed_ss.training.train import distill_targets
 
     model = tiny_llama(vocab_size=16, seed=4, logit_scale=3.0, eos=False).model
     cfg = TrainConfig(seq_len=24, batch_size=3, block_sizes=(4,), full_mask_prob=0.5, distill_prob=1.0)
@@ -154,7 +154,7 @@ def test_distillation_targets_only_fully_masked_blocks():
     unanchored = torch.from_numpy(anchors < 0)
     assert torch.equal(new[unanchored], batch[4][unanchored])  # partial blocks keep the corpus targets
     assert ((new >= 0) == (batch[4] >= 0)).all()  # the loss covers the same positions
-    from packed_ss.train import greedy_chains
+    from packed_ss.training.train import greedy_chains
 
     for i, row in enumerate(anchors):  # a mask at offset k after anchor a learns g_k(a)
         starts = np.unique(row[row >= 0])
@@ -170,7 +170,7 @@ def test_a_run_starts_from_a_shipped_folder(tmp_path):
 
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    from packed_ss.train import continue_run, init_run, model_config
+    from packed_ss.training.train import continue_run, init_run, model_config
 
     tokenizer = AutoTokenizer.from_pretrained("assets/model")
     cfg = TrainConfig(hidden_size=32, num_layers=1, num_heads=2, ffn_size=64, total_steps=40)
@@ -195,7 +195,7 @@ def test_a_run_starts_from_a_shipped_folder(tmp_path):
         init_run(tmp_path / "other", tmp_path)
 
 
-# --- the any-order model (packed_ss.order_training) ----------------------------------------------
+# --- the any-order model (packed_ss.training.order) ----------------------------------------------
 ANY_ORDER = EMBEDDED.parent / "model-anyorder"
 
 
@@ -203,7 +203,7 @@ def test_order_mask_by_hand():
     """Ranks (0, 1, 3, 2): position 3 is generated before position 2; rank groups {0}, {1, 2}, {3} are the
     position groups {0}, {1, 3}, {2}. Token rows see tokens at or before them in the order; a mask sees
     the tokens of earlier groups and itself."""
-    from packed_ss.order_training import order_mask
+    from packed_ss.training.order import order_mask
 
     ranks = np.array([0, 1, 3, 2])
     starts = np.array([0, 1, 1, 3])  # first rank of each rank's group
@@ -215,7 +215,7 @@ def test_order_mask_by_hand():
 
 
 def test_generation_ranks_keep_the_prompt_in_order_and_shuffle_locally():
-    from packed_ss.order_training import generation_ranks
+    from packed_ss.training.order import generation_ranks
 
     rng = np.random.default_rng(0)
     for _ in range(20):
@@ -229,7 +229,7 @@ def test_generation_ranks_keep_the_prompt_in_order_and_shuffle_locally():
 def test_a_few_any_order_steps_lower_both_losses():
     from transformers import LlamaForCausalLM
 
-    from packed_ss.order_training import make_order_batch, order_losses
+    from packed_ss.training.order import make_order_batch, order_losses
 
     cfg = TrainConfig(vocab_size=64, hidden_size=32, num_layers=1, num_heads=2, ffn_size=64, seq_len=32,
                       batch_size=4, lr=1e-2, objective="any-order")
