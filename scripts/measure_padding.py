@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from packed_ss import DecodeConfig, generate
-    from packed_ss.bench import load_prompts
+    from packed_ss.bench.plan import load_prompts
     from packed_ss.models import DualModeModel
 
     torch.set_num_threads(args.threads)

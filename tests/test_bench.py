@@ -9,8 +9,11 @@ import pytest
 from helpers import tiny_llama
 
 from packed_ss import stats
-from packed_ss.bench import (ALL_SCHEDULES, BenchConfig, BenchError, Prompt, compare, main, parse_block_sizes,
-                             plan_runs, read_examples, run_benchmark, summarize, write_outputs)
+from packed_ss.bench.cli import main
+from packed_ss.bench.plan import ALL_SCHEDULES, BenchConfig, BenchError, Prompt, parse_block_sizes, plan_runs
+from packed_ss.bench.report import write_outputs
+from packed_ss.bench.run import run_benchmark
+from packed_ss.bench.summary import compare, read_examples, summarize
 
 
 @pytest.fixture(scope="module")
@@ -280,7 +283,7 @@ def test_block_size_chart_ticks_every_measured_block_size():
     import json
     from pathlib import Path
 
-    from packed_ss.bench_report import figures
+    from packed_ss.bench.report import figures
 
     saved = Path(__file__).resolve().parents[1] / "docs" / "bench-humaneval" / "summary.json"
     summary = json.loads(saved.read_text())
@@ -310,7 +313,7 @@ def test_reports_carry_a_short_content_hash_of_a_local_model(tiny_model_dir, tmp
 
 def test_benchmark_takes_the_model_flags_of_the_cli(nld_dir, tmp_path):
     """--family and --drafter-lora work in the benchmark as in the CLI and the app (NLD fixture + adapter)."""
-    from packed_ss.bench import main
+    from packed_ss.bench.cli import main
 
     out = tmp_path / "bench-nld"
     prompts = tmp_path / "p.jsonl"

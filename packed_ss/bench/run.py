@@ -1,0 +1,214 @@
+"""Running a benchmark: tokenise, warm up, time every planned run, check greedy outputs against AR, summarise."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager as ContextManager, nullcontext
+from dataclasses import dataclass
+
+import pandas as pd
+
+from packed_ss.config import DecodeConfig
+from packed_ss.divergence import divergence
+from packed_ss.hf_reference import HF_REFERENCES, hf_generate, reference_problem
+from packed_ss.bench.plan import (LOSSLESS, NO_BLOCK, REFERENCE, WARMUP_TOKENS, BenchConfig, BenchError, Prompt, _Unit,
+                                 plan_runs)
+from packed_ss.bench.summary import _frame, summarize
+
+Progress = Callable[[int, int, str], None]  # (runs done, runs planned, label of the next run)
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """What :func:`run_benchmark` measured.
+
+    Attributes:
+        examples: one row per timed run of the main measurements (columns :data:`COLUMNS`; seconds).
+        probe: one row per probe run (same columns), empty without a probe.
+        summary: JSON-ready dict (see :func:`summarize`).
+        interrupted: True when a KeyboardInterrupt stopped the measurements early.
+    """
+
+    examples: pd.DataFrame
+    probe: pd.DataFrame
+    summary: dict
+    interrupted: bool = False
+
+
+# --- measurement ------------------------------------------------------------------------------------
+def token_hash(token_ids: Sequence[int]) -> str:
+    """First 16 hex digits of the SHA-256 of the comma-joined token ids (equal outputs, equal hashes)."""
+    return hashlib.sha256(",".join(map(str, token_ids)).encode()).hexdigest()[:16]
+
+
+def _example_row(unit: _Unit, prompt: Prompt, prompt_len: int, seed: int, run) -> dict:
+    later = run.records[1:]  # a run that stopped at its first token has no call after the first iteration
+    return {
+        "phase": unit.phase,
+        "prompt_index": unit.prompt_index,
+        "prompt_id": prompt.id,
+        "schedule": unit.schedule,
+        "block_size": None if unit.schedule in NO_BLOCK else unit.block_size,
+        "sample": unit.sample,
+        "seed": seed,
+        "position": unit.position,
+        "prompt_tokens": prompt_len,
+        "tokens": run.tokens,
+        "nfe": run.nfe,
+        "iterations": run.iterations,
+        "verify_iterations": sum(1 for r in run.records if r.verifies),
+        "rows": run.rows,
+        "max_rows_per_call": max((c.layout.rows for r in later for c in r.calls), default=None),
+        "wall_s": run.wall_s,
+        "model_s": run.model_s,
+        "other_s": run.other_s,
+        "tokens_per_nfe": run.tokens_per_nfe,
+        "throughput": run.throughput,
+        "mean_acceptance_length": run.mean_acceptance_length,
+        "stop_reason": run.stop_reason,
+        "token_hash": token_hash(run.token_ids),
+    }
+
+
+def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progress: Progress | None = None,
+                  meta: dict | None = None, turn: Callable[[], ContextManager] = nullcontext) -> BenchResult:
+    """Measure every prompt with every schedule (and the probe), then summarise.
+
+    Prompts are tokenised before any timing. A prompt whose tokens plus ``max_new_tokens`` plus two of
+    the largest blocks exceed the model's positions, or that tokenises to nothing, is skipped (listed
+    in ``summary["meta"]["skipped_prompts"]``). A KeyboardInterrupt during the runs stops them and
+    returns what was measured (``interrupted=True``).
+
+    Args:
+        model: a :class:`~packed_ss.models.DualModeModel` (or the same call interface); its cache is reset
+            by every run, so give each concurrent benchmark its own (``model.share()``).
+        prompts: the prompts, in order.
+        config: what to measure.
+        progress: called as ``progress(done, total, label)`` before each timed run and once at the end.
+        meta: extra entries for ``summary["meta"]`` (model name, prompt source...).
+        turn: a context manager held around each run (a server passes its compute gate's turn, so other
+            requests get the model between runs and never during one).
+    Returns: a :class:`BenchResult`.
+    Raises: BenchError when no prompt fits the model.
+    """
+    references = [s for s in config.schedules if s in HF_REFERENCES]
+    problem = references and reference_problem(model, config.temperature, config.drafter_lora)
+    if problem:
+        raise BenchError(f"{', '.join(references)}: {problem}")
+    largest = max([config.block_size(s) for s in config.schedules] + list(config.probe_block_sizes))
+    encoded, skipped = [], []
+    for prompt in prompts:  # tokenisation happens here, outside the timed runs (E.5)
+        ids = list(model.encode(prompt.text))
+        if not ids:
+            skipped.append({"prompt_id": prompt.id, "reason": "empty after tokenisation"})
+        elif len(ids) + config.max_new_tokens + 2 * largest > model.max_length:
+            skipped.append({"prompt_id": prompt.id, "reason": f"{len(ids)} tokens + limit + 2 blocks exceed "
+                                                               f"the model's {model.max_length} positions"})
+        else:
+            encoded.append((prompt, ids))
+    if not encoded:
+        raise BenchError("no prompt fits the model: " + "; ".join(f"{s['prompt_id']}: {s['reason']}" for s in skipped))
+    units = plan_runs(config, len(encoded))
+    report = progress or (lambda done, total, label: None)
+    rows: dict[str, list[dict]] = {"main": [], "probe": []}
+    outputs: dict[tuple[int, int, str], tuple[int, ...]] = {}  # (prompt index, sample, schedule) -> tokens
+    interrupted = False
+    try:
+        if config.warmup:  # untimed: first-call costs (allocations, kernel selection) fall here
+            prompt_ids = encoded[0][1]
+            for schedule in config.schedules:
+                report(0, len(units), f"warm-up {schedule}")
+                with turn():
+                    run_one(model, prompt_ids, config.decode_config(schedule, config.block_size(schedule), config.seed,
+                                                                    min(WARMUP_TOKENS, config.max_new_tokens)),
+                            schedule)
+        for done, unit in enumerate(units):
+            prompt, ids = encoded[unit.prompt_index]
+            size = "" if unit.schedule in NO_BLOCK else f" B={unit.block_size}"
+            report(done, len(units), f"{unit.phase} {prompt.id} {unit.schedule}{size}")
+            seed = config.seed + unit.prompt_index * config.samples + unit.sample
+            with turn():
+                run = run_one(model, ids, config.decode_config(unit.schedule, unit.block_size, seed), unit.schedule)
+            rows[unit.phase].append(_example_row(unit, prompt, len(ids), seed, run))
+            if unit.phase == "main":
+                outputs[(unit.prompt_index, unit.sample, unit.schedule)] = run.token_ids
+        report(len(units), len(units), "done")
+    except KeyboardInterrupt:
+        interrupted = True
+    examples, probe = _frame(rows["main"]), _frame(rows["probe"])
+    # AR's logit margins at a divergence are a left-to-right causal model's; an any-order model's outputs
+    # differ from its ltr decoding by design under the confidence order (Appendix C)
+    checks = config.temperature == 0 and not getattr(model, "any_order", False)
+    divergences = greedy_divergences(model, encoded, outputs, turn) if checks else []
+    info = {
+        **(meta or {}),
+        "divergences": divergences,
+        "prompts_given": len(prompts),
+        "skipped_prompts": skipped,
+        "runs_planned": len(units),
+        "runs_done": len(examples) + len(probe),
+        "interrupted": interrupted,
+        "device": str(getattr(model, "device", "unknown")),
+        "dtype": _model_dtype(model),
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    return BenchResult(examples, probe, summarize(examples, config, probe, info), interrupted)
+
+
+def any_order_problem(model, config: BenchConfig) -> None:
+    """Refuse what an any-order model cannot run (other schedules, T > 0, the drafter LoRA) and the confidence
+    order on a left-to-right model, before anything is measured.
+
+    Raises: BenchError naming what to change."""
+    from packed_ss.any_order import ORDER_REGISTRY
+
+    if getattr(model, "any_order", False):
+        other = [s for s in config.schedules if s not in ORDER_REGISTRY]
+        if other:
+            raise BenchError(f"{', '.join(other)} cannot run on an any-order model; choose from "
+                             f"{', '.join(ORDER_REGISTRY)}")
+        if config.temperature > 0:
+            raise BenchError("any-order verification is greedy (Algorithm 3): use --temperature 0 with this model")
+        if config.drafter_lora:
+            raise BenchError("an any-order model has no drafter adapter: leave out --drafter-lora")
+    elif config.order != "ltr":
+        raise BenchError(f"--order {config.order} needs an any-order model (e.g. --model assets/model-anyorder)")
+
+
+def run_one(model, prompt_ids: list[int], config: DecodeConfig, schedule: str):
+    """One run of an engine schedule (:func:`packed_ss.engine.generate`) or of a transformers reference
+    (:func:`packed_ss.hf_reference.hf_generate`); both return what :func:`_example_row` reads."""
+    from packed_ss.engine import generate
+
+    if schedule in HF_REFERENCES:
+        return hf_generate(model, prompt_ids, config.max_new_tokens, schedule, config.block_size)
+    return generate(model, prompt_ids, config, schedule)
+
+
+def greedy_divergences(model, encoded: Sequence[tuple], outputs: dict, turn=nullcontext) -> list[dict]:
+    """For each greedy lossless run whose tokens differ from AR's (same prompt and sample): where, and
+    AR's top-2 logit margin there (:func:`packed_ss.divergence.divergence`). Empty for models without
+    a ``transformers`` network (scripted test models)."""
+    if getattr(model, "model", None) is None:
+        return []
+    found = []
+    for (index, sample, schedule), tokens in sorted(outputs.items()):
+        reference = outputs.get((index, sample, REFERENCE))
+        if schedule not in LOSSLESS or reference is None or tuple(reference) == tuple(tokens):
+            continue
+        prompt, ids = encoded[index]
+        with turn():
+            found_here = divergence(model, ids, reference, tokens)
+        found.append({"schedule": schedule, "prompt_id": prompt.id, "sample": sample, **found_here.as_dict()})
+    return found
+
+
+def _model_dtype(model) -> str:
+    network = getattr(model, "model", None)
+    try:
+        return str(next(network.parameters()).dtype).replace("torch.", "")
+    except (AttributeError, StopIteration, TypeError):
+        return "unknown"
+
