@@ -25,15 +25,21 @@ import gradio as gr
 from packed_ss.cli import add_model_flags
 from packed_ss.inputs import model_name
 
-from components.api_defaults import FillApiDefaults, signature_defaults
+from serve.api_defaults import FillApiDefaults, signature_defaults
 from components.benchmark import build_benchmark_tab
 from components.charts import cost_figure, fit_cost_model, fit_summary
 from components.mask_plot import empty_figure
 from components.race_panel import badge_html, lanes_html, race_figures, summary_html
-from components.limits import MAX_ROWS_PER_REQUEST, ClientGone, ComputeGate, client_alive
-from components.runtime import (ANY_ORDER_MODEL, APP_MAX_BLOCK_SIZE, DEFAULT_MODEL, NEW_TOKENS_CAP, BestBlockSizes, GpuTasks,
-                                ModelStore, Sessions, StepRun, TimingLog, UserSession, calibrate, has_spaces,
-                                make_settings, parse_lanes, run_generate, run_race, wants_best_sizes)
+from serve.limits import MAX_ROWS_PER_REQUEST, ClientGone, ComputeGate, client_alive
+from serve.block_sizes import BestBlockSizes
+from serve.gpu import GpuTasks, has_spaces
+from serve.models import ANY_ORDER_MODEL, DEFAULT_MODEL, ModelStore
+from serve.race import run_race
+from serve.runs import calibrate, run_generate
+from serve.sessions import Sessions, UserSession
+from serve.settings import APP_MAX_BLOCK_SIZE, NEW_TOKENS_CAP, make_settings, parse_lanes, wants_best_sizes
+from serve.step import StepRun
+from serve.timing import TimingLog
 from components.style import ASSETS, PROMPT, error_html, legend_html, note_html
 from components.step_view import step_view
 from components.token_grid import empty_grid_html
@@ -112,7 +118,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
         preloaded: already loaded ``DualModeModel`` objects by name (tests pass theirs); offered too.
         allowed_models: further folders or hub ids visitors may choose (never any other).
         models_held: models kept loaded at once (least recently used dropped).
-        max_rows: worst-case model rows one request may need (``components.limits``); more is refused.
+        max_rows: worst-case model rows one request may need (``serve.limits``); more is refused.
         new_tokens_cap: largest new-token limit accepted (larger requests get an error message).
         queue_size: most requests waiting in the queue. step_concurrency: Steps in progress at once.
         compute_concurrency: races / full runs / measurements in progress at once. Whatever the limits,

@@ -1,4 +1,4 @@
-"""Everything the Step-through tab shows for one iteration of a :class:`~components.runtime.StepRun`.
+"""Everything the Step-through tab shows for one iteration of a :class:`~serve.step.StepRun`.
 
 Pure rendering: the records were computed by the engine; this only turns the shown iteration into
 HTML fragments and (on request) the mask figure.

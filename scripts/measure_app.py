@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 def measure_steps(store, settings, repeats: int) -> list[tuple[float, float]]:
     """(engine ms, render ms) of every Step of ``repeats`` full step-through runs."""
-    from components.runtime import StepRun
+    from serve.step import StepRun
     from components.step_view import step_view
 
     model = store.get(settings.model)
@@ -83,7 +83,10 @@ def main(argv=None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    from components.runtime import GpuTasks, ModelStore, make_settings, run_race
+    from serve.gpu import GpuTasks
+    from serve.models import ModelStore
+    from serve.race import run_race
+    from serve.settings import make_settings
 
     prompt = args.prompt
     if prompt is None:

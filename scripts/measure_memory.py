@@ -39,7 +39,7 @@ def main() -> None:
     from gradio_client import Client
 
     import app
-    from components.limits import release_memory
+    from serve.limits import release_memory
 
     torch.set_num_threads(args.threads)
     demo = app.build_demo()

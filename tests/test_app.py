@@ -152,7 +152,10 @@ def test_race_measures_every_lane_three_times_and_states_a_verdict(client):
 
 
 def test_race_repeats_shrink_to_fit_the_row_budget(tiny_model_dir):
-    from components.runtime import GpuTasks, ModelStore, make_settings, run_race
+    from serve.gpu import GpuTasks
+    from serve.models import ModelStore
+    from serve.race import run_race
+    from serve.settings import make_settings
     from packed_ss.schedules import REGISTRY
 
     tasks = GpuTasks(ModelStore(str(tiny_model_dir)))
@@ -353,7 +356,10 @@ def test_cost_model_fit_recovers_tau_and_delta():
 
 def test_eager_step_run_matches_the_lazy_one(tiny_model_dir):
     """ZeroGPU mode computes the whole run in one call at the first Step; the iterations are the same."""
-    from components.runtime import GpuTasks, ModelStore, StepRun, make_settings
+    from serve.gpu import GpuTasks
+    from serve.models import ModelStore
+    from serve.settings import make_settings
+    from serve.step import StepRun
 
     store = ModelStore(str(tiny_model_dir), device="cpu")
     settings = make_settings("", "w1 w2 w3", "linear", 4, 0, 0, 1, 0, 9)
@@ -368,7 +374,8 @@ def test_eager_step_run_matches_the_lazy_one(tiny_model_dir):
 
 
 def test_settings_validation_messages():
-    from components.runtime import UserError, make_settings
+    from serve.limits import UserError
+    from serve.settings import make_settings
 
     ok = make_settings("", "x", "packed", 8, 0, 0, 1, 0, 16)
     assert ok.config.block_size == 8 and ok.schedule == "packed"
@@ -385,7 +392,7 @@ def test_settings_validation_messages():
 
 
 def test_the_committed_benchmark_report_is_the_default_view():
-    from components.benchmark import DEFAULT_REPORT, load_report
+    from serve.benchmark import DEFAULT_REPORT, load_report
 
     markdown, figures = load_report(DEFAULT_REPORT)
     assert "Packed-SS" in markdown and figures
@@ -430,7 +437,8 @@ def test_linear_ss_can_be_stepped_one_call_at_a_time(tiny_model_dir):
 
 
 def test_race_charts_fill_in_during_the_replay():
-    from components.race_panel import Lane, race_figures
+    from components.race_panel import race_figures
+    from serve.lanes import Lane
 
     lane = Lane(schedule="packed", title="Packed-SS", token_ids=(1, 2, 3, 4), sources=("x",) * 4,
                 wall_ms=(10.0, 20.0, 30.0), nfe=(1, 2, 3), tokens=(1, 3, 4), metrics={})
@@ -476,7 +484,7 @@ def test_scripted_drafter_in_the_race_and_the_step_view(client):
 def test_race_at_each_schedules_best_block_size(client):
     first = client.predict("w1 w2 w3", max_new_tokens=8, block_size=4, block_sizes="best", api_name="/race")
     assert "short probe on this machine" in first["block_size_source"]
-    from components.runtime import PROBE_BLOCK_SIZES
+    from serve.block_sizes import PROBE_BLOCK_SIZES
 
     for name in ("linear", "quadratic", "packed"):
         assert first["block_sizes"][name] in PROBE_BLOCK_SIZES
@@ -492,7 +500,7 @@ def test_race_at_each_schedules_best_block_size(client):
 
 
 def test_best_block_sizes_come_from_the_saved_benchmark_for_its_own_model():
-    from components.runtime import BestBlockSizes
+    from serve.block_sizes import BestBlockSizes
     from conftest import EMBEDDED
     from packed_ss.models import DualModeModel
 
@@ -510,8 +518,12 @@ def test_best_block_sizes_come_from_the_saved_benchmark_for_its_own_model():
 
 
 def test_a_race_says_whether_other_requests_computed_during_it(tiny_model_dir):
-    from components.limits import ComputeGate
-    from components.runtime import GpuTasks, ModelStore, StepRun, make_settings, run_race
+    from serve.limits import ComputeGate
+    from serve.gpu import GpuTasks
+    from serve.models import ModelStore
+    from serve.race import run_race
+    from serve.settings import make_settings
+    from serve.step import StepRun
 
     store, gate = ModelStore(str(tiny_model_dir)), ComputeGate()
     tasks = GpuTasks(store, gate)

@@ -162,7 +162,8 @@ def test_bad_arguments_exit_with_one_line(tiny_model_dir, prompt_file, args, mes
 def test_benchmark_view_runs_a_small_benchmark_and_shows_saved_reports(prompt_file, tmp_path):
     import gradio as gr
 
-    from components.benchmark import UPLOAD, build_benchmark_tab, load_report, run_small_benchmark
+    from components.benchmark import build_benchmark_tab
+    from serve.benchmark import UPLOAD, load_report, run_small_benchmark
 
     model = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0)
     loader = lambda name: model  # noqa: E731
@@ -198,7 +199,7 @@ def test_out_that_is_a_file_is_refused_before_measuring(tiny_model_dir, prompt_f
 
 
 def test_benchmark_view_bad_inputs_are_one_line_errors(tmp_path):
-    from components.benchmark import HUMANEVAL, UPLOAD, load_report, run_small_benchmark
+    from serve.benchmark import HUMANEVAL, UPLOAD, load_report, run_small_benchmark
 
     def never(name):
         raise AssertionError("the model must not be loaded for a bad input")
@@ -259,7 +260,7 @@ def test_tiny_temperature_and_bad_prompt_text_in_the_benchmark(tiny_model_dir, p
 
 
 def test_benchmark_view_refuses_work_over_the_budget(prompt_file):
-    from components.benchmark import UPLOAD, run_small_benchmark
+    from serve.benchmark import UPLOAD, run_small_benchmark
 
     model = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0)
     with pytest.raises(BenchError, match="model rows"):

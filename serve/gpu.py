@@ -1,0 +1,137 @@
+"""The GPU work of each kind of request (:class:`GpuTasks`), one ``spaces.GPU`` call each on ZeroGPU."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import replace
+
+from packed_ss.config import DecodeConfig
+from packed_ss.divergence import Divergence, divergence
+from packed_ss.engine import decode, finish_run
+from packed_ss.models.scripted import ScriptedDrafter, scripted_drafter
+from packed_ss.records import IterationRecord, RunRecord
+from packed_ss.schedules import SPECULATIVE
+
+from serve.limits import ComputeGate, gated
+from serve.models import ModelStore
+
+
+# --- GPU ----------------------------------------------------------------------------------------------
+def gpu_task(fn: Callable) -> Callable:
+    """``spaces.GPU(fn)`` when the ``spaces`` package is importable (ZeroGPU), else ``fn`` unchanged.
+
+    Wrapped functions must return CPU data only (records, ids, floats): ZeroGPU runs them in another
+    process.
+    """
+    try:
+        import spaces  # type: ignore[import-not-found]
+    except ImportError:
+        return fn
+    return spaces.GPU(fn)
+
+
+def has_spaces() -> bool:
+    """Whether the ``spaces`` package (Hugging Face ZeroGPU) is importable."""
+    try:
+        import spaces  # type: ignore[import-not-found]  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class GpuTasks:
+    """The GPU work of each kind of request: one call each, light arguments, CPU data back.
+
+    Each task takes the model *name* and precision (looked up in ``store``, so no model crosses a process boundary),
+    token ids and a config, and returns records or run records (tensors in them are CPU tensors). When
+    the ``spaces`` package is importable every task is wrapped in ``spaces.GPU`` (ZeroGPU). Create one per
+    app at start-up.
+    """
+
+    def __init__(self, store: ModelStore, gate: ComputeGate | None = None):
+        self.store = store
+        self.gate = gate
+        self.records = gpu_task(self._records)
+        self.race = gpu_task(self._race)
+        self.generate = gpu_task(self._generate)
+        self.calibration = gpu_task(self._calibration)
+        self.divergence = gpu_task(self._divergence)
+
+    def _adapter(self, model_ref: tuple, prompt_ids: Sequence[int], config: DecodeConfig,
+                 reference: Sequence[int] | None = None):
+        """A run's own adapter: the model's, or a scripted drafter over it (``model_ref[2]`` = its quality;
+        ``reference``: the AR output it follows, when already computed)."""
+        model = self.store.get(*model_ref[:2])
+        quality = model_ref[2] if len(model_ref) > 2 else None
+        if quality is None:
+            return model.share()
+        if reference is not None:
+            return ScriptedDrafter(model.share(), reference, quality, config.seed)
+        return scripted_drafter(model, prompt_ids, config, quality, config.seed)
+
+    def _run(self, adapter, prompt_ids: Sequence[int], config: DecodeConfig, schedule: str, priority: float,
+             alive: Callable[[], bool] | None, owner: object = None) -> RunRecord:
+        """One run on ``adapter`` (its own), each iteration computed alone at the gate (wall time stays honest)."""
+        records = gated(decode(adapter, list(prompt_ids), config, schedule), self.gate, priority, alive, owner)
+        return finish_run(adapter, records, config, schedule, len(prompt_ids))
+
+    def _records(self, model_ref: tuple, prompt_ids: Sequence[int], config: DecodeConfig,
+                 schedule: str, priority: float = 0.0) -> list[IterationRecord]:
+        """Every iteration record of one run (an eager step-through run)."""
+        return list(gated(decode(self._adapter(model_ref, prompt_ids, config), list(prompt_ids), config, schedule),
+                          self.gate, priority))
+
+    def _race(self, model_ref: tuple, prompt_ids: Sequence[int], config: DecodeConfig,
+              schedules: Sequence[str], priority: float = 0.0, alive: Callable[[], bool] | None = None,
+              repeats: int = 1, block_sizes: dict[str, int] | None = None) -> tuple[list[list[RunRecord]], int]:
+        """Each schedule to the end ``repeats`` times, one run after the other on its own adapter (each
+        iteration measured alone at the gate); the order rotates by one lane per repeat so that no lane
+        always runs first. ``block_sizes``: a schedule's own B where given. Returns the runs per schedule,
+        in ``schedules`` order, and how many iterations of other requests ran between this race's ones.
+
+        A two-token AR warm-up runs first so that the first lane does not pay one-off start-up costs.
+        Raises: ClientGone between two iterations once ``alive()`` is False.
+        """
+        model = self.store.get(*model_ref[:2])
+        owner = object()  # this race's turns at the gate
+        with self.gate.watch(owner) if self.gate is not None else nullcontext(lambda: 0) as others:
+            self._run(model.share(), prompt_ids, DecodeConfig(block_size=config.block_size, max_new_tokens=2), "ar",
+                      priority, alive, owner)
+            # A scripted drafter follows AR's output: computed once for every lane and repeat.
+            reference = getattr(self._adapter(model_ref, prompt_ids, config), "reference", None)
+            runs: dict[str, list[RunRecord]] = {s: [] for s in schedules}
+            for rep in range(repeats):
+                shift = rep % len(schedules)
+                for schedule in list(schedules[shift:]) + list(schedules[:shift]):
+                    own = replace(config, block_size=(block_sizes or {}).get(schedule, config.block_size))
+                    adapter = self._adapter(model_ref, prompt_ids, own, reference)
+                    runs[schedule].append(self._run(adapter, prompt_ids, own, schedule, priority, alive, owner))
+            interleaved = others()
+        return [runs[s] for s in schedules], interleaved
+
+    def _generate(self, model_ref: tuple, prompt_ids: Sequence[int], config: DecodeConfig, schedule: str,
+                  priority: float = 0.0, alive: Callable[[], bool] | None = None) -> RunRecord:
+        """One full run. Raises: ClientGone between two iterations once ``alive()`` is False."""
+        return self._run(self._adapter(model_ref, prompt_ids, config), prompt_ids, config, schedule, priority, alive)
+
+    def _divergence(self, model_ref: tuple, prompt_ids: Sequence[int], reference: Sequence[int],
+                    other: Sequence[int]) -> Divergence | None:
+        """Where ``other`` leaves AR's ``reference``, with AR's top-2 margin there (one no-cache forward)."""
+        model = self.store.get(*model_ref[:2])
+        if self.gate is None:
+            return divergence(model, prompt_ids, reference, other)
+        with self.gate.turn(0.0):
+            return divergence(model, prompt_ids, reference, other)
+
+    def _calibration(self, model_ref: tuple, prompt_ids: Sequence[int], block_sizes: Sequence[int],
+                     new_tokens: int) -> list[tuple[int, list[IterationRecord]]]:
+        """Short runs of AR (once) and the three speculative schedules at each block size."""
+        model = self.store.get(*model_ref[:2])
+        out = []
+        for i, b in enumerate(block_sizes):
+            config = DecodeConfig(block_size=b, max_new_tokens=new_tokens)
+            for schedule in (("ar",) if i == 0 else ()) + SPECULATIVE:
+                records = gated(decode(model.share(), list(prompt_ids), config, schedule), self.gate, 0.0)
+                out.append((b, list(records)))
+        return out

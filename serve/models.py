@@ -1,0 +1,150 @@
+"""The models a server offers (:class:`ModelStore`): loaded on first use, at most a few held, never one the
+operator did not offer; :func:`warm_up` right after loading."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from packed_ss.config import DecodeConfig
+from packed_ss.engine import decode, finish_run
+from packed_ss.inputs import model_name, shown
+
+from serve.limits import UserError
+
+
+DEFAULT_MODEL = str(Path(__file__).resolve().parents[1] / "assets" / "model")
+
+
+# The shipped any-order model (Appendix C), offered beside the default when the operator names no others.
+ANY_ORDER_MODEL = str(Path(__file__).resolve().parents[1] / "assets" / "model-anyorder")
+
+
+class ModelStore:
+    """The models a server offers, loaded on first use, keyed by their resolved identity, at most
+    ``capacity`` held at once (least recently used dropped).
+
+    Visitors choose among ``allowed`` models only (default: the default model and any preloaded one),
+    never an arbitrary folder or hub id, so nobody can make the server download or hold models the
+    operator did not offer. Every spelling of a folder (``./m``, ``m/``, ``m//``) is one model.
+
+    Args:
+        default: folder or hub id used for an empty model name.
+        device, dtype: passed to :meth:`DualModeModel.from_pretrained` (default: CUDA when present;
+            float32 on CPU).
+        preloaded: already loaded models by name (tests inject theirs here); they are offered too.
+        allowed: further folders or hub ids visitors may choose.
+        capacity: models held in memory at once (>= 1).
+        family: force a model family for every model (default: detected per model).
+        drafter_lora: drafter adapter (path, or subfolder such as ``linear_spec_lora``) attached to every
+            model that has it; the others load without one.
+    """
+
+    def __init__(self, default: str = DEFAULT_MODEL, device: str | None = None, dtype=None,
+                 preloaded: dict | None = None, allowed: Sequence[str] = (), capacity: int = 2,
+                 family: str | None = None, drafter_lora: str | None = None):
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.default = str(default)
+        self.device = device
+        self.dtype = dtype
+        self.capacity = capacity
+        self.family = family
+        self.drafter_lora = drafter_lora
+        self._models: OrderedDict[tuple[str, str], object] = OrderedDict(
+            ((self.identity(name), str(dtype or "")), model) for name, model in (preloaded or {}).items())
+        names = [self.default, *(preloaded or {}), *allowed]
+        self._offered: dict[str, str] = {}  # identity -> name as the operator gave it
+        for name in names:
+            self._offered.setdefault(self.identity(name), str(name))
+        self._strings: dict[int, dict[int, str]] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def identity(name: str) -> str:
+        """One key per model: a local folder's resolved absolute path, else the hub id as given."""
+        name = str(name).strip()
+        local = Path(name).expanduser()
+        if name.startswith((".", "/", "~")) or local.exists():
+            return str(local.resolve())
+        return name
+
+    @property
+    def offered(self) -> list[str]:
+        """The models visitors may choose, as the operator named them (the default first)."""
+        return list(self._offered.values())
+
+    def resolve(self, name: str | None) -> str:
+        """The identity of a model name (empty = the default model).
+
+        Raises: UserError when the model is not one this server offers.
+        """
+        name = (name or "").strip() or self.default
+        key = self.identity(name)
+        if key not in self._offered:
+            raise UserError(f"model {shown(name)} is not offered on this server; choose one of: "
+                            f"{', '.join(repr(model_name(n)) for n in self.offered)}")
+        return key
+
+    def get(self, name: str | None, precision: str = ""):
+        """The loaded :class:`DualModeModel` for ``name`` in ``precision`` ("" = the server's dtype); loads
+        it on first use (each precision is a model of its own, counted against ``capacity``).
+
+        Raises: UserError for a model not offered; ModelLoadError (a ValueError) with a readable message
+        when loading fails.
+        """
+        from packed_ss.models import DualModeModel
+
+        dtype = precision or self.dtype
+        key = (self.resolve(name), str(dtype or ""))
+        with self._lock:
+            if key in self._models:
+                self._models.move_to_end(key)
+                return self._models[key]
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            with self._lock:
+                if key in self._models:
+                    return self._models[key]
+            model = DualModeModel.from_pretrained(key[0], device=self.device, dtype=dtype, family=self.family,
+                                                  drafter_lora=self.drafter_lora, require_adapter=False)
+            warm_up(model)
+            with self._lock:
+                self._models[key] = model
+                while len(self._models) > self.capacity:
+                    _, dropped = self._models.popitem(last=False)
+                    self._strings.pop(id(dropped), None)
+            return model
+
+    def strings_for(self, model) -> Callable[[Sequence[int]], list[str]]:
+        """A memoised ``ids -> display strings`` function for ``model`` (one decode per distinct id)."""
+        with self._lock:
+            memo = self._strings.setdefault(id(model), {})
+
+        def strings(ids: Sequence[int]) -> list[str]:
+            missing = [i for i in dict.fromkeys(ids) if i not in memo]
+            if missing:
+                for i, s in zip(missing, model.token_strings(missing)):
+                    memo[i] = s
+            return [memo[i] for i in ids]
+
+        return strings
+
+    def loaded(self) -> list[str]:
+        """Identities of the models held now (one entry per precision held)."""
+        with self._lock:
+            return [identity for identity, _ in self._models]
+
+
+def warm_up(model) -> None:
+    """A few untimed calls right after loading (AR and Packed-SS, a handful of tokens), so that one-off
+    first-call costs (allocations, kernel choice) do not land in the first visitor's timings or the
+    cost fit."""
+    never = set(model.never_emit_ids)
+    ids = [t for t in range(1, min(256, model.vocab_size)) if t not in never][:8]
+    for schedule in ("ar", "packed"):
+        finish_run(model, decode(model.share(), ids, DecodeConfig(block_size=4, max_new_tokens=4), schedule),
+                   DecodeConfig(block_size=4, max_new_tokens=4), schedule, len(ids))

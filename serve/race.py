@@ -1,0 +1,144 @@
+"""A race: AR, Linear-SS, Quadratic-SS and Packed-SS (and optional lanes) on one prompt, each measured
+several times in rotating order (:func:`run_race` -> :class:`RaceResult`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from packed_ss.any_order import ORDER_REGISTRY
+from packed_ss.engine import decode
+from packed_ss.registry import get_schedule
+from packed_ss.schedules import LOSSLESS, REGISTRY, SPECULATIVE
+
+from serve.limits import MAX_ROWS_PER_REQUEST, check_work, release_memory
+from serve.block_sizes import BestBlockSizes
+from serve.gpu import GpuTasks
+from serve.lanes import Lane, lane_from_runs, verdict_text
+from serve.runs import schedule_for
+from serve.settings import OPTIONAL_LANES, RunSettings, parse_lanes
+from serve.timing import TimingLog
+
+
+# --- race -----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RaceResult:
+    """A finished race: one lane per schedule (AR always present as the reference).
+
+    Attributes:
+        settings: the shared prompt and settings. lanes: AR first, then the requested schedules.
+        greedy: temperature 0. compute_s: wall-clock seconds the computation took (lanes run one by one).
+        repeats: measurements per lane (rotating order).
+        block_size_source: where each lane's own best B came from ("" = every lane at the settings' B).
+        interleaved: iterations of other requests that ran between this race's iterations (0 = isolated).
+        left_out: titles of requested lanes the model has no version of (an any-order model).
+    """
+
+    @property
+    def isolation(self) -> str:
+        """One sentence on whether the race had the machine to itself."""
+        if not self.interleaved:
+            return "Nothing else computed in this process during the race."
+        return (f"{self.interleaved} iterations of other requests ran between this race's iterations: each call was "
+                f"still measured alone, but caches and memory bandwidth were shared, so treat close results as ties.")
+
+    settings: RunSettings
+    lanes: tuple[Lane, ...]
+    greedy: bool
+    compute_s: float
+    prompt_tokens: int
+    repeats: int = 1
+    block_size_source: str = ""
+    interleaved: int = 0
+    left_out: tuple[str, ...] = ()
+
+    def lane(self, schedule: str) -> Lane | None:
+        return next((lane for lane in self.lanes if lane.schedule == schedule), None)
+
+    def to_json(self) -> dict:
+        """JSON-ready result: per-lane metrics and agreement with AR."""
+        lanes = {}
+        for lane in self.lanes:
+            metrics = dict(lane.metrics)
+            metrics["identical_to_ar"] = lane.identical
+            metrics["first_difference"] = lane.first_difference
+            metrics["divergence"] = lane.divergence.as_dict() if lane.divergence is not None else None
+            metrics["shown"] = lane.shown
+            metrics["wall_s_repeats"] = list(lane.wall_s_repeats)
+            metrics["wall_s_median"], metrics["wall_s_min"], metrics["wall_s_max"] = lane.wall_range
+            lanes[lane.schedule] = metrics
+        lossless = [lane for lane in self.lanes if lane.schedule in LOSSLESS]
+        c = self.settings.config
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "settings": {"schedules": [lane.schedule for lane in self.lanes], "block_size": c.block_size,
+                         "temperature": c.temperature, "top_k": c.top_k, "top_p": c.top_p, "seed": c.seed,
+                         "max_new_tokens": c.max_new_tokens, "model": self.settings.model, "order": c.order},
+            "left_out": list(self.left_out),
+            "greedy": self.greedy,
+            "reference": "ar",
+            "lossless_identical_to_ar": all(lane.identical for lane in lossless),
+            "compute_s": self.compute_s,
+            "repeats": self.repeats,
+            "interleaved_iterations": self.interleaved,
+            "isolation": self.isolation,
+            "block_sizes": {lane.schedule: lane.metrics["block_size"] for lane in self.lanes},
+            "block_size_source": self.block_size_source or "the same B for every lane",
+            "verdict": verdict_text(self.lanes),
+            "lanes": lanes,
+        }
+RACE_REPEATS = 3  # measurements per lane in a race (fewer when the row budget does not allow three)
+
+
+def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), log: TimingLog | None = None,
+             max_rows: int = MAX_ROWS_PER_REQUEST, alive: Callable[[], bool] | None = None,
+             repeats: int = RACE_REPEATS, best: "BestBlockSizes | None" = None) -> RaceResult:
+    """Race AR, Linear, Quadratic and Packed (plus ``extra`` lanes "lookup", "packed-mixed", "partial", "diffusion") on one
+    prompt.
+
+    Every lane is measured ``repeats`` times in rotating order (as many as ``max_rows`` allows, at least
+    once); each lane replays its median-time run and reports the min-max of the repeats. With ``best``,
+    each speculative lane runs at its own fastest B (:class:`BestBlockSizes`), else all at the settings' B.
+    Raises: UserError for bad extra lanes or work beyond ``max_rows`` for one measurement (checked before
+    any run); ModelLoadError; PromptError for empty / too long prompts; ClientGone when ``alive()`` turns False.
+    """
+    extra = parse_lanes(list(extra))
+    model = tasks.store.get(*settings.model_ref[:2])
+    schedule_for(model, replace(settings, schedule="ar"))  # the order and drafter suit the model
+    ids = model.encode(settings.prompt)
+    decode(model.share(), ids, settings.config, "ar")  # validates the prompt before any work
+    any_order = getattr(model, "any_order", False)
+    # An any-order model races its own schedules (AR left to right, the others in the chosen order; its native
+    # decoding as the diffusion lane); lanes it has no version of are left out.
+    schedules = ["ar", *SPECULATIVE] + [lane for lane in OPTIONAL_LANES
+                                        if lane in extra and (not any_order or lane in ORDER_REGISTRY)]
+    left_out = tuple(REGISTRY[lane].title for lane in OPTIONAL_LANES if lane in extra and lane not in schedules)
+    reference = ["ar"] if settings.scripted is not None else []  # a scripted drafter's AR reference run
+    sizes, source = best.choose(tasks, settings, ids, max_rows) if best is not None else (None, "")
+    once = check_work(schedules + reference, len(ids), settings.config, max_rows, block_sizes=sizes,
+                      any_order=any_order)
+    repeats = max(1, min(repeats, max_rows // max(1, once)))
+    start = time.perf_counter()
+    try:
+        measured, interleaved = tasks.race(settings.model_ref, ids, settings.config, schedules,
+                                           float(once * repeats), alive, repeats, sizes)
+    finally:
+        release_memory()
+    compute_s = time.perf_counter() - start
+    if log is not None:
+        for runs in measured:
+            for run in runs:
+                log.add(run.records, run.block_size)
+    reference = measured[0][0].token_ids
+    scripted = "" if settings.scripted is None else f" · scripted\u00a0drafter\u00a0q={settings.scripted:g}"
+    order = f" · {settings.config.order} order" if any_order else ""
+    titles = {s: get_schedule(s, model).title + (order if s in SPECULATIVE else "") for s in schedules}
+    lanes = tuple(lane_from_runs(runs, titles[runs[0].schedule] + (scripted if runs[0].schedule != "ar" else ""),
+                                 reference) for runs in measured)
+    if settings.config.greedy and not any_order:  # a lossless lane that left AR: near-tie (low precision) or bug?
+        lanes = tuple(replace(lane, divergence=tasks.divergence(settings.model_ref, ids, reference, lane.token_ids))
+                      if lane.schedule in LOSSLESS and not lane.identical else lane for lane in lanes)
+    return RaceResult(settings=settings, lanes=lanes, greedy=settings.config.greedy, compute_s=compute_s,
+                      prompt_tokens=len(ids), repeats=repeats, block_size_source=source, interleaved=interleaved,
+                      left_out=left_out)

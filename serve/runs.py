@@ -1,0 +1,76 @@
+"""A full run (the ``generate`` API), the calibration runs of the cost fit, and the check that a model can run
+the settings' schedule (:func:`schedule_for`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from packed_ss.any_order import ORDER_REGISTRY
+from packed_ss.config import DecodeConfig
+from packed_ss.engine import decode
+from packed_ss.records import RunRecord
+from packed_ss.registry import get_schedule
+from packed_ss.schedules import REGISTRY
+
+from serve.limits import MAX_ROWS_PER_REQUEST, UserError, check_work, release_memory
+from serve.gpu import GpuTasks
+from serve.settings import RunSettings
+from serve.timing import TimingLog
+
+
+def schedule_for(model, settings: RunSettings):
+    """The schedule ``settings`` name on ``model`` (an any-order model has its own, :data:`ORDER_REGISTRY`).
+
+    Raises: UserError for a schedule the model cannot run, the confidence order on a left-to-right
+    model, or a scripted drafter or the drafter LoRA on an any-order model."""
+    any_order = getattr(model, "any_order", False)
+    if any_order and settings.schedule not in ORDER_REGISTRY:
+        offered = ", ".join(ORDER_REGISTRY[s].title for s in ORDER_REGISTRY)
+        raise UserError(f"{REGISTRY[settings.schedule].title} has no version for an any-order model; choose one of: "
+                        f"{offered}")
+    if settings.config.order != "ltr" and not any_order:
+        raise UserError("verification by confidence needs an any-order model (assets/model-anyorder in the model "
+                        "list), or choose the order \"left to right\"")
+    if any_order and settings.scripted is not None:
+        raise UserError("the scripted drafter works with left-to-right models only: choose the model's own drafter")
+    if any_order and settings.config.drafter_lora:
+        raise UserError("an any-order model has no drafter adapter: turn the drafter LoRA off")
+    return get_schedule(settings.schedule, model)
+
+
+def run_generate(tasks: GpuTasks, settings: RunSettings, log: TimingLog | None = None,
+                 max_rows: int = MAX_ROWS_PER_REQUEST, alive: Callable[[], bool] | None = None) -> RunRecord:
+    """One full run of ``settings`` (the ``generate`` API).
+
+    Raises: UserError (work beyond ``max_rows``), ModelLoadError, PromptError, ClientGone.
+    """
+    model = tasks.store.get(*settings.model_ref[:2])
+    schedule_for(model, settings)
+    ids = model.encode(settings.prompt)
+    decode(model.share(), ids, settings.config, settings.schedule)  # validates before any GPU work
+    reference = ["ar"] if settings.scripted is not None else []  # a scripted drafter's AR reference run
+    work = check_work([settings.schedule, *reference], len(ids), settings.config, max_rows,
+                      any_order=getattr(model, "any_order", False))
+    try:
+        run = tasks.generate(settings.model_ref, ids, settings.config, settings.schedule, float(work), alive)
+    finally:
+        release_memory()
+    if log is not None:
+        log.add(run.records, settings.config.block_size)
+    return run
+
+
+def calibrate(tasks: GpuTasks, settings: RunSettings, log: TimingLog, block_sizes: Sequence[int] = (4, 8, 16),
+              new_tokens: int = 16) -> int:
+    """Feed the cost fit: short runs of AR, Linear, Quadratic and Packed at several block sizes.
+
+    Returns: number of calls measured. Raises: ModelLoadError, PromptError.
+    """
+    model = tasks.store.get(*settings.model_ref[:2])
+    ids = model.encode(settings.prompt)
+    decode(model.share(), ids, DecodeConfig(block_size=max(block_sizes), max_new_tokens=new_tokens), "ar")
+    calls = 0
+    for b, records in tasks.calibration(settings.model_ref, ids, tuple(block_sizes), new_tokens):
+        log.add(records, b)
+        calls += sum(len(r.calls) for r in records)
+    return calls

@@ -1,0 +1,159 @@
+"""The settings a request carries: raw page or API values validated into one frozen :class:`RunSettings`
+(:func:`make_settings`), the app's caps, and the race's lane and block-size choices."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from packed_ss.config import DecodeConfig
+from packed_ss.inputs import PromptTextError, check_prompt, shown
+from packed_ss.schedules import REGISTRY, SPECULATIVE
+
+from serve.limits import UserError
+
+
+NEW_TOKENS_CAP = 512  # largest new-token limit the app accepts
+APP_MAX_BLOCK_SIZE = 32  # Quadratic-SS evaluates B(B+1) rows: 1056 at B = 32
+MAX_PROMPT_CHARS = 20_000
+MAX_SEED = 2**32 - 1  # largest seed the page and the API take (exact as a float; torch takes it)
+OPTIONAL_LANES = ("lookup", "packed-mixed", "partial", "diffusion")  # race lanes beyond AR and the self-speculative ones
+DRAFTERS = ("model", "scripted")  # the model's own drafter, or the scripted one (packed_ss.models.scripted)
+PRECISIONS = ("", "bfloat16", "float32")  # "" = the server's default (bfloat16 on CUDA, float32 on CPU)
+
+
+# --- settings ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunSettings:
+    """Everything that defines a run: model name, prompt text, schedule, decoding config, the precision
+    the model runs in ("" = the server's default: bfloat16 on CUDA, float32 on CPU) and, for teaching,
+    the quality q of a scripted drafter (None = the model's own drafter; :mod:`packed_ss.models.scripted`)."""
+
+    model: str
+    prompt: str
+    schedule: str
+    config: DecodeConfig
+    precision: str = ""
+    scripted: float | None = None
+
+    @property
+    def model_ref(self) -> tuple[str, str, float | None]:
+        """(model name, precision, scripted drafter quality or None): what a run is decoded with.
+        ``ModelStore.get(*model_ref[:2])`` gives the loaded model."""
+        return self.model, self.precision, self.scripted
+
+
+def _whole(value, name: str, low: int | None = None, high: int | None = None) -> int:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise UserError(f"{name} must be a whole number, got {shown(value)}") from None
+    if not math.isfinite(number) or number != int(number):
+        raise UserError(f"{name} must be a whole number, got {shown(value)}")
+    number = int(number)
+    if low is not None and high is not None and not low <= number <= high:
+        raise UserError(f"{name} must be a whole number from {low} to {high}, got {shown(number)}")
+    if low is not None and number < low:
+        raise UserError(f"{name} must be at least {low}, got {shown(number)}")
+    return number
+
+
+def _real(value, name: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise UserError(f"{name} must be a number, got {shown(value)}") from None
+    if not math.isfinite(number):
+        raise UserError(f"{name} must be a finite number, got {shown(value)}")
+    return number
+
+
+def make_settings(model: str | None, prompt: str | None, schedule: str, block_size, temperature, top_k, top_p,
+                  seed, max_new_tokens, drafter_lora=False, precision="", drafter="model", drafter_quality=0.8,
+                  order="ltr", *, cap: int = NEW_TOKENS_CAP) -> RunSettings:
+    """Validate raw page/API values into :class:`RunSettings`.
+
+    Raises:
+        UserError: a prompt that is not text, empty or not valid Unicode, a model name that is not text,
+            unknown schedule, block size outside [2, 32], negative temperature, new-token limit outside
+            [1, cap], seed outside [0, MAX_SEED], a drafter-LoRA switch that is not true/false, a precision
+            not in PRECISIONS, a drafter other than "model" or "scripted", a scripted drafter quality
+            outside [0, 1], an order other than "ltr" or "confidence", or any value :class:`DecodeConfig`
+            rejects.
+    """
+    try:
+        check_prompt(prompt)  # the rule of every front end: non-empty, valid Unicode, whitespace allowed
+    except PromptTextError as error:
+        raise UserError(str(error)) from None
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise UserError(f"the prompt is too long ({len(prompt):,} characters; at most {MAX_PROMPT_CHARS:,})")
+    model = text_value(model, "model")
+    if not isinstance(schedule, str) or schedule not in REGISTRY:
+        raise UserError(f"unknown schedule {shown(schedule)}; choose one of {', '.join(REGISTRY)}")
+    block = _whole(block_size, "block size", 2, APP_MAX_BLOCK_SIZE)
+    temp = _real(temperature, "temperature")
+    if temp < 0:
+        raise UserError(f"temperature must be >= 0 (0 = greedy), got {temp}")
+    if drafter_lora is None:
+        drafter_lora = False
+    if not isinstance(drafter_lora, bool):
+        raise UserError(f"drafter_lora must be true or false, got {type(drafter_lora).__name__} {shown(drafter_lora)}")
+    precision = text_value(precision, "precision").strip()
+    if precision not in PRECISIONS:
+        raise UserError(f"precision must be bfloat16 or float32 (empty = the server's default), got {shown(precision)}")
+    drafter = text_value(drafter, "drafter").strip() or "model"
+    if drafter not in DRAFTERS:
+        raise UserError(f"drafter must be 'model' (the model's own) or 'scripted', got {shown(drafter)}")
+    quality = _real(0.8 if drafter_quality is None else drafter_quality, "drafter quality")
+    if not 0 <= quality <= 1:
+        raise UserError(f"drafter quality must be from 0 to 1, got {quality}")
+    limit = _whole(max_new_tokens, "new-token limit")
+    if not 1 <= limit <= cap:
+        raise UserError(f"the new-token limit must be from 1 to {cap} (the app's cap), got {limit}")
+    try:
+        config = DecodeConfig(block_size=block, temperature=temp, top_k=_whole(top_k, "top-k", 0),
+                              top_p=_real(top_p, "top-p"), max_new_tokens=limit, seed=_whole(seed, "seed", 0, MAX_SEED),
+                              drafter_lora=drafter_lora, order=text_value(order, "order").strip() or "ltr")
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    return RunSettings(model=model.strip(), prompt=prompt, schedule=schedule, config=config, precision=precision,
+                       scripted=quality if drafter == "scripted" else None)
+
+
+def text_value(value, name: str) -> str:
+    """A text field's value (None = empty). Raises: UserError when it is not text."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise UserError(f"{name} must be text, got {type(value).__name__} {shown(value)}")
+    return value
+
+
+def parse_lanes(lanes) -> list[str]:
+    """Optional race lanes from a list or a comma-separated text: "lookup" (prompt lookup, the peer without a
+    drafter), "packed-mixed" (Packed-SS with drafter and n-gram drafts), "partial" (partial-branch SS),
+    "diffusion" ("ar", "linear", "quadratic" and "packed" are accepted and change nothing: they are always lanes).
+
+    Raises: UserError for a value that is not text or an unknown lane.
+    """
+    if isinstance(lanes, str) or lanes is None:
+        items = [s.strip() for s in (lanes or "").split(",") if s.strip()]
+    elif isinstance(lanes, (list, tuple)):
+        items = [text_value(s, "a race lane").strip() for s in lanes]
+    else:
+        raise UserError(f"lanes must be text such as 'ar,diffusion', got {type(lanes).__name__} {shown(lanes)}")
+    unknown = [s for s in items if s not in ("ar", *SPECULATIVE, *OPTIONAL_LANES)]
+    if unknown:
+        raise UserError(f"optional race lanes are {', '.join(map(repr, OPTIONAL_LANES))}, got "
+                        f"{', '.join(map(shown, unknown))}")
+    return items
+
+
+def wants_best_sizes(choice) -> bool:
+    """A race's block-size choice: "same" (every lane at the settings' B, default) or "best" (each
+    schedule at its own best B). Raises: UserError for anything else."""
+    choice = text_value(choice, "block_sizes").strip() or "same"
+    if choice not in ("same", "best"):
+        raise UserError(f"block_sizes must be 'same' (every lane at B) or 'best' (each schedule at its own best B), "
+                        f"got {shown(choice)}")
+    return choice == "best"
