@@ -8,7 +8,8 @@ from dataclasses import replace
 
 from packed_ss.config import DecodeConfig
 from packed_ss.divergence import Divergence, divergence
-from packed_ss.engine import decode, finish_run
+from packed_ss.engine import decode
+from packed_ss.measure import rotation, timed_run, warm_up
 from packed_ss.models.scripted import ScriptedDrafter, scripted_drafter
 from packed_ss.records import IterationRecord, RunRecord
 from packed_ss.schedules import SPECULATIVE
@@ -70,11 +71,10 @@ class GpuTasks:
             return ScriptedDrafter(model.share(), reference, quality, config.seed)
         return scripted_drafter(model, prompt_ids, config, quality, config.seed)
 
-    def _run(self, adapter, prompt_ids: Sequence[int], config: DecodeConfig, schedule: str, priority: float,
-             alive: Callable[[], bool] | None, owner: object = None) -> RunRecord:
-        """One run on ``adapter`` (its own), each iteration computed alone at the gate (wall time stays honest)."""
-        records = gated(decode(adapter, list(prompt_ids), config, schedule), self.gate, priority, alive, owner)
-        return finish_run(adapter, records, config, schedule, len(prompt_ids))
+    def _isolate(self, priority: float, alive: Callable[[], bool] | None = None, owner: object = None):
+        """A run's isolation for :func:`packed_ss.measure.timed_run`: each iteration computed alone at the gate
+        (wall time stays honest), stopped once ``alive()`` is False."""
+        return lambda records: gated(records, self.gate, priority, alive, owner)
 
     def _records(self, model_ref: tuple, prompt_ids: Sequence[int], config: DecodeConfig,
                  schedule: str, priority: float = 0.0) -> list[IterationRecord]:
@@ -95,25 +95,25 @@ class GpuTasks:
         """
         model = self.store.get(*model_ref[:2])
         owner = object()  # this race's turns at the gate
+        isolate = self._isolate(priority, alive, owner)
         with self.gate.watch(owner) if self.gate is not None else nullcontext(lambda: 0) as others:
-            self._run(model.share(), prompt_ids, DecodeConfig(block_size=config.block_size, max_new_tokens=2), "ar",
-                      priority, alive, owner)
+            warm_up(model.share(), prompt_ids, [("ar", DecodeConfig(block_size=config.block_size, max_new_tokens=2))],
+                    isolate)
             # A scripted drafter follows AR's output: computed once for every lane and repeat.
             reference = getattr(self._adapter(model_ref, prompt_ids, config), "reference", None)
             runs: dict[str, list[RunRecord]] = {s: [] for s in schedules}
-            for rep in range(repeats):
-                shift = rep % len(schedules)
-                for schedule in list(schedules[shift:]) + list(schedules[:shift]):
-                    own = replace(config, block_size=(block_sizes or {}).get(schedule, config.block_size))
-                    adapter = self._adapter(model_ref, prompt_ids, own, reference)
-                    runs[schedule].append(self._run(adapter, prompt_ids, own, schedule, priority, alive, owner))
+            for _, _, schedule in rotation(list(schedules), repeats):
+                own = replace(config, block_size=(block_sizes or {}).get(schedule, config.block_size))
+                adapter = self._adapter(model_ref, prompt_ids, own, reference)
+                runs[schedule].append(timed_run(adapter, prompt_ids, own, schedule, isolate))
             interleaved = others()
         return [runs[s] for s in schedules], interleaved
 
     def _generate(self, model_ref: tuple, prompt_ids: Sequence[int], config: DecodeConfig, schedule: str,
                   priority: float = 0.0, alive: Callable[[], bool] | None = None) -> RunRecord:
         """One full run. Raises: ClientGone between two iterations once ``alive()`` is False."""
-        return self._run(self._adapter(model_ref, prompt_ids, config), prompt_ids, config, schedule, priority, alive)
+        return timed_run(self._adapter(model_ref, prompt_ids, config), prompt_ids, config, schedule,
+                         self._isolate(priority, alive))
 
     def _divergence(self, model_ref: tuple, prompt_ids: Sequence[int], reference: Sequence[int],
                     other: Sequence[int]) -> Divergence | None:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from packed_ss.config import DecodeConfig
-from packed_ss.engine import decode, finish_run
+from packed_ss.measure import warm_up as warm_up_runs
 from packed_ss.inputs import model_name, shown
 
 from serve.limits import UserError
@@ -145,6 +145,5 @@ def warm_up(model) -> None:
     cost fit."""
     never = set(model.never_emit_ids)
     ids = [t for t in range(1, min(256, model.vocab_size)) if t not in never][:8]
-    for schedule in ("ar", "packed"):
-        finish_run(model, decode(model.share(), ids, DecodeConfig(block_size=4, max_new_tokens=4), schedule),
-                   DecodeConfig(block_size=4, max_new_tokens=4), schedule, len(ids))
+    config = DecodeConfig(block_size=4, max_new_tokens=4)
+    warm_up_runs(model.share(), ids, [(schedule, config) for schedule in ("ar", "packed")])

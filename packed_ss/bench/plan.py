@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from packed_ss import stats
 from packed_ss.config import MAX_BLOCK_SIZE, DecodeConfig
 from packed_ss.hf_reference import HF_REFERENCES, reference_problem
 from packed_ss.inputs import PromptTextError, check_prompt
+from packed_ss.measure import rotation
 from packed_ss.schedules import LOSSLESS as ENGINE_LOSSLESS
 
 
@@ -139,7 +139,7 @@ def _check_block_size(size) -> None:
 
 
 @dataclass(frozen=True)
-class _Unit:
+class PlannedRun:
     """One planned timed run."""
 
     phase: str
@@ -269,29 +269,19 @@ def load_prompts(source: str, limit: int | None = None) -> list[Prompt]:
     return prompts[:limit] if limit else prompts
 
 
-def _rotate(items: Sequence, shift: int) -> list:
-    shift %= len(items)
-    return list(items[shift:]) + list(items[:shift])
-
-
-def plan_runs(config: BenchConfig, n_prompts: int) -> list[_Unit]:
+def plan_runs(config: BenchConfig, n_prompts: int) -> list[PlannedRun]:
     """The timed runs in execution order: main measurements, then the probe.
 
     For each prompt and sample, all schedules (probe: all (schedule, B) pairs) run one after another,
-    the order rotated by one at every next (prompt, sample) unit.
+    the order rotated by one at every next (prompt, sample) unit (:func:`packed_ss.measure.rotation`, one
+    round per unit).
     """
     main = [(s, config.block_size(s)) for s in config.schedules]
     probe = [(s, b) for s in config.schedules if s not in NO_BLOCK for b in config.probe_block_sizes]
     units = []
     for phase, lanes in (("main", main), ("probe", probe)):
-        if not lanes:
-            continue
-        turn = 0
-        for i in range(n_prompts):
-            for k in range(config.samples):
-                for position, (schedule, size) in enumerate(_rotate(lanes, turn)):
-                    units.append(_Unit(phase, i, k, schedule, size, position))
-                turn += 1
+        for unit, position, (schedule, size) in rotation(lanes, n_prompts * config.samples):
+            units.append(PlannedRun(phase, unit // config.samples, unit % config.samples, schedule, size, position))
     return units
 
 

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from packed_ss.config import DecodeConfig
+from packed_ss.bench.plan import (LOSSLESS, NO_BLOCK, REFERENCE, WARMUP_TOKENS, BenchConfig, BenchError, PlannedRun,
+                                  Prompt, plan_runs)
+from packed_ss.bench.summary import examples_frame, summarize
 from packed_ss.divergence import divergence
-from packed_ss.hf_reference import HF_REFERENCES, hf_generate, reference_problem
-from packed_ss.bench.plan import (LOSSLESS, NO_BLOCK, REFERENCE, WARMUP_TOKENS, BenchConfig, BenchError, Prompt, _Unit,
-                                 plan_runs)
-from packed_ss.bench.summary import _frame, summarize
+from packed_ss.hf_reference import HF_REFERENCES, reference_problem
+from packed_ss.measure import timed_run, warm_up
 
 Progress = Callable[[int, int, str], None]  # (runs done, runs planned, label of the next run)
 
@@ -43,7 +43,7 @@ def token_hash(token_ids: Sequence[int]) -> str:
     return hashlib.sha256(",".join(map(str, token_ids)).encode()).hexdigest()[:16]
 
 
-def _example_row(unit: _Unit, prompt: Prompt, prompt_len: int, seed: int, run) -> dict:
+def _example_row(unit: PlannedRun, prompt: Prompt, prompt_len: int, seed: int, run) -> dict:
     later = run.records[1:]  # a run that stopped at its first token has no call after the first iteration
     return {
         "phase": unit.phase,
@@ -117,27 +117,25 @@ def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progres
     interrupted = False
     try:
         if config.warmup:  # untimed: first-call costs (allocations, kernel selection) fall here
-            prompt_ids = encoded[0][1]
             for schedule in config.schedules:
                 report(0, len(units), f"warm-up {schedule}")
-                with turn():
-                    run_one(model, prompt_ids, config.decode_config(schedule, config.block_size(schedule), config.seed,
-                                                                    min(WARMUP_TOKENS, config.max_new_tokens)),
-                            schedule)
+                warm_up(model, encoded[0][1], [(schedule, config.decode_config(
+                    schedule, config.block_size(schedule), config.seed, min(WARMUP_TOKENS, config.max_new_tokens)))],
+                    around=turn)
         for done, unit in enumerate(units):
             prompt, ids = encoded[unit.prompt_index]
             size = "" if unit.schedule in NO_BLOCK else f" B={unit.block_size}"
             report(done, len(units), f"{unit.phase} {prompt.id} {unit.schedule}{size}")
             seed = config.seed + unit.prompt_index * config.samples + unit.sample
             with turn():
-                run = run_one(model, ids, config.decode_config(unit.schedule, unit.block_size, seed), unit.schedule)
+                run = timed_run(model, ids, config.decode_config(unit.schedule, unit.block_size, seed), unit.schedule)
             rows[unit.phase].append(_example_row(unit, prompt, len(ids), seed, run))
             if unit.phase == "main":
                 outputs[(unit.prompt_index, unit.sample, unit.schedule)] = run.token_ids
         report(len(units), len(units), "done")
     except KeyboardInterrupt:
         interrupted = True
-    examples, probe = _frame(rows["main"]), _frame(rows["probe"])
+    examples, probe = examples_frame(rows["main"]), examples_frame(rows["probe"])
     # AR's logit margins at a divergence are a left-to-right causal model's; an any-order model's outputs
     # differ from its ltr decoding by design under the confidence order (Appendix C)
     checks = config.temperature == 0 and not getattr(model, "any_order", False)
@@ -175,16 +173,6 @@ def any_order_problem(model, config: BenchConfig) -> None:
             raise BenchError("an any-order model has no drafter adapter: leave out --drafter-lora")
     elif config.order != "ltr":
         raise BenchError(f"--order {config.order} needs an any-order model (e.g. --model assets/model-anyorder)")
-
-
-def run_one(model, prompt_ids: list[int], config: DecodeConfig, schedule: str):
-    """One run of an engine schedule (:func:`packed_ss.engine.generate`) or of a transformers reference
-    (:func:`packed_ss.hf_reference.hf_generate`); both return what :func:`_example_row` reads."""
-    from packed_ss.engine import generate
-
-    if schedule in HF_REFERENCES:
-        return hf_generate(model, prompt_ids, config.max_new_tokens, schedule, config.block_size)
-    return generate(model, prompt_ids, config, schedule)
 
 
 def greedy_divergences(model, encoded: Sequence[tuple], outputs: dict, turn=nullcontext) -> list[dict]:

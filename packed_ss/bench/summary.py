@@ -22,7 +22,8 @@ COLUMNS = ("phase", "prompt_index", "prompt_id", "schedule", "block_size", "samp
            "stop_reason", "token_hash")
 
 
-def _frame(rows: list[dict]) -> pd.DataFrame:
+def examples_frame(rows: list[dict]) -> pd.DataFrame:
+    """Example rows (dicts with the keys of :data:`COLUMNS`) as a DataFrame in that column order; B nullable."""
     frame = pd.DataFrame(rows, columns=list(COLUMNS))
     frame["block_size"] = frame["block_size"].astype("Int64")
     return frame
@@ -229,7 +230,7 @@ def summarize(examples: pd.DataFrame, config: BenchConfig, probe: pd.DataFrame |
         "lossless": lossless_check(used, schedules, config.temperature, (meta or {}).get("divergences", ()),
                                    config.order),
         "decomposition": decomposition(per_schedule),
-        "probe": probe_table(probe if probe is not None else _frame([])),
+        "probe": probe_table(probe if probe is not None else examples_frame([])),
     }
     return _clean(summary)
 

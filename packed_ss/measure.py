@@ -1,0 +1,78 @@
+"""Timing decoding runs: the one measuring core of the race (one prompt, a verdict) and the benchmark (many
+prompts, intervals).
+
+* :func:`rotation` orders the timed runs: every lane once per round, the order rotated by one lane from
+  one round to the next, so that a drift of the machine's speed falls on every lane alike and no lane
+  always runs first (the race's rounds are its repeats; the benchmark's are its prompts and samples).
+* :func:`warm_up` makes untimed runs first, so that one-off first-call costs (allocations, kernel choice)
+  land in no measurement.
+* :func:`timed_run` makes one run on an adapter of its own and returns its
+  :class:`~packed_ss.records.RunRecord`: decoder wall time is the sum of the iteration times (model time
+  plus non-model decoder time, prefill included); loading, tokenisation and detokenisation are outside
+  (paper E.5). transformers' own ``generate`` (:data:`~packed_ss.hf_reference.HF_REFERENCES`) is timed as
+  one call.
+* Isolation: ``isolate`` wraps a run's iteration generator; a server passes its compute gate there
+  (each iteration computed alone, other requests served between two iterations), or holds a turn around
+  the whole run itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager as ContextManager, nullcontext
+from typing import TypeVar
+
+from packed_ss.config import DecodeConfig
+from packed_ss.engine import decode, finish_run
+from packed_ss.hf_reference import HF_REFERENCES, hf_generate
+from packed_ss.records import IterationRecord, RunRecord
+
+Lane = TypeVar("Lane")
+Isolate = Callable[[Iterator[IterationRecord]], Iterator[IterationRecord]]
+
+
+def rotated(items: Sequence[Lane], shift: int) -> list[Lane]:
+    """``items`` rotated left by ``shift`` (modulo their number): ``rotated("abc", 1) == list("bca")``."""
+    shift %= len(items)
+    return list(items[shift:]) + list(items[:shift])
+
+
+def rotation(lanes: Sequence[Lane], rounds: int) -> Iterator[tuple[int, int, Lane]]:
+    """``(round, position, lane)`` in execution order: ``rounds`` rounds of every lane, round r in the
+    order :func:`rotated` by r. Nothing for no lanes or no rounds."""
+    if not lanes:
+        return
+    for round_index in range(rounds):
+        for position, lane in enumerate(rotated(lanes, round_index)):
+            yield round_index, position, lane
+
+
+def timed_run(model, prompt_ids: Sequence[int], config: DecodeConfig, schedule: str,
+              isolate: Isolate | None = None) -> RunRecord:
+    """One run of ``schedule`` to its end, timed.
+
+    Args:
+        model: the run's own adapter (``DualModeModel.share()``, or a scripted drafter over one): its KV
+            cache is reset by the run.
+        prompt_ids: prompt token ids (tokenised before timing).
+        config: the run's decoding settings. schedule: an engine schedule name or an HF reference
+            (``hf-greedy``, ``hf-lookup``, greedy only, ``config.block_size - 1`` lookup tokens).
+        isolate: wraps the engine's iteration generator (e.g. one compute-gate turn per iteration);
+            not used for the HF references, which run as one call.
+    Returns: the :class:`~packed_ss.records.RunRecord` (wall time in seconds) with its text.
+    Raises: what :func:`packed_ss.engine.decode` raises (unknown schedule, PromptError), and whatever
+        ``isolate`` raises between iterations (a server's ClientGone).
+    """
+    if schedule in HF_REFERENCES:
+        return hf_generate(model, list(prompt_ids), config.max_new_tokens, schedule, config.block_size)
+    records = decode(model, list(prompt_ids), config, schedule)
+    return finish_run(model, isolate(records) if isolate else records, config, schedule, len(prompt_ids))
+
+
+def warm_up(model, prompt_ids: Sequence[int], runs: Iterable[tuple[str, DecodeConfig]], isolate: Isolate | None = None,
+            around: Callable[[], ContextManager] = nullcontext) -> None:
+    """Untimed runs before any measurement, one per ``(schedule, config)`` of ``runs``, on the same path as the
+    measurements (:func:`timed_run` with ``isolate``, inside ``around()``); their records are dropped."""
+    for schedule, config in runs:
+        with around():
+            timed_run(model, prompt_ids, config, schedule, isolate)
