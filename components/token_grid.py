@@ -13,9 +13,9 @@ from __future__ import annotations
 import html
 from collections.abc import Callable, Sequence
 
-from packed_ss.records import IterationRecord
+from packed_ss.records import SOURCES, IterationRecord
 
-from components.style import source_class, visible
+from components.style import PROMPT, legend_html, source_class, visible
 
 TokenStrings = Callable[[Sequence[int]], list[str]]
 
@@ -164,3 +164,14 @@ def grid_html(record: IterationRecord, sequence: Sequence[int], strings: TokenSt
 def empty_grid_html(message: str = "Press Step to run the first iteration.") -> str:
     """Placeholder shown before the first iteration (same wrapper class as a real grid)."""
     return f'<div class="token-grid-wrap" data-iteration="0"><div class="pss-note">{html.escape(message)}</div></div>'
+
+
+def grid_legend_html() -> str:
+    """Static key of the grid's chip styles and the text colours."""
+    keys = [("accepted", "ok", "accepted draft"), ("rejected", "x", "first rejected"),
+            ("unchecked", "u", "not checked"), ("reached", "v", "verifier row reached"), ("faded", "v", "computed, not reached"),
+            ("kept", "z", "kept as next draft"), ("discarded", "z", "discarded (its position is now filled)"),
+            ("ngram", "g", "from an n-gram match (Packed-SS + n-gram)"), ("mask", "MASK", "empty slot")]
+    chips = " · ".join(f'<span class="chip {cls}">{text}</span> {label}' for cls, text, label in keys)
+    chips += " · in chips: · space, ⏎ newline, ⇥ tab, ∅ empty token"
+    return f'<div class="legend">{chips}</div>' + legend_html([PROMPT, *SOURCES])

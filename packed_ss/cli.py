@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from packed_ss.config import DecodeConfig
-from packed_ss.models import DTYPES, device_dtype_problem  # noqa: F401  (re-exported for the app and bench)
+from packed_ss.models import DTYPES
 
 DEFAULT_MODEL = str(Path(__file__).resolve().parents[1] / "assets" / "model")
 

@@ -12,7 +12,8 @@ from pathlib import Path
 from packed_ss.inputs import model_name
 from packed_ss.schedules import REGISTRY, SPECULATIVE
 
-from serve.limits import UserError, check_work
+from serve.errors import UserError
+from serve.limits import check_work
 from serve.gpu import GpuTasks
 from serve.settings import OPTIONAL_LANES, RunSettings
 

@@ -26,15 +26,9 @@ from packed_ss.config import DecodeConfig
 from packed_ss.any_order import ORDER_REGISTRY
 from packed_ss.schedules import REGISTRY
 
+from serve.errors import ClientGone, UserError
+
 MAX_ROWS_PER_REQUEST = 100_000  # model rows (tokens evaluated) one request may need in its worst case
-
-
-class UserError(ValueError):
-    """Bad input from the page or the API; its message is shown as is (no traceback)."""
-
-
-class ClientGone(Exception):
-    """The client that asked for this work disconnected; the work was stopped."""
 
 
 def worst_case_rows(schedules: Sequence[str], prompt_len: int, config: DecodeConfig,

@@ -12,7 +12,7 @@ from packed_ss.config import DecodeConfig
 from packed_ss.measure import warm_up as warm_up_runs
 from packed_ss.inputs import model_name, shown
 
-from serve.limits import UserError
+from serve.errors import UserError
 
 
 DEFAULT_MODEL = str(Path(__file__).resolve().parents[1] / "assets" / "model")

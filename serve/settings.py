@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from packed_ss.config import DecodeConfig
 from packed_ss.inputs import PromptTextError, check_prompt, shown
 from packed_ss.schedules import REGISTRY, SPECULATIVE
 
-from serve.limits import UserError
+from serve.errors import UserError
 
 
 NEW_TOKENS_CAP = 512  # largest new-token limit the app accepts
@@ -118,6 +118,32 @@ def make_settings(model: str | None, prompt: str | None, schedule: str, block_si
         raise UserError(str(error)) from None
     return RunSettings(model=model.strip(), prompt=prompt, schedule=schedule, config=config, precision=precision,
                        scripted=quality if drafter == "scripted" else None)
+
+
+@dataclass(frozen=True)
+class RequestValues:
+    """The values a request carries, as the page's settings or the API's parameters send them (any type a client
+    sends: nothing is validated here). Fields in the page's order; defaults are the API's documented ones.
+    :meth:`settings` validates them into a :class:`RunSettings`."""
+
+    model: object = ""
+    prompt: object = None
+    schedule: object = "packed"
+    block_size: object = 8
+    temperature: object = 0.0
+    top_k: object = 0
+    top_p: object = 1.0
+    seed: object = 0
+    max_new_tokens: object = 128
+    drafter_lora: object = False
+    precision: object = ""
+    drafter: object = "model"
+    drafter_quality: object = 0.8
+    order: object = "ltr"
+
+    def settings(self, cap: int = NEW_TOKENS_CAP) -> RunSettings:
+        """The validated settings (:func:`make_settings`, new-token limit at most ``cap``). Raises: UserError."""
+        return make_settings(**{f.name: getattr(self, f.name) for f in fields(self)}, cap=cap)
 
 
 def text_value(value, name: str) -> str:

@@ -374,7 +374,7 @@ def test_eager_step_run_matches_the_lazy_one(tiny_model_dir):
 
 
 def test_settings_validation_messages():
-    from serve.limits import UserError
+    from serve.errors import UserError
     from serve.settings import make_settings
 
     ok = make_settings("", "x", "packed", 8, 0, 0, 1, 0, 16)

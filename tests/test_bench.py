@@ -162,7 +162,7 @@ def test_bad_arguments_exit_with_one_line(tiny_model_dir, prompt_file, args, mes
 def test_benchmark_view_runs_a_small_benchmark_and_shows_saved_reports(prompt_file, tmp_path):
     import gradio as gr
 
-    from components.benchmark import build_benchmark_tab
+    from tabs.benchmark import build_benchmark_tab
     from serve.benchmark import UPLOAD, load_report, run_small_benchmark
 
     model = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0)
@@ -222,7 +222,7 @@ def test_benchmark_view_bad_inputs_are_one_line_errors(tmp_path):
 def test_benchmark_view_fits_report_figures_into_its_panels():
     import plotly.graph_objects as go
 
-    from components.benchmark import panel_figure
+    from tabs.benchmark import panel_figure
 
     title = "Tokens/NFE at the measured block sizes (run with more)"
     report = go.Figure(go.Scatter(x=[1], y=[1]), layout=dict(title=title))

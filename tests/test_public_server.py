@@ -183,7 +183,7 @@ def test_a_run_stops_when_its_client_disconnects(server, client):
 
 # --- models ---------------------------------------------------------------------------------------------
 def test_every_spelling_of_a_folder_is_one_model(tiny_model_dir, monkeypatch):
-    from serve.limits import UserError
+    from serve.errors import UserError
     from serve.models import ModelStore
 
     store = ModelStore(str(tiny_model_dir), device="cpu")
@@ -198,7 +198,7 @@ def test_every_spelling_of_a_folder_is_one_model(tiny_model_dir, monkeypatch):
 
 
 def test_offered_project_models_are_named_relative_to_the_project():
-    from serve.limits import UserError
+    from serve.errors import UserError
     from serve.models import DEFAULT_MODEL, ModelStore
 
     with pytest.raises(UserError) as error:
@@ -244,7 +244,8 @@ def test_gate_serves_the_least_work_first():
 
 
 def test_row_budget_message_names_the_heaviest_schedule():
-    from serve.limits import UserError, check_work
+    from serve.errors import UserError
+    from serve.limits import check_work
     from packed_ss import DecodeConfig
 
     config = DecodeConfig(block_size=32, max_new_tokens=512)

@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.threads is not None and args.threads < 1:
             raise BenchError(f"--threads must be >= 1, got {args.threads}")
         check_out_folder(args.out)  # found now, not after the measurements
-        from packed_ss.cli import device_dtype_problem
+        from packed_ss.models import device_dtype_problem
 
         problem = device_dtype_problem(args.device, args.dtype)
         if problem:

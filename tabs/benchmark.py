@@ -1,11 +1,10 @@
-"""The app's Benchmark view: show a saved benchmark report, or run a small one (few prompts).
+"""The Benchmark tab: show a saved benchmark report, or run a small one (few prompts).
 
 :func:`build_benchmark_tab` creates the widgets inside the caller's ``gr.Blocks``/``gr.Tab`` context and
-wires their events. The work is done by two plain functions that the UI only calls:
-:func:`load_report` (a saved ``summary.json`` -> markdown and figures) and :func:`run_small_benchmark`
-(measure, write the files to a fresh temporary folder, return markdown, figures and file paths). User
-errors become ``gr.Error`` with a one-line message. Timings taken in a busy app are noisy: the full
-benchmark belongs on the command line (``python -m packed_ss.bench``).
+wires their events. The work is done by two plain functions of :mod:`serve.benchmark` that the UI only
+calls: :func:`~serve.benchmark.load_report` (a saved ``summary.json`` -> markdown and figures) and
+:func:`~serve.benchmark.run_small_benchmark` (measure, write the files to a fresh temporary folder, return
+markdown, figures and file paths). User errors become ``gr.Error`` with a one-line message.
 """
 
 from __future__ import annotations

@@ -1,0 +1,64 @@
+"""One app's serving state (:class:`Server`): what every tab's handlers and the API share.
+
+The app creates one per demo (no module-level state): the model store, the compute gate, the GPU tasks,
+the user sessions, the best-block-size finder, the timing log and the limits of one request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from serve.block_sizes import BestBlockSizes
+from serve.gpu import GpuTasks, has_spaces
+from serve.limits import MAX_ROWS_PER_REQUEST, ComputeGate, client_alive
+from serve.models import DEFAULT_MODEL, ModelStore
+from serve.sessions import Sessions, UserSession
+from serve.settings import NEW_TOKENS_CAP, RequestValues, RunSettings
+from serve.timing import TimingLog
+
+
+class Server:
+    """The serving state of one app.
+
+    Args:
+        model: default model folder or hub id. device, dtype, preloaded, allowed, models_held, family,
+            drafter_lora: as :class:`~serve.models.ModelStore` takes them.
+        max_rows: worst-case model rows one request may need (:mod:`serve.limits`); more is refused.
+        cap: largest new-token limit a request may ask for.
+    Attributes:
+        store, gate, tasks, sessions, best_sizes, log: the shared parts (one each).
+        eager: ZeroGPU (the ``spaces`` package): a step-through run is computed in one GPU call.
+        blocks: the ``gr.Blocks`` once built (:meth:`alive` reads its queue); None before.
+    """
+
+    def __init__(self, model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=None,
+                 preloaded: dict | None = None, allowed: Sequence[str] = (), models_held: int = 2,
+                 family: str | None = None, drafter_lora: str | None = None,
+                 max_rows: int = MAX_ROWS_PER_REQUEST, cap: int = NEW_TOKENS_CAP):
+        self.store = ModelStore(model, device=device, dtype=dtype, preloaded=preloaded, allowed=allowed,
+                                capacity=models_held, family=family, drafter_lora=drafter_lora)
+        self.gate = ComputeGate()  # one model iteration at a time, least work first
+        self.tasks = GpuTasks(self.store, self.gate)  # the GPU work of each request (spaces.GPU on ZeroGPU)
+        self.sessions = Sessions()
+        self.best_sizes = BestBlockSizes()  # each schedule's best B per model, found once (race option)
+        self.log = TimingLog()
+        self.eager = has_spaces()
+        self.max_rows = int(max_rows)
+        self.cap = int(cap)
+        self.drafter_lora = drafter_lora
+        self.blocks = None
+
+    def settings(self, values: RequestValues) -> RunSettings:
+        """``values`` validated under this server's new-token cap. Raises: UserError."""
+        return values.settings(cap=self.cap)
+
+    def session(self, request) -> UserSession:
+        """The state of the browser tab (or API client) behind a Gradio ``request``."""
+        return self.sessions.get(request.session_hash)
+
+    def alive(self, request) -> Callable[[], bool] | None:
+        """A check that ``request``'s client is still connected (None: cannot tell, or ZeroGPU, where the
+        work runs in another process)."""
+        if self.eager or request is None or self.blocks is None:
+            return None
+        return client_alive(self.blocks, request.session_hash)

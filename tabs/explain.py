@@ -1,0 +1,54 @@
+"""The Explain tab: the schedules in short, their diagram, and the per-call cost model tau + delta * rows fitted
+from this machine's measured calls, with each schedule's predicted cost per iteration against W."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from components.charts import cost_figure, fit_cost_model, fit_summary
+from components.style import ASSETS, error_html
+from serve.errors import one_line
+from serve.runs import calibrate
+from serve.server import Server
+from serve.settings import RequestValues
+from tabs.settings import SettingsPanel
+
+
+class ExplainHandlers:
+    """Draw the cost fit from the calls measured so far (``on_explain``), or measure some first (``on_measure``)."""
+
+    def __init__(self, server: Server):
+        self.server = server
+
+    def on_explain(self, block_size=8):
+        calls, iterations = self.server.log.snapshot()
+        try:
+            fitted, error = fit_cost_model([r for r, _ in calls], [ms for _, ms in calls]), ""
+        except ValueError as e:
+            fitted, error = None, str(e)
+        w_max = max(15, int(block_size or 8) - 1)
+        return cost_figure(fitted, iterations, w_max), fit_summary(fitted, error)
+
+    def on_measure(self, values: RequestValues, request: gr.Request):
+        try:
+            calibrate(self.server.tasks, self.server.settings(values), self.server.log)
+        except Exception as error:  # noqa: BLE001
+            message = one_line(error)
+            gr.Warning(message)
+            return gr.skip(), error_html(message)
+        return self.on_explain(values.block_size)
+
+
+def build_explain_tab(server: Server, panel: SettingsPanel, concurrency_limit: int) -> None:
+    """Create the tab (inside the caller's ``gr.Tabs``) and wire its events (measuring: queue group "compute")."""
+    handlers = ExplainHandlers(server)
+    with gr.Tab("Explain", id="explain") as tab:
+        gr.Markdown((ASSETS / "explain.md").read_text(encoding="utf-8"))
+        diagram = (ASSETS / "schedules.svg").read_text(encoding="utf-8")
+        gr.HTML(f'<div class="schedule-diagram">{diagram}</div>')
+        fit_text = gr.Markdown("No fit yet.", elem_id="fit-text")
+        cost_plot = gr.Plot(label="Per-call cost model", elem_id="cost-plot")
+        measure_btn = gr.Button("Measure on this machine (short runs at B = 4, 8, 16)")
+    tab.select(handlers.on_explain, [panel.block], [cost_plot, fit_text], api_visibility="private")
+    measure_btn.click(panel.handler(handlers.on_measure), list(panel.components), [cost_plot, fit_text],
+                      api_visibility="private", concurrency_id="compute", concurrency_limit=concurrency_limit)

