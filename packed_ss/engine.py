@@ -1,13 +1,15 @@
-"""Entry points: step through a run (``decode``) or run it to the end (``generate``)."""
+"""Entry points: step through a run (``decode``) or run it to the end (``generate``); a scripted drafter that
+follows a run's AR output (``scripted_drafter``, for teaching)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 
-from packed_ss.config import DecodeConfig
-from packed_ss.records import IterationRecord, RunRecord, summarize
 from packed_ss.any_order import OrderSession
+from packed_ss.config import DecodeConfig
+from packed_ss.models.scripted import ScriptedDrafter
+from packed_ss.records import IterationRecord, RunRecord, summarize
 from packed_ss.registry import get_schedule
 from packed_ss.schedules.base import Session
 
@@ -53,3 +55,15 @@ def finish_run(model, records: Iterable[IterationRecord], config: DecodeConfig, 
     decoder = getattr(model, "decode", None)
     text = decoder(list(run.token_ids)) if decoder else ""
     return replace(run, text=text)
+
+
+def scripted_drafter(model, prompt_ids: Sequence[int], config, quality: float, seed: int = 0) -> ScriptedDrafter:
+    """A :class:`ScriptedDrafter` over its own adapter of ``model`` for one run of ``config`` on
+    ``prompt_ids``: the reference is AR's greedy output, B tokens longer than the run's limit.
+
+    Raises: ValueError for a quality outside [0, 1]; PromptError for an empty or too long prompt.
+    """
+    reference_config = replace(config, temperature=0.0, max_new_tokens=config.max_new_tokens + config.block_size,
+                               drafter_lora=False)
+    reference = generate(model.share(), list(prompt_ids), reference_config, "ar").token_ids
+    return ScriptedDrafter(model.share(), list(prompt_ids) + list(reference), quality, seed)

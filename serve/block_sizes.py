@@ -13,8 +13,8 @@ from packed_ss.inputs import model_name
 from packed_ss.schedules import REGISTRY, SPECULATIVE
 
 from serve.errors import UserError
-from serve.limits import check_work
 from serve.gpu import GpuTasks
+from serve.limits import check_work
 from serve.settings import OPTIONAL_LANES, RunSettings
 
 

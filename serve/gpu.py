@@ -8,9 +8,9 @@ from dataclasses import replace
 
 from packed_ss.config import DecodeConfig
 from packed_ss.divergence import Divergence, divergence
-from packed_ss.engine import decode
+from packed_ss.engine import decode, scripted_drafter
 from packed_ss.measure import rotation, timed_run, warm_up
-from packed_ss.models.scripted import ScriptedDrafter, scripted_drafter
+from packed_ss.models.scripted import ScriptedDrafter
 from packed_ss.records import IterationRecord, RunRecord
 from packed_ss.schedules import SPECULATIVE
 

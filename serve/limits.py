@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 
-from packed_ss.config import DecodeConfig
 from packed_ss.any_order import ORDER_REGISTRY
+from packed_ss.config import DecodeConfig
 from packed_ss.schedules import REGISTRY
 
 from serve.errors import ClientGone, UserError

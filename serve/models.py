@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from packed_ss.config import DecodeConfig
-from packed_ss.measure import warm_up as warm_up_runs
 from packed_ss.inputs import model_name, shown
+from packed_ss.measure import warm_up as warm_up_runs
 
 from serve.errors import UserError
 

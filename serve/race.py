@@ -12,10 +12,10 @@ from packed_ss.engine import decode
 from packed_ss.registry import get_schedule
 from packed_ss.schedules import LOSSLESS, REGISTRY, SPECULATIVE
 
-from serve.limits import MAX_ROWS_PER_REQUEST, check_work, release_memory
 from serve.block_sizes import BestBlockSizes
 from serve.gpu import GpuTasks
 from serve.lanes import Lane, lane_from_runs, verdict_text
+from serve.limits import MAX_ROWS_PER_REQUEST, check_work, release_memory
 from serve.runs import schedule_for
 from serve.settings import OPTIONAL_LANES, RunSettings, parse_lanes
 from serve.timing import TimingLog

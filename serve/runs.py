@@ -13,8 +13,8 @@ from packed_ss.registry import get_schedule
 from packed_ss.schedules import REGISTRY
 
 from serve.errors import UserError
-from serve.limits import MAX_ROWS_PER_REQUEST, check_work, release_memory
 from serve.gpu import GpuTasks
+from serve.limits import MAX_ROWS_PER_REQUEST, check_work, release_memory
 from serve.settings import RunSettings
 from serve.timing import TimingLog
 

@@ -7,12 +7,11 @@ import threading
 from contextlib import nullcontext
 from dataclasses import replace
 
-from packed_ss.engine import decode
-from packed_ss.models.scripted import scripted_drafter
+from packed_ss.engine import decode, scripted_drafter
 from packed_ss.records import IterationRecord, RunRecord, summarize
 
-from serve.limits import MAX_ROWS_PER_REQUEST, ComputeGate, check_work, gated
 from serve.gpu import GpuTasks
+from serve.limits import MAX_ROWS_PER_REQUEST, ComputeGate, check_work, gated
 from serve.runs import schedule_for
 from serve.settings import RunSettings
 from serve.timing import TimingLog

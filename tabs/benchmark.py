@@ -65,6 +65,43 @@ def panel_figure(figure):
     return fitted
 
 
+@dataclass(frozen=True)
+class BenchmarkHandlers:
+    """The tab's two events: show a saved report, run a small benchmark (see :func:`build_benchmark_tab`)."""
+
+    load_model: Callable[[str], object]
+    models: Sequence[str]
+    root: str | Path
+    turn: Callable[[], ContextManager]
+    max_rows: int | None
+
+    def show(self, path, upload):
+        try:
+            markdown, figs = read_summary_file(upload) if upload else load_report(path, self.root)
+        except BenchError as error:
+            raise gr.Error(str(error)) from None
+        return (f"Showing {'the uploaded summary' if upload else path}.", markdown,
+                *(panel_figure(figs.get(name)) for name in FIGURES))
+
+    def run(self, model_name, source, upload, n, chosen, blocks, length, temp, k, seed_value, order_value="ltr",
+            progress=gr.Progress()):
+        def step(done, total, label):
+            progress((done, total), desc=label, unit="runs")
+
+        try:
+            if model_name is not None and not isinstance(model_name, str):
+                raise BenchError(f"the model must be text, got {type(model_name).__name__}")
+            name = (model_name or "").strip() or self.models[0]  # the report names the model actually used
+            markdown, figs, paths = run_small_benchmark(self.load_model, name, source, upload, n, chosen, blocks,
+                                                        length, temp, k, seed_value, step, turn=self.turn,
+                                                        max_rows=self.max_rows, order=order_value or "ltr")
+        except BenchError as error:
+            raise gr.Error(str(error)) from None
+        note = ("Measured in the app (timings shared with other users are noisy); files below. "
+                "Each run's token ids are hashed for the lossless check.")
+        return (note, markdown, *(panel_figure(figs.get(name)) for name in FIGURES), paths)
+
+
 def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[str],
                         default_report: str | Path | None = DEFAULT_REPORT, root: str | Path = ROOT,
                         concurrency_id: str = "benchmark", turn: Callable[[], ContextManager] = nullcontext,
@@ -122,36 +159,11 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
     files = gr.File(label="report files", file_count="multiple", interactive=False)
     summary = gr.Markdown(initial_md, elem_classes=["bench-summary"])
 
-    def show(path, upload):
-        try:
-            markdown, figs = read_summary_file(upload) if upload else load_report(path, root)
-        except BenchError as error:
-            raise gr.Error(str(error)) from None
-        return (f"Showing {'the uploaded summary' if upload else path}.", markdown,
-                *(panel_figure(figs.get(name)) for name in FIGURES))
-
-    def run(model_name, source, upload, n, chosen, blocks, length, temp, k, seed_value, order_value="ltr",
-            progress=gr.Progress()):
-        def step(done, total, label):
-            progress((done, total), desc=label, unit="runs")
-
-        try:
-            if model_name is not None and not isinstance(model_name, str):
-                raise BenchError(f"the model must be text, got {type(model_name).__name__}")
-            name = (model_name or "").strip() or models[0]  # the report names the model actually used
-            markdown, figs, paths = run_small_benchmark(load_model, name, source, upload, n, chosen, blocks,
-                                                        length, temp, k, seed_value, step, turn=turn,
-                                                        max_rows=max_rows, order=order_value or "ltr")
-        except BenchError as error:
-            raise gr.Error(str(error)) from None
-        note = ("Measured in the app (timings shared with other users are noisy); files below. "
-                "Each run's token ids are hashed for the lossless check.")
-        return (note, markdown, *(panel_figure(figs.get(name)) for name in FIGURES), paths)
-
+    handlers = BenchmarkHandlers(load_model, list(models), root, turn, max_rows)
     # Page events, not part of the documented API (/generate and /race are): callable, but not listed.
-    load_button.click(show, [report_path, report_upload], [status, summary, *plots], api_name="benchmark_show",
+    load_button.click(handlers.show, [report_path, report_upload], [status, summary, *plots], api_name="benchmark_show",
                       api_visibility="undocumented")
-    run_button.click(run, [model, prompt_source, prompt_file, limit, schedules, block_size, max_new_tokens,
+    run_button.click(handlers.run, [model, prompt_source, prompt_file, limit, schedules, block_size, max_new_tokens,
                            temperature, samples, seed, order], [status, summary, *plots, files],
                      concurrency_limit=1, concurrency_id=concurrency_id, api_name="benchmark_run",
                      api_visibility="undocumented")

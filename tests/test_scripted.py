@@ -5,7 +5,7 @@ import pytest
 from helpers import tiny_llama
 
 from packed_ss import DecodeConfig, generate
-from packed_ss.models.scripted import scripted_drafter
+from packed_ss.engine import scripted_drafter
 from packed_ss.schedules import SPECULATIVE
 
 

@@ -111,19 +111,3 @@ class ScriptedDrafter:
         while candidate in self._never or candidate == right:
             candidate = (candidate + 1) % self.vocab_size
         return candidate
-
-
-def scripted_drafter(model, prompt_ids: Sequence[int], config, quality: float, seed: int = 0) -> ScriptedDrafter:
-    """A :class:`ScriptedDrafter` over its own adapter of ``model`` for one run of ``config`` on
-    ``prompt_ids``: the reference is AR's greedy output, B tokens longer than the run's limit.
-
-    Raises: ValueError for a quality outside [0, 1]; PromptError for an empty or too long prompt.
-    """
-    from dataclasses import replace
-
-    from packed_ss.engine import generate
-
-    reference_config = replace(config, temperature=0.0, max_new_tokens=config.max_new_tokens + config.block_size,
-                               drafter_lora=False)
-    reference = generate(model.share(), list(prompt_ids), reference_config, "ar").token_ids
-    return ScriptedDrafter(model.share(), list(prompt_ids) + list(reference), quality, seed)

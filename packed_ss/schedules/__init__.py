@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from packed_ss.schedules.ar import AR
 from packed_ss.iteration import PromptError
+from packed_ss.schedules.ar import AR
 from packed_ss.schedules.base import Schedule, Session
 from packed_ss.schedules.diffusion import Diffusion
 from packed_ss.schedules.linear import LinearSS

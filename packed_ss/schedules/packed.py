@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from packed_ss.iteration import CallLogits
 from packed_ss.layout import packed_layout, prefill_layout, verify_layout
 from packed_ss.records import SOURCE_PREFILL, IterationRecord
 from packed_ss.sampling import SparseDist
-from packed_ss.iteration import CallLogits
 from packed_ss.schedules.base import Session
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 
 from packed_ss.draft_sources import SOURCE_DRAFTER, NgramRates, mix_sources
-from packed_ss.sampling import SparseDist
 from packed_ss.iteration import CallLogits
+from packed_ss.sampling import SparseDist
 from packed_ss.schedules.base import Session
 from packed_ss.schedules.lookup import MAX_NGRAM, ngram_match
 from packed_ss.schedules.packed import NextDraft, PackedSS
