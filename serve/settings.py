@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from packed_ss.config import DecodeConfig
 from packed_ss.inputs import PromptTextError, check_prompt, shown
@@ -68,58 +68,6 @@ def _real(value, name: str) -> float:
     return number
 
 
-def make_settings(model: str | None, prompt: str | None, schedule: str, block_size, temperature, top_k, top_p,
-                  seed, max_new_tokens, drafter_lora=False, precision="", drafter="model", drafter_quality=0.8,
-                  order="ltr", *, cap: int = NEW_TOKENS_CAP) -> RunSettings:
-    """Validate raw page/API values into :class:`RunSettings`.
-
-    Raises:
-        UserError: a prompt that is not text, empty or not valid Unicode, a model name that is not text,
-            unknown schedule, block size outside [2, 32], negative temperature, new-token limit outside
-            [1, cap], seed outside [0, MAX_SEED], a drafter-LoRA switch that is not true/false, a precision
-            not in PRECISIONS, a drafter other than "model" or "scripted", a scripted drafter quality
-            outside [0, 1], an order other than "ltr" or "confidence", or any value :class:`DecodeConfig`
-            rejects.
-    """
-    try:
-        check_prompt(prompt)  # the rule of every front end: non-empty, valid Unicode, whitespace allowed
-    except PromptTextError as error:
-        raise UserError(str(error)) from None
-    if len(prompt) > MAX_PROMPT_CHARS:
-        raise UserError(f"the prompt is too long ({len(prompt):,} characters; at most {MAX_PROMPT_CHARS:,})")
-    model = text_value(model, "model")
-    if not isinstance(schedule, str) or schedule not in REGISTRY:
-        raise UserError(f"unknown schedule {shown(schedule)}; choose one of {', '.join(REGISTRY)}")
-    block = _whole(block_size, "block size", 2, APP_MAX_BLOCK_SIZE)
-    temp = _real(temperature, "temperature")
-    if temp < 0:
-        raise UserError(f"temperature must be >= 0 (0 = greedy), got {temp}")
-    if drafter_lora is None:
-        drafter_lora = False
-    if not isinstance(drafter_lora, bool):
-        raise UserError(f"drafter_lora must be true or false, got {type(drafter_lora).__name__} {shown(drafter_lora)}")
-    precision = text_value(precision, "precision").strip()
-    if precision not in PRECISIONS:
-        raise UserError(f"precision must be bfloat16 or float32 (empty = the server's default), got {shown(precision)}")
-    drafter = text_value(drafter, "drafter").strip() or "model"
-    if drafter not in DRAFTERS:
-        raise UserError(f"drafter must be 'model' (the model's own) or 'scripted', got {shown(drafter)}")
-    quality = _real(0.8 if drafter_quality is None else drafter_quality, "drafter quality")
-    if not 0 <= quality <= 1:
-        raise UserError(f"drafter quality must be from 0 to 1, got {quality}")
-    limit = _whole(max_new_tokens, "new-token limit")
-    if not 1 <= limit <= cap:
-        raise UserError(f"the new-token limit must be from 1 to {cap} (the app's cap), got {limit}")
-    try:
-        config = DecodeConfig(block_size=block, temperature=temp, top_k=_whole(top_k, "top-k", 0),
-                              top_p=_real(top_p, "top-p"), max_new_tokens=limit, seed=_whole(seed, "seed", 0, MAX_SEED),
-                              drafter_lora=drafter_lora, order=text_value(order, "order").strip() or "ltr")
-    except ValueError as error:
-        raise UserError(str(error)) from None
-    return RunSettings(model=model.strip(), prompt=prompt, schedule=schedule, config=config, precision=precision,
-                       scripted=quality if drafter == "scripted" else None)
-
-
 @dataclass(frozen=True)
 class RequestValues:
     """The values a request carries, as the page's settings or the API's parameters send them (any type a client
@@ -142,8 +90,61 @@ class RequestValues:
     order: object = "ltr"
 
     def settings(self, cap: int = NEW_TOKENS_CAP) -> RunSettings:
-        """The validated settings (:func:`make_settings`, new-token limit at most ``cap``). Raises: UserError."""
-        return make_settings(**{f.name: getattr(self, f.name) for f in fields(self)}, cap=cap)
+        """The validated settings, with a new-token limit of at most ``cap``.
+
+        Raises:
+            UserError: a prompt that is not text, empty or not valid Unicode, a model name that is not text,
+                unknown schedule, block size outside [2, 32], negative temperature, new-token limit outside
+                [1, cap], seed outside [0, MAX_SEED], a drafter-LoRA switch that is not true/false, a precision
+                not in PRECISIONS, a drafter other than "model" or "scripted", a scripted drafter quality
+                outside [0, 1], an order other than "ltr" or "confidence", or any value :class:`DecodeConfig`
+                rejects.
+        """
+        prompt = self.prompt
+        try:
+            check_prompt(prompt)  # the rule of every front end: non-empty, valid Unicode, whitespace allowed
+        except PromptTextError as error:
+            raise UserError(str(error)) from None
+        if len(prompt) > MAX_PROMPT_CHARS:
+            raise UserError(f"the prompt is too long ({len(prompt):,} characters; at most {MAX_PROMPT_CHARS:,})")
+        model = text_value(self.model, "model")
+        schedule = self.schedule
+        if not isinstance(schedule, str) or schedule not in REGISTRY:
+            raise UserError(f"unknown schedule {shown(schedule)}; choose one of {', '.join(REGISTRY)}")
+        block = _whole(self.block_size, "block size", 2, APP_MAX_BLOCK_SIZE)
+        temp = _real(self.temperature, "temperature")
+        if temp < 0:
+            raise UserError(f"temperature must be >= 0 (0 = greedy), got {temp}")
+        drafter_lora = False if self.drafter_lora is None else self.drafter_lora
+        if not isinstance(drafter_lora, bool):
+            raise UserError(f"drafter_lora must be true or false, got {type(drafter_lora).__name__} {shown(drafter_lora)}")
+        precision = text_value(self.precision, "precision").strip()
+        if precision not in PRECISIONS:
+            raise UserError(f"precision must be bfloat16 or float32 (empty = the server's default), got {shown(precision)}")
+        drafter = text_value(self.drafter, "drafter").strip() or "model"
+        if drafter not in DRAFTERS:
+            raise UserError(f"drafter must be 'model' (the model's own) or 'scripted', got {shown(drafter)}")
+        quality = _real(0.8 if self.drafter_quality is None else self.drafter_quality, "drafter quality")
+        if not 0 <= quality <= 1:
+            raise UserError(f"drafter quality must be from 0 to 1, got {quality}")
+        limit = _whole(self.max_new_tokens, "new-token limit")
+        if not 1 <= limit <= cap:
+            raise UserError(f"the new-token limit must be from 1 to {cap} (the app's cap), got {limit}")
+        try:
+            config = DecodeConfig(block_size=block, temperature=temp, top_k=_whole(self.top_k, "top-k", 0),
+                                  top_p=_real(self.top_p, "top-p"), max_new_tokens=limit,
+                                  seed=_whole(self.seed, "seed", 0, MAX_SEED), drafter_lora=drafter_lora,
+                                  order=text_value(self.order, "order").strip() or "ltr")
+        except ValueError as error:
+            raise UserError(str(error)) from None
+        return RunSettings(model=model.strip(), prompt=prompt, schedule=schedule, config=config, precision=precision,
+                           scripted=quality if drafter == "scripted" else None)
+
+
+def make_settings(*values, cap: int = NEW_TOKENS_CAP, **named) -> RunSettings:
+    """Validate raw page/API values (in :class:`RequestValues` order, or by name) into :class:`RunSettings`.
+    Raises: UserError (see :meth:`RequestValues.settings`)."""
+    return RequestValues(*values, **named).settings(cap)
 
 
 def text_value(value, name: str) -> str:
