@@ -11,22 +11,19 @@ everything else and return JSON metrics (:mod:`serve.api`); the page's own event
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 import gradio as gr
 
-from packed_ss.cli import add_model_flags, quiet_loaders
-from packed_ss.models import device_dtype_problem
+from packed_ss.cli import quiet_loaders
 
 from components.style import ASSETS
 from serve.api import add_api
 from serve.api_defaults import FillApiDefaults
 from serve.limits import MAX_ROWS_PER_REQUEST
-from serve.models import ANY_ORDER_MODEL, DEFAULT_MODEL
+from serve.models import DEFAULT_MODEL
+from serve.options import allowed_models, app_parser, options_problem
 from serve.server import Server
 from serve.settings import NEW_TOKENS_CAP
 from tabs.benchmark import build_benchmark_tab
@@ -99,53 +96,18 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
     return demo
 
 
-def parser() -> argparse.ArgumentParser:
-    """The command line; a Space sets the default model, the others offered and the adapter as variables."""
-    environ = os.environ
-    p = argparse.ArgumentParser(description="packed-ss Gradio app")
-    p.add_argument("--model", default=environ.get("PACKED_SS_MODEL") or DEFAULT_MODEL,
-                   help="default model folder or hub id (env PACKED_SS_MODEL; default: the embedded model)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--dtype", default=None, help="float32, bfloat16... (default: float32 on CPU)")
-    p.add_argument("--host", default=None, help="server name, e.g. 0.0.0.0")
-    p.add_argument("--port", type=int, default=None)
-    p.add_argument("--cap", type=int, default=NEW_TOKENS_CAP, help="largest new-token limit")
-    p.add_argument("--allow-model", action="append", default=None, metavar="NAME",
-                   help="another folder or hub id visitors may choose (repeatable; env PACKED_SS_ALLOW_MODELS, "
-                        "comma-separated; default: the shipped any-order model, assets/model-anyorder)")
-    p.add_argument("--models-held", type=int, default=2, help="models kept loaded at once (default 2)")
-    p.add_argument("--max-rows", type=int, default=MAX_ROWS_PER_REQUEST,
-                   help=f"worst-case model rows one request may need (default {MAX_ROWS_PER_REQUEST:,})")
-    p.add_argument("--queue-size", type=int, default=32)
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    add_model_flags(p)
-    p.set_defaults(drafter_lora=environ.get("PACKED_SS_DRAFTER_LORA") or None)
-    return p
-
-
 def main(argv: Sequence[str] | None = None) -> None:
-    """Parse the command line and launch the app (blocks until stopped)."""
-    p = parser()
-    args = p.parse_args(argv)
-    allowed_env = [n.strip() for n in os.environ.get("PACKED_SS_ALLOW_MODELS", "").split(",") if n.strip()]
-    allowed = allowed_env if args.allow_model is None else args.allow_model
-    if args.allow_model is None and not allowed_env and (Path(ANY_ORDER_MODEL) / "config.json").is_file():
-        allowed = [ANY_ORDER_MODEL]  # the shipped any-order model, for the verification-order selector
-    for flag, value in (("--cap", args.cap), ("--models-held", args.models_held), ("--max-rows", args.max_rows),
-                        ("--queue-size", args.queue_size), ("--threads", 1 if args.threads is None else args.threads)):
-        if value < 1:
-            p.error(f"{flag} must be at least 1, got {value}")
+    """Parse the command line (:mod:`serve.options`) and launch the app (blocks until stopped)."""
+    parser = app_parser()
+    args = parser.parse_args(argv)
+    allowed = allowed_models(args)
+    problem = options_problem(args, allowed)
+    if problem:
+        parser.error(problem)
     if args.threads is not None:
         import torch
 
         torch.set_num_threads(args.threads)
-    problem = device_dtype_problem(args.device, args.dtype)
-    if problem:
-        p.error(problem)
-    for name in [args.model, *allowed]:  # a mistyped folder fails here, not in a visitor's first request
-        local = Path(name).expanduser()
-        if (name.startswith((".", "/", "~")) or local.exists()) and not (local / "config.json").is_file():
-            p.error(f"model folder {name!r} does not exist or has no config.json")
     quiet_loaders()
     demo = build_demo(args.model, device=args.device, dtype=args.dtype, allowed_models=allowed,
                       models_held=args.models_held, max_rows=args.max_rows, new_tokens_cap=args.cap,

@@ -246,6 +246,7 @@ def test_app_serves_steps_and_a_race_on_an_nld_checkpoint(nld_server):
 def test_space_variables_choose_the_default_model_the_offered_ones_and_the_adapter(monkeypatch):
     """A Space sets PACKED_SS_MODEL, PACKED_SS_ALLOW_MODELS and PACKED_SS_DRAFTER_LORA; flags win over them."""
     import app
+    from serve.models import ANY_ORDER_MODEL
 
     seen = {}
 
@@ -272,7 +273,7 @@ def test_space_variables_choose_the_default_model_the_offered_ones_and_the_adapt
     monkeypatch.delenv("PACKED_SS_ALLOW_MODELS")
     monkeypatch.delenv("PACKED_SS_DRAFTER_LORA")
     app.main([])
-    assert seen["model"] == app.DEFAULT_MODEL and seen["allowed_models"] == [app.ANY_ORDER_MODEL] and seen["drafter_lora"] is None
+    assert seen["model"] == app.DEFAULT_MODEL and seen["allowed_models"] == [ANY_ORDER_MODEL] and seen["drafter_lora"] is None
 
 
 def test_token_strings_keep_the_spaces_a_sentencepiece_tokenizer_marks():

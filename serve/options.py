@@ -1,0 +1,69 @@
+"""The app's command line (``python app.py --help``): the options, the Space's variables that set their
+defaults, and the checks made before the server starts (a mistyped folder fails here, not in a visitor's
+first request)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from packed_ss.cli import add_model_flags
+from packed_ss.models import device_dtype_problem
+
+from serve.limits import MAX_ROWS_PER_REQUEST
+from serve.models import ANY_ORDER_MODEL, DEFAULT_MODEL
+from serve.settings import NEW_TOKENS_CAP
+
+
+def app_parser() -> argparse.ArgumentParser:
+    """The options; a Space sets the default model, the others offered and the adapter as variables
+    (``PACKED_SS_MODEL``, ``PACKED_SS_ALLOW_MODELS``, ``PACKED_SS_DRAFTER_LORA``)."""
+    environ = os.environ
+    p = argparse.ArgumentParser(description="packed-ss Gradio app")
+    p.add_argument("--model", default=environ.get("PACKED_SS_MODEL") or DEFAULT_MODEL,
+                   help="default model folder or hub id (env PACKED_SS_MODEL; default: the embedded model)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16... (default: float32 on CPU)")
+    p.add_argument("--host", default=None, help="server name, e.g. 0.0.0.0")
+    p.add_argument("--port", type=int, default=None)
+    p.add_argument("--cap", type=int, default=NEW_TOKENS_CAP, help="largest new-token limit")
+    p.add_argument("--allow-model", action="append", default=None, metavar="NAME",
+                   help="another folder or hub id visitors may choose (repeatable; env PACKED_SS_ALLOW_MODELS, "
+                        "comma-separated; default: the shipped any-order model, assets/model-anyorder)")
+    p.add_argument("--models-held", type=int, default=2, help="models kept loaded at once (default 2)")
+    p.add_argument("--max-rows", type=int, default=MAX_ROWS_PER_REQUEST,
+                   help=f"worst-case model rows one request may need (default {MAX_ROWS_PER_REQUEST:,})")
+    p.add_argument("--queue-size", type=int, default=32)
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    add_model_flags(p)
+    p.set_defaults(drafter_lora=environ.get("PACKED_SS_DRAFTER_LORA") or None)
+    return p
+
+
+def allowed_models(args: argparse.Namespace) -> list[str]:
+    """The further models offered: ``--allow-model``, else ``PACKED_SS_ALLOW_MODELS``, else the shipped
+    any-order model (for the verification-order selector) when it is there."""
+    allowed_env = [n.strip() for n in os.environ.get("PACKED_SS_ALLOW_MODELS", "").split(",") if n.strip()]
+    if args.allow_model is not None:
+        return list(args.allow_model)
+    if not allowed_env and (Path(ANY_ORDER_MODEL) / "config.json").is_file():
+        return [ANY_ORDER_MODEL]
+    return allowed_env
+
+
+def options_problem(args: argparse.Namespace, allowed: list[str]) -> str | None:
+    """A one-line message for options that cannot work (counts below 1, device or dtype, a model folder
+    without config.json), else None."""
+    for flag, value in (("--cap", args.cap), ("--models-held", args.models_held), ("--max-rows", args.max_rows),
+                        ("--queue-size", args.queue_size), ("--threads", 1 if args.threads is None else args.threads)):
+        if value < 1:
+            return f"{flag} must be at least 1, got {value}"
+    problem = device_dtype_problem(args.device, args.dtype)
+    if problem:
+        return problem
+    for name in [args.model, *allowed]:
+        local = Path(name).expanduser()
+        if (name.startswith((".", "/", "~")) or local.exists()) and not (local / "config.json").is_file():
+            return f"model folder {name!r} does not exist or has no config.json"
+    return None
