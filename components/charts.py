@@ -133,6 +133,72 @@ def cost_figure(model: CostModel | None, points: Sequence[tuple[str, int, float]
     return go.Figure(dict(data=traces, layout=layout))
 
 
+def break_even(schedule: str, block_size: int, model: CostModel) -> float:
+    """Tokens per call a schedule needs to match AR's speed at block size B: its mean predicted call cost
+    over a one-row call's (AR makes one token per one-row call); above it the schedule beats AR."""
+    calls = calls_per_iteration(schedule, block_size)
+    return sum(model.call_ms(r) for r in calls) / len(calls) / model.call_ms(1)
+
+
+def break_even_figure(model: CostModel | None, measured: Sequence[tuple[str, int, float, int]],
+                      w_max: int = 31) -> go.Figure:
+    """The tokens/NFE each schedule needs to beat AR against W at this machine's fitted cost (lines), with
+    the tokens/NFE its runs reached (markers): a marker above its line beat AR here.
+
+    Args:
+        model: the fitted cost model (None: measured points only).
+        measured: ``(schedule, W, tokens/NFE, calls)`` of this process's runs (:meth:`TimingLog.tokens_per_nfe`).
+        w_max: largest W on the x axis (extended to cover the measured points).
+    """
+    w_max = max([w_max] + [w for _, w, _, _ in measured])
+    ws = list(range(1, w_max + 1))
+    traces = []
+    for schedule in ("linear", "quadratic", "packed"):
+        color = SCHEDULE_COLORS[schedule]
+        if model is not None:
+            traces.append(dict(type="scatter", mode="lines", name=f"{TITLES[schedule]}: needed to beat AR", x=ws,
+                               y=[break_even(schedule, w + 1, model) for w in ws], line=dict(color=color, width=2),
+                               legendgroup=schedule,
+                               hovertemplate=(f"{TITLES[schedule]}<br>W %{{x}}<br>beats AR above %{{y:.2f}} tokens/NFE"
+                                              "<extra></extra>")))
+        points = [(w, tpn, calls) for s, w, tpn, calls in measured if s == schedule]
+        if points:
+            traces.append(dict(type="scatter", mode="markers", name=f"{TITLES[schedule]}: measured here",
+                               x=[w for w, _, _ in points], y=[tpn for _, tpn, _ in points],
+                               customdata=[calls for _, _, calls in points], legendgroup=schedule,
+                               marker=dict(color=color, size=11, symbol="circle", line=dict(width=1, color="#0f172a")),
+                               hovertemplate=(f"{TITLES[schedule]} measured<br>W %{{x}}<br>%{{y:.2f}} tokens/NFE over "
+                                              f"%{{customdata}} calls<extra></extra>")))
+    title = "Break-even: tokens per call needed to beat AR on this machine"
+    layout = dict(title=dict(text=title, x=0.01), height=CHART_HEIGHT, margin=dict(l=60, r=10, t=50, b=50),
+                  xaxis=dict(title=dict(text="speculative width W = B − 1")),
+                  yaxis=dict(title=dict(text="tokens per call (tokens/NFE)"), rangemode="tozero"),
+                  plot_bgcolor="#ffffff", legend=dict(orientation="v"),
+                  shapes=[dict(type="line", xref="paper", x0=0, x1=1, y0=1, y1=1,
+                               line=dict(color=SCHEDULE_COLORS["ar"], dash="dot", width=1))])
+    return go.Figure(dict(data=traces, layout=layout))
+
+
+def break_even_summary(model: CostModel | None, measured: Sequence[tuple[str, int, float, int]]) -> str:
+    """Markdown: what the break-even means here, and each measured schedule's tokens/NFE against its line."""
+    if model is None:
+        return "No break-even yet: it needs the cost fit (measure or race first)."
+    text = (f"A call of R rows costs τ + δR = {model.tau_ms:.2f} + {model.delta_ms:.4f}·R ms here, so a schedule whose "
+            f"calls hold R rows must accept more than (τ + δR) / (τ + δ) tokens per call to beat AR. On a GPU δ is "
+            f"nearly 0 for a few dozen rows (paper, Appendix F): the line stays near 1 and every accepted draft "
+            f"token is a gain. The lines use the paper's row counts (Table 2: Packed-SS 2B, Linear-SS B + B, "
+            f"Quadratic-SS B(B + 1)); on a CPU Packed-SS's calls hold only the draft's own rows, so its line is an "
+            f"upper bound there.")
+    lines = []
+    for schedule, w, tpn, _ in measured:
+        if schedule in ("linear", "quadratic", "packed"):
+            need = break_even(schedule, w + 1, model)
+            verdict = "beats AR" if tpn > need else "loses to AR"
+            lines.append(f"- {TITLES[schedule]} at W = {w}: {tpn:.2f} tokens/NFE measured, {need:.2f} needed: "
+                         f"{verdict} here.")
+    return text + ("\n\n" + "\n".join(lines) if lines else "")
+
+
 def fit_summary(model: CostModel | None, error: str = "") -> str:
     """Markdown sentence describing the fit (or why there is none)."""
     if model is None:

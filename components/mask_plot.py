@@ -27,7 +27,9 @@ CODE_NAMES = ["blocked", "prefill row sees key", "verify row sees key", "draft r
               "branch row sees key", "pending token (N) sees key", "draft token (O) sees key"]
 REGION_TITLES = {PREFILL: "prefill", VERIFY: "verify", DRAFT: "draft", BRANCH: "branch", PENDING: "N",
                  TOKENS: "O: draft tokens"}
-HEIGHT = 560  # px; fixed so the plot does not jump between steps
+HEIGHT = 560  # px; the least height, so the plot does not jump between small steps
+ROW_PX = 18  # px per labelled row: a label of the 11 px tick font never overlaps its neighbours
+FRAME_PX = 250  # px of the figure outside the rows (title, tilted key labels, axis title, legend)
 ROW_LABELS_UP_TO = 32  # calls with at most this many rows label every row; larger ones label each region
 MAX_HOVER_CELLS = 40_000  # cells that get a "visible"/"blocked" hover text (the colours tell it beyond that)
 
@@ -114,7 +116,7 @@ def _call_spec(layout: CallLayout, strings: TokenStrings, i: int, domain: tuple[
                             showgrid=False, zeroline=False, tickangle=-30,
                             title=dict(text="keys (cached prefix, then this call's rows)")),
         f"yaxis{sfx}": dict(anchor=xref, type="category", autorange="reversed", showgrid=False, zeroline=False,
-                            tickvals=row_ticks, ticktext=row_text,
+                            tickvals=row_ticks, ticktext=row_text, tickfont=dict(size=11),
                             title=dict(text="query rows (role · token @ position)" if i == 0 else "")),
     }
     line = dict(color="#0f172a", width=1.5)
@@ -139,7 +141,8 @@ def mask_figure(calls: Sequence[CallLayout], strings: TokenStrings, heading: str
         strings: maps token ids to display strings (hover text).
         heading: figure title.
         selected_branch: Quadratic-SS: the branch h that this iteration's verification selected (labelled).
-    Returns: a plotly figure of fixed height :data:`HEIGHT`.
+    Returns: a plotly figure of height :data:`HEIGHT`, or taller when a call labels more rows than fit
+        (:data:`ROW_PX` per labelled row), so that every label drawn can be read.
     """
     if not calls:
         return empty_figure("No call yet: press Step.")
@@ -167,10 +170,12 @@ def mask_figure(calls: Sequence[CallLayout], strings: TokenStrings, heading: str
         traces.append(dict(type="scatter", x=[None], y=[None], mode="markers",
                            name="first column: the cached prefix (every row sees all of it)",
                            marker=dict(symbol="square", size=12, color="#ffffff", line=dict(width=3, color="#0f172a"))))
-    layout = dict(height=HEIGHT, margin=dict(l=10, r=10, t=70, b=170), title=dict(text=heading, x=0.01),
+    labelled = max((c.rows for c in calls if c.rows <= ROW_LABELS_UP_TO), default=0)
+    height = max(HEIGHT, FRAME_PX + ROW_PX * labelled)
+    layout = dict(height=height, margin=dict(l=10, r=10, t=70, b=170), title=dict(text=heading, x=0.01),
                   plot_bgcolor="#ffffff", showlegend=True, shapes=shapes, annotations=annotations,
                   # below the tilted key labels and the x-axis title
-                  legend=dict(orientation="h", yanchor="top", y=-0.42, x=0), **layout_axes)
+                  legend=dict(orientation="h", yanchor="top", y=-134 / (height - 240), x=0), **layout_axes)
     return go.Figure(dict(data=traces, layout=layout))
 
 

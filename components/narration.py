@@ -94,12 +94,31 @@ def _mixed_next(record: IterationRecord, strings: TokenStrings) -> str:
             "; per position the source judged likelier to be accepted (the other proposals were dropped).")
 
 
-def narrate(record: IterationRecord, schedule: str, strings: TokenStrings, prompt_len: int) -> str:
+def _diffusion(record: IterationRecord, strings: TokenStrings, n: int, mask_token_id: int | None) -> str:
+    """Block diffusion: which masks this call unmasked, how full the block is, and the commit when it is full."""
+    chosen = sorted(record.kept)
+    width = len(record.old_draft)
+    open_before = sum(1 for t in record.old_draft if t == mask_token_id)
+    where = ", ".join(str(record.proposal_start + i) for i in chosen)
+    text = (f"One call read the block of {width} slots bidirectionally after the {n}-token prefix and unmasked "
+            f"{len(chosen)} of its {open_before} open slot{'s' if open_before != 1 else ''} (position{'s' if len(chosen) != 1 else ''} "
+            f"{where}: those confident enough, or else the most confident one).")
+    if record.appended:
+        text += (f" The block is full, so its {len(record.appended)} tokens were committed without verification "
+                 f"({_quoted(strings, record.appended)}); the next call starts a new block.")
+    else:
+        text += " Nothing is committed until every slot of the block is filled: this method never verifies."
+    return text
+
+
+def narrate(record: IterationRecord, schedule: str, strings: TokenStrings, prompt_len: int,
+            mask_token_id: int | None = None) -> str:
     """The narration of one iteration as an HTML paragraph (text escaped).
 
     Args:
         record: the iteration. schedule: its registry name. strings: token ids -> display strings.
         prompt_len: prompt length in tokens (to tell the prefill iteration apart).
+        mask_token_id: the model's mask id (block diffusion counts the slots still masked).
     """
     n = record.prefix_len_before
     first = record.index == 1
@@ -107,9 +126,7 @@ def narrate(record: IterationRecord, schedule: str, strings: TokenStrings, promp
         text = (f"One causal call over {'the prompt' if first else 'the newest token'} predicted the next token "
                 f"{_quoted(strings, record.appended)}: AR appends exactly one token per call.")
     elif schedule == "diffusion":
-        text = (f"The block was read bidirectionally over the {n}-token prefix; {len(record.appended)} "
-                f"token{'s were' if len(record.appended) != 1 else ' was'} committed without verification "
-                f"({_quoted(strings, record.appended)}).")
+        text = _diffusion(record, strings, n, mask_token_id)
     elif first and schedule == "packed-mixed":
         masks = len(record.calls[0].layout.draft_rows) if record.calls else 0
         text = (f"Prefill: one call read the {prompt_len}-token prompt causally; its last row predicted the first "

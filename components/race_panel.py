@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 
 
 from components.style import SCHEDULE_COLORS, source_class
-from serve.lanes import Lane, verdict_text
+from serve.lanes import Lane, cost_ratio, verdict_text
 
 TokenStrings = Callable[[Sequence[int]], list[str]]
 CHART_HEIGHT = 340  # px
@@ -207,9 +207,12 @@ def nfe_path_figure(lanes: Sequence[Lane], clock_ms: float = float("inf")) -> go
 
 def summary_html(lanes: Sequence[Lane]) -> str:
     """A table of each lane's final metrics (hidden reference lanes included, marked)."""
-    head = ("<tr><th>schedule</th><th>B</th><th>tokens</th><th>NFE</th><th>tokens/NFE</th><th>wall s (median, min–max)</th>"
-            "<th>ms/NFE</th><th>tokens/s</th><th>mean A (prefill excluded)</th><th>= AR</th></tr>")
+    head = ("<tr><th>schedule</th><th>B</th><th>tokens</th><th>NFE</th><th>tokens/NFE</th>"
+            "<th title='time per call over AR&#39;s: what one call costs in AR calls'>ms/NFE ÷ AR</th>"
+            "<th>wall s (median, min–max)</th><th>ms/NFE</th><th>tokens/s</th><th>mean A (prefill excluded)</th>"
+            "<th>= AR</th></tr>")
     rows = []
+    ar = next((lane for lane in lanes if lane.schedule == "ar"), None)
     for lane in lanes:
         m = lane.metrics
         same = "yes" if lane.identical else f"no (token {lane.first_difference})"
@@ -219,7 +222,9 @@ def summary_html(lanes: Sequence[Lane]) -> str:
         accept = f"{m['mean_acceptance_length']:.2f}" if lane.schedule != "diffusion" else "–"
         med, lo, hi = lane.wall_range
         b = m.get("block_size") if lane.schedule != "ar" else "–"
+        ratio = "–" if cost_ratio(lane, ar) is None else f"{cost_ratio(lane, ar):.2f}"
         rows.append(f"<tr><td>{html.escape(name)}</td><td>{b}</td><td>{m['tokens']}</td><td>{m['nfe']}</td>"
-                    f"<td>{m['tokens_per_nfe']:.2f}</td><td>{med:.3f} ({lo:.3f}–{hi:.3f})</td><td>{m['time_per_nfe_ms']:.1f}</td>"
+                    f"<td>{m['tokens_per_nfe']:.2f}</td><td data-col='cost-ratio'>{ratio}</td>"
+                    f"<td>{med:.3f} ({lo:.3f}–{hi:.3f})</td><td>{m['time_per_nfe_ms']:.1f}</td>"
                     f"<td>{m['throughput']:.1f}</td><td>{accept}</td><td>{same}</td></tr>")
     return f'<table class="race-summary">{head}{"".join(rows)}</table>'

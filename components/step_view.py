@@ -17,7 +17,7 @@ from packed_ss.schedules import REGISTRY
 from components.mask_plot import empty_figure, mask_figure
 from components.narration import narrate
 from components.order_grid import filled_before, narrate_order, order_grid_html
-from components.text_view import iteration_stats, run_stats, text_html
+from components.text_view import OPEN, iteration_stats, run_stats, text_html
 from components.token_grid import empty_grid_html, grid_html
 
 TokenStrings = Callable[[Sequence[int]], list[str]]
@@ -69,7 +69,7 @@ def step_view(run, strings: TokenStrings | None, with_figure: bool = True) -> St
         filled = filled_before(records, len(records))
         tokens = [filled.get(j, mask) for j in range(len(run.prompt_ids), max(filled, default=0) + 1)]
         by_position = {j: s for r in records for j, s in zip(r.appended_positions, r.appended_sources)}
-        sources = [by_position.get(j, "open") if j in filled else "open"
+        sources = [by_position.get(j, OPEN) if j in filled else OPEN
                    for j in range(len(run.prompt_ids), len(run.prompt_ids) + len(tokens))]
         before = dict(enumerate(run.prompt_ids)) | filled_before(records, len(records) - 1)  # prompt shown too
         grid = order_grid_html(record, before, strings, title
@@ -79,10 +79,11 @@ def step_view(run, strings: TokenStrings | None, with_figure: bool = True) -> St
         tokens = [t for r in records for t in r.appended]
         sources = [s for r in records for s in r.appended_sources]
         grid = grid_html(record, run.prompt_ids + tokens, strings, run.model.mask_token_id,
-                         title) + narrate(record, run.settings.schedule, strings, len(run.prompt_ids))
+                         title) + narrate(record, run.settings.schedule, strings, len(run.prompt_ids),
+                                         run.model.mask_token_id)
         new_from = record.prefix_len_before - len(run.prompt_ids)
     text = text_html(run.prompt_ids, tokens, sources, strings, prompt_text=run.settings.prompt, new_from=new_from)
-    stats = iteration_stats(record, pending=run.first_call_only) + run_stats(run.summary(), finished=run.at_end)
+    stats = iteration_stats(record, pending=run.first_call_only, mask_token_id=run.model.mask_token_id) + run_stats(run.summary(), finished=run.at_end)
     figure = None
     if with_figure:
         figure = mask_figure([c.layout for c in record.calls], strings,

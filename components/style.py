@@ -92,6 +92,14 @@ def error_html(message: str) -> str:
     return f'<div class="pss-error" data-error="1">⚠ {html.escape(message)}</div>'
 
 
+OPEN_SLOT = "□"  # an open position in an any-order model's text (not accepted yet)
+
+
+def model_note_html(message: str) -> str:
+    """The note on the model, beside the text it wrote (``div#model-note``)."""
+    return f'<div class="model-note" data-note="model">{html.escape(message)}</div>'
+
+
 def note_html(message: str) -> str:
     """A muted note line."""
     return f'<div class="pss-note">{html.escape(message)}</div>'

@@ -10,9 +10,10 @@ from collections.abc import Callable, Sequence
 
 from packed_ss.records import IterationRecord, RunRecord
 
-from components.style import PROMPT, legend_html, source_class, stats_html
+from components.style import OPEN_SLOT, PROMPT, legend_html, source_class, stats_html
 
 TokenStrings = Callable[[Sequence[int]], list[str]]
+OPEN = "open"  # the source of an open position in an any-order model's text (components.step_view)
 
 
 def text_html(prompt_ids: Sequence[int], token_ids: Sequence[int], sources: Sequence[str], strings: TokenStrings,
@@ -22,7 +23,8 @@ def text_html(prompt_ids: Sequence[int], token_ids: Sequence[int], sources: Sequ
 
     Args:
         prompt_ids, token_ids: prompt and generated token ids.
-        sources: one source per generated token (``packed_ss.records.SOURCE_*``).
+        sources: one source per generated token (``packed_ss.records.SOURCE_*``, or :data:`OPEN` for a
+            position an any-order model has not accepted yet: drawn as a placeholder).
         strings: maps ids to display strings.
         new_from: index of the first generated token appended by the current iteration (outlined).
         differs: per generated token, whether it differs from the reference run (wavy underline).
@@ -40,6 +42,9 @@ def text_html(prompt_ids: Sequence[int], token_ids: Sequence[int], sources: Sequ
         shown = ("…" if len(prompt_ids) > len(shown_prompt) else "") + "".join(pieces[:len(shown_prompt)])
     out.append(f'<span class="tok {source_class(PROMPT)}">{html.escape(shown)}</span>')
     for i, (piece, source) in enumerate(zip(pieces[len(shown_prompt):], sources)):
+        if source == OPEN:  # an any-order model's position not accepted yet: a placeholder, not the mask token
+            out.append(f'<span class="tok open-slot" title="open position: not accepted yet">{OPEN_SLOT}</span>')
+            continue
         classes = ["tok", source_class(source)]
         if new_from is not None and i >= new_from:
             classes.append("new")
@@ -56,11 +61,15 @@ def text_legend(sources: Sequence[str]) -> str:
     return legend_html([PROMPT, *sources])
 
 
-def iteration_stats(record: IterationRecord, pending: bool = False) -> str:
-    """Stat cards of one iteration: h, A (committed tokens for block diffusion), calls, rows evaluated,
-    model ms, non-model ms. ``pending``: shown up to its first call, so h and A are not known yet."""
-    if record.schedule == "diffusion":  # no draft is checked: what it commits, not h or A
-        outcome = [("A", "committed tokens", str(len(record.appended)))]
+def iteration_stats(record: IterationRecord, pending: bool = False, mask_token_id: int | None = None) -> str:
+    """Stat cards of one iteration: h, A (block diffusion: masks unmasked, block filled, tokens committed),
+    calls, rows evaluated, model ms, non-model ms. ``pending``: shown up to its first call, so h and A are
+    not known yet. ``mask_token_id``: the model's mask id (block diffusion's open slots)."""
+    if record.schedule == "diffusion":  # no draft is checked: what it unmasks and commits, not h or A
+        filled = sum(1 for t in record.old_draft if t != mask_token_id) + len(record.kept)
+        outcome = [("unmasked", "masks unmasked", str(len(record.kept))),
+                   ("filled", "block filled", f"{filled} of {len(record.old_draft)}"),
+                   ("A", "committed tokens", str(len(record.appended)))]
     else:
         waiting = "after call 2"
         outcome = [("h", "h (accepted draft)", waiting if pending else str(record.h)),
@@ -84,7 +93,7 @@ def run_stats(run: RunRecord, finished: bool) -> str:
     stop = run.stop_reason if finished and run.stop_reason else "running"
     return stats_html("Run so far", [
         ("nfe", "NFE", str(run.nfe)),
-        ("tokens", "tokens", str(run.tokens)),
+        ("tokens", "tokens committed" if run.schedule == "diffusion" else "tokens", str(run.tokens)),
         ("tokens_per_nfe", "tokens / NFE", f"{run.tokens_per_nfe:.2f}"),
         ("wall_ms", "wall ms", f"{1000 * run.wall_s:.1f}"),
         ("mean_accept", "mean A (prefill excluded)",

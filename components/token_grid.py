@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 from packed_ss.records import SOURCES, IterationRecord
 
-from components.style import PROMPT, legend_html, source_class, visible
+from components.style import OPEN_SLOT, PROMPT, legend_html, source_class, visible
 
 TokenStrings = Callable[[Sequence[int]], list[str]]
 
@@ -26,6 +26,39 @@ def _chip(text: str, classes: str, title: str) -> str:
 
 def _is_prefill(record: IterationRecord) -> bool:
     return bool(record.calls) and record.calls[0].layout.name.startswith("prefill")
+
+
+def _proposal(i: int, pos: int, kept: set[int], filled_to: int, stop_reason: str | None,
+              next_sources: dict[int, str]) -> tuple[str, str]:
+    """Chip class and hover text of proposal z(i + 1) at ``pos`` of a speculative schedule."""
+    if i in kept:
+        return "kept", "kept: next draft"
+    if pos < filled_to:
+        return "discarded", f"discarded: position {pos} was just filled by this iteration's accepted tokens"
+    if stop_reason:
+        return "discarded", "discarded: the run stopped"
+    if next_sources.get(pos) == "n-gram":  # Packed-SS + n-gram: the next draft took the n-gram's token here
+        return "replaced", "replaced: the n-gram match's token looked likelier here (it is the next draft's)"
+    return "discarded", "discarded"
+
+
+def _diffusion_proposal(i: int, chosen: set[int], block: Sequence[int], mask_token_id: int) -> tuple[str, str]:
+    """Chip class and hover text of block diffusion's guess for slot i: unmasked by this call, or not."""
+    if i in chosen:
+        return "unmasked", "unmasked now: confident enough (or the most confident open slot)"
+    if i < len(block) and block[i] != mask_token_id:
+        return "faded", "this slot was unmasked by an earlier call"
+    return "stillmasked", "not confident enough yet: the slot stays masked"
+
+
+def diffusion_outcome(record: IterationRecord, mask_token_id: int) -> str:
+    """What one block-diffusion call did: masks unmasked, and the block's fill (or its commit)."""
+    block = list(record.old_draft)
+    unmasked = len(record.kept)
+    filled = sum(1 for t in block if t != mask_token_id) + unmasked
+    if record.appended:
+        return f"{unmasked} unmasked · block full: {len(record.appended)} tokens committed"
+    return f"{unmasked} mask{'s' if unmasked != 1 else ''} unmasked · block {filled} of {len(block)} filled"
 
 
 def grid_html(record: IterationRecord, sequence: Sequence[int], strings: TokenStrings, mask_token_id: int,
@@ -99,15 +132,12 @@ def grid_html(record: IterationRecord, sequence: Sequence[int], strings: TokenSt
         prob = f", p = {record.verifier_probs[i]:.3f}" if i < len(record.verifier_probs) else ""
         what = "reached" if reached else "computed, not reached"
         cells_v[pos] = _chip(text[tok], cls, f"v({i + 1}) = {tok} at position {pos}{prob}: {what}")
+    diffusion = record.schedule == "diffusion"
     cells_z = {}
     for i, tok in enumerate(z):
         pos = record.proposal_start + i
-        filled = pos < before + len(appended)
-        why = (f"discarded: position {pos} was just filled by this iteration's accepted tokens" if filled
-               else "discarded: the run stopped" if record.stop_reason
-               else "discarded: the n-gram match's token looked likelier here" if next_sources.get(pos) == "n-gram"
-               else "discarded")
-        cls, what = ("kept", "kept: next draft") if i in kept else ("discarded", why)
+        cls, what = (_diffusion_proposal(i, kept, draft, mask_token_id) if diffusion
+                     else _proposal(i, pos, kept, before + len(appended), record.stop_reason, next_sources))
         cells_z[pos] = _chip(text[tok], cls, f"z({i + 1}) = {tok} at position {pos}: {what}")
     cells_out = {}
     for i, (tok, source) in enumerate(zip(appended, record.appended_sources)):
@@ -129,27 +159,31 @@ def grid_html(record: IterationRecord, sequence: Sequence[int], strings: TokenSt
         if a and pos == before:
             span = min(a, len(positions) - i)
             what = "bonus" if record.appended_sources[-1:] == ("bonus",) else "correction"
-            label = f"A = {a}" + (f" (h = {h} + {what})" if verified and span > 1 else "")
+            label = (f"block committed: {a} tokens" if diffusion
+                     else f"A = {a}" + (f" (h = {h} + {what})" if verified and span > 1 else ""))
             adv_cells.append(f'<td class="advance" colspan="{span}">{html.escape(label)}</td>')
             i += span
         else:
             adv_cells.append("<td></td>")
             i += 1
+    # Linear-SS verifies the draft its own first call just made; the others verify last call's draft.
+    draft_label = ("block before this call" if diffusion else "draft d (call 1)" if record.schedule == "linear"
+                   else "old draft d")
     rows = [
         f'<tr><td class="row-label">position</td>{head}</tr>',
         row("prefix P<sub>t-1</sub>", cells_prefix, "prefix"),
-        # Linear-SS verifies the draft its own first call just made; the others verify last call's draft.
-        row("draft d (call 1)" if record.schedule == "linear" else "old draft d", cells_draft, "draft"),
-        row("verifier v", cells_v, "verifier"),
-        row("proposals z", cells_z, "proposals"),
-        row("appended", cells_out, "appended"),
+        row(draft_label, cells_draft, "draft"),
+        *([] if diffusion else [row("verifier v", cells_v, "verifier")]),
+        row("drafter's guesses z" if diffusion else "proposals z", cells_z, "proposals"),
+        row("committed" if diffusion else "appended", cells_out, "appended"),
         f'<tr class="sep" data-row="advance"><td class="row-label">advance</td>{"".join(adv_cells)}</tr>',
         *([row("next draft D<sub>t</sub>", cells_next, "next-draft")] if nxt else []),
     ]
     calls = len(record.calls)
     # A draft not verified yet (Linear-SS shown after its drafting call) has no h or A to report.
-    pending = bool(draft) and not record.verifier_tokens and not appended
-    outcome = "h and A after the verification call" if pending else f"h = {h} · A = {a}"
+    pending = bool(draft) and not record.verifier_tokens and not appended and not diffusion
+    outcome = (diffusion_outcome(record, mask_token_id) if diffusion
+               else "h and A after the verification call" if pending else f"h = {h} · A = {a}")
     heading = (f"Iteration {record.index} · {html.escape(title or record.schedule)} · {outcome} · "
                f"{calls} call{'s' if calls != 1 else ''}, {record.rows} rows")
     if prefill:
@@ -171,7 +205,11 @@ def grid_legend_html() -> str:
     keys = [("accepted", "ok", "accepted draft"), ("rejected", "x", "first rejected"),
             ("unchecked", "u", "not checked"), ("reached", "v", "verifier row reached"), ("faded", "v", "computed, not reached"),
             ("kept", "z", "kept as next draft"), ("discarded", "z", "discarded (its position is now filled)"),
-            ("ngram", "g", "from an n-gram match (Packed-SS + n-gram)"), ("mask", "MASK", "empty slot")]
+            ("ngram", "g", "from an n-gram match (Packed-SS + n-gram)"),
+            ("replaced", "z", "replaced by the n-gram's token (Packed-SS + n-gram)"),
+            ("unmasked", "z", "unmasked by this call (block diffusion)"),
+            ("stillmasked", "z", "still masked (block diffusion)"), ("mask", "MASK", "empty slot")]
     chips = " · ".join(f'<span class="chip {cls}">{text}</span> {label}' for cls, text, label in keys)
-    chips += " · in chips: · space, ⏎ newline, ⇥ tab, ∅ empty token"
+    chips += (" · in chips: · space, ⏎ newline, ⇥ tab, ∅ empty token · in the text: "
+              f'<span class="tok open-slot">{OPEN_SLOT}</span> a position not accepted yet (any-order models)')
     return f'<div class="legend">{chips}</div>' + legend_html([PROMPT, *SOURCES])

@@ -12,6 +12,7 @@ import gradio as gr
 from serve.api_defaults import signature_defaults
 from serve.block_sizes import BestBlockSizes
 from serve.errors import one_line
+from serve.notes import model_note
 from serve.race import run_race
 from serve.runs import run_generate
 from serve.server import Server
@@ -31,7 +32,8 @@ def add_api(server: Server, concurrency_limit: int) -> dict[str, list[tuple[str,
                  top_k: int = 0, top_p: float = 1.0, seed: int = 0, max_new_tokens: int = 128,
                  model: str = "", drafter_lora: bool = False, precision: str = "", drafter: str = "model",
                  drafter_quality: float = 0.8, order: str = "ltr", request: gr.Request = None) -> dict:
-        """Decode ``prompt`` to the end with one schedule; returns the run's metrics (JSON). ``order``: an
+        """Decode ``prompt`` to the end with one schedule; returns the run's metrics (JSON) and ``model_note``
+        (what the model is: the embedded demo model's text is not meant to make sense). ``order``: an
         any-order model's verification order, "ltr" or "confidence" (paper Appendix C; empty = "ltr").
 
         Errors (bad prompt or settings, a model not offered, work over the budget) come back as a
@@ -41,8 +43,10 @@ def add_api(server: Server, concurrency_limit: int) -> dict[str, list[tuple[str,
             settings = server.settings(RequestValues(model, prompt, schedule, block_size, temperature, top_k, top_p,
                                                      seed, max_new_tokens, drafter_lora, precision, drafter,
                                                      drafter_quality, order))
-            return run_generate(server.tasks, settings, log=server.log, max_rows=server.max_rows,
-                                alive=server.alive(request)).metrics()
+            run = run_generate(server.tasks, settings, log=server.log, max_rows=server.max_rows,
+                               alive=server.alive(request))
+            model = server.store.get(*settings.model_ref[:2])
+            return {**run.metrics(), "model_note": model_note(server.store, settings.model, model)}
         except Exception as error:  # noqa: BLE001 - every failure is a one-line message, never a traceback
             raise gr.Error(one_line(error), print_exception=False) from None
 

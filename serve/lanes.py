@@ -27,6 +27,7 @@ class Lane:
         shown: whether the lane is displayed (the AR reference may run hidden).
         divergence: for a greedy lossless lane that differs: AR's top-2 margin there and the near-tie verdict.
         wall_s_repeats: decoder wall time (s) of every measurement of this lane (the lane replays the median).
+        max_rows_per_call: the most rows of one call after the first iteration (the prefill's excluded).
     """
 
     schedule: str
@@ -42,6 +43,7 @@ class Lane:
     shown: bool = True
     divergence: Divergence | None = None
     wall_s_repeats: tuple[float, ...] = ()
+    max_rows_per_call: int = 0
 
     @property
     def total_ms(self) -> float:
@@ -82,7 +84,8 @@ def lane_from_run(run: RunRecord, title: str, reference: Sequence[int] | None, s
         first = first_difference(ref, run.token_ids)
     return Lane(schedule=run.schedule, title=title, token_ids=tuple(run.token_ids), sources=tuple(run.sources),
                 wall_ms=tuple(wall), nfe=tuple(nfe), tokens=tuple(tokens), metrics=run.metrics(), differs=differs,
-                first_difference=first, shown=shown)
+                first_difference=first, shown=shown,
+                max_rows_per_call=max((c.layout.rows for r in run.records[1:] for c in r.calls), default=0))
 
 
 def lane_from_runs(runs: Sequence[RunRecord], title: str, reference: Sequence[int] | None) -> Lane:
@@ -93,9 +96,61 @@ def lane_from_runs(runs: Sequence[RunRecord], title: str, reference: Sequence[in
     return replace(lane, wall_s_repeats=tuple(run.wall_s for run in runs))
 
 
+GPU_NOTE = ("on a GPU a call of a few dozen rows costs about the same as a one-row call (paper, Appendix F), so "
+            "there tokens per call turn almost directly into speed")
+PAPER_BASELINES = ("linear", "quadratic", "ar")  # the paper compares Packed-SS with these (Section 4)
+
+
+def cost_ratio(lane: Lane, ar: Lane | None) -> float | None:
+    """The lane's time per call (time/NFE) over AR's: what one of its calls costs in AR calls (None without
+    an AR lane that made calls)."""
+    ar_ms = ar.metrics["time_per_nfe_ms"] if ar is not None else 0.0
+    return lane.metrics["time_per_nfe_ms"] / ar_ms if ar_ms > 0 else None
+
+
+def why_text(lanes: Sequence[Lane], winner: Lane) -> str:
+    """One sentence on why the winner won: speed against AR = tokens per call / cost per call (both against
+    AR's, whose tokens per call is 1). Empty without an AR lane."""
+    ar = next((lane for lane in lanes if lane.schedule == "ar"), None)
+    if cost_ratio(winner, ar) is None:
+        return ""
+    if winner is not ar:
+        tpn, cost = winner.metrics["tokens_per_nfe"], cost_ratio(winner, ar)
+        return (f"Why: {winner.title} accepted {tpn:.2f} tokens per call and its calls (up to "
+                f"{winner.max_rows_per_call} rows) cost {cost:.2f}x AR's one-row calls on this machine, so it runs "
+                f"at about {tpn / cost:.2f}x AR's speed.")
+    speculative = [lane for lane in lanes if lane is not ar and lane.metrics["tokens_per_nfe"] > 1]
+    if not speculative:
+        return "Why: no other lane accepted more than one token per call."
+    subject = next((lane for lane in speculative if lane.schedule == "packed"), speculative[0])
+    tpn, cost = subject.metrics["tokens_per_nfe"], cost_ratio(subject, ar)
+    return (f"Why: {subject.title} accepted {tpn:.2f} tokens per call, but its calls (up to "
+            f"{subject.max_rows_per_call} rows) cost {cost:.2f}x AR's one-row calls on this machine, so AR is "
+            f"faster here; {GPU_NOTE}.")
+
+
+def paper_comparisons(lanes: Sequence[Lane]) -> str:
+    """Packed-SS against the paper's baselines (Linear-SS, Quadratic-SS, AR): its speed as a multiple of
+    each one's (ratio of median wall times), "a tie" where the min-max ranges overlap. Empty without Packed-SS."""
+    packed = next((lane for lane in lanes if lane.schedule == "packed"), None)
+    if packed is None or packed.wall_range[0] <= 0:
+        return ""
+    p_med, p_lo, p_hi = packed.wall_range
+    parts = []
+    for name in PAPER_BASELINES:
+        other = next((lane for lane in lanes if lane.schedule == name), None)
+        if other is None:
+            continue
+        med, lo, hi = other.wall_range
+        tie = lo <= p_hi and p_lo <= hi
+        parts.append(f"{med / p_med:.2f}x as fast as {other.title}{' (a tie: the ranges overlap)' if tie else ''}")
+    return f"The paper's comparisons: {packed.title} is " + ", ".join(parts) + "." if parts else ""
+
+
 def verdict_text(lanes: Sequence[Lane]) -> str:
     """Ranking by median wall time and the winner's speed against each other lane, "tie" where the
-    min-max ranges of the repeats overlap. Speed ratio = the other lane's median / the winner's."""
+    min-max ranges of the repeats overlap (speed ratio = the other lane's median / the winner's); then why the
+    winner won (:func:`why_text`) and Packed-SS against the paper's baselines (:func:`paper_comparisons`)."""
     timed = sorted(lanes, key=lambda lane: lane.wall_range[0])
     if len(timed) < 2:
         return ""
@@ -116,4 +171,6 @@ def verdict_text(lanes: Sequence[Lane]) -> str:
                 f"(their min-max ranges overlap)")
     else:
         head = f"Fastest: {best.title}, beyond the spread of the repeats"
-    return f"{head}. By median: {', '.join(parts)}. Ranking by decoder wall time ({noun}): {ranking}."
+    extra = " ".join(s for s in (why_text(lanes, best), paper_comparisons(lanes)) if s)
+    return (f"{head}. By median: {', '.join(parts)}. Ranking by decoder wall time ({noun}): {ranking}."
+            + (f" {extra}" if extra else ""))

@@ -3,6 +3,7 @@ operator did not offer; :func:`warm_up` right after loading."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -77,6 +78,11 @@ class ModelStore:
         """The models visitors may choose, as the operator named them (the default first)."""
         return list(self._offered.values())
 
+    def offered_name(self, identity: str) -> str:
+        """A model's name as shown to visitors (a folder's name relative to the project, never an absolute
+        server path)."""
+        return model_name(self._offered.get(identity, identity))
+
     def resolve(self, name: str | None) -> str:
         """The identity of a model name (empty = the default model).
 
@@ -88,6 +94,24 @@ class ModelStore:
             raise UserError(f"model {shown(name)} is not offered on this server; choose one of: "
                             f"{', '.join(repr(model_name(n)) for n in self.offered)}")
         return key
+
+    def any_order(self, name: str | None) -> bool:
+        """Whether an offered model is an any-order one (paper Appendix C), without loading it: a loaded
+        model's own flag, else its folder's ``config.json`` (``any_order: true``). False for anything
+        else (a hub id not loaded yet, a model not offered, an unreadable config)."""
+        try:
+            key = self.resolve(name)
+        except (UserError, OSError, ValueError):
+            return False
+        with self._lock:
+            loaded = [model for (identity, _), model in self._models.items() if identity == key]
+        if loaded:
+            return bool(getattr(loaded[0], "any_order", False))
+        try:
+            config = json.loads((Path(key) / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return False
+        return isinstance(config, dict) and config.get("any_order") is True
 
     def get(self, name: str | None, precision: str = ""):
         """The loaded :class:`DualModeModel` for ``name`` in ``precision`` ("" = the server's dtype); loads

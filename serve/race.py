@@ -14,8 +14,9 @@ from packed_ss.schedules import LOSSLESS, REGISTRY, SPECULATIVE
 
 from serve.block_sizes import BestBlockSizes
 from serve.gpu import GpuTasks
-from serve.lanes import Lane, lane_from_runs, verdict_text
+from serve.lanes import Lane, cost_ratio, lane_from_runs, verdict_text
 from serve.limits import MAX_ROWS_PER_REQUEST, check_work, release_memory
+from serve.notes import model_note
 from serve.runs import schedule_for
 from serve.settings import OPTIONAL_LANES, RunSettings, parse_lanes
 from serve.timing import TimingLog
@@ -33,6 +34,7 @@ class RaceResult:
         block_size_source: where each lane's own best B came from ("" = every lane at the settings' B).
         interleaved: iterations of other requests that ran between this race's iterations (0 = isolated).
         left_out: titles of requested lanes the model has no version of (an any-order model).
+        model_note: what the model is (:func:`serve.notes.model_note`).
     """
 
     @property
@@ -52,6 +54,7 @@ class RaceResult:
     block_size_source: str = ""
     interleaved: int = 0
     left_out: tuple[str, ...] = ()
+    model_note: str = ""
 
     def lane(self, schedule: str) -> Lane | None:
         return next((lane for lane in self.lanes if lane.schedule == schedule), None)
@@ -67,6 +70,8 @@ class RaceResult:
             metrics["shown"] = lane.shown
             metrics["wall_s_repeats"] = list(lane.wall_s_repeats)
             metrics["wall_s_median"], metrics["wall_s_min"], metrics["wall_s_max"] = lane.wall_range
+            metrics["max_rows_per_call"] = lane.max_rows_per_call
+            metrics["time_per_nfe_vs_ar"] = cost_ratio(lane, self.lane("ar"))
             lanes[lane.schedule] = metrics
         lossless = [lane for lane in self.lanes if lane.schedule in LOSSLESS]
         c = self.settings.config
@@ -86,6 +91,7 @@ class RaceResult:
             "block_sizes": {lane.schedule: lane.metrics["block_size"] for lane in self.lanes},
             "block_size_source": self.block_size_source or "the same B for every lane",
             "verdict": verdict_text(self.lanes),
+            "model_note": self.model_note,
             "lanes": lanes,
         }
 RACE_REPEATS = 3  # measurements per lane in a race (fewer when the row budget does not allow three)
@@ -141,4 +147,4 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
                       if lane.schedule in LOSSLESS and not lane.identical else lane for lane in lanes)
     return RaceResult(settings=settings, lanes=lanes, greedy=settings.config.greedy, compute_s=compute_s,
                       prompt_tokens=len(ids), repeats=repeats, block_size_source=source, interleaved=interleaved,
-                      left_out=left_out)
+                      left_out=left_out, model_note=model_note(tasks.store, settings.model, model))

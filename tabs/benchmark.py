@@ -17,6 +17,8 @@ from pathlib import Path
 import gradio as gr
 
 from packed_ss.bench.plan import ALL_SCHEDULES, BenchError
+from packed_ss.bench.report import few_prompts_warning
+from packed_ss.inputs import model_name as report_model_name
 
 from serve.benchmark import (DEFAULT_REPORT, HUMANEVAL, MAX_NEW_TOKENS, MAX_PROMPTS, ROOT, UPLOAD, load_report,
                              read_summary_file, run_small_benchmark)
@@ -60,8 +62,12 @@ def panel_figure(figure):
 
     fitted = go.Figure(figure)
     title = fitted.layout.title.text or ""
-    fitted.update_layout(title=dict(text=title.replace(" (", "<br>(", 1), font=dict(size=14)),
-                         legend=dict(orientation="h", x=0, y=-0.3, yanchor="top"), margin=dict(l=50, r=10, t=70))
+    # The legend goes under the axis labels (automargin makes room for tilted ones), never over them.
+    fitted.update_layout(title=dict(text=title.replace(" (", "<br>(", 1), font=dict(size=14)), height=520,
+                         legend=dict(orientation="h", x=0, y=0, yanchor="top", yref="container"),
+                         margin=dict(l=50, r=10, t=70, b=10))
+    fitted.update_xaxes(automargin=True, tickangle=-35)
+    fitted.update_yaxes(automargin=True)
     return fitted
 
 
@@ -99,6 +105,9 @@ class BenchmarkHandlers:
             raise gr.Error(str(error)) from None
         note = ("Measured in the app (timings shared with other users are noisy); files below. "
                 "Each run's token ids are hashed for the lossless check.")
+        warning = few_prompts_warning(int(n or 0))
+        if warning:
+            note = f"⚠ {warning} " + note
         return (note, markdown, *(panel_figure(figs.get(name)) for name in FIGURES), paths)
 
 
@@ -135,7 +144,8 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
         load_button = gr.Button("Show saved report")
     with gr.Accordion(f"Run a small benchmark (1-{MAX_PROMPTS} prompts)", open=False):
         with gr.Row():
-            model = gr.Dropdown(list(models), value=models[0], label="model", interactive=len(models) > 1, scale=3,
+            model = gr.Dropdown([(report_model_name(m), m) for m in models], value=models[0], label="model",
+                                interactive=len(models) > 1, scale=3,
                                 allow_custom_value=True)  # the app's loader refuses models it does not offer
             prompt_source = gr.Radio([HUMANEVAL, UPLOAD], value=HUMANEVAL, label="prompts", scale=2)
             prompt_file = gr.File(label="JSONL prompts ('prompt' field)", file_types=[".jsonl"], type="filepath",

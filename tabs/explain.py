@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import gradio as gr
 
-from components.charts import cost_figure, fit_cost_model, fit_summary
+from components.charts import (break_even_figure, break_even_summary, cost_figure, fit_cost_model,
+                               fit_summary)
 from components.style import ASSETS, error_html
 from serve.errors import one_line
 from serve.runs import calibrate
@@ -21,13 +22,16 @@ class ExplainHandlers:
         self.server = server
 
     def on_explain(self, block_size=8):
+        """The cost fit and its chart, and the break-even chart with this process's measured tokens/NFE."""
         calls, iterations = self.server.log.snapshot()
         try:
             fitted, error = fit_cost_model([r for r, _ in calls], [ms for _, ms in calls]), ""
         except ValueError as e:
             fitted, error = None, str(e)
         w_max = max(15, int(block_size or 8) - 1)
-        return cost_figure(fitted, iterations, w_max), fit_summary(fitted, error)
+        measured = self.server.log.tokens_per_nfe()
+        return (cost_figure(fitted, iterations, w_max), fit_summary(fitted, error),
+                break_even_figure(fitted, measured, w_max), break_even_summary(fitted, measured))
 
     def on_measure(self, values: RequestValues, request: gr.Request):
         try:
@@ -35,7 +39,7 @@ class ExplainHandlers:
         except Exception as error:  # noqa: BLE001
             message = one_line(error)
             gr.Warning(message)
-            return gr.skip(), error_html(message)
+            return gr.skip(), error_html(message), gr.skip(), gr.skip()
         return self.on_explain(values.block_size)
 
 
@@ -49,6 +53,9 @@ def build_explain_tab(server: Server, panel: SettingsPanel, concurrency_limit: i
         fit_text = gr.Markdown("No fit yet.", elem_id="fit-text")
         cost_plot = gr.Plot(label="Per-call cost model", elem_id="cost-plot")
         measure_btn = gr.Button("Measure on this machine (short runs at B = 4, 8, 16)")
-    tab.select(handlers.on_explain, [panel.block], [cost_plot, fit_text], api_visibility="private")
-    measure_btn.click(panel.handler(handlers.on_measure), list(panel.components), [cost_plot, fit_text],
+        even_plot = gr.Plot(label="Break-even against AR", elem_id="break-even-plot")
+        even_text = gr.Markdown("", elem_id="break-even-text")
+    outputs = [cost_plot, fit_text, even_plot, even_text]
+    tab.select(handlers.on_explain, [panel.block], outputs, api_visibility="private")
+    measure_btn.click(panel.handler(handlers.on_measure), list(panel.components), outputs,
                       api_visibility="private", concurrency_id="compute", concurrency_limit=concurrency_limit)

@@ -8,7 +8,7 @@ import time
 import gradio as gr
 
 from components.race_panel import badge_html, lanes_html, race_figures, summary_html
-from components.style import error_html, note_html
+from components.style import error_html, model_note_html, note_html
 from serve.api import best_sizes_for
 from serve.errors import one_line
 from serve.race import RaceResult, run_race
@@ -61,7 +61,7 @@ class RaceHandlers:
             us.race = None
             return error_html(message), gr.skip(), gr.skip()
         us.race = result
-        return (note_html(race_note(result)), badge_html(result.lanes, result.greedy, result.settings.config.order),
+        return (model_note_html(result.model_note) + note_html(race_note(result)), badge_html(result.lanes, result.greedy, result.settings.config.order),
                 '<div class="race-lanes"></div>')
 
     def on_replay(self, speed, request: gr.Request):

@@ -64,50 +64,53 @@ def device_line(server: Server, on_cuda: bool) -> str:
 
 
 def build_settings(server: Server, prompts: Sequence[str], on_cuda: bool) -> SettingsPanel:
-    """Create the shared settings' widgets (model row, prompt with examples, the settings column)."""
-    with gr.Row():
+    """Create the shared settings' widgets in a sidebar (model, prompt with examples, schedule, sampling,
+    drafter, order), so that each tab's buttons and results sit at the top of the page."""
+    with gr.Sidebar(label="Settings", open=True, width=400, elem_id="settings-sidebar"):
         offered = server.store.offered
         model_box = gr.Dropdown([(model_name(name), name) for name in offered], value=offered[0],
                                 label="Model (the ones this server offers)", interactive=len(offered) > 1,
                                 allow_custom_value=True,  # checked by the store: "" = default, others refused
-                                scale=4, elem_id="model-box")
-        gr.Markdown(f"{device_line(server, on_cuda)}<br>Models load on first use; at most {server.store.capacity} "
-                    f"stay loaded.")
-    with gr.Row():
-        with gr.Column(scale=3):
-            prompt = gr.Textbox(value=prompts[0], label="Prompt", lines=7, max_lines=20, elem_id="prompt")
-            gr.Examples([[p] for p in prompts], inputs=[prompt], label="Examples (short ones, then HumanEval)")
-        with gr.Column(scale=2):
-            schedule = gr.Radio([(REGISTRY[n].title, n) for n in STEP_SCHEDULES], value="packed",
-                                label="Schedule (Step through)", elem_id="schedule")
-            block = gr.Slider(2, APP_MAX_BLOCK_SIZE, value=8, step=1, label="Block size B (draft width W = B − 1)")
-            temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)")
-            with gr.Row():
-                # No minimum= on these two: make_settings names the field in its message (Gradio's
-                # own bound check would answer "Value -1 is less than minimum value 0." only).
-                top_k = gr.Number(0, label="top-k (0 = off)", precision=0)
-                top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p")
-            with gr.Row():
-                seed = gr.Number(0, label="Seed", precision=0)
-                limit = gr.Number(128, label=f"New-token limit (at most {server.cap})", precision=0, elem_id="limit")
-            with gr.Row():
-                # Appendix F.2: the adapter changes proposal rows only, so every schedule stays lossless.
-                lora_box = gr.Checkbox(False, label="Drafter LoRA (proposal rows only)",
-                                       visible=bool(server.drafter_lora), elem_id="drafter-lora")
-                precision_box = gr.Dropdown([("bfloat16 (default on CUDA)", ""), ("float32", "float32")],
-                                            value="", label="Precision", visible=on_cuda, elem_id="precision")
-            with gr.Row():
-                # Teaching: the real verifier with a drafter whose quality is one number (monotone by
-                # construction, so Theorem 3.2 holds on every run).
-                drafter_box = gr.Radio([("the model's own", "model"), ("scripted (quality q)", "scripted")],
-                                       value="model", label="Drafter", elem_id="drafter")
-                quality_box = gr.Slider(0, 1, value=0.8, step=0.05, elem_id="drafter-quality",
-                                        label="Scripted drafter quality q (proposal k tokens ahead right "
-                                              "with probability q^k)")
-            # Appendix C: an any-order model may check its draft in an order other than left to right.
-            order_box = gr.Radio([("left to right", "ltr"), ("by confidence", "confidence")], value="ltr",
-                                 label="Verification order (any-order model only, Appendix C)", elem_id="order")
+                                elem_id="model-box")
+        gr.Markdown(f"{device_line(server, on_cuda)} · models load on first use; at most {server.store.capacity} "
+                    f"stay loaded.", elem_classes=["device-line"])
+        prompt = gr.Textbox(value=prompts[0], label="Prompt", lines=5, max_lines=20, elem_id="prompt")
+        gr.Examples([[p] for p in prompts], inputs=[prompt], label="Examples (short ones, then HumanEval)")
+        schedule = gr.Radio([(REGISTRY[n].title, n) for n in STEP_SCHEDULES], value="packed",
+                            label="Schedule (Step through)", elem_id="schedule")
+        block = gr.Slider(2, APP_MAX_BLOCK_SIZE, value=8, step=1, label="Block size B (draft width W = B − 1)")
+        temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)")
+        with gr.Row():
+            # No minimum= on these two: make_settings names the field in its message (Gradio's
+            # own bound check would answer "Value -1 is less than minimum value 0." only).
+            top_k = gr.Number(0, label="top-k (0 = off)", precision=0, min_width=100)
+            top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p", min_width=100)
+        with gr.Row():
+            seed = gr.Number(0, label="Seed", precision=0, min_width=100)
+            limit = gr.Number(128, label=f"New tokens (at most {server.cap})", precision=0, elem_id="limit",
+                              min_width=100)
+        # Appendix F.2: the adapter changes proposal rows only, so every schedule stays lossless.
+        lora_box = gr.Checkbox(False, label="Drafter LoRA (proposal rows only)", visible=bool(server.drafter_lora),
+                               elem_id="drafter-lora")
+        precision_box = gr.Dropdown([("bfloat16 (default on CUDA)", ""), ("float32", "float32")],
+                                    value="", label="Precision", visible=on_cuda, elem_id="precision")
+        # Teaching: the real verifier with a drafter whose quality is one number (monotone by
+        # construction, so Theorem 3.2 holds on every run).
+        drafter_box = gr.Radio([("the model's own", "model"), ("scripted (quality q)", "scripted")],
+                               value="model", label="Drafter", elem_id="drafter")
+        quality_box = gr.Slider(0, 1, value=0.8, step=0.05, elem_id="drafter-quality", label="Scripted drafter q",
+                                info="a proposal k tokens ahead is right with probability q^k")
+        # Appendix C: an any-order model may check its draft in an order other than left to right.
+        order_box = gr.Radio([("left to right", "ltr"), ("by confidence", "confidence")], value="ltr",
+                             label="Verification order (Appendix C)", elem_id="order",
+                             visible=server.store.any_order(offered[0]))
     status = gr.HTML("", elem_id="status")
+    # The order choice is shown for models that can verify in another order only (an any-order model).
+    def on_model(name):
+        any_order = server.store.any_order(name)
+        return gr.Radio(visible=True) if any_order else gr.Radio(visible=False, value="ltr")
+
+    model_box.change(on_model, [model_box], [order_box], api_visibility="private", queue=False)
     components = (model_box, prompt, schedule, block, temperature, top_k, top_p, seed, limit, lora_box, precision_box,
                   drafter_box, quality_box, order_box)
     assert len(components) == len(fields(RequestValues))

@@ -13,9 +13,10 @@ import gradio as gr
 
 from components.mask_plot import empty_figure
 from components.step_view import step_view
-from components.style import error_html, note_html
+from components.style import error_html, model_note_html, note_html
 from components.token_grid import empty_grid_html, grid_legend_html
 from serve.errors import one_line
+from serve.notes import model_note
 from serve.server import Server
 from serve.sessions import UserSession
 from serve.settings import RequestValues
@@ -46,7 +47,10 @@ class StepHandlers:
         shown = step_view(run, strings, with_figure=redraw)
         us.plot_key = shown.key
         slider = gr.Slider(minimum=0, maximum=max(1, shown.done), value=shown.position, step=1)
-        return [slider, shown.grid, shown.text, shown.stats, shown.figure if redraw else gr.skip()]
+        text = shown.text
+        if run is not None:  # said beside the text: what the model is
+            text += model_note_html(model_note(self.server.store, run.settings.model, run.model))
+        return [slider, shown.grid, text, shown.stats, shown.figure if redraw else gr.skip()]
 
     def start_or_continue(self, values: RequestValues, us: UserSession) -> tuple[StepRun, str]:
         """The session's run when ``values`` still describe it, else a new run (and a note saying so)."""

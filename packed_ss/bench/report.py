@@ -11,6 +11,7 @@ import json
 import math
 from pathlib import Path
 
+import plotly.colors
 import plotly.graph_objects as go
 
 from packed_ss.bench.run import BenchResult
@@ -23,6 +24,19 @@ COLORS = {"ar": "#7f7f7f", "linear": "#1f77b4", "quadratic": "#ff7f0e", "packed"
           "hf-lookup": "#d62728"}
 RATIOS = (("throughput_ratio", "Throughput"), ("tokens_per_nfe_ratio", "Tokens/NFE"),
           ("time_per_nfe_ratio", "Time/NFE"))
+
+
+SHORT = {"packed-mixed": "Packed+n-gram", "partial": "Partial SS", "hf-greedy": "HF greedy", "hf-lookup": "HF lookup",
+         "lookup": "Lookup", "diffusion": "Diffusion", "quadratic": "Quadratic", "linear": "Linear", "packed": "Packed"}
+FEW_PROMPTS = 10  # paired intervals over fewer prompts than this get a warning: they say little
+
+
+def few_prompts_warning(n: int) -> str:
+    """A warning when paired intervals rest on fewer than :data:`FEW_PROMPTS` prompts (else empty)."""
+    if n >= FEW_PROMPTS:
+        return ""
+    return (f"Only {n} prompt{'s' if n != 1 else ''}: these intervals rest on too few prompts to mean much (and "
+            f"timings on a shared machine are noisy); use {2 * FEW_PROMPTS} or more on a quiet machine.")
 
 
 def _label(name: str) -> str:
@@ -45,17 +59,21 @@ def tables(summary: dict) -> list[tuple[str, list[str], list[list[str]], str]]:
     """The report's tables as ``(title, headers, rows, note)``, shared by the markdown and HTML views."""
     out = []
     rows = []
+    ar_ms = (summary["schedules"].get("ar") or {}).get("time_per_nfe_ms")
     for name, s in summary["schedules"].items():
+        cost = s["time_per_nfe_ms"] / ar_ms if ar_ms and s["time_per_nfe_ms"] is not None else None
         rows.append([_label(name), _num(s["block_size"]) if name != "ar" else "-", _num(s["examples"]),
-                     _num(s["tokens_mean"], 1), _num(s["nfe_mean"], 1), _num(s["tokens_per_nfe"]),
+                     _num(s["tokens_mean"], 1), _num(s["nfe_mean"], 1), _num(s["tokens_per_nfe"]), _num(cost, 2),
                      _num(s["time_per_nfe_ms"], 2), _num(s["throughput"], 1), _num(s["wall_mean_s"], 4),
                      _num(s["model_mean_s"], 4), _num(s["other_mean_s"], 4), _num(s["mean_acceptance_length"], 2),
                      _num(s["max_rows_per_call"])])
-    out.append(("Per schedule", ["schedule", "B", "responses", "tokens", "NFE", "tokens/NFE", "time/NFE (ms)",
+    out.append(("Per schedule", ["schedule", "B", "responses", "tokens", "NFE", "tokens/NFE", "time/NFE ÷ AR",
+                                 "time/NFE (ms)",
                                  "throughput (tok/s)", "wall (s)", "model (s)", "non-model (s)",
                                  "mean acceptance length", "rows/call"], rows,
                 "Tokens, NFE and times are means per response; tokens/NFE, time/NFE and throughput use aggregate "
-                "totals; rows/call is the most input rows of one call after the first iteration."))
+                "totals; time/NFE ÷ AR is what one call costs in AR calls (a schedule beats AR when its tokens/NFE "
+                "exceeds it); rows/call is the most input rows of one call after the first iteration."))
     comparisons = summary["comparisons"]
     if comparisons:
         n = comparisons[0]["n"]
@@ -65,7 +83,8 @@ def tables(summary: dict) -> list[tuple[str, list[str], list[list[str]], str]]:
         out.append((f"Paired comparisons ({level}% bootstrap intervals, {n} prompts, "
                     f"{summary['config']['resamples']} resamples)",
                     ["comparison", "throughput ratio", "tokens/NFE ratio", "time/NFE ratio", "wall difference (s)"],
-                    rows, "Ratios are ratios of aggregated sums over the (resampled) prompts: throughput ratio = "
+                    rows, (f"⚠ {few_prompts_warning(n)} " if few_prompts_warning(n) else "")
+                    + "Ratios are ratios of aggregated sums over the (resampled) prompts: throughput ratio = "
                           "(Σ tokens_A / Σ wall_A) / (Σ tokens_B / Σ wall_B), likewise for tokens/NFE and "
                           "time/NFE. Wall difference = mean wall per response of A minus that of B. The same "
                           "resampled prompt indices serve every schedule and statistic (E.5)."))
@@ -140,13 +159,14 @@ def figures(summary: dict) -> dict[str, go.Figure]:
     (tokens/NFE against B; probe rows, or the main runs' single B per schedule without a probe)."""
     out = {}
     ratios = go.Figure()
-    for c in summary["comparisons"]:
+    palette = plotly.colors.qualitative.Dark24  # one colour per comparison (up to 24), never one per denominator
+    for i, c in enumerate(summary["comparisons"]):
         ys = [c[key]["estimate"] for key, _ in RATIOS]
         up = [_gap(c[key]["high"], c[key]["estimate"]) for key, _ in RATIOS]
         down = [_gap(c[key]["estimate"], c[key]["low"]) for key, _ in RATIOS]
         ratios.add_trace(go.Scatter(x=[label for _, label in RATIOS], y=ys, mode="markers",
                                     name=f"{_label(c['numerator'])} / {_label(c['denominator'])}",
-                                    marker=dict(size=11, color=COLORS.get(c["denominator"])),
+                                    marker=dict(size=11, color=palette[i % len(palette)]),
                                     error_y=dict(type="data", symmetric=False, array=up, arrayminus=down)))
     ratios.add_hline(y=1, line_dash="dash", line_color="#444")
     n = summary["comparisons"][0]["n"] if summary["comparisons"] else 0
@@ -156,7 +176,7 @@ def figures(summary: dict) -> dict[str, go.Figure]:
 
     decomposition = go.Figure()
     by = summary["decomposition"]["by_schedule"]
-    names = [_label(s) for s in by]
+    names = [SHORT.get(s, _label(s)) for s in by]  # short axis labels: a panel is a third of the page wide
     decomposition.add_trace(go.Bar(x=names, y=[d["model"] for d in by.values()], name="model time",
                                    marker_color="#1f77b4"))
     decomposition.add_trace(go.Bar(x=names, y=[d["other"] for d in by.values()], name="non-model decoder time",

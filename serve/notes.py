@@ -1,0 +1,50 @@
+"""What the visitor is looking at, said where the text appears: a note on the model (:func:`model_note`).
+
+The shipped models are tiny demos whose text is not meant to make sense; a visitor who is not told so
+assumes the app is broken. For any other model the note says what it is (family, size, dtype, device).
+"""
+
+from __future__ import annotations
+
+from serve.models import ANY_ORDER_MODEL, DEFAULT_MODEL, ModelStore
+
+TRAINED = {  # what the shipped models were trained on (their model cards, assets/*/README.md)
+    DEFAULT_MODEL: "trained for a few CPU-hours on the Python standard library",
+    ANY_ORDER_MODEL: "the embedded model trained 1,500 more steps for any-order decoding (paper Appendix C)",
+}
+REAL_CHECKPOINT = ("For meaningful text, start the app with a real dual-mode checkpoint on a GPU: "
+                   "python app.py --model nvidia/Nemotron-Labs-Diffusion-3B.")
+
+
+def parameters(model) -> int:
+    """Parameters of a loaded model's network (0 when it has none, e.g. a scripted test model)."""
+    network = getattr(model, "model", None)
+    try:
+        return sum(p.numel() for p in network.parameters())
+    except (AttributeError, TypeError):
+        return 0
+
+
+def count_text(n: int) -> str:
+    """``5_512_000 -> "5.5M"``, ``3_000_000_000 -> "3.0B"``, ``900 -> "900"``."""
+    for size, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= size:
+            return f"{n / size:.1f}{unit}"
+    return str(n)
+
+
+def model_note(store: ModelStore, name: str | None, model) -> str:
+    """One or two sentences on ``model`` (the loaded model of ``name``, as offered by ``store``): for a
+    shipped demo model what it is, that its text is not meant to make sense and how to load a real one;
+    otherwise its family, parameters, dtype and device."""
+    identity = store.resolve(name)
+    size = count_text(parameters(model))
+    dtype = str(getattr(model, "dtype", "")).removeprefix("torch.")
+    device = getattr(getattr(model, "device", None), "type", "cpu")
+    if identity in TRAINED:
+        return (f"Model: the project's embedded demo model ({size} parameters, {TRAINED[identity]}). Its text looks "
+                f"like Python but is not meant to make sense: it is here so that the schedules, masks and timings "
+                f"can be watched on any machine. {REAL_CHECKPOINT}")
+    family = getattr(model, "family", "plain")
+    kind = "an any-order" if getattr(model, "any_order", False) else "a dual-mode"
+    return f"Model: {store.offered_name(identity)}, {kind} {family}-family model, {size} parameters, {dtype} on {device}."
