@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import plotly.graph_objects as go
 
 
-from components.style import SCHEDULE_COLORS, source_class
+from components.style import SCHEDULE_COLORS, legend_html, source_class
 from serve.lanes import Lane, cost_ratio, verdict_text
 
 TokenStrings = Callable[[Sequence[int]], list[str]]
@@ -57,7 +57,8 @@ def lanes_html(lanes: Sequence[Lane], clock_ms: float, strings: TokenStrings, gr
     throughput) and each lane ``data-lane``/``data-done`` so tests can read them.
     """
     shown = [lane for lane in lanes if lane.shown]
-    parts = ['<div class="race-lanes">']
+    parts = [f'<div class="race-lanes" data-columns="{lane_columns(len(shown))}" '
+             f'style="grid-template-columns: repeat({lane_columns(len(shown))}, minmax(0, 1fr))">']
     for lane in shown:
         c = lane_counters(lane, clock_ms)
         k = c["tokens"]
@@ -88,7 +89,20 @@ def lanes_html(lanes: Sequence[Lane], clock_ms: float, strings: TokenStrings, gr
             f'<div class="stats">{cards}</div>'
             f'<div class="token-text">{"".join(spans)}</div></div>')
     parts.append("</div>")
+    # The key to the lanes' text colours: where each token came from.
+    sources = list(dict.fromkeys(s for lane in shown for s in lane.sources))
+    if sources:
+        parts.append(f'<div class="lane-legend" data-legend="sources">Text colours: {legend_html(sources)}</div>')
     return "".join(parts)
+
+
+def lane_columns(lanes: int) -> int:
+    """Columns of the lane grid: at most 4, and rows as even as they can be (5 and 6 lanes: 3 + 2 and 3 + 3,
+    7 and 8: 4 + 3 and 4 + 4), so no card stands alone in a row."""
+    if lanes <= 4:
+        return max(1, lanes)
+    rows = -(-lanes // 4)
+    return -(-lanes // rows)
 
 
 def _block_label(lane: Lane) -> str:

@@ -112,6 +112,7 @@ def build_race_tab(server: Server, panel: SettingsPanel, concurrency_limit: int)
         summary = gr.HTML("", elem_id="race-summary")
     race_btn.click(panel.handler(handlers.on_race, extra=2), [*panel.components, optional, sizes_box],
                    [race_status, badge, lanes_view], api_name="ui_race", api_visibility="undocumented",
-                   concurrency_id="compute", concurrency_limit=concurrency_limit).then(
+                   concurrency_id="compute", concurrency_limit=concurrency_limit,
+                   show_progress_on=[race_status]).then(  # one progress indicator, not one per output
         handlers.on_replay, [replay], [lanes_view, fig_nfe, fig_wall, fig_theorem, summary], api_name="replay",
         api_visibility="undocumented", concurrency_id="replay", concurrency_limit=16, show_progress="hidden")
