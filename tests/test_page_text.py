@@ -1,0 +1,95 @@
+"""What the page says, checked without a browser: the race verdict's reason and the paper's comparisons,
+the break-even tokens/NFE, the model note, the lane grid's columns, the few-prompt warning."""
+
+import pytest
+
+from components.charts import CostModel, break_even, break_even_figure
+from components.race_panel import lane_columns, summary_html
+from packed_ss.bench.report import FEW_PROMPTS, few_prompts_warning
+from serve.lanes import Lane, cost_ratio, paper_comparisons, verdict_text, why_text
+
+
+def lane(schedule: str, title: str, tokens_per_nfe: float, ms_per_call: float, walls: tuple[float, ...],
+         rows: int = 1) -> Lane:
+    metrics = {"tokens_per_nfe": tokens_per_nfe, "time_per_nfe_ms": ms_per_call, "block_size": 8, "tokens": 64,
+               "nfe": round(64 / tokens_per_nfe), "throughput": 64 / walls[0], "mean_acceptance_length": 1.0}
+    return Lane(schedule=schedule, title=title, token_ids=(), sources=(), wall_ms=(walls[0] * 1000,), nfe=(1,),
+                tokens=(64,), metrics=metrics, wall_s_repeats=walls, max_rows_per_call=rows)
+
+
+AR = lane("ar", "Autoregressive", 1.0, 1.6, (0.10, 0.099, 0.101))
+LINEAR = lane("linear", "Linear-SS", 1.5, 2.4, (0.16, 0.158, 0.162), rows=8)
+QUADRATIC = lane("quadratic", "Quadratic-SS", 2.2, 4.4, (0.19, 0.185, 0.195), rows=72)
+SLOW_PACKED = lane("packed", "Packed-SS", 2.0, 3.0, (0.12, 0.118, 0.122), rows=16)
+
+
+def test_when_ar_wins_the_verdict_says_packed_ss_accepted_more_but_paid_more_per_call():
+    lanes = [AR, LINEAR, QUADRATIC, SLOW_PACKED]
+    assert cost_ratio(SLOW_PACKED, AR) == pytest.approx(3.0 / 1.6)
+    why = why_text(lanes, AR)
+    assert why.startswith("Why: Packed-SS accepted 2.00 tokens per call, but its calls (up to 16 rows) cost 1.88x")
+    assert "so AR is faster here" in why and "Appendix F" in why
+    text = verdict_text(lanes)
+    assert text.startswith("Fastest: Autoregressive") and why in text
+
+
+def test_when_packed_ss_wins_the_reason_is_tokens_per_call_over_cost_per_call():
+    fast = lane("packed", "Packed-SS", 2.0, 1.8, (0.06, 0.059, 0.061), rows=16)
+    why = why_text([AR, fast], fast)
+    assert why == ("Why: Packed-SS accepted 2.00 tokens per call and its calls (up to 16 rows) cost 1.12x AR's "
+                   "one-row calls on this machine, so it runs at about 1.78x AR's speed.")
+
+
+def test_the_papers_comparisons_name_each_baseline_and_flag_ties():
+    tied = lane("linear", "Linear-SS", 1.5, 2.4, (0.121, 0.119, 0.125), rows=8)
+    text = paper_comparisons([AR, tied, QUADRATIC, SLOW_PACKED])
+    assert text.startswith("The paper's comparisons: Packed-SS is ")
+    assert "1.01x as fast as Linear-SS (a tie: the ranges overlap)" in text
+    assert "1.58x as fast as Quadratic-SS," in text
+    assert "0.83x as fast as Autoregressive." in text  # slower than AR: said as a ratio below 1
+    assert paper_comparisons([AR, LINEAR]) == ""  # no Packed-SS lane, nothing to compare
+
+
+def test_the_race_table_gives_time_per_call_over_ars():
+    table = summary_html([AR, SLOW_PACKED])
+    assert "ms/NFE ÷ AR" in table
+    assert "<td data-col='cost-ratio'>1.00</td>" in table and "<td data-col='cost-ratio'>1.88</td>" in table
+
+
+def test_break_even_is_the_mean_call_cost_over_one_row_calls():
+    cost = CostModel(tau_ms=1.0, delta_ms=0.1, calls=10, min_rows=1, max_rows=64, rmse_ms=0.0)
+    # Packed-SS at B = 8: one 16-row call: (1 + 1.6) / (1 + 0.1); Linear-SS: two 8-row calls, same mean.
+    assert break_even("packed", 8, cost) == pytest.approx(2.6 / 1.1)
+    assert break_even("linear", 8, cost) == pytest.approx(1.8 / 1.1)
+    assert break_even("quadratic", 2, cost) == pytest.approx(1.6 / 1.1)
+    free_rows = CostModel(tau_ms=1.0, delta_ms=0.0, calls=10, min_rows=1, max_rows=64, rmse_ms=0.0)
+    assert break_even("quadratic", 16, free_rows) == pytest.approx(1.0)  # rows cost nothing: any acceptance wins
+    figure = break_even_figure(cost, [("packed", 7, 2.1, 40)])
+    names = [t.name for t in figure.data]
+    assert "Packed-SS: needed to beat AR" in names and "Packed-SS: measured here" in names
+
+
+def test_lane_grid_never_leaves_one_card_alone():
+    for n in range(1, 9):
+        columns = lane_columns(n)
+        assert 1 <= columns <= 4
+        assert n % columns != 1 or n == 1 or columns == 1, (n, columns)
+    assert [lane_columns(n) for n in (4, 5, 6, 7, 8)] == [4, 3, 3, 4, 4]
+
+
+def test_few_prompts_get_a_warning():
+    assert "Only 2 prompts" in few_prompts_warning(2)
+    assert few_prompts_warning(FEW_PROMPTS) == ""
+
+
+def test_the_model_note_of_the_embedded_model_and_of_any_other(tiny_model_dir):
+    from serve.models import DEFAULT_MODEL, ModelStore
+    from serve.notes import count_text, model_note
+
+    store = ModelStore(DEFAULT_MODEL, allowed=[str(tiny_model_dir)])
+    embedded = model_note(store, "", store.get(""))
+    assert "embedded demo model (5.5M parameters" in embedded and "not meant to make sense" in embedded
+    assert "python app.py --model nvidia/Nemotron-Labs-Diffusion-3B" in embedded
+    other = model_note(store, str(tiny_model_dir), store.get(str(tiny_model_dir)))
+    assert "dual-mode plain-family model" in other and "float32 on cpu" in other and "parameters" in other
+    assert [count_text(n) for n in (900, 5_512_000, 3_000_000_000)] == ["900", "5.5M", "3.0B"]
