@@ -69,9 +69,11 @@ class ModelStore:
         """One key per model: a local folder's resolved absolute path, else the hub id as given."""
         name = str(name).strip()
         local = Path(name).expanduser()
-        if name.startswith((".", "/", "~")) or local.exists():
-            return str(local.resolve())
-        return name
+        try:
+            is_local = name.startswith((".", "/", "~")) or local.exists()
+            return str(local.resolve()) if is_local else name
+        except (OSError, ValueError):  # too long for a file name, a NUL byte: not a folder this server has
+            return name
 
     @property
     def offered(self) -> list[str]:

@@ -63,9 +63,9 @@ def panel_figure(figure):
     fitted = go.Figure(figure)
     title = fitted.layout.title.text or ""
     # The legend goes under the axis labels (automargin makes room for tilted ones), never over them.
-    fitted.update_layout(title=dict(text=title.replace(" (", "<br>(", 1), font=dict(size=14)), height=520,
-                         legend=dict(orientation="h", x=0, y=0, yanchor="top", yref="container"),
-                         margin=dict(l=50, r=10, t=70, b=10))
+    fitted.update_layout(title=dict(text=title.replace(" (", "<br>(", 1), font=dict(size=14)), height=640,
+                         legend=dict(orientation="h", x=0, y=-0.38, yanchor="top"),  # the margin grows to fit it
+                         margin=dict(l=50, r=10, t=70))
     fitted.update_xaxes(automargin=True, tickangle=-35)
     fitted.update_yaxes(automargin=True)
     return fitted

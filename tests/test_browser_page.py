@@ -196,6 +196,21 @@ def test_benchmark_tab_colours_are_distinct_and_its_table_fits(page):
         return plots.length ? plots[0].data.map(t => t.marker && t.marker.color) : null; }""")
     assert colours, "no ratio chart"
     assert len(set(colours)) == len(colours), f"repeated colours: {colours}"
+    # Each panel's legend is drawn in full, below its axis labels (not over them, not cut off).
+    panels = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].filter(gd => gd.layout &&
+        gd.layout.title && /^(Paired ratios|Timing decomposition|Tokens\\/NFE)/.test(String(gd.layout.title.text)))
+        .map(gd => {
+            const box = (sel) => [...gd.querySelectorAll(sel)].map(e => e.getBoundingClientRect())
+                .filter(r => r.height > 0);
+            const ticks = box('.xtick text'), items = box('.legend .traces'), frame = gd.getBoundingClientRect();
+            return {title: String(gd.layout.title.text), traces: gd.data.length, items: items.length,
+                    ticksBottom: Math.max(...ticks.map(r => r.bottom)), legendTop: Math.min(...items.map(r => r.top)),
+                    legendBottom: Math.max(...items.map(r => r.bottom)), frameBottom: frame.bottom};
+        })""")
+    assert len(panels) == 3, panels
+    for panel in panels:
+        assert panel["items"] == panel["traces"], panel
+        assert panel["legendTop"] >= panel["ticksBottom"] - 1 and panel["legendBottom"] <= panel["frameBottom"] + 1, panel
     _shot(page, "benchmark")
     fits = page.evaluate("""() => [...document.querySelectorAll('.bench-summary table')].map(
         t => [t.scrollWidth, t.clientWidth, t.getBoundingClientRect().right])""")

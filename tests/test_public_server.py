@@ -315,3 +315,15 @@ def test_soak_four_clients_outputs_equal_solo_runs_and_memory_returns(server, ti
     print(f"\nsoak: 30 races + 100 Steps from 4 clients in {time.time() - start:.1f} s; "
           f"resident memory {before:.0f} -> {after:.0f} MB (margin {SOAK_MARGIN_MB} MB)")
     assert after - before < SOAK_MARGIN_MB, f"resident memory {before:.0f} -> {after:.0f} MB"
+
+
+@pytest.mark.parametrize("name", ["x" * 300, "/" + "y" * 300, "\x00", "a\ud800b"])
+def test_a_model_name_no_folder_can_have_is_refused_in_one_line(name):
+    """A name too long for a file name, a NUL byte or a lone surrogate: 'not offered', not an OSError."""
+    from serve.errors import UserError
+    from serve.models import ModelStore
+
+    store = ModelStore()
+    with pytest.raises(UserError, match="is not offered on this server"):
+        store.resolve(name)
+    assert store.any_order(name) is False
