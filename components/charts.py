@@ -127,7 +127,7 @@ def cost_figure(model: CostModel | None, points: Sequence[tuple[str, int, float]
     layout = dict(title=dict(text=title, x=0.01), height=CHART_HEIGHT, margin=dict(l=60, r=10, t=50, b=50),
                   xaxis=dict(title=dict(text="speculative width W = B − 1")),
                   # Log axis with labels on 1-2-5 steps written out in full (not Plotly's minor "2, 3, 4, 5").
-                  yaxis=dict(title=dict(text="model ms per iteration"), type="log", tickmode="array",
+                  yaxis=dict(title=dict(text="model ms per iteration (log scale)"), type="log", tickmode="array",
                              tickvals=LOG_TICKS, ticktext=[f"{v:g}" for v in LOG_TICKS]),
                   plot_bgcolor="#ffffff", legend=dict(orientation="v"))
     return go.Figure(dict(data=traces, layout=layout))
@@ -186,9 +186,10 @@ def break_even_summary(model: CostModel | None, measured: Sequence[tuple[str, in
     text = (f"A call of R rows costs τ + δR = {model.tau_ms:.2f} + {model.delta_ms:.4f}·R ms here, so a schedule whose "
             f"calls hold R rows must accept more than (τ + δR) / (τ + δ) tokens per call to beat AR. On a GPU δ is "
             f"nearly 0 for a few dozen rows (paper, Appendix F): the line stays near 1 and every accepted draft "
-            f"token is a gain. The lines use the paper's row counts (Table 2: Packed-SS 2B, Linear-SS B + B, "
-            f"Quadratic-SS B(B + 1)); on a CPU Packed-SS's calls hold only the draft's own rows, so its line is an "
-            f"upper bound there.")
+            f"token is a gain. The lines come from the fitted model time per call at the paper's row counts (Table 2: "
+            f"Packed-SS 2B, Linear-SS B + B, Quadratic-SS B(B + 1)); the race table's time/NFE ÷ AR is the measured "
+            f"ratio (with non-model time and the prefill), which decides a race, and can differ from the line. The "
+            f"markers pool every run of this process at that W, so they can differ a little from one race's lane.")
     lines = []
     for schedule, w, tpn, _ in measured:
         if schedule in ("linear", "quadratic", "packed"):

@@ -241,4 +241,4 @@ def summary_html(lanes: Sequence[Lane]) -> str:
                     f"<td>{m['tokens_per_nfe']:.2f}</td><td data-col='cost-ratio'>{ratio}</td>"
                     f"<td>{med:.3f} ({lo:.3f}–{hi:.3f})</td><td>{m['time_per_nfe_ms']:.1f}</td>"
                     f"<td>{m['throughput']:.1f}</td><td>{accept}</td><td>{same}</td></tr>")
-    return f'<table class="race-summary">{head}{"".join(rows)}</table>'
+    return f'<div class="race-summary-wrap"><table class="race-summary">{head}{"".join(rows)}</table></div>'

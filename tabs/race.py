@@ -18,7 +18,8 @@ from tabs.settings import SettingsPanel
 
 REPLAY_FRAME_S = 0.25  # seconds between replay frames (a few updates a second is enough)
 CHART_EVERY = 2  # the race charts fill in every second frame (a new figure remounts the plot)
-INTRO = ("AR (the baseline), Linear-SS, Quadratic-SS and Packed-SS decode the prompt above with the same settings. "
+INTRO = ("AR (the baseline), Linear-SS, Quadratic-SS and Packed-SS, and the optional lanes ticked below, decode the "
+         "sidebar's prompt with the same settings. "
          "Each lane is measured three times in rotating order, each model call **alone** (never sharing the CPU/GPU "
          "with another request's call); the lanes then replay their median runs on one clock, and the verdict says "
          "who won and whether the gap is more than the spread between repeats.")

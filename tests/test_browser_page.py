@@ -93,6 +93,10 @@ def test_race_verdict_says_why_and_gives_the_papers_comparisons(page):
     assert "embedded demo model" in note
     page.wait_for_function("document.querySelector('#race-summary td[data-col=\"cost-ratio\"]') !== null",
                            timeout=RACE_MS)
+    wrap = page.evaluate("""() => { const w = document.querySelector('#race-summary .race-summary-wrap');
+        const panel = document.querySelector('#race-summary').getBoundingClientRect();
+        return [w.getBoundingClientRect().right, panel.right, w.scrollWidth, w.clientWidth]; }""")
+    assert wrap[0] <= wrap[1] + 1 and wrap[2] <= wrap[3] + 1, f"the race table does not fit its panel: {wrap}"
     legend = page.locator("#race-lanes [data-legend='sources']").inner_text()
     assert "Text colours" in legend and "autoregressive" in legend
     columns = int(page.locator("#race-lanes .race-lanes").first.get_attribute("data-columns"))
