@@ -107,23 +107,8 @@ def grid_html(record: IterationRecord, sequence: Sequence[int], strings: TokenSt
         pos = start + i
         cls = "prefix last-prefix" if pos == before - 1 else "prefix"
         cells_prefix[pos] = _chip(text[tok], cls, f"prefix token {tok} at position {pos}")
-    cells_draft = {}
-    for i, tok in enumerate(draft):
-        pos = before + i
-        if tok == mask_token_id:
-            cls, what = "mask", "mask slot"
-        elif not verified:
-            cls, what = "", "draft"
-        elif i < h:
-            cls, what = "accepted", "accepted draft"
-        elif i == h:
-            cls, what = "rejected", "first rejected draft token"
-        else:
-            cls, what = "unchecked", "not checked (after the first rejection)"
-        label = "MASK" if tok == mask_token_id else text[tok]
-        if i < len(old_sources) and old_sources[i] == "n-gram":
-            cls, what = f"{cls} ngram".strip(), f"{what} (from an n-gram match)"
-        cells_draft[pos] = _chip(label, cls, f"d({i + 1}) = {tok} at position {pos}: {what}")
+    cells_draft = {before + i: _draft_chip(i, tok, before + i, text, mask_token_id, verified, h, old_sources)
+                   for i, tok in enumerate(draft)}
     cells_v = {}
     for i, tok in enumerate(v):
         pos = before + i
@@ -151,21 +136,7 @@ def grid_html(record: IterationRecord, sequence: Sequence[int], strings: TokenSt
         cells_next[pos] = _chip(text[tok], "ngram" if source == "n-gram" else "kept",
                                 f"D_t({i + 1}) = {tok} at position {pos}: from the {source}")
     head = "".join(f'<th class="{"pos-new" if p >= before else ""}">{p}</th>' for p in positions)
-    a = len(appended)
-    adv_cells = []
-    i = 0
-    while i < len(positions):
-        pos = positions[i]
-        if a and pos == before:
-            span = min(a, len(positions) - i)
-            what = "bonus" if record.appended_sources[-1:] == ("bonus",) else "correction"
-            label = (f"block committed: {a} tokens" if diffusion
-                     else f"A = {a}" + (f" (h = {h} + {what})" if verified and span > 1 else ""))
-            adv_cells.append(f'<td class="advance" colspan="{span}">{html.escape(label)}</td>')
-            i += span
-        else:
-            adv_cells.append("<td></td>")
-            i += 1
+    adv_cells = _advance_cells(record, positions, verified, diffusion)
     # Linear-SS verifies the draft its own first call just made; the others verify last call's draft.
     draft_label = ("block before this call" if diffusion else "draft d (call 1)" if record.schedule == "linear"
                    else "old draft d")
@@ -179,20 +150,66 @@ def grid_html(record: IterationRecord, sequence: Sequence[int], strings: TokenSt
         f'<tr class="sep" data-row="advance"><td class="row-label">advance</td>{"".join(adv_cells)}</tr>',
         *([row("next draft D<sub>t</sub>", cells_next, "next-draft")] if nxt else []),
     ]
+    return (f'<div class="token-grid-wrap" data-iteration="{record.index}">'
+            f'<div class="token-grid-head">{_heading(record, title, bool(draft), prefill, mask_token_id)}</div>'
+            f'<table class="token-grid">{"".join(rows)}</table></div>')
+
+
+def _draft_chip(i: int, tok: int, pos: int, text: dict[int, str], mask_token_id: int, verified: bool, h: int,
+                old_sources: Sequence[str]) -> str:
+    """The chip of draft token d(i + 1) at ``pos``: mask slot, draft, or accepted / first rejected / not checked."""
+    if tok == mask_token_id:
+        cls, what = "mask", "mask slot"
+    elif not verified:
+        cls, what = "", "draft"
+    elif i < h:
+        cls, what = "accepted", "accepted draft"
+    elif i == h:
+        cls, what = "rejected", "first rejected draft token"
+    else:
+        cls, what = "unchecked", "not checked (after the first rejection)"
+    label = "MASK" if tok == mask_token_id else text[tok]
+    if i < len(old_sources) and old_sources[i] == "n-gram":
+        cls, what = f"{cls} ngram".strip(), f"{what} (from an n-gram match)"
+    return _chip(label, cls, f"d({i + 1}) = {tok} at position {pos}: {what}")
+
+
+def _advance_cells(record: IterationRecord, positions: Sequence[int], verified: bool, diffusion: bool) -> list[str]:
+    """The advance row: one cell spanning the appended tokens (A = h + correction or bonus; block diffusion:
+    the committed block), empty cells elsewhere."""
+    before, a, h = record.prefix_len_before, len(record.appended), record.h
+    cells = []
+    i = 0
+    while i < len(positions):
+        pos = positions[i]
+        if a and pos == before:
+            span = min(a, len(positions) - i)
+            what = "bonus" if record.appended_sources[-1:] == ("bonus",) else "correction"
+            label = (f"block committed: {a} tokens" if diffusion
+                     else f"A = {a}" + (f" (h = {h} + {what})" if verified and span > 1 else ""))
+            cells.append(f'<td class="advance" colspan="{span}">{html.escape(label)}</td>')
+            i += span
+        else:
+            cells.append("<td></td>")
+            i += 1
+    return cells
+
+
+def _heading(record: IterationRecord, title: str, drafted: bool, prefill: bool, mask_token_id: int) -> str:
+    """The grid's heading: iteration, schedule, outcome (h and A, or what block diffusion did), calls and rows."""
+    diffusion = record.schedule == "diffusion"
     calls = len(record.calls)
     # A draft not verified yet (Linear-SS shown after its drafting call) has no h or A to report.
-    pending = bool(draft) and not record.verifier_tokens and not appended and not diffusion
+    pending = drafted and not record.verifier_tokens and not record.appended and not diffusion
     outcome = (diffusion_outcome(record, mask_token_id) if diffusion
-               else "h and A after the verification call" if pending else f"h = {h} · A = {a}")
+               else "h and A after the verification call" if pending else f"h = {record.h} · A = {len(record.appended)}")
     heading = (f"Iteration {record.index} · {html.escape(title or record.schedule)} · {outcome} · "
                f"{calls} call{'s' if calls != 1 else ''}, {record.rows} rows")
     if prefill:
         heading += " · prefill"
     if record.stop_reason:
         heading += f" · stopped: {html.escape(record.stop_reason)}"
-    return (f'<div class="token-grid-wrap" data-iteration="{record.index}">'
-            f'<div class="token-grid-head">{heading}</div>'
-            f'<table class="token-grid">{"".join(rows)}</table></div>')
+    return heading
 
 
 def empty_grid_html(message: str = "Press Step to run the first iteration.") -> str:
