@@ -46,7 +46,9 @@ def launch_kwargs(demo: gr.Blocks | None = None) -> dict:
     if endpoints:
         from starlette.middleware import Middleware
 
-        kwargs["app_kwargs"] = {"middleware": [Middleware(FillApiDefaults, endpoints=endpoints)]}
+        arity = {f.api_name: len(f.inputs) for f in demo.fns.values()
+                 if f.api_name and getattr(f, "api_visibility", "public") != "private"}
+        kwargs["app_kwargs"] = {"middleware": [Middleware(FillApiDefaults, endpoints=endpoints, arity=arity)]}
     return kwargs
 
 

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from packed_ss.any_order import OrderSession
 from packed_ss.config import DecodeConfig
+from packed_ss.iteration import checked_inputs
 from packed_ss.models.scripted import ScriptedDrafter
 from packed_ss.records import IterationRecord, RunRecord, summarize
 from packed_ss.registry import get_schedule
@@ -26,8 +27,11 @@ def decode(model, prompt_ids: list[int], config: DecodeConfig, schedule: str = "
             model (``model.any_order``) ``"ar"``, ``"linear"``, ``"quadratic"``, ``"packed"`` or ``"diffusion"``
             with ``config.order`` (:mod:`packed_ss.any_order`).
     Raises:
-        ValueError: unknown schedule; PromptError: empty or too long prompt (raised on creation).
+        ValueError: unknown schedule; PromptError: empty or too long prompt, or a token id outside the
+            vocabulary (raised on creation); TypeError: a config that is not a DecodeConfig, or a prompt
+            that is text or holds anything but integers.
     """
+    prompt_ids = checked_inputs(prompt_ids, config, getattr(model, "vocab_size", None))
     runner = get_schedule(schedule, model)
     if getattr(model, "any_order", False):
         return runner.iterate(OrderSession(model, list(prompt_ids), config, runner.name))

@@ -6,6 +6,7 @@ Shape legend: V vocabulary, R rows.
 
 from __future__ import annotations
 
+import operator
 import time
 from dataclasses import dataclass
 
@@ -74,3 +75,27 @@ def close_iteration(index: int, schedule: str, calls: list[CallRecord], started:
 
 class PromptError(ValueError):
     """The prompt cannot be decoded (empty, or too long for the model's positions)."""
+
+
+def checked_inputs(prompt_ids, config, vocab_size: int | None) -> list[int]:
+    """The prompt as a list of token ids, after checking what the Python API was given.
+
+    Raises: TypeError for a config that is not a :class:`DecodeConfig` or a prompt that is text or holds
+    anything but integers; PromptError (a ValueError) for an id outside ``[0, vocab_size)``.
+    """
+    if not isinstance(config, DecodeConfig):
+        raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
+    if isinstance(prompt_ids, (str, bytes)) or not hasattr(prompt_ids, "__iter__"):
+        raise TypeError(f"prompt_ids must be a sequence of token ids (model.encode(text) gives one), got "
+                        f"{type(prompt_ids).__name__}")
+    ids = []
+    for token in prompt_ids:
+        try:
+            ids.append(operator.index(token))
+        except TypeError:
+            raise TypeError(f"prompt_ids must hold integer token ids, got {type(token).__name__} {token!r:.40}") from None
+    if vocab_size is not None:
+        bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise PromptError(f"token id {bad} is outside the model's vocabulary (0 to {vocab_size - 1})")
+    return ids

@@ -41,22 +41,45 @@ def fill_defaults(data, params: list[tuple[str, object]], endpoint: str) -> list
     return data + [default for _, default in params[len(data):]]
 
 
+MAX_DEPTH = 8  # JSON nesting a request body may have (the values are scalars and short lists)
+
+
+def nesting(value) -> int:
+    """How deeply lists and objects nest in a parsed JSON value (0 for a scalar), without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, dict)):
+            deepest = max(deepest, depth + 1)
+            if depth + 1 <= MAX_DEPTH:  # deeper than the limit: the answer is already "too deep"
+                stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 class FillApiDefaults:
-    """ASGI middleware padding raw ``/gradio_api/call/<endpoint>`` requests (see the module docstring).
+    """ASGI middleware padding raw ``/gradio_api/call/<endpoint>`` requests (see the module docstring), and
+    answering in one line for an endpoint that does not exist (404), a body nested too deeply, or an
+    undocumented endpoint sent the wrong number of values (422).
 
     Args:
-        app: the wrapped ASGI app. endpoints: ``{api_name: [(param, default), ...]}``.
+        app: the wrapped ASGI app. endpoints: ``{api_name: [(param, default), ...]}`` of the documented ones.
+        arity: ``{api_name: number of inputs}`` of every callable endpoint (None: not checked).
     """
 
-    def __init__(self, app, endpoints: dict[str, list[tuple[str, object]]]):
+    def __init__(self, app, endpoints: dict[str, list[tuple[str, object]]], arity: dict[str, int] | None = None):
         self.app = app
         self.endpoints = endpoints
+        self.arity = arity
 
     async def __call__(self, scope, receive, send):
         path = scope.get("path", "") if scope.get("type") == "http" else ""
         endpoint = path[len(CALL_PREFIX):].strip("/") if path.startswith(CALL_PREFIX) else ""
-        if scope.get("method") != "POST" or endpoint not in self.endpoints:
+        if scope.get("method") != "POST" or not endpoint or "/" in endpoint:
             await self.app(scope, receive, send)
+            return
+        if self.arity is not None and endpoint not in self.arity and endpoint not in self.endpoints:
+            await _reply(send, 404, {"error": f"/{endpoint}: no such endpoint; the documented ones are "
+                                              f"{', '.join('/' + name for name in self.endpoints)}"})
             return
         body, more = b"", True
         while more:
@@ -66,10 +89,20 @@ class FillApiDefaults:
             if len(body) > MAX_BODY_BYTES:
                 await _reply(send, 413, {"error": f"/{endpoint}: request body over {MAX_BODY_BYTES:,} bytes"})
                 return
+        too_deep = False
         try:
             payload = json.loads(body)
         except (ValueError, UnicodeDecodeError):
             payload = None
+        except RecursionError:  # nested deeper than Python's parser goes
+            payload, too_deep = None, True
+        if too_deep or (payload is not None and nesting(payload) > MAX_DEPTH):
+            await _reply(send, 422, {"error": f"/{endpoint}: the request body nests lists or objects more than "
+                                              f"{MAX_DEPTH} deep; the values are numbers, text and short lists"})
+            return
+        if endpoint not in self.endpoints:  # undocumented (a page event): every value, in order
+            await self._check_arity(endpoint, payload, body, scope, receive, send)
+            return
         if not isinstance(payload, dict) or "data" not in payload:
             await _reply(send, 422, {"error": f"/{endpoint}: send a JSON object {{\"data\": [...]}} with the values in "
                                               f"the order {', '.join(name for name, _ in self.endpoints[endpoint])}"})
@@ -92,6 +125,27 @@ class FillApiDefaults:
             return await receive()
 
         await self.app({**scope, "headers": headers}, replay, send)
+
+
+    async def _check_arity(self, endpoint: str, payload, body: bytes, scope, receive, send) -> None:
+        """Pass an undocumented endpoint's request on when it holds every value, else answer 422."""
+        expected = (self.arity or {}).get(endpoint)
+        data = payload.get("data") if isinstance(payload, dict) else None
+        if expected is not None and (not isinstance(data, list) or len(data) != expected):
+            got = f"{len(data)} values" if isinstance(data, list) else "no list of values"
+            await _reply(send, 422, {"error": f"/{endpoint} takes {expected} values in 'data' (this endpoint has no "
+                                              f"defaults), got {got}"})
+            return
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
 
 
 async def _reply(send, status: int, content: dict) -> None:

@@ -155,3 +155,26 @@ def test_row_bound_is_reached_when_no_draft_is_ever_accepted(schedule):
     expected = {"ar": n + (length - 1), "linear": n + (length - 1) * 2 * b,
                 "quadratic": n + b + (length - 1) * b * (b + 1), "packed": n + b + (length - 1) * 2 * b}
     assert run.rows == expected[schedule] == REGISTRY[schedule].max_rows(n, config)
+
+
+# --- what the Python API is given -------------------------------------------------------------------------
+@pytest.mark.parametrize("prompt, config, error, match", [
+    ([2, 99_999], DecodeConfig(block_size=4, max_new_tokens=4), ValueError, "token id 99999 is outside the model's vocabulary"),
+    ([2, -1], DecodeConfig(block_size=4, max_new_tokens=4), ValueError, "token id -1 is outside"),
+    ("w1 w2", DecodeConfig(block_size=4, max_new_tokens=4), TypeError, "prompt_ids must be a sequence of token ids"),
+    ([2, 3.5], DecodeConfig(block_size=4, max_new_tokens=4), TypeError, "integer token ids, got float"),
+    ([2, 3], {"block_size": 4}, TypeError, "config must be a DecodeConfig, got dict"),
+])
+@pytest.mark.parametrize("schedule", ["ar", "packed"])
+def test_bad_python_api_inputs_get_an_error_that_says_what_is_wrong(model, prompt, config, error, match, schedule):
+    with pytest.raises(error, match=match):
+        generate(model, prompt, config, schedule)
+
+
+def test_prompt_ids_may_be_any_integer_sequence(model):
+    import numpy as np
+
+    config = DecodeConfig(block_size=4, max_new_tokens=6)
+    expected = generate(model, PROMPT, config, "packed").token_ids
+    assert generate(model, np.array(PROMPT), config, "packed").token_ids == expected
+    assert generate(model, torch.tensor(PROMPT), config, "packed").token_ids == expected

@@ -327,3 +327,33 @@ def test_a_model_name_no_folder_can_have_is_refused_in_one_line(name):
     with pytest.raises(UserError, match="is not offered on this server"):
         store.resolve(name)
     assert store.any_order(name) is False
+
+
+def raw_post(url: str, endpoint: str, body: str) -> tuple[int, str]:
+    """POST a raw body to /gradio_api/call/<endpoint>: (status, answer)."""
+    host, port = url.split("//")[1].strip("/").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.request("POST", f"/gradio_api/call/{endpoint}", body, {"Content-Type": "application/json"})
+    answer = conn.getresponse()
+    return answer.status, answer.read().decode()
+
+
+@pytest.mark.parametrize("endpoint, body, status, message", [
+    ("generate", '{"data": [' + "[" * 1100 + "]" * 1100 + "]}", 422, "nests lists or objects more than 8 deep"),
+    ("step", '{"data": [' + "[" * 1100 + "]" * 1100 + "]}", 422, "nests lists or objects more than 8 deep"),
+    ("nope", '{"data": ["def f(x):"]}', 404, "/nope: no such endpoint; the documented ones are /generate, /race"),
+    ("step", '{"data": ["", "def f(x):"]}', 422, "/step takes 14 values in 'data' (this endpoint has no defaults), got 2"),
+    ("ui_race", '{"data": []}', 422, "/ui_race takes 16 values"),
+])
+def test_raw_calls_that_cannot_work_get_a_one_line_answer(server, endpoint, body, status, message):
+    code, text = raw_post(server, endpoint, body)
+    assert code == status and message in json.loads(text)["error"], (code, text[:300])
+    code, _ = raw_post(server, "generate", json.dumps({"data": [PROMPT, "packed", 4, 0, 0, 1, 0, 4]}))
+    assert code == 200  # the server answers normally afterwards
+
+
+def test_a_page_event_sent_every_value_still_runs(server):
+    values = ["", PROMPT, "packed", 4, 0, 0, 1, 0, 4, False, "", "model", 0.8, "ltr"]
+    code, text = raw_call(server, "step", {"data": values})
+    kind, data = stream_result(text)
+    assert code == 200 and kind == "complete" and 'data-iteration="1"' in data[1]
