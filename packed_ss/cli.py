@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from packed_ss.config import DecodeConfig
+from packed_ss.inputs import threads_problem
 from packed_ss.models import DTYPES
 
 DEFAULT_MODEL = str(Path(__file__).resolve().parents[1] / "assets" / "model")
@@ -95,8 +96,8 @@ def _generate(args) -> int:
         get_schedule(args.schedule)
         config = decode_config(args)
         if args.threads is not None:
-            if args.threads < 1:
-                raise UsageError(f"--threads must be >= 1, got {args.threads}")
+            if threads_problem(args.threads):
+                raise UsageError(threads_problem(args.threads))
             import torch
 
             torch.set_num_threads(args.threads)

@@ -8,6 +8,7 @@ huge number or string never floods a message.
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 SHOWN_CHARS = 40  # longest echo of a user value inside an error message
@@ -59,9 +60,12 @@ def read_prompt_file(path: str | Path) -> str:
     """The text of a prompt file (UTF-8), checked with :func:`check_prompt`.
 
     Raises:
-        PromptTextError: the file cannot be read, is not UTF-8 text, or is empty; the message names it.
+        PromptTextError: the file cannot be read, is not a regular file (a FIFO, a device), is not UTF-8 text,
+            or is empty; the message names it.
     """
     try:
+        if Path(path).exists() and not Path(path).is_file():  # a FIFO or a device would block the read
+            raise PromptTextError(f"prompt file {str(path)!r} is not a regular file")
         data = Path(path).read_bytes()
     except OSError as error:
         raise PromptTextError(f"cannot read prompt file {str(path)!r}: {error.strerror or error}") from None
@@ -71,6 +75,20 @@ def read_prompt_file(path: str | Path) -> str:
         raise PromptTextError(f"prompt file {str(path)!r} is not UTF-8 text (byte 0x{data[error.start]:02x} "
                               f"at offset {error.start}); save it as UTF-8") from None
     return check_prompt(text, f"prompt file {str(path)!r}")
+
+
+MAX_THREADS_PER_CORE = 4  # torch threads allowed per CPU core (more only slows down; far more crashes torch)
+
+
+def threads_problem(threads: int | None) -> str | None:
+    """A one-line message when ``--threads`` cannot work here (below 1, or more than
+    :data:`MAX_THREADS_PER_CORE` per core of this machine), else None."""
+    if threads is None:
+        return None
+    limit = MAX_THREADS_PER_CORE * (os.cpu_count() or 1)
+    if not 1 <= threads <= limit:
+        return f"--threads must be from 1 to {limit} on this machine ({os.cpu_count()} cores), got {threads}"
+    return None
 
 
 def model_name(name: str | Path) -> str:

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from packed_ss.cli import add_model_flags
+from packed_ss.inputs import threads_problem
 from packed_ss.models import device_dtype_problem
 
 from serve.limits import MAX_ROWS_PER_REQUEST
@@ -56,9 +57,11 @@ def options_problem(args: argparse.Namespace, allowed: list[str]) -> str | None:
     """A one-line message for options that cannot work (counts below 1, device or dtype, a model folder
     without config.json), else None."""
     for flag, value in (("--cap", args.cap), ("--models-held", args.models_held), ("--max-rows", args.max_rows),
-                        ("--queue-size", args.queue_size), ("--threads", 1 if args.threads is None else args.threads)):
+                        ("--queue-size", args.queue_size)):
         if value < 1:
             return f"{flag} must be at least 1, got {value}"
+    if threads_problem(args.threads):
+        return threads_problem(args.threads)
     problem = device_dtype_problem(args.device, args.dtype)
     if problem:
         return problem

@@ -131,3 +131,30 @@ def test_whitespace_prompt_and_the_reported_mask_token_case_on_the_shipped_model
                   "--seed", "179", "--max-new-tokens", "4", "--json")
     assert out.returncode == 0, out.stderr
     assert embedded_model.mask_token_id not in json.loads(out.stdout)["token_ids"]
+
+
+@pytest.fixture
+def fifo(tmp_path):
+    import os
+
+    path = tmp_path / "prompt.fifo"
+    os.mkfifo(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("command, args, message", [
+    ("generate", ["--prompt-file", "{fifo}"], "is not a regular file"),
+    ("generate", ["--prompt", "x", "--threads", "100000"], "--threads must be from 1 to"),
+    ("bench", ["--prompts", "{fifo}", "--out", "{tmp}/out"], "is not a regular file"),
+    ("bench", ["--threads", "10000", "--out", "{tmp}/out"], "--threads must be from 1 to"),
+    ("bench", ["--out", "{tmp}/" + "x" * 300], "cannot write to --out"),
+])
+def test_inputs_that_would_block_crash_or_trace_get_one_line(tmp_path, fifo, command, args, message):
+    """A FIFO as the prompt file blocked the CLI; --threads 100000 crashed torch; a folder name too long for
+    the file system gave a traceback. Each is now an error line and exit status 2, before any model loads."""
+    args = [a.format(fifo=fifo, tmp=tmp_path) for a in args]
+    module = ["-m", "packed_ss", "generate"] if command == "generate" else ["-m", "packed_ss.bench"]
+    out = subprocess.run([sys.executable, *module, *args], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, (out.returncode, out.stderr[-500:])
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in out.stderr, out.stderr[-500:]

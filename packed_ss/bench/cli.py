@@ -10,7 +10,8 @@ from pathlib import Path
 
 from packed_ss import stats
 from packed_ss.config import ORDERS, DecodeConfig
-from packed_ss.inputs import model_fingerprint, model_name
+from packed_ss.models import DTYPES
+from packed_ss.inputs import model_fingerprint, model_name, threads_problem
 from packed_ss.bench.plan import (ALL_SCHEDULES, KNOWN, BenchConfig, BenchError, Prompt, load_prompts, parse_block_sizes,
                                  parse_probe_block_sizes, parse_schedules)
 from packed_ss.bench.report import summary_markdown, write_outputs
@@ -53,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="bench-out", help="output folder (default bench-out)")
     p.add_argument("--model", default=DEFAULT_MODEL, help="model folder or hub id (default: the embedded model)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float64 (default float32 on CPU)")
+    p.add_argument("--dtype", default=None, help=f"one of {', '.join(DTYPES)} (default float32 on CPU)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     add_model_flags(p)
     return p
@@ -65,9 +66,9 @@ def check_out_folder(out_dir: str | Path) -> None:
     Raises: BenchError naming the folder and the reason (a file in the way, no permission...).
     """
     out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise BenchError(f"--out {str(out_dir)!r} is a file; give a folder")
     try:
+        if out.exists() and not out.is_dir():
+            raise BenchError(f"--out {str(out_dir)!r} is a file; give a folder")
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".write-check"
         probe.write_text("", encoding="utf-8")
@@ -94,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         config = config_from_args(args)
         if args.limit is not None and args.limit < 1:
             raise BenchError(f"--limit must be an integer >= 1, got {args.limit}")
-        if args.threads is not None and args.threads < 1:
-            raise BenchError(f"--threads must be >= 1, got {args.threads}")
+        if threads_problem(args.threads):
+            raise BenchError(threads_problem(args.threads))
         check_out_folder(args.out)  # found now, not after the measurements
         from packed_ss.models import device_dtype_problem
 

@@ -239,8 +239,13 @@ def load_prompts(source: str, limit: int | None = None) -> list[Prompt]:
         prompts = [Prompt(str(p["task_id"]), p["prompt"]) for p in problems]
     else:
         path = Path(source)
-        if not path.is_file():
-            raise BenchError(f"prompt file {source!r} does not exist (give a JSONL file or 'humaneval')")
+        try:
+            exists, regular = path.exists(), path.is_file()
+        except OSError as error:  # a name too long for a file name...
+            raise BenchError(f"prompt file {source!r}: {error.strerror or error}") from None
+        if not regular:
+            raise BenchError(f"prompt file {source!r} " + ("is not a regular file (a FIFO or a device?)" if exists else
+                                                            "does not exist (give a JSONL file or 'humaneval')"))
         try:
             lines = path.read_text(encoding="utf-8").splitlines()
         except UnicodeDecodeError as error:
