@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from packed_ss.inputs import shown
 
 ORDERS = ("ltr", "confidence")  # any-order verification policies (Appendix C, E.6)
-SEED_RANGE = (-(2**63), 2**63 - 1)  # seeds torch.Generator.manual_seed accepts (int64)
+# Seeds that give distinct runs: torch's CPU generator (mt19937) keeps the low 32 bits of a seed, so 2^32 would
+# repeat 0 and -1 would repeat 2^32 - 1; anything outside this range is refused rather than silently aliased.
+SEED_RANGE = (0, 2**32 - 1)
 MAX_BLOCK_SIZE = 64  # Quadratic-SS evaluates B(B+1) rows; beyond this a call gets impractically large
 
 
@@ -60,7 +62,8 @@ class DecodeConfig:
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top-p must be in (0, 1], got {shown(self.top_p)}")
         if not isinstance(self.seed, int) or not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
-            raise ValueError(f"seed must be an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]}, got {shown(self.seed)}")
+            raise ValueError(f"seed must be an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]} (torch's generator keeps "
+                             f"32 bits of a seed: a larger one would repeat a smaller one's run), got {shown(self.seed)}")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"the new-token limit must be an integer >= 1, got {shown(self.max_new_tokens)}")
         if any(not s for s in self.stop_strings):

@@ -355,3 +355,12 @@ def test_any_order_model_benchmark_with_both_orders(tiny_any_order_dir, tiny_mod
     assert main(["--model", str(tiny_model_dir), "--prompts", str(prompt_file), "--schedules", "ar,packed",
                  "--order", "confidence", "--out", str(tmp_path / "y")]) == 2
     assert "needs an any-order model" in capsys.readouterr().err
+
+
+def test_run_seeds_past_the_last_distinct_seed_are_refused_before_any_run():
+    """Prompt i, sample k runs with seed + i * K + k; past 2^32 - 1 those would alias earlier runs' seeds."""
+    model = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0)
+    config = BenchConfig(schedules=("ar",), max_new_tokens=4, seed=2**32 - 1, warmup=False)
+    with pytest.raises(BenchError, match="needs run seeds up to 4294967296"):
+        run_benchmark(model, [Prompt("a", "w1 w2"), Prompt("b", "w3 w4")], config)
+    assert run_benchmark(model, [Prompt("a", "w1 w2")], config).summary["meta"]["runs_done"] == 1

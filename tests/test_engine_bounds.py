@@ -178,3 +178,16 @@ def test_prompt_ids_may_be_any_integer_sequence(model):
     expected = generate(model, PROMPT, config, "packed").token_ids
     assert generate(model, np.array(PROMPT), config, "packed").token_ids == expected
     assert generate(model, torch.tensor(PROMPT), config, "packed").token_ids == expected
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32, 2**63 - 1])
+def test_seeds_the_generator_would_alias_are_refused(seed):
+    """torch's CPU generator keeps 32 bits of a seed: 2^32 gave seed 0's run. Such seeds are refused."""
+    with pytest.raises(ValueError, match="seed must be an integer from 0 to 4294967295"):
+        DecodeConfig(seed=seed)
+
+
+def test_distinct_seeds_give_distinct_sampled_runs(model):
+    runs = {tuple(generate(model, PROMPT, DecodeConfig(block_size=4, max_new_tokens=12, temperature=1.0, seed=s),
+                           "packed").token_ids) for s in (0, 1, 2**32 - 1)}
+    assert len(runs) == 3

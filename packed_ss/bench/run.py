@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from packed_ss.bench.plan import (LOSSLESS, NO_BLOCK, REFERENCE, WARMUP_TOKENS, BenchConfig, BenchError, PlannedRun,
-                                  Prompt, plan_runs)
+from packed_ss.bench.plan import (LOSSLESS, MAX_SEED, NO_BLOCK, REFERENCE, WARMUP_TOKENS, BenchConfig, BenchError,
+                                  PlannedRun, Prompt, plan_runs)
 from packed_ss.bench.summary import examples_frame, summarize
 from packed_ss.divergence import divergence
 from packed_ss.hf_reference import HF_REFERENCES, reference_problem
@@ -110,6 +110,10 @@ def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progres
             encoded.append((prompt, ids))
     if not encoded:
         raise BenchError("no prompt fits the model: " + "; ".join(f"{s['prompt_id']}: {s['reason']}" for s in skipped))
+    last_seed = config.seed + len(encoded) * config.samples - 1
+    if last_seed > MAX_SEED:  # refused now, not after the first runs
+        raise BenchError(f"--seed {config.seed} with {len(encoded)} prompts x {config.samples} samples needs run seeds up "
+                         f"to {last_seed}, past {MAX_SEED}: give a smaller --seed")
     units = plan_runs(config, len(encoded))
     report = progress or (lambda done, total, label: None)
     rows: dict[str, list[dict]] = {"main": [], "probe": []}
