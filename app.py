@@ -21,7 +21,7 @@ from packed_ss.cli import quiet_loaders
 from components.style import ASSETS
 from serve.api import add_api
 from serve.api_defaults import FillApiDefaults
-from serve.limits import MAX_ROWS_PER_REQUEST
+from serve.limits import MAX_ROWS_PER_REQUEST, MAX_SECONDS_PER_REQUEST
 from serve.models import DEFAULT_MODEL
 from serve.options import allowed_models, app_parser, options_problem
 from serve.server import Server
@@ -56,13 +56,14 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                allowed_models: Sequence[str] = (), models_held: int = 2, max_rows: int = MAX_ROWS_PER_REQUEST,
                new_tokens_cap: int = NEW_TOKENS_CAP, queue_size: int = 32, step_concurrency: int = 4,
                compute_concurrency: int = 4, family: str | None = None,
-               drafter_lora: str | None = None) -> gr.Blocks:
+               drafter_lora: str | None = None, max_seconds: float | None = MAX_SECONDS_PER_REQUEST) -> gr.Blocks:
     """Build the app (nothing is loaded until a request needs a model).
 
     Args:
         model, device, dtype, preloaded, allowed_models, models_held, family, drafter_lora: the models offered
             (:class:`serve.server.Server`; tests pass loaded ones as ``preloaded``).
         max_rows: worst-case model rows one request may need (``serve.limits``); more is refused.
+        max_seconds: predicted worst-case decoder seconds one request may take (None: no limit); more is refused.
         new_tokens_cap: largest new-token limit accepted (larger requests get an error message).
         queue_size: most requests waiting in the queue. step_concurrency: Steps in progress at once.
         compute_concurrency: races / full runs / measurements in progress at once. Whatever the limits,
@@ -74,7 +75,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
 
     server = Server(model, device=device, dtype=dtype, preloaded=preloaded, allowed=allowed_models,
                     models_held=models_held, family=family, drafter_lora=drafter_lora, max_rows=max_rows,
-                    cap=new_tokens_cap)
+                    cap=new_tokens_cap, max_seconds=max_seconds)
     on_cuda = torch.cuda.is_available() and not str(device or "").startswith("cpu")
     with gr.Blocks(title=TITLE) as demo:
         server.blocks = demo
@@ -113,7 +114,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     quiet_loaders()
     demo = build_demo(args.model, device=args.device, dtype=args.dtype, allowed_models=allowed,
                       models_held=args.models_held, max_rows=args.max_rows, new_tokens_cap=args.cap,
-                      queue_size=args.queue_size, family=args.family, drafter_lora=args.drafter_lora)
+                      queue_size=args.queue_size, family=args.family, drafter_lora=args.drafter_lora,
+                      max_seconds=args.max_seconds)
     try:
         demo.launch(server_name=args.host, server_port=args.port, **launch_kwargs(demo))
     except OSError as error:  # e.g. the port is taken

@@ -7,6 +7,7 @@ from contextlib import nullcontext
 from dataclasses import replace
 
 from packed_ss.config import DecodeConfig
+from packed_ss.cost import CallCost, call_cost
 from packed_ss.divergence import Divergence, divergence
 from packed_ss.engine import decode, scripted_drafter
 from packed_ss.measure import rotation, timed_run, warm_up
@@ -58,6 +59,7 @@ class GpuTasks:
         self.generate = gpu_task(self._generate)
         self.calibration = gpu_task(self._calibration)
         self.divergence = gpu_task(self._divergence)
+        self.cost = gpu_task(self._cost)
 
     def _adapter(self, model_ref: tuple, prompt_ids: Sequence[int], config: DecodeConfig,
                  reference: Sequence[int] | None = None):
@@ -114,6 +116,13 @@ class GpuTasks:
         """One full run. Raises: ClientGone between two iterations once ``alive()`` is False."""
         return timed_run(self._adapter(model_ref, prompt_ids, config), prompt_ids, config, schedule,
                          self._isolate(priority, alive))
+
+    def _cost(self, model_ref: tuple) -> CallCost:
+        """The model's fitted per-call cost (:func:`packed_ss.cost.call_cost`: measured once per model, cached
+        on its network), measured at the gate so that nothing else computes meanwhile."""
+        model = self.store.get(*model_ref[:2])
+        with self.gate.turn(0.0) if self.gate is not None else nullcontext():
+            return call_cost(model.share())
 
     def _divergence(self, model_ref: tuple, prompt_ids: Sequence[int], reference: Sequence[int],
                     other: Sequence[int]) -> Divergence | None:

@@ -69,6 +69,40 @@ def check_work(schedules: Sequence[str], prompt_len: int, config: DecodeConfig, 
     return total
 
 
+MAX_SECONDS_PER_REQUEST = 20.0  # predicted decoder seconds one request may take in its worst case
+CALLS_PER_ITERATION = {"linear": 2}  # model calls one iteration makes (every other schedule: 1)
+NON_MODEL_MS = 0.5  # ms of decoder time per call outside the model (Python, sampling, records; measured 0.2-0.3)
+
+
+def worst_case_seconds(schedules: Sequence[str], prompt_len: int, config: DecodeConfig, cost,
+                       block_sizes: Mapping[str, int] | None = None, any_order: bool = False) -> float:
+    """Upper estimate of the decoder seconds of one run of each schedule in ``schedules``: every iteration
+    advancing one token (at most 1 + L iterations, Linear-SS two calls each), each call costing the model's
+    fitted ``tau + delta * rows`` (:func:`packed_ss.cost.call_cost`) plus :data:`NON_MODEL_MS`, over the
+    rows of :func:`worst_case_rows`."""
+    seconds = 0.0
+    for schedule, _, rows in worst_case_rows(schedules, prompt_len, config, block_sizes, any_order):
+        calls = 1 + config.max_new_tokens * CALLS_PER_ITERATION.get(schedule, 1)
+        seconds += (calls * (cost.tau_ms + NON_MODEL_MS) + rows * cost.delta_ms) / 1000
+    return seconds
+
+
+def check_time(schedules: Sequence[str], prompt_len: int, config: DecodeConfig, cost, limit_s: float | None,
+               block_sizes: Mapping[str, int] | None = None, any_order: bool = False) -> float:
+    """Refuse a request whose predicted worst case (:func:`worst_case_seconds`) exceeds ``limit_s`` seconds
+    (None: no limit); return the prediction.
+
+    Raises: UserError naming the prediction, the limit and the settings to lower.
+    """
+    seconds = worst_case_seconds(schedules, prompt_len, config, cost, block_sizes, any_order)
+    if limit_s is not None and seconds > limit_s:
+        raise UserError(f"this request could take up to {seconds:.0f} s on this server ({len(schedules)} run"
+                        f"{'s' if len(schedules) != 1 else ''} of up to {config.max_new_tokens} new tokens at B = "
+                        f"{config.block_size}, a {prompt_len}-token prompt); it allows {limit_s:g} s per request: "
+                        f"lower the new-token limit, the number of lanes or the prompt length, or raise B")
+    return seconds
+
+
 class ComputeGate:
     """One model iteration at a time in this process; the waiting turn with the least work goes first.
 

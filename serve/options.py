@@ -12,7 +12,7 @@ from packed_ss.cli import add_model_flags
 from packed_ss.inputs import threads_problem
 from packed_ss.models import device_dtype_problem
 
-from serve.limits import MAX_ROWS_PER_REQUEST
+from serve.limits import MAX_ROWS_PER_REQUEST, MAX_SECONDS_PER_REQUEST
 from serve.models import ANY_ORDER_MODEL, DEFAULT_MODEL
 from serve.settings import NEW_TOKENS_CAP
 
@@ -35,6 +35,8 @@ def app_parser() -> argparse.ArgumentParser:
     p.add_argument("--models-held", type=int, default=2, help="models kept loaded at once (default 2)")
     p.add_argument("--max-rows", type=int, default=MAX_ROWS_PER_REQUEST,
                    help=f"worst-case model rows one request may need (default {MAX_ROWS_PER_REQUEST:,})")
+    p.add_argument("--max-seconds", type=float, default=MAX_SECONDS_PER_REQUEST,
+                   help=f"predicted worst-case decoder seconds one request may take (default {MAX_SECONDS_PER_REQUEST:g})")
     p.add_argument("--queue-size", type=int, default=32)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     add_model_flags(p)
@@ -60,6 +62,8 @@ def options_problem(args: argparse.Namespace, allowed: list[str]) -> str | None:
                         ("--queue-size", args.queue_size)):
         if value < 1:
             return f"{flag} must be at least 1, got {value}"
+    if not args.max_seconds > 0 or args.max_seconds == float("inf"):
+        return f"--max-seconds must be a positive number of seconds, got {args.max_seconds}"
     if threads_problem(args.threads):
         return threads_problem(args.threads)
     problem = device_dtype_problem(args.device, args.dtype)

@@ -15,7 +15,7 @@ from packed_ss.schedules import LOSSLESS, REGISTRY, SPECULATIVE
 from serve.block_sizes import BestBlockSizes
 from serve.gpu import GpuTasks
 from serve.lanes import Lane, cost_ratio, lane_from_runs, verdict_text
-from serve.limits import MAX_ROWS_PER_REQUEST, check_work, release_memory
+from serve.limits import MAX_ROWS_PER_REQUEST, check_time, check_work, release_memory
 from serve.notes import model_note
 from serve.runs import schedule_for
 from serve.settings import OPTIONAL_LANES, RunSettings, parse_lanes
@@ -99,15 +99,16 @@ RACE_REPEATS = 3  # measurements per lane in a race (fewer when the row budget d
 
 def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), log: TimingLog | None = None,
              max_rows: int = MAX_ROWS_PER_REQUEST, alive: Callable[[], bool] | None = None,
-             repeats: int = RACE_REPEATS, best: "BestBlockSizes | None" = None) -> RaceResult:
+             repeats: int = RACE_REPEATS, best: "BestBlockSizes | None" = None,
+             max_seconds: float | None = None) -> RaceResult:
     """Race AR, Linear, Quadratic and Packed (plus ``extra`` lanes "lookup", "packed-mixed", "partial", "diffusion") on one
     prompt.
 
-    Every lane is measured ``repeats`` times in rotating order (as many as ``max_rows`` allows, at least
-    once); each lane replays its median-time run and reports the min-max of the repeats. With ``best``,
+    Every lane is measured ``repeats`` times in rotating order (as many as ``max_rows`` and ``max_seconds``
+    allow, at least once); each lane replays its median-time run and reports the min-max of the repeats. With ``best``,
     each speculative lane runs at its own fastest B (:class:`BestBlockSizes`), else all at the settings' B.
-    Raises: UserError for bad extra lanes or work beyond ``max_rows`` for one measurement (checked before
-    any run); ModelLoadError; PromptError for empty / too long prompts; ClientGone when ``alive()`` turns False.
+    Raises: UserError for bad extra lanes, or work beyond ``max_rows`` or a predicted time beyond
+    ``max_seconds`` for one measurement (checked before any run); ModelLoadError; PromptError for empty / too long prompts; ClientGone when ``alive()`` turns False.
     """
     extra = parse_lanes(list(extra))
     model = tasks.store.get(*settings.model_ref[:2])
@@ -125,6 +126,10 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
     once = check_work(schedules + reference, len(ids), settings.config, max_rows, block_sizes=sizes,
                       any_order=any_order)
     repeats = max(1, min(repeats, max_rows // max(1, once)))
+    if max_seconds is not None:
+        once_s = check_time(schedules + reference, len(ids), settings.config, tasks.cost(settings.model_ref),
+                            max_seconds, block_sizes=sizes, any_order=any_order)
+        repeats = max(1, min(repeats, int(max_seconds // max(once_s, 1e-9))))
     start = time.perf_counter()
     try:
         measured, interleaved = tasks.race(settings.model_ref, ids, settings.config, schedules,

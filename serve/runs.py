@@ -14,7 +14,7 @@ from packed_ss.schedules import REGISTRY
 
 from serve.errors import UserError
 from serve.gpu import GpuTasks
-from serve.limits import MAX_ROWS_PER_REQUEST, check_work, release_memory
+from serve.limits import MAX_ROWS_PER_REQUEST, check_time, check_work, release_memory
 from serve.settings import RunSettings
 from serve.timing import TimingLog
 
@@ -40,10 +40,12 @@ def schedule_for(model, settings: RunSettings):
 
 
 def run_generate(tasks: GpuTasks, settings: RunSettings, log: TimingLog | None = None,
-                 max_rows: int = MAX_ROWS_PER_REQUEST, alive: Callable[[], bool] | None = None) -> RunRecord:
+                 max_rows: int = MAX_ROWS_PER_REQUEST, alive: Callable[[], bool] | None = None,
+                 max_seconds: float | None = None) -> RunRecord:
     """One full run of ``settings`` (the ``generate`` API).
 
-    Raises: UserError (work beyond ``max_rows``), ModelLoadError, PromptError, ClientGone.
+    Raises: UserError (work beyond ``max_rows``, or a predicted time beyond ``max_seconds``), ModelLoadError,
+    PromptError, ClientGone.
     """
     model = tasks.store.get(*settings.model_ref[:2])
     schedule_for(model, settings)
@@ -52,6 +54,9 @@ def run_generate(tasks: GpuTasks, settings: RunSettings, log: TimingLog | None =
     reference = ["ar"] if settings.scripted is not None else []  # a scripted drafter's AR reference run
     work = check_work([settings.schedule, *reference], len(ids), settings.config, max_rows,
                       any_order=getattr(model, "any_order", False))
+    if max_seconds is not None:
+        check_time([settings.schedule, *reference], len(ids), settings.config, tasks.cost(settings.model_ref),
+                   max_seconds, any_order=getattr(model, "any_order", False))
     try:
         run = tasks.generate(settings.model_ref, ids, settings.config, settings.schedule, float(work), alive)
     finally:

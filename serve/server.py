@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 from serve.block_sizes import BestBlockSizes
 from serve.gpu import GpuTasks, has_spaces
-from serve.limits import MAX_ROWS_PER_REQUEST, ComputeGate, client_alive
+from serve.limits import MAX_ROWS_PER_REQUEST, MAX_SECONDS_PER_REQUEST, ComputeGate, client_alive
 from serve.models import DEFAULT_MODEL, ModelStore
 from serve.sessions import Sessions, UserSession
 from serve.settings import NEW_TOKENS_CAP, RequestValues, RunSettings
@@ -24,6 +24,7 @@ class Server:
         model: default model folder or hub id. device, dtype, preloaded, allowed, models_held, family,
             drafter_lora: as :class:`~serve.models.ModelStore` takes them.
         max_rows: worst-case model rows one request may need (:mod:`serve.limits`); more is refused.
+        max_seconds: predicted worst-case decoder seconds one request may take (None: no limit).
         cap: largest new-token limit a request may ask for.
     Attributes:
         store, gate, tasks, sessions, best_sizes, log: the shared parts (one each).
@@ -34,7 +35,8 @@ class Server:
     def __init__(self, model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=None,
                  preloaded: dict | None = None, allowed: Sequence[str] = (), models_held: int = 2,
                  family: str | None = None, drafter_lora: str | None = None,
-                 max_rows: int = MAX_ROWS_PER_REQUEST, cap: int = NEW_TOKENS_CAP):
+                 max_rows: int = MAX_ROWS_PER_REQUEST, cap: int = NEW_TOKENS_CAP,
+                 max_seconds: float | None = MAX_SECONDS_PER_REQUEST):
         self.store = ModelStore(model, device=device, dtype=dtype, preloaded=preloaded, allowed=allowed,
                                 capacity=models_held, family=family, drafter_lora=drafter_lora)
         self.gate = ComputeGate()  # one model iteration at a time, least work first
@@ -44,6 +46,7 @@ class Server:
         self.log = TimingLog()
         self.eager = has_spaces()
         self.max_rows = int(max_rows)
+        self.max_seconds = None if max_seconds is None else float(max_seconds)
         self.cap = int(cap)
         self.drafter_lora = drafter_lora
         self.blocks = None

@@ -11,7 +11,7 @@ from packed_ss.engine import decode, scripted_drafter
 from packed_ss.records import IterationRecord, RunRecord, summarize
 
 from serve.gpu import GpuTasks
-from serve.limits import MAX_ROWS_PER_REQUEST, ComputeGate, check_work, gated
+from serve.limits import MAX_ROWS_PER_REQUEST, ComputeGate, check_time, check_work, gated
 from serve.runs import schedule_for
 from serve.settings import RunSettings
 from serve.timing import TimingLog
@@ -32,11 +32,13 @@ class StepRun:
         first_call_only: the shown iteration is shown up to its first call only (Linear-SS stepped by
             call: the drafting call, before its verification).
         finished: the engine stopped (EOS, limit or stop string). lock: held by a handler using the run.
-    Raises: PromptError (a ValueError) on creation for an empty or too long prompt.
+    Raises: PromptError (a ValueError) on creation for an empty or too long prompt; UserError when the whole
+        run's worst case exceeds ``max_rows`` or (with ``tasks``) ``max_seconds``.
     """
 
     def __init__(self, settings: RunSettings, model, tasks: "GpuTasks | None" = None, eager: bool = False,
-                 log: TimingLog | None = None, gate: ComputeGate | None = None, max_rows: int = MAX_ROWS_PER_REQUEST):
+                 log: TimingLog | None = None, gate: ComputeGate | None = None, max_rows: int = MAX_ROWS_PER_REQUEST,
+                 max_seconds: float | None = None):
         if eager and tasks is None:
             raise ValueError("an eager StepRun needs the GpuTasks that compute its records")
         self.settings = settings
@@ -48,6 +50,9 @@ class StepRun:
         runner = schedule_for(model, settings)
         check_work([settings.schedule, *reference], len(self.prompt_ids), settings.config, max_rows,
                    any_order=getattr(model, "any_order", False))
+        if max_seconds is not None and tasks is not None:
+            check_time([settings.schedule, *reference], len(self.prompt_ids), settings.config,
+                       tasks.cost(settings.model_ref), max_seconds, any_order=getattr(model, "any_order", False))
         self.gate = gate
         self.priority = float(runner.max_rows(1, replace(settings.config, max_new_tokens=2)))
         if settings.scripted is None or eager:

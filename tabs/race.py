@@ -55,7 +55,7 @@ class RaceHandlers:
             settings = server.settings(values)
             result = run_race(server.tasks, settings, extra=parse_lanes(list(optional or ())), log=server.log,
                               max_rows=server.max_rows, alive=server.alive(request),
-                              best=best_sizes_for(server, sizes))
+                              best=best_sizes_for(server, sizes), max_seconds=server.max_seconds)
         except Exception as error:  # noqa: BLE001
             message = one_line(error)
             gr.Warning(message)

@@ -59,7 +59,7 @@ class StepHandlers:
         run, note = us.step, ""
         if run is None or run.settings != settings:
             run = StepRun(settings, server.store.get(*settings.model_ref[:2]), tasks=server.tasks, eager=server.eager,
-                          log=server.log, gate=server.gate, max_rows=server.max_rows)
+                          log=server.log, gate=server.gate, max_rows=server.max_rows, max_seconds=server.max_seconds)
             note = "Settings changed: a new run started." if us.step is not None else ""
             us.step, us.plot_key = run, None
         return run, note

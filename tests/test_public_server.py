@@ -357,3 +357,37 @@ def test_a_page_event_sent_every_value_still_runs(server):
     code, text = raw_call(server, "step", {"data": values})
     kind, data = stream_result(text)
     assert code == 200 and kind == "complete" and 'data-iteration="1"' in data[1]
+
+
+def test_the_time_budget_predicts_from_the_fitted_call_cost_and_refuses_beyond_it():
+    from packed_ss.config import DecodeConfig
+    from packed_ss.cost import CallCost
+    from serve.errors import UserError
+    from serve.limits import NON_MODEL_MS, check_time, worst_case_seconds
+
+    cost = CallCost(tau_ms=2.0, delta_ms=0.1)
+    config = DecodeConfig(block_size=4, max_new_tokens=10)
+    # AR: 1 + 10 calls over 3 + 9 rows; Linear-SS: 1 + 2 * 10 calls over its max_rows
+    from packed_ss.schedules import REGISTRY
+
+    ar = (11 * (2.0 + NON_MODEL_MS) + REGISTRY["ar"].max_rows(3, config) * 0.1) / 1000
+    linear = (21 * (2.0 + NON_MODEL_MS) + REGISTRY["linear"].max_rows(3, config) * 0.1) / 1000
+    assert worst_case_seconds(["ar"], 3, config, cost) == pytest.approx(ar)
+    assert worst_case_seconds(["ar", "linear"], 3, config, cost) == pytest.approx(ar + linear)
+    assert check_time(["ar"], 3, config, cost, None) == pytest.approx(ar)
+    with pytest.raises(UserError, match=r"could take up to 0 s on this server .*it allows 0.01 s per request: lower"):
+        check_time(["ar", "linear"], 3, config, cost, 0.01)
+
+
+def test_a_request_over_the_time_budget_is_refused_before_it_runs(tiny_model_dir):
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    import app
+
+    demo = app.build_demo(str(tiny_model_dir), max_seconds=0.05)
+    for url in serve(demo):
+        client = Client(url, verbose=False)
+        with pytest.raises(AppError, match="it allows 0.05 s per request"):
+            client.predict(PROMPT, max_new_tokens=400, api_name="/race")
+        assert client.predict(PROMPT, max_new_tokens=2, block_size=2, api_name="/generate")["tokens"] >= 1
