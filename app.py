@@ -55,7 +55,7 @@ def launch_kwargs(demo: gr.Blocks | None = None) -> dict:
 def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=None, preloaded: dict | None = None,
                allowed_models: Sequence[str] = (), models_held: int = 2, max_rows: int = MAX_ROWS_PER_REQUEST,
                new_tokens_cap: int = NEW_TOKENS_CAP, queue_size: int = 32, step_concurrency: int = 4,
-               compute_concurrency: int = 4, family: str | None = None,
+               compute_concurrency: int = 8, family: str | None = None,
                drafter_lora: str | None = None, max_seconds: float | None = MAX_SECONDS_PER_REQUEST) -> gr.Blocks:
     """Build the app (nothing is loaded until a request needs a model).
 
@@ -66,9 +66,10 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
         max_seconds: predicted worst-case decoder seconds one request may take (None: no limit); more is refused.
         new_tokens_cap: largest new-token limit accepted (larger requests get an error message).
         queue_size: most requests waiting in the queue. step_concurrency: Steps in progress at once.
-        compute_concurrency: races / full runs / measurements in progress at once. Whatever the limits,
-            model iterations run one at a time (a shared gate, least work first), so measured times
-            stay honest and a short request is served between two iterations of a long one.
+        compute_concurrency: races / full runs / measurements in progress at once, of which at most two
+            heavy ones (:mod:`serve.admission`), so short ones find a slot. Whatever the limits, model
+            iterations run one at a time (a shared gate, least work first), so measured times stay honest
+            and a short request is served between two iterations of a long one.
     Returns: the ``gr.Blocks``; launch it with ``demo.launch(**launch_kwargs(demo))``.
     """
     import torch

@@ -44,7 +44,8 @@ def add_api(server: Server, concurrency_limit: int) -> dict[str, list[tuple[str,
                                                      seed, max_new_tokens, drafter_lora, precision, drafter,
                                                      drafter_quality, order))
             run = run_generate(server.tasks, settings, log=server.log, max_rows=server.max_rows,
-                               alive=server.alive(request), max_seconds=server.max_seconds)
+                               alive=server.alive(request), max_seconds=server.max_seconds,
+                               admit=server.admit(request))
             model = server.store.get(*settings.model_ref[:2])
             return {**run.metrics(), "model_note": model_note(server.store, settings.model, model)}
         except Exception as error:  # noqa: BLE001 - every failure is a one-line message, never a traceback
@@ -69,7 +70,8 @@ def add_api(server: Server, concurrency_limit: int) -> dict[str, list[tuple[str,
                                                      drafter_quality, order))
             return run_race(server.tasks, settings, extra=parse_lanes(lanes), log=server.log,
                             max_rows=server.max_rows, best=best_sizes_for(server, block_sizes),
-                            alive=server.alive(request), max_seconds=server.max_seconds).to_json()
+                            alive=server.alive(request), max_seconds=server.max_seconds,
+                            admit=server.admit(request)).to_json()
         except Exception as error:  # noqa: BLE001
             raise gr.Error(one_line(error), print_exception=False) from None
 

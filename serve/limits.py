@@ -192,18 +192,25 @@ def release_memory() -> None:
 
 
 def client_alive(blocks, session_hash: str | None) -> Callable[[], bool]:
-    """A check that the client of ``session_hash`` is still connected to a Gradio app (``blocks``).
+    """A check that the request of ``session_hash`` now running in a Gradio app (``blocks``) is still wanted.
 
-    Gradio marks a session's events not alive when its event stream disconnects; the check reads that
-    mark (Gradio 6.31 queue internals, pinned in requirements.txt) and answers True when it cannot tell.
+    Call it from the request's own handler: it notes the session's events running at that moment. The check
+    then answers False once one of them is marked not alive (its event stream disconnected) or has left the
+    queue's running jobs (the job was cancelled, e.g. gradio_client's ``job.cancel()``: Gradio cancels the
+    task but not the thread computing it). It reads Gradio 6.31 queue internals (pinned in
+    requirements.txt) and answers True when it cannot tell.
     """
 
-    def alive() -> bool:
+    def running() -> list:
         queue = getattr(blocks, "_queue", None)
-        for jobs in getattr(queue, "active_jobs", None) or []:
-            for event in jobs or []:
-                if getattr(event, "session_hash", None) == session_hash and not getattr(event, "alive", True):
-                    return False
-        return True
+        return [event for jobs in getattr(queue, "active_jobs", None) or [] for event in jobs or []]
+
+    mine = [event for event in running() if getattr(event, "session_hash", None) == session_hash]
+
+    def alive() -> bool:
+        if not mine:
+            return True
+        now = running()
+        return all(getattr(event, "alive", True) and any(event is other for other in now) for event in mine)
 
     return alive

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 from packed_ss.any_order import ORDER_REGISTRY
@@ -100,15 +101,17 @@ RACE_REPEATS = 3  # measurements per lane in a race (fewer when the row budget d
 def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), log: TimingLog | None = None,
              max_rows: int = MAX_ROWS_PER_REQUEST, alive: Callable[[], bool] | None = None,
              repeats: int = RACE_REPEATS, best: "BestBlockSizes | None" = None,
-             max_seconds: float | None = None) -> RaceResult:
+             max_seconds: float | None = None, admit: Callable | None = None) -> RaceResult:
     """Race AR, Linear, Quadratic and Packed (plus ``extra`` lanes "lookup", "packed-mixed", "partial", "diffusion") on one
     prompt.
 
     Every lane is measured ``repeats`` times in rotating order (as many as ``max_rows`` and ``max_seconds``
     allow, at least once); each lane replays its median-time run and reports the min-max of the repeats. With ``best``,
     each speculative lane runs at its own fastest B (:class:`BestBlockSizes`), else all at the settings' B.
-    Raises: UserError for bad extra lanes, or work beyond ``max_rows`` or a predicted time beyond
-    ``max_seconds`` for one measurement (checked before any run); ModelLoadError; PromptError for empty / too long prompts; ClientGone when ``alive()`` turns False.
+    ``admit(predicted seconds)``: a context manager held while the race computes (:class:`serve.admission.
+    Admission`; used with ``max_seconds``, which gives the prediction).
+    Raises: UserError for bad extra lanes, work beyond ``max_rows`` or a predicted time beyond
+    ``max_seconds`` for one measurement (checked before any run), or a race not admitted; ModelLoadError; PromptError for empty / too long prompts; ClientGone when ``alive()`` turns False.
     """
     extra = parse_lanes(list(extra))
     model = tasks.store.get(*settings.model_ref[:2])
@@ -126,14 +129,16 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
     once = check_work(schedules + reference, len(ids), settings.config, max_rows, block_sizes=sizes,
                       any_order=any_order)
     repeats = max(1, min(repeats, max_rows // max(1, once)))
+    once_s = 0.0
     if max_seconds is not None:
         once_s = check_time(schedules + reference, len(ids), settings.config, tasks.cost(settings.model_ref),
                             max_seconds, block_sizes=sizes, any_order=any_order)
         repeats = max(1, min(repeats, int(max_seconds // max(once_s, 1e-9))))
     start = time.perf_counter()
     try:
-        measured, interleaved = tasks.race(settings.model_ref, ids, settings.config, schedules,
-                                           float(once * repeats), alive, repeats, sizes)
+        with admit(once_s * repeats) if admit is not None else nullcontext():
+            measured, interleaved = tasks.race(settings.model_ref, ids, settings.config, schedules,
+                                               float(once * repeats), alive, repeats, sizes)
     finally:
         release_memory()
     compute_s = time.perf_counter() - start

@@ -4,6 +4,7 @@ the settings' schedule (:func:`schedule_for`)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 
 from packed_ss.any_order import ORDER_REGISTRY
 from packed_ss.config import DecodeConfig
@@ -41,11 +42,13 @@ def schedule_for(model, settings: RunSettings):
 
 def run_generate(tasks: GpuTasks, settings: RunSettings, log: TimingLog | None = None,
                  max_rows: int = MAX_ROWS_PER_REQUEST, alive: Callable[[], bool] | None = None,
-                 max_seconds: float | None = None) -> RunRecord:
+                 max_seconds: float | None = None, admit: Callable | None = None) -> RunRecord:
     """One full run of ``settings`` (the ``generate`` API).
 
-    Raises: UserError (work beyond ``max_rows``, or a predicted time beyond ``max_seconds``), ModelLoadError,
-    PromptError, ClientGone.
+    ``admit(predicted seconds)``: a context manager held while the run computes (:class:`serve.admission.
+    Admission`; used with ``max_seconds``, which gives the prediction).
+    Raises: UserError (work beyond ``max_rows``, a predicted time beyond ``max_seconds``, or not admitted),
+    ModelLoadError, PromptError, ClientGone.
     """
     model = tasks.store.get(*settings.model_ref[:2])
     schedule_for(model, settings)
@@ -54,11 +57,13 @@ def run_generate(tasks: GpuTasks, settings: RunSettings, log: TimingLog | None =
     reference = ["ar"] if settings.scripted is not None else []  # a scripted drafter's AR reference run
     work = check_work([settings.schedule, *reference], len(ids), settings.config, max_rows,
                       any_order=getattr(model, "any_order", False))
+    seconds = 0.0
     if max_seconds is not None:
-        check_time([settings.schedule, *reference], len(ids), settings.config, tasks.cost(settings.model_ref),
-                   max_seconds, any_order=getattr(model, "any_order", False))
+        seconds = check_time([settings.schedule, *reference], len(ids), settings.config,
+                             tasks.cost(settings.model_ref), max_seconds, any_order=getattr(model, "any_order", False))
     try:
-        run = tasks.generate(settings.model_ref, ids, settings.config, settings.schedule, float(work), alive)
+        with admit(seconds) if admit is not None else nullcontext():
+            run = tasks.generate(settings.model_ref, ids, settings.config, settings.schedule, float(work), alive)
     finally:
         release_memory()
     if log is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from serve.admission import Admission
 from serve.block_sizes import BestBlockSizes
 from serve.gpu import GpuTasks, has_spaces
 from serve.limits import MAX_ROWS_PER_REQUEST, MAX_SECONDS_PER_REQUEST, ComputeGate, client_alive
@@ -27,7 +28,7 @@ class Server:
         max_seconds: predicted worst-case decoder seconds one request may take (None: no limit).
         cap: largest new-token limit a request may ask for.
     Attributes:
-        store, gate, tasks, sessions, best_sizes, log: the shared parts (one each).
+        store, gate, tasks, sessions, best_sizes, log, admission: the shared parts (one each).
         eager: ZeroGPU (the ``spaces`` package): a step-through run is computed in one GPU call.
         blocks: the ``gr.Blocks`` once built (:meth:`alive` reads its queue); None before.
     """
@@ -44,6 +45,7 @@ class Server:
         self.sessions = Sessions()
         self.best_sizes = BestBlockSizes()  # each schedule's best B per model, found once (race option)
         self.log = TimingLog()
+        self.admission = Admission()  # at most a few heavy requests at once, one per visitor
         self.eager = has_spaces()
         self.max_rows = int(max_rows)
         self.max_seconds = None if max_seconds is None else float(max_seconds)
@@ -58,6 +60,11 @@ class Server:
     def session(self, request) -> UserSession:
         """The state of the browser tab (or API client) behind a Gradio ``request``."""
         return self.sessions.get(request.session_hash)
+
+    def admit(self, request) -> Callable:
+        """``predicted seconds -> context manager``: this request's heavy slot (:class:`Admission`)."""
+        visitor = getattr(request, "session_hash", None)
+        return lambda seconds: self.admission.admit(visitor, seconds)
 
     def alive(self, request) -> Callable[[], bool] | None:
         """A check that ``request``'s client is still connected (None: cannot tell, or ZeroGPU, where the

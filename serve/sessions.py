@@ -1,49 +1,94 @@
-"""Per-user state keyed by Gradio's session hash (:class:`UserSession`, :class:`Sessions`)."""
+"""Per-user state keyed by Gradio's session hash (:class:`UserSession`, :class:`Sessions`), bounded in memory.
+
+A step-through run holds its records and its own KV cache (about 20 MB for a 1,500-token prompt on the
+embedded model), so the number of sessions alone does not bound memory: at most ``max_runs`` sessions
+keep a run (the least recently used one's run is dropped first, and its owner is told on the next Step),
+and sessions idle for ``idle_s`` seconds are forgotten. Freed memory is handed back to the system.
+"""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-
+from serve.limits import release_memory
 from serve.race import RaceResult
 from serve.step import StepRun
+
+MAX_SESSIONS = 64  # sessions remembered at once (least recently used forgotten)
+MAX_RUNS = 16  # sessions that keep a step-through run at once
+IDLE_S = 900.0  # seconds after which an unused session is forgotten
 
 
 @dataclass
 class UserSession:
-    """One browser tab's (or API client's) state: its step run, its last race and the plot it shows."""
+    """One browser tab's (or API client's) state: its step run, its last race and the plot it shows.
+
+    ``run_dropped``: its run was dropped to bound memory (the next Step starts a new one and says so)."""
 
     step: StepRun | None = None
     race: "RaceResult | None" = None
     plot_key: tuple | None = None
     playing: bool = False
     by_call: bool = False  # Step shows one call at a time (Linear-SS's drafting call, then its verification)
+    run_dropped: bool = False
+    used: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class Sessions:
-    """Per-user state keyed by Gradio's session hash, least recently used dropped beyond ``capacity``."""
+    """Per-user state keyed by Gradio's session hash: at most ``capacity`` sessions (least recently used
+    forgotten), at most ``max_runs`` of them holding a step-through run, none idle over ``idle_s`` seconds."""
 
-    def __init__(self, capacity: int = 64):
+    def __init__(self, capacity: int = MAX_SESSIONS, max_runs: int = MAX_RUNS, idle_s: float = IDLE_S):
         self.capacity = capacity
+        self.max_runs = max_runs
+        self.idle_s = idle_s
         self._data: OrderedDict[str, UserSession] = OrderedDict()
         self._lock = threading.Lock()
 
     def get(self, key: str) -> UserSession:
-        """The session of ``key`` (created on first use)."""
+        """The session of ``key`` (created on first use); forgets idle and surplus sessions."""
+        now = time.monotonic()
         with self._lock:
             session = self._data.pop(key, None) or UserSession()
+            session.used = now
             self._data[key] = session
+            forgotten = [k for k, s in self._data.items() if now - s.used > self.idle_s]
+            for k in forgotten:
+                del self._data[k]
             while len(self._data) > self.capacity:
                 self._data.popitem(last=False)
-            return session
+                forgotten.append(None)
+        if forgotten:
+            release_memory()
+        return session
+
+    def hold_run(self, session: UserSession, run: StepRun) -> None:
+        """Give ``session`` its new step-through run; beyond ``max_runs`` runs, drop the runs of the least
+        recently used other sessions (they are told on their next Step)."""
+        session.step, session.run_dropped = run, False
+        with self._lock:
+            holders = [s for s in self._data.values() if s.step is not None and s is not session]
+            surplus = holders[:max(0, len(holders) + 1 - self.max_runs)]  # oldest first (the dict's order)
+            for other in surplus:
+                other.step, other.plot_key, other.playing, other.run_dropped = None, None, False, True
+        if surplus:
+            release_memory()
+
+    def runs_held(self) -> int:
+        """Sessions holding a step-through run now."""
+        with self._lock:
+            return sum(1 for s in self._data.values() if s.step is not None)
 
     def drop(self, key: str) -> None:
-        """Forget a session (its tab was closed)."""
+        """Forget a session (its tab was closed) and hand its memory back."""
         with self._lock:
-            self._data.pop(key, None)
+            dropped = self._data.pop(key, None)
+        if dropped is not None and dropped.step is not None:
+            release_memory()
 
     def __len__(self) -> int:
         return len(self._data)

@@ -55,7 +55,8 @@ class RaceHandlers:
             settings = server.settings(values)
             result = run_race(server.tasks, settings, extra=parse_lanes(list(optional or ())), log=server.log,
                               max_rows=server.max_rows, alive=server.alive(request),
-                              best=best_sizes_for(server, sizes), max_seconds=server.max_seconds)
+                              best=best_sizes_for(server, sizes), max_seconds=server.max_seconds,
+                              admit=server.admit(request))
         except Exception as error:  # noqa: BLE001
             message = one_line(error)
             gr.Warning(message)

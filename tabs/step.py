@@ -60,8 +60,11 @@ class StepHandlers:
         if run is None or run.settings != settings:
             run = StepRun(settings, server.store.get(*settings.model_ref[:2]), tasks=server.tasks, eager=server.eager,
                           log=server.log, gate=server.gate, max_rows=server.max_rows, max_seconds=server.max_seconds)
-            note = "Settings changed: a new run started." if us.step is not None else ""
-            us.step, us.plot_key = run, None
+            note = ("Your earlier run was dropped to free memory (this server keeps "
+                    f"{server.sessions.max_runs} step-through runs at once); a new run started." if us.run_dropped
+                    else "Settings changed: a new run started." if us.step is not None else "")
+            server.sessions.hold_run(us, run)
+            us.plot_key = None
         return run, note
 
     def do_step(self, values: RequestValues, request: gr.Request) -> tuple[list, bool]:

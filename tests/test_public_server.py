@@ -391,3 +391,20 @@ def test_a_request_over_the_time_budget_is_refused_before_it_runs(tiny_model_dir
         with pytest.raises(AppError, match="it allows 0.05 s per request"):
             client.predict(PROMPT, max_new_tokens=400, api_name="/race")
         assert client.predict(PROMPT, max_new_tokens=2, block_size=2, api_name="/generate")["tokens"] >= 1
+
+
+def test_a_cancelled_race_stops_computing(server, client):
+    """gradio_client's job.cancel() returned True while the server computed on for 23 s; now the run stops
+    at its next iteration (the event left the queue's running jobs)."""
+    job = client.submit(PROMPT, 4, 0, 0, 1, 0, 64, "", "slow", api_name="/race")
+    start = SlowModel.calls
+    deadline = time.time() + 10
+    while SlowModel.calls < start + 5 and time.time() < deadline:
+        time.sleep(0.02)
+    assert job.cancel() or True  # the client's answer says little; the server's calls tell
+    time.sleep(0.5)
+    stopped_at = SlowModel.calls
+    time.sleep(1.0)
+    assert SlowModel.calls - stopped_at <= 1, "calls went on after the job was cancelled"
+    assert stopped_at - start < 64 * 4, "the race ran to its end"
+    assert_still_answers(client)
