@@ -48,7 +48,8 @@ def launch_kwargs(demo: gr.Blocks | None = None) -> dict:
 
         arity = {f.api_name: len(f.inputs) for f in demo.fns.values()
                  if f.api_name and getattr(f, "api_visibility", "public") != "private"}
-        kwargs["app_kwargs"] = {"middleware": [Middleware(FillApiDefaults, endpoints=endpoints, arity=arity)]}
+        kwargs["app_kwargs"] = {"middleware": [Middleware(FillApiDefaults, endpoints=endpoints, arity=arity,
+                                                          listeners=getattr(demo, "call_listeners", None))]}
     return kwargs
 
 
@@ -91,6 +92,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                                     turn=lambda: server.gate.turn(float(server.max_rows)), max_rows=server.max_rows)
         # Raw HTTP calls that leave parameters out get these defaults (launch_kwargs adds the middleware).
         demo.api_defaults = add_api(server, compute_concurrency)
+        demo.call_listeners = server.listeners  # the middleware notes who reads raw calls' results
 
         def on_unload(request: gr.Request):  # the tab was closed: forget its session
             server.sessions.drop(request.session_hash)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import inspect
 import json
+import threading
+import time
 from collections.abc import Callable
 
 CALL_PREFIX = "/gradio_api/call/"
@@ -42,6 +44,37 @@ def fill_defaults(data, params: list[tuple[str, object]], endpoint: str) -> list
 
 
 MAX_DEPTH = 8  # JSON nesting a request body may have (the values are scalars and short lists)
+UNREAD_S = 5.0  # seconds a raw call may run before somebody opens its result stream; later it is stopped
+
+
+class CallListeners:
+    """Which raw ``/gradio_api/call`` events somebody reads: the middleware notes each POST's event id and
+    each GET of its result stream; :meth:`unread` says a call has gone ``unread_s`` seconds unread."""
+
+    def __init__(self, unread_s: float = UNREAD_S, keep: int = 10_000):
+        self.unread_s = unread_s
+        self.keep = keep
+        self._posted: dict[str, float] = {}  # event id -> time of the POST (monotonic seconds)
+        self._read: set[str] = set()
+        self._lock = threading.Lock()
+
+    def posted(self, event_id: str) -> None:
+        with self._lock:
+            self._posted[event_id] = time.monotonic()
+            while len(self._posted) > self.keep:  # bounded: the oldest ids are forgotten
+                old = next(iter(self._posted))
+                del self._posted[old]
+                self._read.discard(old)
+
+    def read(self, event_id: str) -> None:
+        with self._lock:
+            self._read.add(event_id)
+
+    def unread(self, event_id: str) -> bool:
+        """Whether ``event_id`` came from a raw POST whose result nobody has opened for ``unread_s`` seconds."""
+        with self._lock:
+            posted = self._posted.get(event_id)
+            return posted is not None and event_id not in self._read and time.monotonic() - posted > self.unread_s
 
 
 def nesting(value) -> int:
@@ -66,17 +99,23 @@ class FillApiDefaults:
         arity: ``{api_name: number of inputs}`` of every callable endpoint (None: not checked).
     """
 
-    def __init__(self, app, endpoints: dict[str, list[tuple[str, object]]], arity: dict[str, int] | None = None):
+    def __init__(self, app, endpoints: dict[str, list[tuple[str, object]]], arity: dict[str, int] | None = None,
+                 listeners: CallListeners | None = None):
         self.app = app
         self.endpoints = endpoints
         self.arity = arity
+        self.listeners = listeners
 
     async def __call__(self, scope, receive, send):
         path = scope.get("path", "") if scope.get("type") == "http" else ""
         endpoint = path[len(CALL_PREFIX):].strip("/") if path.startswith(CALL_PREFIX) else ""
+        if scope.get("method") == "GET" and endpoint.count("/") == 1 and self.listeners is not None:
+            self.listeners.read(endpoint.split("/")[1])  # somebody opened this call's result stream
         if scope.get("method") != "POST" or not endpoint or "/" in endpoint:
             await self.app(scope, receive, send)
             return
+        if self.listeners is not None:
+            send = self._noting_event_ids(send)
         if self.arity is not None and endpoint not in self.arity and endpoint not in self.endpoints:
             await _reply(send, 404, {"error": f"/{endpoint}: no such endpoint; the documented ones are "
                                               f"{', '.join('/' + name for name in self.endpoints)}"})
@@ -126,6 +165,22 @@ class FillApiDefaults:
 
         await self.app({**scope, "headers": headers}, replay, send)
 
+
+    def _noting_event_ids(self, send):
+        """``send`` that also notes the event id a POST's answer carries (``{"event_id": ...}``)."""
+        listeners = self.listeners
+
+        async def noting(message):
+            if message.get("type") == "http.response.body" and message.get("body"):
+                try:
+                    event_id = json.loads(message["body"]).get("event_id")
+                except (ValueError, AttributeError, RecursionError):
+                    event_id = None
+                if isinstance(event_id, str):
+                    listeners.posted(event_id)
+            await send(message)
+
+        return noting
 
     async def _check_arity(self, endpoint: str, payload, body: bytes, scope, receive, send) -> None:
         """Pass an undocumented endpoint's request on when it holds every value, else answer 422."""

@@ -191,14 +191,15 @@ def release_memory() -> None:
         pass
 
 
-def client_alive(blocks, session_hash: str | None) -> Callable[[], bool]:
+def client_alive(blocks, session_hash: str | None, listeners=None) -> Callable[[], bool]:
     """A check that the request of ``session_hash`` now running in a Gradio app (``blocks``) is still wanted.
 
     Call it from the request's own handler: it notes the session's events running at that moment. The check
     then answers False once one of them is marked not alive (its event stream disconnected) or has left the
     queue's running jobs (the job was cancelled, e.g. gradio_client's ``job.cancel()``: Gradio cancels the
-    task but not the thread computing it). It reads Gradio 6.31 queue internals (pinned in
-    requirements.txt) and answers True when it cannot tell.
+    task but not the thread computing it), or, for a raw ``/gradio_api/call`` request, once nobody has opened
+    its result stream for a few seconds (``listeners``: :class:`serve.api_defaults.CallListeners`). It reads
+    Gradio 6.31 queue internals (pinned in requirements.txt) and answers True when it cannot tell.
     """
 
     def running() -> list:
@@ -211,6 +212,8 @@ def client_alive(blocks, session_hash: str | None) -> Callable[[], bool]:
         if not mine:
             return True
         now = running()
+        if listeners is not None and any(listeners.unread(getattr(event, "_id", "")) for event in mine):
+            return False
         return all(getattr(event, "alive", True) and any(event is other for other in now) for event in mine)
 
     return alive

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from serve.admission import Admission
+from serve.api_defaults import CallListeners
 from serve.block_sizes import BestBlockSizes
 from serve.gpu import GpuTasks, has_spaces
 from serve.limits import MAX_ROWS_PER_REQUEST, MAX_SECONDS_PER_REQUEST, ComputeGate, client_alive
@@ -52,6 +53,7 @@ class Server:
         self.cap = int(cap)
         self.drafter_lora = drafter_lora
         self.blocks = None
+        self.listeners = CallListeners()  # which raw API calls somebody reads (the app's middleware notes them)
 
     def settings(self, values: RequestValues) -> RunSettings:
         """``values`` validated under this server's new-token cap. Raises: UserError."""
@@ -71,4 +73,4 @@ class Server:
         work runs in another process)."""
         if self.eager or request is None or self.blocks is None:
             return None
-        return client_alive(self.blocks, request.session_hash)
+        return client_alive(self.blocks, request.session_hash, self.listeners)

@@ -408,3 +408,19 @@ def test_a_cancelled_race_stops_computing(server, client):
     assert SlowModel.calls - stopped_at <= 1, "calls went on after the job was cancelled"
     assert stopped_at - start < 64 * 4, "the race ran to its end"
     assert_still_answers(client)
+
+
+def test_a_raw_call_nobody_reads_stops_computing(server, client):
+    """A raw POST /gradio_api/call/race with no GET for its result ran the whole race (31 s of CPU) with
+    nobody listening; now it stops once its result has gone unread for UNREAD_S seconds."""
+    from serve.api_defaults import UNREAD_S
+
+    code, body = raw_call(server, "race", {"data": [PROMPT, 4, 0, 0, 1, 0, 64, "", "slow"]}, read_stream=False)
+    assert code == 200 and "event_id" in body
+    start = SlowModel.calls
+    time.sleep(UNREAD_S + 1.5)
+    stopped_at = SlowModel.calls
+    time.sleep(1.0)
+    assert stopped_at > start, "the race never started"
+    assert SlowModel.calls - stopped_at <= 1, "calls went on with nobody reading the result"
+    assert_still_answers(client)
