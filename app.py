@@ -32,6 +32,7 @@ from tabs.race import build_race_tab
 from tabs.settings import build_settings, example_prompts
 from tabs.step import build_step_tab
 
+MAX_UPLOAD = "2mb"  # largest upload the server accepts
 TITLE = "packed-ss: self-speculative decoding with diffusion drafting"
 INTRO = ("# Packed self-speculative decoding\nOne model drafts in diffusion mode and verifies in causal mode. Step "
          "through a schedule, look at its attention masks, and race Linear-SS, Quadratic-SS and Packed-SS on the "
@@ -41,7 +42,8 @@ INTRO = ("# Packed self-speculative decoding\nOne model drafts in diffusion mode
 def launch_kwargs(demo: gr.Blocks | None = None) -> dict:
     """Keyword arguments for ``demo.launch``: the page's CSS (Gradio 6 takes CSS at launch) and, for a demo
     built by :func:`build_demo`, the middleware that fills documented defaults into raw HTTP API calls."""
-    kwargs: dict = {"css_paths": [str(ASSETS / "style.css")]}
+    kwargs: dict = {"css_paths": [str(ASSETS / "style.css")],
+                    "max_file_size": MAX_UPLOAD}  # the Benchmark tab takes a small JSONL or summary.json
     endpoints = getattr(demo, "api_defaults", None)
     if endpoints:
         from starlette.middleware import Middleware
@@ -89,7 +91,8 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
             build_explain_tab(server, panel, compute_concurrency)
             with gr.Tab("Benchmark", id="benchmark"):
                 build_benchmark_tab(server.store.get, server.store.offered,
-                                    turn=lambda: server.gate.turn(float(server.max_rows)), max_rows=server.max_rows)
+                                    turn=lambda: server.gate.turn(float(server.max_rows)), max_rows=server.max_rows,
+                                    alive_for=server.alive)
         # Raw HTTP calls that leave parameters out get these defaults (launch_kwargs adds the middleware).
         demo.api_defaults = add_api(server, compute_concurrency)
         demo.call_listeners = server.listeners  # the middleware notes who reads raw calls' results

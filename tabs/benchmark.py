@@ -80,18 +80,25 @@ class BenchmarkHandlers:
     root: str | Path
     turn: Callable[[], ContextManager]
     max_rows: int | None
+    alive_for: Callable | None = None  # request -> "is its client still there?" (None: not checked)
 
     def show(self, path, upload):
         try:
             markdown, figs = read_summary_file(upload) if upload else load_report(path, self.root)
         except BenchError as error:
             raise gr.Error(str(error)) from None
+        finally:
+            forget_upload(upload)
         return (f"Showing {'the uploaded summary' if upload else path}.", markdown,
                 *(panel_figure(figs.get(name)) for name in FIGURES))
 
     def run(self, model_name, source, upload, n, chosen, blocks, length, temp, k, seed_value, order_value="ltr",
-            progress=gr.Progress()):
+            request: gr.Request = None, progress=gr.Progress()):
+        alive = self.alive_for(request) if self.alive_for is not None and request is not None else None
+
         def step(done, total, label):
+            if alive is not None and not alive():  # the visitor left: free the queue for the next one
+                raise BenchError("the visitor left: the benchmark was stopped")
             progress((done, total), desc=label, unit="runs")
 
         try:
@@ -103,6 +110,8 @@ class BenchmarkHandlers:
                                                         max_rows=self.max_rows, order=order_value or "ltr")
         except BenchError as error:
             raise gr.Error(str(error)) from None
+        finally:
+            forget_upload(upload)
         note = ("Measured in the app (timings shared with other users are noisy); files below. "
                 "Each run's token ids are hashed for the lossless check.")
         warning = few_prompts_warning(int(n or 0))
@@ -111,10 +120,19 @@ class BenchmarkHandlers:
         return (note, markdown, *(panel_figure(figs.get(name)) for name in FIGURES), paths)
 
 
+def forget_upload(path) -> None:
+    """Delete a visitor's uploaded file once it has been read, so nobody else can fetch it by its path."""
+    if path:
+        try:
+            Path(str(path)).unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
 def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[str],
                         default_report: str | Path | None = DEFAULT_REPORT, root: str | Path = ROOT,
                         concurrency_id: str = "benchmark", turn: Callable[[], ContextManager] = nullcontext,
-                        max_rows: int | None = None) -> BenchmarkTab:
+                        max_rows: int | None = None, alive_for: Callable | None = None) -> BenchmarkTab:
     """Create the Benchmark view's widgets in the enclosing ``gr.Blocks``/``gr.Tab`` and wire their events.
 
     Args:
@@ -125,6 +143,7 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
         concurrency_id: queue group of the benchmark runs (one at a time).
         turn: held around each timed run: the app's compute gate, so no other model work runs during one.
         max_rows: worst-case model rows one benchmark may need (None = no limit).
+        alive_for: ``request -> alive()`` (the server's): a run stops once its visitor has left.
     Returns: a :class:`BenchmarkTab` with the component handles.
     """
     initial_md, initial_figs = "No report loaded yet.", {}
@@ -169,7 +188,7 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
     files = gr.File(label="report files", file_count="multiple", interactive=False)
     summary = gr.Markdown(initial_md, elem_classes=["bench-summary"])
 
-    handlers = BenchmarkHandlers(load_model, list(models), root, turn, max_rows)
+    handlers = BenchmarkHandlers(load_model, list(models), root, turn, max_rows, alive_for)
     # Page events, not part of the documented API (/generate and /race are): callable, but not listed.
     load_button.click(handlers.show, [report_path, report_upload], [status, summary, *plots], api_name="benchmark_show",
                       api_visibility="undocumented")

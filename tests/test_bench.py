@@ -364,3 +364,18 @@ def test_run_seeds_past_the_last_distinct_seed_are_refused_before_any_run():
     with pytest.raises(BenchError, match="needs run seeds up to 4294967296"):
         run_benchmark(model, [Prompt("a", "w1 w2"), Prompt("b", "w3 w4")], config)
     assert run_benchmark(model, [Prompt("a", "w1 w2")], config).summary["meta"]["runs_done"] == 1
+
+
+def test_the_benchmark_tab_deletes_an_upload_once_it_has_read_it(tmp_path):
+    import shutil
+    from contextlib import nullcontext
+
+    from serve.benchmark import DEFAULT_REPORT, ROOT
+    from tabs.benchmark import BenchmarkHandlers
+
+    upload = tmp_path / "summary.json"
+    shutil.copy(ROOT / DEFAULT_REPORT / "summary.json", upload)
+    handlers = BenchmarkHandlers(lambda name: None, ["assets/model"], ROOT, nullcontext, None)
+    status, markdown, *_ = handlers.show("", str(upload))
+    assert status == "Showing the uploaded summary." and "Per schedule" in markdown
+    assert not upload.exists()  # nobody else can fetch it by its path now

@@ -9,6 +9,7 @@ import json
 import shutil
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from helpers import serve, tiny_llama
@@ -424,3 +425,31 @@ def test_a_raw_call_nobody_reads_stops_computing(server, client):
     assert stopped_at > start, "the race never started"
     assert SlowModel.calls - stopped_at <= 1, "calls went on with nobody reading the result"
     assert_still_answers(client)
+
+
+def _upload(url: str, size: int) -> tuple[int, str]:
+    """POST a file of ``size`` bytes to /gradio_api/upload: (status, answer)."""
+    host, port = url.split("//")[1].strip("/").split(":")
+    boundary = "----packed-ss-test"
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"files\"; filename=\"p.jsonl\"\r\n"
+            f"Content-Type: application/octet-stream\r\n\r\n").encode() + b"x" * size + f"\r\n--{boundary}--\r\n".encode()
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.request("POST", "/gradio_api/upload", body, {"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    answer = conn.getresponse()
+    return answer.status, answer.read().decode(errors="replace")
+
+
+def test_uploads_are_bounded_in_size_and_deleted_once_read(server, client):
+    import app
+
+    code, text = _upload(server, 3 * 2**20)  # 30 MB went through in 0.2 s before
+    assert code == 413, (code, text[:200])
+    code, text = _upload(server, 1000)
+    assert code == 200, (code, text[:200])
+    path = json.loads(text)[0]
+    assert Path(path).is_file()
+    from tabs.benchmark import forget_upload
+
+    forget_upload(path)  # what the Benchmark tab does once it has read an upload
+    assert not Path(path).exists()
+    assert app.MAX_UPLOAD == "2mb"
