@@ -60,6 +60,9 @@ class ModelStore:
         self._offered: dict[str, str] = {}  # identity -> name as the operator gave it
         for name in names:
             self._offered.setdefault(self.identity(name), str(name))
+        self._public: dict[str, str] = {}  # public name -> identity (what the page, the API and messages show)
+        for identity, given in self._offered.items():
+            self._public[self._public_name(identity, given)] = identity
         self._strings: dict[int, dict[int, str]] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
@@ -75,15 +78,26 @@ class ModelStore:
         except (OSError, ValueError):  # too long for a file name, a NUL byte: not a folder this server has
             return name
 
+    def _public_name(self, identity: str, given: str) -> str:
+        """How visitors see a model: a hub id as given, a folder inside the project relative to it, any other
+        folder by its own name only (never a server path); made unique with " (2)", " (3)"..."""
+        name = model_name(identity) if Path(identity).is_absolute() else given
+        if Path(name).is_absolute():
+            name = Path(name).name
+        base, k = name, 2
+        while name in self._public:
+            name, k = f"{base} ({k})", k + 1
+        return name
+
     @property
     def offered(self) -> list[str]:
-        """The models visitors may choose, as the operator named them (the default first)."""
-        return list(self._offered.values())
+        """The models visitors may choose, by their public names (the default first); :meth:`resolve` takes
+        these as well as the operator's own spellings."""
+        return list(self._public)
 
     def offered_name(self, identity: str) -> str:
-        """A model's name as shown to visitors (a folder's name relative to the project, never an absolute
-        server path)."""
-        return model_name(self._offered.get(identity, identity))
+        """A model's public name (see :meth:`offered`)."""
+        return next((name for name, key in self._public.items() if key == identity), model_name(identity))
 
     def resolve(self, name: str | None) -> str:
         """The identity of a model name (empty = the default model).
@@ -91,10 +105,12 @@ class ModelStore:
         Raises: UserError when the model is not one this server offers.
         """
         name = (name or "").strip() or self.default
+        if name in self._public:
+            return self._public[name]
         key = self.identity(name)
         if key not in self._offered:
             raise UserError(f"model {shown(name)} is not offered on this server; choose one of: "
-                            f"{', '.join(repr(model_name(n)) for n in self.offered)}")
+                            f"{', '.join(repr(n) for n in self.offered)}")
         return key
 
     def any_order(self, name: str | None) -> bool:

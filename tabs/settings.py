@@ -12,7 +12,6 @@ from dataclasses import dataclass, fields
 import gradio as gr
 
 from packed_ss.bench.plan import humaneval_prompts
-from packed_ss.inputs import model_name
 from packed_ss.schedules import REGISTRY
 
 from serve.server import Server
@@ -68,7 +67,7 @@ def build_settings(server: Server, prompts: Sequence[str], on_cuda: bool) -> Set
     drafter, order), so that each tab's buttons and results sit at the top of the page."""
     with gr.Sidebar(label="Settings", open=True, width=400, elem_id="settings-sidebar"):
         offered = server.store.offered
-        model_box = gr.Dropdown([(model_name(name), name) for name in offered], value=offered[0],
+        model_box = gr.Dropdown(offered, value=offered[0],
                                 label="Model (the ones this server offers)", interactive=len(offered) > 1,
                                 allow_custom_value=True,  # checked by the store: "" = default, others refused
                                 elem_id="model-box")

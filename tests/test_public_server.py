@@ -195,7 +195,9 @@ def test_every_spelling_of_a_folder_is_one_model(tiny_model_dir, monkeypatch):
     assert len(models) == 1 and len(store.loaded()) == 1
     with pytest.raises(UserError, match="not offered") as error:
         store.get(str(tiny_model_dir.parent))
-    assert str(tiny_model_dir) in str(error.value)  # outside the project: named as given
+    offered = str(error.value).split("choose one of: ")[1]
+    assert offered == repr(tiny_model_dir.name)  # outside the project: by its own name, never the server path
+    assert store.offered == [tiny_model_dir.name] and store.resolve(tiny_model_dir.name) == str(tiny_model_dir)
 
 
 def test_offered_project_models_are_named_relative_to_the_project():
@@ -453,3 +455,16 @@ def test_uploads_are_bounded_in_size_and_deleted_once_read(server, client):
     forget_upload(path)  # what the Benchmark tab does once it has read an upload
     assert not Path(path).exists()
     assert app.MAX_UPLOAD == "2mb"
+
+
+def test_no_server_path_in_the_page_config(tiny_model_dir):
+    """/config showed the server's absolute model folders; visitors now see public names only."""
+    import urllib.request
+
+    import app
+
+    demo = app.build_demo(str(tiny_model_dir), allowed_models=[str(tiny_model_dir.parent / "missing-model")])
+    for url in serve(demo):
+        config = urllib.request.urlopen(url.rstrip("/") + "/config", timeout=30).read().decode()
+        assert str(tiny_model_dir) not in config and str(tiny_model_dir.parent) not in config
+        assert tiny_model_dir.name in config
