@@ -154,17 +154,7 @@ class FillApiDefaults:
         body = json.dumps(payload).encode()
         headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-length"]
         headers.append((b"content-length", str(len(body)).encode()))
-        sent = False
-
-        async def replay():
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app({**scope, "headers": headers}, replay, send)
-
+        await _forward(self.app, {**scope, "headers": headers}, body, receive, send)
 
     def _noting_event_ids(self, send):
         """``send`` that also notes the event id a POST's answer carries (``{"event_id": ...}``)."""
@@ -191,16 +181,21 @@ class FillApiDefaults:
             await _reply(send, 422, {"error": f"/{endpoint} takes {expected} values in 'data' (this endpoint has no "
                                               f"defaults), got {got}"})
             return
-        sent = False
+        await _forward(self.app, scope, body, receive, send)
 
-        async def replay():
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
 
-        await self.app(scope, replay, send)
+async def _forward(app, scope, body: bytes, receive, send) -> None:
+    """Hand the request on to ``app`` with ``body`` (already read from ``receive``) as its body."""
+    sent = False
+
+    async def replay():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    await app(scope, replay, send)
 
 
 async def _reply(send, status: int, content: dict) -> None:
