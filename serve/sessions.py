@@ -56,13 +56,13 @@ class Sessions:
             session = self._data.pop(key, None) or UserSession()
             session.used = now
             self._data[key] = session
-            forgotten = [k for k, s in self._data.items() if now - s.used > self.idle_s]
-            for k in forgotten:
+            idle = [k for k, s in self._data.items() if now - s.used > self.idle_s]
+            for k in idle:
                 del self._data[k]
-            while len(self._data) > self.capacity:
+            surplus = max(0, len(self._data) - self.capacity)
+            for _ in range(surplus):
                 self._data.popitem(last=False)
-                forgotten.append(None)
-        if forgotten:
+        if idle or surplus:
             release_memory()
         return session
 

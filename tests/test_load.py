@@ -119,3 +119,20 @@ def test_short_requests_are_answered_within_seconds_while_heavy_races_run():
               f"races: {sum(o == 'raced' for o in outcomes)} ran, {sum(o != 'raced' for o in outcomes)} refused")
         assert max(waits) < SHORT_S, f"short requests waited up to {max(waits):.1f} s"
         assert outcomes.count("raced") >= 1 and sum("busy with 2 heavy requests" in o for o in outcomes) >= 1, outcomes
+
+
+def test_idle_and_surplus_sessions_are_forgotten_and_runs_bounded():
+    from serve.sessions import Sessions
+
+    sessions = Sessions(capacity=3, max_runs=2, idle_s=0.2)
+    first = sessions.get("a")
+    for key in ("b", "c", "d"):
+        sessions.get(key)
+    assert len(sessions) == 3 and sessions.get("a") is not first  # "a" was the least recently used
+    time.sleep(0.3)
+    sessions.get("e")
+    assert len(sessions) == 1  # the others were idle too long
+    a, b, c = sessions.get("a"), sessions.get("b"), sessions.get("c")
+    for session in (a, b, c):
+        sessions.hold_run(session, object())
+    assert sessions.runs_held() == 2 and a.step is None and a.run_dropped and c.step is not None
