@@ -47,4 +47,5 @@ def model_note(store: ModelStore, name: str | None, model) -> str:
                 f"can be watched on any machine. {REAL_CHECKPOINT}")
     family = getattr(model, "family", "plain")
     kind = "an any-order" if getattr(model, "any_order", False) else "a dual-mode"
-    return f"Model: {store.offered_name(identity)}, {kind} {family}-family model, {size} parameters, {dtype} on {device}."
+    return (f"Model: {store.offered_name(identity)}, {kind} {family}-family model, {size} parameters, {dtype} on "
+            f"{device}.")

@@ -36,7 +36,8 @@ def app_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-rows", type=int, default=MAX_ROWS_PER_REQUEST,
                    help=f"worst-case model rows one request may need (default {MAX_ROWS_PER_REQUEST:,})")
     p.add_argument("--max-seconds", type=float, default=MAX_SECONDS_PER_REQUEST,
-                   help=f"predicted worst-case decoder seconds one request may take (default {MAX_SECONDS_PER_REQUEST:g})")
+                   help="predicted worst-case decoder seconds one request may take "
+                        f"(default {MAX_SECONDS_PER_REQUEST:g})")
     p.add_argument("--queue-size", type=int, default=32)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     add_model_flags(p)

@@ -95,6 +95,8 @@ class RaceResult:
             "model_note": self.model_note,
             "lanes": lanes,
         }
+
+
 RACE_REPEATS = 3  # measurements per lane in a race (fewer when the row budget does not allow three)
 
 
@@ -102,16 +104,17 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
              max_rows: int = MAX_ROWS_PER_REQUEST, alive: Callable[[], bool] | None = None,
              repeats: int = RACE_REPEATS, best: "BestBlockSizes | None" = None,
              max_seconds: float | None = None, admit: Callable | None = None) -> RaceResult:
-    """Race AR, Linear, Quadratic and Packed (plus ``extra`` lanes "lookup", "packed-mixed", "partial", "diffusion") on one
-    prompt.
+    """Race AR, Linear, Quadratic and Packed (plus ``extra`` lanes "lookup", "packed-mixed", "partial",
+    "diffusion") on one prompt.
 
     Every lane is measured ``repeats`` times in rotating order (as many as ``max_rows`` and ``max_seconds``
-    allow, at least once); each lane replays its median-time run and reports the min-max of the repeats. With ``best``,
-    each speculative lane runs at its own fastest B (:class:`BestBlockSizes`), else all at the settings' B.
-    ``admit(predicted seconds)``: a context manager held while the race computes (:class:`serve.admission.
-    Admission`; used with ``max_seconds``, which gives the prediction).
+    allow, at least once); each lane replays its median-time run and reports the min-max of the repeats.
+    With ``best``, each speculative lane runs at its own fastest B (:class:`BestBlockSizes`), else all at the
+    settings' B. ``admit(predicted seconds)``: a context manager held while the race computes
+    (:class:`serve.admission.Admission`; used with ``max_seconds``, which gives the prediction).
     Raises: UserError for bad extra lanes, work beyond ``max_rows`` or a predicted time beyond
-    ``max_seconds`` for one measurement (checked before any run), or a race not admitted; ModelLoadError; PromptError for empty / too long prompts; ClientGone when ``alive()`` turns False.
+    ``max_seconds`` for one measurement (checked before any run), or a race not admitted; ModelLoadError;
+    PromptError for empty / too long prompts; ClientGone when ``alive()`` turns False.
     """
     extra = parse_lanes(list(extra))
     model = tasks.store.get(*settings.model_ref[:2])

@@ -45,8 +45,8 @@ def run_generate(tasks: GpuTasks, settings: RunSettings, log: TimingLog | None =
                  max_seconds: float | None = None, admit: Callable | None = None) -> RunRecord:
     """One full run of ``settings`` (the ``generate`` API).
 
-    ``admit(predicted seconds)``: a context manager held while the run computes (:class:`serve.admission.
-    Admission`; used with ``max_seconds``, which gives the prediction).
+    ``admit(predicted seconds)``: a context manager held while the run computes
+    (:class:`serve.admission.Admission`; used with ``max_seconds``, which gives the prediction).
     Raises: UserError (work beyond ``max_rows``, a predicted time beyond ``max_seconds``, or not admitted),
     ModelLoadError, PromptError, ClientGone.
     """
