@@ -36,6 +36,7 @@ class ReferenceRun:
     iterations: int = 0
     rows: int = 0
     mean_acceptance_length: float = float("nan")
+    max_rows_per_call: int | None = None  # n/a: transformers' calls are not recorded
 
     @property
     def tokens(self) -> int:

@@ -182,6 +182,12 @@ class RunRecord:
     def throughput(self) -> float:
         return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
 
+    @property
+    def max_rows_per_call(self) -> int | None:
+        """The most rows of one call after the first iteration (the prefill's excluded); None when the run
+        made no call after its first iteration."""
+        return max((c.layout.rows for r in self.records[1:] for c in r.calls), default=None)
+
     def metrics(self) -> dict:
         """JSON-ready summary (no per-iteration records)."""
         return {

@@ -85,7 +85,7 @@ def lane_from_run(run: RunRecord, title: str, reference: Sequence[int] | None, s
     return Lane(schedule=run.schedule, title=title, token_ids=tuple(run.token_ids), sources=tuple(run.sources),
                 wall_ms=tuple(wall), nfe=tuple(nfe), tokens=tuple(tokens), metrics=run.metrics(), differs=differs,
                 first_difference=first, shown=shown,
-                max_rows_per_call=max((c.layout.rows for r in run.records[1:] for c in r.calls), default=0))
+                max_rows_per_call=run.max_rows_per_call or 0)
 
 
 def lane_from_runs(runs: Sequence[RunRecord], title: str, reference: Sequence[int] | None) -> Lane:

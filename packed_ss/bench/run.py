@@ -44,7 +44,6 @@ def token_hash(token_ids: Sequence[int]) -> str:
 
 
 def _example_row(unit: PlannedRun, prompt: Prompt, prompt_len: int, seed: int, run) -> dict:
-    later = run.records[1:]  # a run that stopped at its first token has no call after the first iteration
     return {
         "phase": unit.phase,
         "prompt_index": unit.prompt_index,
@@ -60,7 +59,7 @@ def _example_row(unit: PlannedRun, prompt: Prompt, prompt_len: int, seed: int, r
         "iterations": run.iterations,
         "verify_iterations": sum(1 for r in run.records if r.verifies),
         "rows": run.rows,
-        "max_rows_per_call": max((c.layout.rows for r in later for c in r.calls), default=None),
+        "max_rows_per_call": run.max_rows_per_call,
         "wall_s": run.wall_s,
         "model_s": run.model_s,
         "other_s": run.other_s,
