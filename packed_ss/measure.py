@@ -27,17 +27,17 @@ from packed_ss.engine import decode, finish_run
 from packed_ss.hf_reference import HF_REFERENCES, hf_generate
 from packed_ss.records import IterationRecord, RunRecord
 
-Lane = TypeVar("Lane")
+Item = TypeVar("Item")
 Isolate = Callable[[Iterator[IterationRecord]], Iterator[IterationRecord]]
 
 
-def rotated(items: Sequence[Lane], shift: int) -> list[Lane]:
+def rotated(items: Sequence[Item], shift: int) -> list[Item]:
     """``items`` rotated left by ``shift`` (modulo their number): ``rotated("abc", 1) == list("bca")``."""
     shift %= len(items)
     return list(items[shift:]) + list(items[:shift])
 
 
-def rotation(lanes: Sequence[Lane], rounds: int) -> Iterator[tuple[int, int, Lane]]:
+def rotation(lanes: Sequence[Item], rounds: int) -> Iterator[tuple[int, int, Item]]:
     """``(round, position, lane)`` in execution order: ``rounds`` rounds of every lane, round r in the
     order :func:`rotated` by r. Nothing for no lanes or no rounds."""
     if not lanes:

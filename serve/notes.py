@@ -17,12 +17,17 @@ REAL_CHECKPOINT = ("For meaningful text, start the app with a real dual-mode che
 
 
 def parameters(model) -> int:
-    """Parameters of a loaded model's network (0 when it has none, e.g. a scripted test model)."""
+    """Parameters of a loaded model's network (0 when it has none, e.g. a scripted test model); counted once
+    and kept on the network (every Step shows the note), as :func:`packed_ss.cost.call_cost` keeps its fit."""
     network = getattr(model, "model", None)
-    try:
-        return sum(p.numel() for p in network.parameters())
-    except (AttributeError, TypeError):
-        return 0
+    count = getattr(network, "parameter_count", None)
+    if count is None:
+        try:
+            count = sum(p.numel() for p in network.parameters())
+            network.parameter_count = count
+        except (AttributeError, TypeError):
+            return 0
+    return count
 
 
 def count_text(n: int) -> str:

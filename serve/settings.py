@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from packed_ss.config import DecodeConfig
+from packed_ss.config import SEED_RANGE, DecodeConfig
 from packed_ss.inputs import PromptTextError, check_prompt, shown
 from packed_ss.schedules import REGISTRY, SPECULATIVE
 
@@ -16,7 +16,7 @@ from serve.errors import UserError
 NEW_TOKENS_CAP = 512  # largest new-token limit the app accepts
 APP_MAX_BLOCK_SIZE = 32  # Quadratic-SS evaluates B(B+1) rows: 1056 at B = 32
 MAX_PROMPT_CHARS = 20_000
-MAX_SEED = 2**32 - 1  # largest seed the page and the API take (exact as a float; torch takes it)
+MAX_SEED = SEED_RANGE[1]  # largest seed every front end takes (2^32 - 1: exact as a float, distinct for torch)
 OPTIONAL_LANES = ("lookup", "packed-mixed", "partial", "diffusion")  # race lanes beyond AR and the self-speculative ones
 DRAFTERS = ("model", "scripted")  # the model's own drafter, or the scripted one (packed_ss.models.scripted)
 PRECISIONS = ("", "bfloat16", "float32")  # "" = the server's default (bfloat16 on CUDA, float32 on CPU)

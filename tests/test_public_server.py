@@ -404,7 +404,7 @@ def test_a_cancelled_race_stops_computing(server, client):
     deadline = time.time() + 10
     while SlowModel.calls < start + 5 and time.time() < deadline:
         time.sleep(0.02)
-    assert job.cancel() or True  # the client's answer says little; the server's calls tell
+    job.cancel()  # its return value says little (it was True while the server computed on); the calls tell
     time.sleep(0.5)
     stopped_at = SlowModel.calls
     time.sleep(1.0)
