@@ -92,7 +92,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
             with gr.Tab("Benchmark", id="benchmark"):
                 build_benchmark_tab(server.store.get, server.store.offered,
                                     turn=lambda: server.gate.turn(float(server.max_rows)), max_rows=server.max_rows,
-                                    alive_for=server.alive)
+                                    alive_for=server.alive, max_seconds=server.max_seconds)
         # Raw HTTP calls that leave parameters out get these defaults (launch_kwargs adds the middleware).
         demo.api_defaults = add_api(server, compute_concurrency)
         demo.call_listeners = server.listeners  # the middleware notes who reads raw calls' results

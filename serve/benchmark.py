@@ -15,9 +15,10 @@ from pathlib import Path
 from packed_ss.bench.plan import ALL_SCHEDULES, BenchConfig, BenchError, load_prompts, parse_block_sizes
 from packed_ss.bench.report import figures, summary_markdown, write_outputs
 from packed_ss.bench.run import any_order_problem, run_benchmark
+from packed_ss.cost import call_cost
 from packed_ss.inputs import model_fingerprint, model_name as report_model_name
-from packed_ss.registry import get_schedule
 
+from serve.limits import worst_case_rows, worst_case_seconds
 
 DEFAULT_REPORT = "docs/bench-humaneval"  # committed summary of the 164-prompt benchmark
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +72,8 @@ def run_small_benchmark(load_model: Callable[[str], object], model_name: str, pr
                         max_new_tokens: int, temperature: float, samples: int, seed: int,
                         progress: Callable[[int, int, str], None] | None = None,
                         resamples: int = APP_RESAMPLES, turn: Callable[[], ContextManager] = nullcontext,
-                        max_rows: int | None = None, order: str = "ltr") -> tuple[str, dict, list[str]]:
+                        max_rows: int | None = None, order: str = "ltr",
+                        max_seconds: float | None = None) -> tuple[str, dict, list[str]]:
     """Run a benchmark of at most :data:`MAX_PROMPTS` prompts and write its files to a new temporary folder.
 
     Args:
@@ -83,6 +85,8 @@ def run_small_benchmark(load_model: Callable[[str], object], model_name: str, pr
         progress: ``progress(done, total, label)``.
         turn: held around each run (the app's compute gate), see :func:`packed_ss.bench.run.run_benchmark`.
         max_rows: worst-case model rows the whole benchmark may need (None = no limit).
+        max_seconds: its predicted worst-case decoder seconds (:func:`serve.limits.worst_case_seconds` at the
+            model's fitted call cost; None = no limit).
         order: an any-order model's verification order, "ltr" or "confidence" (paper Appendix C).
     Returns: ``(markdown, {name: figure}, [report.html, examples.csv, summary.json, ...])``.
     Raises: BenchError with a one-line message for any user error or model loading failure.
@@ -123,12 +127,23 @@ def run_small_benchmark(load_model: Callable[[str], object], model_name: str, pr
         raise BenchError(message) from None
     model = model.share() if hasattr(model, "share") else model  # own cache: other sessions keep theirs
     any_order_problem(model, config)  # schedules, order and temperature this model can run
+    # The same worst cases as every other request (serve.limits), summed over the prompts and samples.
+    runs = samples if temperature > 0 else 1
+    base, sizes = config.decode_config(chosen[0], config.default_block_size, 0), {s: config.block_size(s) for s in chosen}
+    lengths = [len(model.encode(p.text)) for p in prompts]
+    any_order = bool(getattr(model, "any_order", False))
     if max_rows is not None:
-        worst = sum(get_schedule(s, model).max_rows(len(model.encode(p.text)), config.decode_config(s, config.block_size(s), 0))
-                    for p in prompts for s in chosen) * (samples if temperature > 0 else 1)
+        worst = runs * sum(rows for n in lengths for _, _, rows in worst_case_rows(chosen, n, base, sizes, any_order))
         if worst > max_rows:
             raise BenchError(f"this benchmark could evaluate up to {worst:,} model rows; this server allows "
                              f"{max_rows:,} per request: use fewer prompts, schedules or new tokens, or a smaller B")
+    if max_seconds is not None:
+        with turn():  # measured alone, like the runs
+            cost = call_cost(model)
+        seconds = runs * sum(worst_case_seconds(chosen, n, base, cost, sizes, any_order) for n in lengths)
+        if seconds > max_seconds:
+            raise BenchError(f"this benchmark could take up to {seconds:.0f} s on this server; it allows "
+                             f"{max_seconds:g} s per request: use fewer prompts, schedules or new tokens")
     meta = {"model": report_model_name(model_name), "model_sha256": model_fingerprint(model_name),
             "prompt_source": source, "limit": limit, "threads": _threads(), "origin": "app",
             "any_order": bool(getattr(model, "any_order", False))}

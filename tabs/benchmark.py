@@ -81,6 +81,7 @@ class BenchmarkHandlers:
     turn: Callable[[], ContextManager]
     max_rows: int | None
     alive_for: Callable | None = None  # request -> "is its client still there?" (None: not checked)
+    max_seconds: float | None = None  # predicted seconds one benchmark may take (None: no limit)
 
     def show(self, path, upload):
         try:
@@ -107,7 +108,8 @@ class BenchmarkHandlers:
             name = (model_name or "").strip() or self.models[0]  # the report names the model actually used
             markdown, figs, paths = run_small_benchmark(self.load_model, name, source, upload, n, chosen, blocks,
                                                         length, temp, k, seed_value, step, turn=self.turn,
-                                                        max_rows=self.max_rows, order=order_value or "ltr")
+                                                        max_rows=self.max_rows, order=order_value or "ltr",
+                                                        max_seconds=self.max_seconds)
         except BenchError as error:
             raise gr.Error(str(error)) from None
         finally:
@@ -132,7 +134,8 @@ def forget_upload(path) -> None:
 def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[str],
                         default_report: str | Path | None = DEFAULT_REPORT, root: str | Path = ROOT,
                         concurrency_id: str = "benchmark", turn: Callable[[], ContextManager] = nullcontext,
-                        max_rows: int | None = None, alive_for: Callable | None = None) -> BenchmarkTab:
+                        max_rows: int | None = None, alive_for: Callable | None = None,
+                        max_seconds: float | None = None) -> BenchmarkTab:
     """Create the Benchmark view's widgets in the enclosing ``gr.Blocks``/``gr.Tab`` and wire their events.
 
     Args:
@@ -144,6 +147,7 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
         turn: held around each timed run: the app's compute gate, so no other model work runs during one.
         max_rows: worst-case model rows one benchmark may need (None = no limit).
         alive_for: ``request -> alive()`` (the server's): a run stops once its visitor has left.
+        max_seconds: predicted worst-case decoder seconds one benchmark may take (None = no limit).
     Returns: a :class:`BenchmarkTab` with the component handles.
     """
     initial_md, initial_figs = "No report loaded yet.", {}
@@ -188,7 +192,7 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
     files = gr.File(label="report files", file_count="multiple", interactive=False)
     summary = gr.Markdown(initial_md, elem_classes=["bench-summary"])
 
-    handlers = BenchmarkHandlers(load_model, list(models), root, turn, max_rows, alive_for)
+    handlers = BenchmarkHandlers(load_model, list(models), root, turn, max_rows, alive_for, max_seconds)
     # Page events, not part of the documented API (/generate and /race are): callable, but not listed.
     load_button.click(handlers.show, [report_path, report_upload], [status, summary, *plots], api_name="benchmark_show",
                       api_visibility="undocumented")
