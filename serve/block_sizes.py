@@ -14,7 +14,7 @@ from packed_ss.schedules import REGISTRY, SPECULATIVE
 
 from serve.errors import UserError
 from serve.gpu import GpuTasks
-from serve.limits import check_work
+from serve.limits import check_work, worst_case_seconds
 from serve.settings import OPTIONAL_LANES, RunSettings
 
 
@@ -38,14 +38,15 @@ class BestBlockSizes:
         self._lock = threading.Lock()
 
     def choose(self, tasks: "GpuTasks", settings: RunSettings, prompt_ids: Sequence[int],
-               max_rows: int) -> tuple[dict[str, int], str]:
-        """``({schedule: B}, where it came from)``. Raises: UserError when a probe would exceed ``max_rows``."""
+               max_rows: int, max_seconds: float | None = None) -> tuple[dict[str, int], str]:
+        """``({schedule: B}, where it came from)``. Raises: UserError when a probe would exceed ``max_rows`` or
+        (predicted) ``max_seconds``."""
         model = tasks.store.get(*settings.model_ref[:2])
         key = (tasks.store.resolve(settings.model), str(model.dtype), str(model.device), settings.scripted)
         with self._lock:
             if key in self._found:
                 return self._found[key]
-        found = self._from_report(key[0], model) or self._probe(tasks, settings, prompt_ids, max_rows)
+        found = self._from_report(key[0], model) or self._probe(tasks, settings, prompt_ids, max_rows, max_seconds)
         with self._lock:
             self._found[key] = found
         return found
@@ -66,13 +67,20 @@ class BestBlockSizes:
 
     @staticmethod
     def _probe(tasks: "GpuTasks", settings: RunSettings, prompt_ids: Sequence[int],
-               max_rows: int) -> tuple[dict[str, int], str]:
+               max_rows: int, max_seconds: float | None = None) -> tuple[dict[str, int], str]:
         base = replace(settings.config, temperature=0.0, max_new_tokens=PROBE_TOKENS)
         runs = [(s, b) for s in SPECULATIVE for b in PROBE_BLOCK_SIZES]
         work = sum(check_work([s], len(prompt_ids), replace(base, block_size=b), max_rows) for s, b in runs)
         if work > max_rows:
             raise UserError(f"finding each schedule's best B needs up to {work:,} model rows on this prompt; this "
                             f"server allows {max_rows:,} per request: use the same B for every lane, or a shorter prompt")
+        if max_seconds is not None:
+            cost = tasks.cost(settings.model_ref)
+            seconds = sum(worst_case_seconds([s], len(prompt_ids), replace(base, block_size=b), cost) for s, b in runs)
+            if seconds > max_seconds:
+                raise UserError(f"finding each schedule's best B could take up to {seconds:.0f} s on this prompt; this "
+                                f"server allows {max_seconds:g} s per request: use the same B for every lane, or a "
+                                f"shorter prompt")
         speed: dict[str, dict[int, float]] = {s: {} for s in SPECULATIVE}
         for s, b in runs:
             run = tasks.generate(settings.model_ref, prompt_ids, replace(base, block_size=b), s, float(work))

@@ -128,7 +128,7 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
                                         if lane in extra and (not any_order or lane in ORDER_REGISTRY)]
     left_out = tuple(REGISTRY[lane].title for lane in OPTIONAL_LANES if lane in extra and lane not in schedules)
     reference = ["ar"] if settings.scripted is not None else []  # a scripted drafter's AR reference run
-    sizes, source = best.choose(tasks, settings, ids, max_rows) if best is not None else (None, "")
+    sizes, source = best.choose(tasks, settings, ids, max_rows, max_seconds) if best is not None else (None, "")
     once = check_work(schedules + reference, len(ids), settings.config, max_rows, block_sizes=sizes,
                       any_order=any_order)
     repeats = max(1, min(repeats, max_rows // max(1, once)))

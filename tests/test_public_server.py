@@ -468,3 +468,19 @@ def test_no_server_path_in_the_page_config(tiny_model_dir):
         config = urllib.request.urlopen(url.rstrip("/") + "/config", timeout=30).read().decode()
         assert str(tiny_model_dir) not in config and str(tiny_model_dir.parent) not in config
         assert tiny_model_dir.name in config
+
+
+def test_the_best_block_size_probe_is_bounded_in_time_too(tiny_model_dir):
+    from serve.block_sizes import BestBlockSizes
+    from serve.errors import UserError
+    from serve.gpu import GpuTasks
+    from serve.models import ModelStore
+    from serve.settings import make_settings
+
+    tasks = GpuTasks(ModelStore(str(tiny_model_dir)))
+    settings = make_settings("", PROMPT, "packed", 4, 0, 0, 1, 0, 8)
+    ids = tasks.store.get("").encode(PROMPT)
+    with pytest.raises(UserError, match=r"finding each schedule's best B could take up to \d+ s"):
+        BestBlockSizes()._probe(tasks, settings, ids, 100_000, max_seconds=0.001)
+    sizes, source = BestBlockSizes()._probe(tasks, settings, ids, 100_000, max_seconds=60.0)
+    assert set(sizes) == {"linear", "quadratic", "packed"} and "short probe" in source
