@@ -37,23 +37,31 @@ def decode_config(args) -> DecodeConfig:
 
 
 def load_model(name: str, device: str | None, dtype: str | None, family: str | None = None,
-               drafter_lora: str | None = None):
-    """``DualModeModel.from_pretrained`` with every failure (bad device included) as a one-line ValueError."""
+               drafter_lora: str | None = None, base_model: str | None = None):
+    """``DualModeModel.from_pretrained`` with every failure (bad device included) as a one-line ValueError;
+    ``base_model`` given for a checkpoint that is not SetDLM's is one too."""
     from packed_ss.models import DualModeModel, ModelLoadError
 
     try:
-        return DualModeModel.from_pretrained(name, device=device, dtype=dtype, family=family, drafter_lora=drafter_lora)
+        model = DualModeModel.from_pretrained(name, device=device, dtype=dtype, family=family,
+                                              drafter_lora=drafter_lora, base_model=base_model)
     except ModelLoadError:
         raise
     except (RuntimeError, AssertionError, AttributeError, TypeError) as error:  # e.g. moving to a missing device
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ValueError(f"cannot load model {name!r} on {device or 'the default device'}: {first}") from None
+    if base_model and model.family != "setdlm":
+        raise ModelLoadError(f"--base-model applies to SetDLM checkpoints only; {name!r} is a {model.family} model")
+    return model
 
 
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
-    """``--family`` and ``--drafter-lora``, shared by the CLI and app.py."""
-    parser.add_argument("--family", default=None, choices=("plain", "nemotron"),
+    """``--family``, ``--drafter-lora`` and ``--base-model``, shared by the CLI, the benchmark and app.py."""
+    parser.add_argument("--family", default=None, choices=("plain", "nemotron", "setdlm"),
                         help="model family (default: detected from config.json)")
+    parser.add_argument("--base-model", default=None, metavar="PATH_OR_HUB_ID",
+                        help="SetDLM checkpoints: the base model whose config.json gives the backbone (default: "
+                             "the one the checkpoint names, e.g. Qwen/Qwen3-1.7B-Base); a local folder works offline")
     parser.add_argument("--drafter-lora", default=None, metavar="PATH_OR_SUBFOLDER",
                         help="peft LoRA applied to proposal rows only, e.g. linear_spec_lora (NLD's subfolder)")
 
@@ -104,7 +112,7 @@ def _generate(args) -> int:
         # One rule for prompts in every front end (packed_ss.inputs); --prompt bytes that are not UTF-8
         # reach Python as lone surrogates and are refused there.
         prompt = read_prompt_file(args.prompt_file) if args.prompt_file is not None else check_prompt(args.prompt)
-        model = load_model(args.model, args.device, args.dtype, args.family, args.drafter_lora)
+        model = load_model(args.model, args.device, args.dtype, args.family, args.drafter_lora, args.base_model)
         get_schedule(args.schedule, model)
         if config.order != "ltr" and not getattr(model, "any_order", False):
             raise UsageError(f"--order {config.order} needs an any-order model (e.g. --model assets/model-anyorder)")

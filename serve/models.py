@@ -3,7 +3,6 @@ operator did not offer; :func:`warm_up` right after loading."""
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -41,11 +40,13 @@ class ModelStore:
         family: force a model family for every model (default: detected per model).
         drafter_lora: drafter adapter (path, or subfolder such as ``linear_spec_lora``) attached to every
             model that has it; the others load without one.
+        base_model: SetDLM checkpoints' base model (a local copy of its config.json, for a server that cannot
+            reach the hub); the other families ignore it.
     """
 
     def __init__(self, default: str = DEFAULT_MODEL, device: str | None = None, dtype=None,
                  preloaded: dict | None = None, allowed: Sequence[str] = (), capacity: int = 2,
-                 family: str | None = None, drafter_lora: str | None = None):
+                 family: str | None = None, drafter_lora: str | None = None, base_model: str | None = None):
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.default = str(default)
@@ -54,6 +55,7 @@ class ModelStore:
         self.capacity = capacity
         self.family = family
         self.drafter_lora = drafter_lora
+        self.base_model = base_model
         self._models: OrderedDict[tuple[str, str], object] = OrderedDict(
             ((self.identity(name), str(dtype or "")), model) for name, model in (preloaded or {}).items())
         names = [self.default, *(preloaded or {}), *allowed]
@@ -115,8 +117,9 @@ class ModelStore:
 
     def any_order(self, name: str | None) -> bool:
         """Whether an offered model is an any-order one (paper Appendix C), without loading it: a loaded
-        model's own flag, else its folder's ``config.json`` (``any_order: true``). False for anything
-        else (a hub id not loaded yet, a model not offered, an unreadable config)."""
+        model's own flag, else its ``config.json`` (``any_order: true``, or a SetDLM checkpoint), read from the
+        folder or the local hub cache, never the network. False for anything else (a hub id not cached yet,
+        a model not offered, an unreadable config)."""
         try:
             key = self.resolve(name)
         except (UserError, OSError, ValueError):
@@ -125,11 +128,12 @@ class ModelStore:
             loaded = [model for (identity, _), model in self._models.items() if identity == key]
         if loaded:
             return bool(getattr(loaded[0], "any_order", False))
+        from packed_ss.models.families import read_config, says_any_order
+
         try:
-            config = json.loads((Path(key) / "config.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            return says_any_order(read_config(key, local_only=True))
+        except (OSError, ValueError):  # ModelLoadError included
             return False
-        return isinstance(config, dict) and config.get("any_order") is True
 
     def get(self, name: str | None, precision: str = ""):
         """The loaded :class:`DualModeModel` for ``name`` in ``precision`` ("" = the server's dtype); loads
@@ -152,7 +156,8 @@ class ModelStore:
                 if key in self._models:
                     return self._models[key]
             model = DualModeModel.from_pretrained(key[0], device=self.device, dtype=dtype, family=self.family,
-                                                  drafter_lora=self.drafter_lora, require_adapter=False)
+                                                  drafter_lora=self.drafter_lora, require_adapter=False,
+                                                  base_model=self.base_model)
             warm_up(model)
             with self._lock:
                 self._models[key] = model

@@ -18,8 +18,9 @@ from serve.settings import NEW_TOKENS_CAP
 
 
 def app_parser() -> argparse.ArgumentParser:
-    """The options; a Space sets the default model, the others offered and the adapter as variables
-    (``PACKED_SS_MODEL``, ``PACKED_SS_ALLOW_MODELS``, ``PACKED_SS_DRAFTER_LORA``)."""
+    """The options; a Space sets the default model, the others offered, the adapter and SetDLM's base model
+    as variables (``PACKED_SS_MODEL``, ``PACKED_SS_ALLOW_MODELS``, ``PACKED_SS_DRAFTER_LORA``,
+    ``PACKED_SS_BASE_MODEL``)."""
     environ = os.environ
     p = argparse.ArgumentParser(description="packed-ss Gradio app")
     p.add_argument("--model", default=environ.get("PACKED_SS_MODEL") or DEFAULT_MODEL,
@@ -41,7 +42,8 @@ def app_parser() -> argparse.ArgumentParser:
     p.add_argument("--queue-size", type=int, default=32)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     add_model_flags(p)
-    p.set_defaults(drafter_lora=environ.get("PACKED_SS_DRAFTER_LORA") or None)
+    p.set_defaults(drafter_lora=environ.get("PACKED_SS_DRAFTER_LORA") or None,
+                   base_model=environ.get("PACKED_SS_BASE_MODEL") or None)
     return p
 
 

@@ -24,7 +24,7 @@ class Server:
 
     Args:
         model: default model folder or hub id. device, dtype, preloaded, allowed, models_held, family,
-            drafter_lora: as :class:`~serve.models.ModelStore` takes them.
+            drafter_lora, base_model: as :class:`~serve.models.ModelStore` takes them.
         max_rows: worst-case model rows one request may need (:mod:`serve.limits`); more is refused.
         max_seconds: predicted worst-case decoder seconds one request may take (None: no limit).
         cap: largest new-token limit a request may ask for.
@@ -38,9 +38,10 @@ class Server:
                  preloaded: dict | None = None, allowed: Sequence[str] = (), models_held: int = 2,
                  family: str | None = None, drafter_lora: str | None = None,
                  max_rows: int = MAX_ROWS_PER_REQUEST, cap: int = NEW_TOKENS_CAP,
-                 max_seconds: float | None = MAX_SECONDS_PER_REQUEST):
+                 max_seconds: float | None = MAX_SECONDS_PER_REQUEST, base_model: str | None = None):
         self.store = ModelStore(model, device=device, dtype=dtype, preloaded=preloaded, allowed=allowed,
-                                capacity=models_held, family=family, drafter_lora=drafter_lora)
+                                capacity=models_held, family=family, drafter_lora=drafter_lora,
+                                base_model=base_model)
         self.gate = ComputeGate()  # one model iteration at a time, least work first
         self.tasks = GpuTasks(self.store, self.gate)  # the GPU work of each request (spaces.GPU on ZeroGPU)
         self.sessions = Sessions()

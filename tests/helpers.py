@@ -234,3 +234,112 @@ def tiny_any_order(vocab_size: int = 24, seed: int = 0, logit_scale: float = 4.0
     model.model.config.any_order = True
     model.any_order = True
     return model
+
+
+# --- a tiny checkpoint in SetDLM's on-disk format (kuleshov-group/setdlms) -----------------------------
+SETDLM_MASK_ID, SETDLM_EOS_ID, SETDLM_PAD_ID = 3, 0, 2
+SETDLM_LENGTH = 64  # the denoiser's training context ("length"); its stored mask is 2 * length square
+
+
+def qwen3_base_config(vocab_size: int = 32, layers: int = 3) -> dict:
+    """config.json of a tiny Qwen3 base model in the hub's (transformers 4.x) format: ``rope_theta`` and
+    ``torch_dtype`` at the top level, tied embeddings, as Qwen/Qwen3-1.7B-Base's file has them."""
+    return {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": False,
+        "attention_dropout": 0.0, "bos_token_id": SETDLM_EOS_ID, "eos_token_id": SETDLM_EOS_ID,
+        "head_dim": 8, "hidden_act": "silu", "hidden_size": 32, "initializer_range": 0.02,
+        "intermediate_size": 64, "max_position_embeddings": 512, "max_window_layers": layers,
+        "num_attention_heads": 4, "num_hidden_layers": layers, "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
+        "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None, "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": True,
+        "use_sliding_window": False, "vocab_size": vocab_size,
+    }
+
+
+def setdlm_config(base: str, vocab_size: int = 32, model_type: str = "bd3lm", wrapped: bool = True,
+                  keep: int = 2) -> dict:
+    """config.json as SetDLM's ``save_pretrained`` writes it: the denoiser's fields, ``backbone_config``
+    (a Hydra spec naming the base model), ``tokenization_config`` (special ids, copied to the top level)."""
+    if wrapped:
+        backbone = {"_target_": "backbone_automodel.AutoModelFromPreTrained", "automodel_cls": "AutoModelForCausalLM",
+                    "pretrained_model_name_or_path": base, "trust_remote_code": True, "keep_bottom_n_layers": keep,
+                    "reinit_model": False}
+    else:
+        backbone = {"_target_": "transformers.AutoModelForCausalLM.from_pretrained",
+                    "pretrained_model_name_or_path": base, "revision": None, "trust_remote_code": True}
+    tokenization = {"vocab_size": vocab_size, "mask_token_id": SETDLM_MASK_ID, "pad_token_id": SETDLM_PAD_ID,
+                    "bos_token_id": None, "eos_token_id": SETDLM_EOS_ID, "pad_vocab_size_multiple": 1}
+    return {
+        "architectures": ["SetDLM"], "model_type": model_type,
+        "auto_map": {"AutoConfig": "bd3lm.BD3LMConfig", "AutoModel": "setdlm.SetDLM",
+                     "AutoModelForMaskedLM": "setdlm.SetDLM"},
+        "attn_backend": "sdpa", "backbone_config": backbone, "backbone_is_decoder_only": False,
+        "block_size": SETDLM_LENGTH, "eval_block_size": SETDLM_LENGTH, "keep_clean_bos": None,
+        "length": SETDLM_LENGTH, "max_length": None, "shift_logits": True, "time_conditioned_backbone": False,
+        "noise_config": {"_target_": "noise_schedule_noise_schedules.StaggeredNoise", "block_size": 8,
+                         "length": SETDLM_LENGTH},
+        "sampler_config": None, "tokenization_config": tokenization, "tokenizer_name": "Qwen/Qwen3-1.7B-Base",
+        "torch_dtype": "float32", "transformers_version": "4.51.0", **{k: v for k, v in tokenization.items()
+                                                                      if k != "pad_vocab_size_multiple"},
+    }
+
+
+def write_setdlm_checkpoint(folder, seed: int = 0, logit_scale: float = 4.0, rename: dict | None = None,
+                            weights: str = "bin", model_type: str = "bd3lm", wrapped: bool = True) -> dict:
+    """Write a random tiny SetDLM checkpoint to ``folder`` and its Qwen3 base model's config.json to
+    ``folder/base`` (a local stand-in for Qwen/Qwen3-1.7B-Base; the checkpoint's config names it).
+
+    The wrapped backbone keeps the bottom 2 of the base's 3 layers (the direct one all 3); tensors carry the denoiser's prefixes
+    (``backbone.model.`` wrapped, ``backbone.`` direct) plus SetDLM's stored ``static_attention_mask``
+    buffer; ``weights`` "bin" writes pytorch_model.bin (what SetDLM's code saves), "safetensors"
+    model.safetensors. The mask token's embedding is zero, so a mask row's prediction depends on the context
+    it sees. ``rename`` maps a stored name to another (a broken checkpoint). Returns the Qwen3 state dict
+    written (transformers' own names, float32).
+    """
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, Qwen3ForCausalLM
+
+    folder = Path(folder)
+    base = folder / "base"
+    base.mkdir(parents=True, exist_ok=True)
+    (base / "config.json").write_text(json.dumps(qwen3_base_config(), indent=2))
+    config = AutoConfig.from_pretrained(base)
+    kept = 2 if wrapped else 3  # the wrapper cuts the base's 3 layers to 2; the bare from_pretrained cannot
+    config.num_hidden_layers, config.layer_types = kept, config.layer_types[:kept]
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).float()
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(logit_scale)
+        model.model.embed_tokens.weight[SETDLM_MASK_ID].zero_()
+    own = {name: tensor.clone().contiguous() for name, tensor in model.state_dict().items()}
+    prefix = "backbone.model." if wrapped else "backbone."
+    # Tied embeddings: the .bin pickle keeps both names; safetensors files keep only the embedding.
+    stored = {prefix + name: tensor for name, tensor in own.items() if weights == "bin" or name != "lm_head.weight"}
+    rows = torch.arange(2 * SETDLM_LENGTH)
+    stored["static_attention_mask"] = rows[:, None] >= rows[None, :]  # stands in for SetDLM's training mask
+    stored = {(rename or {}).get(name, name): tensor for name, tensor in stored.items()}
+    if weights == "bin":
+        torch.save(stored, folder / "pytorch_model.bin")
+    else:
+        save_file(stored, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(setdlm_config(str(base), model_type=model_type,
+                                                                  wrapped=wrapped), indent=2))
+    setdlm_tokenizer().save_pretrained(folder)
+    return own
+
+
+def setdlm_tokenizer(vocab_size: int = 32):
+    """Word-level tokenizer with the fixture's special ids: ``<eos>`` 0, ``<pad>`` 2, ``<mask>`` 3."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = [f"w{i}" for i in range(vocab_size)]
+    words[SETDLM_EOS_ID], words[SETDLM_PAD_ID], words[SETDLM_MASK_ID] = "<eos>", "<pad>", "<mask>"
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<pad>", pad_token="<pad>", eos_token="<eos>",
+                                   mask_token="<mask>")

@@ -126,7 +126,7 @@ def _run(args, config: BenchConfig, prompts: list[Prompt]) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     try:
-        model = load_model(args.model, args.device, args.dtype, args.family, args.drafter_lora)
+        model = load_model(args.model, args.device, args.dtype, args.family, args.drafter_lora, args.base_model)
     except ValueError as error:  # ModelLoadError included
         raise BenchError(str(error).splitlines()[0] if str(error) else repr(error)) from None
     bars = []

@@ -133,21 +133,25 @@ class DualModeModel:
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, device: str | None = None,
                         dtype: str | torch.dtype | None = None, family: str | None = None,
-                        drafter_lora: str | None = None, require_adapter: bool = True) -> "DualModeModel":
+                        drafter_lora: str | None = None, require_adapter: bool = True,
+                        base_model: str | None = None) -> "DualModeModel":
         """Load a model and tokenizer from a local folder or a hub id, strictly (every weight mapped).
 
         Args:
             name_or_path: folder (``config.json`` + safetensors + tokenizer) or a hub id (needs the network
                 or the local hub cache).
             device: ``"cpu"``, ``"cuda"``...; default CUDA when available.
-            dtype: ``torch.float32``, ``torch.bfloat16``, ``"float64"``...; default float32 on CPU and
-                bfloat16 on CUDA.
-            family: ``"plain"`` or ``"nemotron"`` (see :mod:`packed_ss.models.families`); default: detected
-                from ``config.json`` (``model_type``, ``architectures``).
+            dtype: ``torch.float32``, ``torch.bfloat16``, ``"float64"``...; default the family's own (SetDLM:
+                float32), else float32 on CPU and bfloat16 on CUDA.
+            family: ``"plain"``, ``"nemotron"`` or ``"setdlm"`` (see :mod:`packed_ss.models.families`);
+                default: detected from ``config.json`` (``model_type``, ``architectures``, ``backbone_config``).
             drafter_lora: a peft LoRA folder, or the name of the model's subfolder holding one (NLD:
                 ``linear_spec_lora``), applied to proposal rows only (:mod:`packed_ss.models.lora`).
             require_adapter: when False, a model without that adapter loads without one (a server offering
                 several models); when True (default) it is an error.
+            base_model: SetDLM only (other families ignore it): hub id or local folder of the base model whose
+                config.json gives the backbone's architecture (default: the one the checkpoint's
+                ``backbone_config`` names).
         Raises:
             ModelLoadError: missing folder, unreadable config, unknown family, weights that do not all map
             (keys named), no mask token id, or an adapter that does not load.
@@ -160,9 +164,6 @@ class DualModeModel:
         if problem:
             raise ModelLoadError(problem)
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if isinstance(dtype, str):
-            dtype = getattr(torch, dtype)
-        dtype = dtype or (torch.bfloat16 if str(device).startswith("cuda") else torch.float32)
         local_only = not local.exists() and hub_unreachable(name)
         offline = (f"cannot load model {name!r}: the Hugging Face hub cannot be reached from this machine and "
                    f"the model is not in the local cache (use a local folder, e.g. assets/model)")
@@ -171,8 +172,12 @@ class DualModeModel:
         except ModelLoadError as error:
             raise (ModelLoadError(offline) if local_only else error) from error
         chosen = pick_family(config, family)
+        dtype = dtype or chosen.default_dtype or ("bfloat16" if str(device).startswith("cuda") else "float32")
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+        options = {"base_model": base_model} if base_model and chosen.name == "setdlm" else {}
         try:
-            checkpoint = chosen.load(name, config, dtype, str(device), local_only)
+            checkpoint = chosen.load(name, config, dtype, str(device), local_only, **options)
         except ModelLoadError:
             raise
         except Exception as error:  # any loader failure becomes one clear message

@@ -40,6 +40,7 @@ class Family(Protocol):
 
     name: str
     summary: str
+    default_dtype: str | None  # dtype when the caller names none (None: float32 on CPU, bfloat16 on CUDA)
 
     def matches(self, config: dict) -> bool:
         """Whether ``config.json`` (as a dict) is this family's."""
@@ -47,7 +48,8 @@ class Family(Protocol):
 
     def load(self, name: str, config: dict, dtype, device: str, local_only: bool) -> Checkpoint:
         """Load ``name`` (folder or hub id) in ``dtype`` straight onto ``device`` (no CPU copy of a GPU
-        model). Raises: ModelLoadError."""
+        model). The setdlm family also takes ``base_model`` (a local copy of the base model's config).
+        Raises: ModelLoadError."""
         ...
 
 

@@ -2,7 +2,9 @@
 
 Each family (one file each) reads a checkpoint's ``config.json`` and returns a :class:`Checkpoint`: a
 ``transformers`` causal LM whose ``forward`` takes an explicit 4D boolean mask, position ids and a
-``DynamicCache``, plus its tokenizer and special ids. The family is detected from the config
+``DynamicCache``, plus its tokenizer and special ids. Families: ``nemotron`` (Nemotron-Labs-Diffusion),
+``setdlm`` (SetDLM's denoiser checkpoints, any-order) and ``plain`` (anything ``AutoModelForCausalLM``
+loads that has a mask token). The family is detected from the config
 (``model_type``, ``architectures``) or forced by name (``--family``).
 
 Loading is strict in every family: a checkpoint that leaves any parameter freshly initialised, or holds
@@ -19,11 +21,12 @@ from packed_ss.models.checkpoint import Family
 from packed_ss.models.errors import ModelLoadError
 from packed_ss.models.nemotron import NemotronLabsDiffusion
 from packed_ss.models.plain import PlainCausalLM
+from packed_ss.models.setdlm import SetDLMFamily
 
 
 def families() -> dict[str, Family]:
     """Registry of the families by name, most specific first (detection tries them in this order)."""
-    found = (NemotronLabsDiffusion(), PlainCausalLM())
+    found = (NemotronLabsDiffusion(), SetDLMFamily(), PlainCausalLM())
     return {f.name: f for f in found}
 
 
@@ -44,6 +47,12 @@ def read_config(name: str, local_only: bool) -> dict:
     if not isinstance(config, dict):
         raise ModelLoadError(f"config.json of {name!r} is not a JSON object")
     return config
+
+
+def says_any_order(config: dict) -> bool:
+    """Whether a ``config.json`` describes an any-order model (paper Appendix C): ``any_order: true``, or a
+    SetDLM checkpoint (the setdlm family sets the flag when it loads one)."""
+    return config.get("any_order") is True or SetDLMFamily().matches(config)
 
 
 def pick_family(config: dict, forced: str | None = None) -> Family:

@@ -68,6 +68,7 @@ def ministral_config(config: dict):
 class NemotronLabsDiffusion:
     name = "nemotron"
     summary = "Nemotron-Labs-Diffusion (nvidia/Nemotron-Labs-Diffusion-3B/8B/14B), loaded as Ministral3"
+    default_dtype = None
 
     def matches(self, config: dict) -> bool:
         return config.get("model_type") == MODEL_TYPE or ARCHITECTURE in (config.get("architectures") or ())

@@ -13,6 +13,7 @@ from packed_ss.models.errors import ModelLoadError
 class PlainCausalLM:
     name = "plain"
     summary = "a transformers causal LM with a mask token (config.mask_token_id or tokenizer.mask_token)"
+    default_dtype = None
 
     def matches(self, config: dict) -> bool:
         return True  # the fallback: anything AutoModelForCausalLM knows

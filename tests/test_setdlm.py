@@ -1,0 +1,243 @@
+"""SetDLM family: its released checkpoints' on-disk format (derived from kuleshov-group/setdlms' code) loaded
+natively and strictly, decoded by the any-order schedules; a fixture written to that format, nothing
+downloaded."""
+
+import json
+
+import pytest
+import torch
+from helpers import (SETDLM_EOS_ID, SETDLM_LENGTH, SETDLM_MASK_ID, SETDLM_PAD_ID, setdlm_config,
+                     write_setdlm_checkpoint)
+from test_any_order import serial_reference
+
+from packed_ss import DecodeConfig, generate
+from packed_ss.any_order.layout import order_layout
+from packed_ss.models import DualModeModel, ModelLoadError
+from packed_ss.models.setdlm import kept_layers
+
+SPECULATIVE = ("linear", "quadratic", "packed")
+PROMPT = [5, 6, 7, 8]
+
+
+@pytest.fixture(scope="module")
+def setdlm(tmp_path_factory):
+    """(folder, the Qwen3 weights written, the checkpoint loaded in float64)."""
+    folder = tmp_path_factory.mktemp("setdlm-tiny")
+    own = write_setdlm_checkpoint(folder)
+    return folder, own, DualModeModel.from_pretrained(folder, device="cpu", dtype="float64")
+
+
+def reference_qwen3(own: dict):
+    """A plain ``Qwen3ForCausalLM`` with the fixture's architecture written out by hand (not through the
+    loader: rope theta, two layers, tied head) holding the same weights, float64."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6,
+                         max_position_embeddings=512, tie_word_embeddings=True,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+    config._attn_implementation = "sdpa"
+    model = Qwen3ForCausalLM(config).double().eval()
+    model.load_state_dict({k: v.double() for k, v in own.items()}, strict=True)
+    return model
+
+
+def test_setdlm_is_detected_and_every_tensor_lands_under_its_qwen3_name(setdlm):
+    folder, own, model = setdlm
+    assert model.family == "setdlm" and model.any_order
+    assert type(model.model).__name__ == "Qwen3ForCausalLM"
+    assert model.model.config.num_hidden_layers == 2  # keep_bottom_n_layers: 2 of the base's 3
+    assert (model.mask_token_id, model.eos_token_id, model.bos_token_id) == (SETDLM_MASK_ID, SETDLM_EOS_ID, None)
+    assert not list(folder.glob("*.py")), "the fixture ships no remote code, so none can have run"
+    loaded = model.model.state_dict()
+    assert set(loaded) == set(own)
+    for name, tensor in own.items():
+        assert torch.equal(loaded[name], tensor.double()), name
+    assert model.encode("w5 w6") == [5, 6] and SETDLM_MASK_ID in model.never_emit_ids
+
+
+def test_float32_is_the_default_dtype_of_the_family(setdlm):
+    folder, _, _ = setdlm
+    assert DualModeModel.from_pretrained(folder, device="cpu").dtype == torch.float32
+
+
+@pytest.mark.parametrize("weights,model_type,wrapped", [
+    ("safetensors", "bd3lm", True), ("bin", "denoiser", True), ("safetensors", "bd3lm", False)])
+def test_each_format_the_code_can_write_loads_to_the_same_model(tmp_path, setdlm, weights, model_type, wrapped):
+    """pytorch_model.bin (what the code saves) or model.safetensors; model_type of SetDLM's config class or the
+    denoiser base class; the backbone wrapped (``backbone.model.``) or the causal LM itself (``backbone.``)."""
+    own = write_setdlm_checkpoint(tmp_path, weights=weights, model_type=model_type, wrapped=wrapped)
+    model = DualModeModel.from_pretrained(tmp_path, device="cpu", dtype="float64")
+    assert model.family == "setdlm" and model.any_order
+    loaded = model.model.state_dict()
+    assert all(torch.equal(loaded[k], v.double()) for k, v in own.items())
+    assert model.model.config.num_hidden_layers == (2 if wrapped else 3)
+    assert run(model, "packed", new=12).token_ids == run(model, "ar", new=12).token_ids
+
+
+@pytest.mark.parametrize("rename,named", [
+    ({"backbone.model.model.layers.1.mlp.up_proj.weight": "backbone.model.model.layers.1.mlp.upp_proj.weight"},
+     "upp_proj"),
+    ({"backbone.model.model.norm.weight": "backbone.norm.weight"}, "model.norm.weight"),
+])
+def test_a_renamed_tensor_is_refused_with_the_key_named(tmp_path, rename, named):
+    write_setdlm_checkpoint(tmp_path, rename=rename)
+    with pytest.raises(ModelLoadError, match="do not all map") as error:
+        DualModeModel.from_pretrained(tmp_path, device="cpu")
+    assert named in str(error.value) and "missing" in str(error.value)
+
+
+def _rewrite(folder, **changes):
+    config = json.loads((folder / "config.json").read_text())
+    for key, value in changes.items():
+        if key == "backbone":
+            config["backbone_config"].update(value)
+        else:
+            config[key] = value
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"architectures": ["BD3LM"]}, "not a SetDLM"),
+    ({"backbone": {"_target_": "backbone_encoder_decoder.LLMasEncoderDecoder"}}, "not supported"),
+    ({"backbone": {"automodel_cls": "AutoModel"}}, "no LM head"),
+    ({"backbone": {"keep_bottom_n_layers": 5}}, "keeps 3 of the base model's 3 layers"),
+    ({"backbone": {"keep_bottom_n_layers": 0}}, "not a positive integer"),
+    ({"backbone": {"pretrained_model_name_or_path": "/nowhere/qwen3-base"}}, "--base-model"),
+    ({"tokenization_config": {}, "mask_token_id": None}, "no mask_token_id"),
+])
+def test_configs_the_loader_cannot_map_are_refused_with_a_reason(tmp_path, changes, message):
+    write_setdlm_checkpoint(tmp_path)
+    _rewrite(tmp_path, **changes)
+    with pytest.raises(ModelLoadError, match=message):
+        DualModeModel.from_pretrained(tmp_path, device="cpu")
+
+
+def test_base_model_flag_replaces_the_hub_id_the_checkpoint_names(tmp_path):
+    """The released configs name Qwen/Qwen3-1.7B-Base; offline, a local copy of its config.json is given."""
+    write_setdlm_checkpoint(tmp_path)
+    _rewrite(tmp_path, backbone={"pretrained_model_name_or_path": str(tmp_path / "absent-base")})
+    model = DualModeModel.from_pretrained(tmp_path, device="cpu", base_model=str(tmp_path / "base"))
+    assert model.family == "setdlm" and model.model.config.num_hidden_layers == 2
+
+
+def test_layer_cuts_of_each_code_version():
+    assert kept_layers({}, 4) == [0, 1, 2, 3]
+    assert kept_layers({"keep_bottom_n_layers": 2}, 4) == [0, 1]
+    assert kept_layers({"keep_every_n_layers": 2}, 4) == [1, 3]
+    assert kept_layers({"num_layers": 1, "keep_top_layers": True}, 4) == [3]
+    assert kept_layers({"num_layers": 3}, 4) == [0, 1, 2]
+
+
+def setdlm_training_input(tokens: list[int], ranks: list[int]):
+    """SetDLM's training input written from its description: ``[tokens | masks]``, both halves in generation
+    order with shared position ids; a token sees the tokens at or before it in the order, a mask sees the
+    tokens strictly before it and itself. Returns (ids (1, 2S), positions (1, 2S), mask (1, 1, 2S, 2S))."""
+    s = len(tokens)
+    by_rank = sorted(range(s), key=lambda i: ranks[i])
+    ids = [tokens[i] for i in by_rank] + [SETDLM_MASK_ID] * s
+    positions = by_rank + by_rank
+    r = torch.arange(s)
+    mask = torch.zeros(2 * s, 2 * s, dtype=torch.bool)
+    mask[:s, :s] = r[:, None] >= r[None, :]
+    mask[s:, :s] = r[:, None] > r[None, :]
+    mask[s:, s:] = torch.eye(s, dtype=torch.bool)
+    return torch.tensor([ids]), torch.tensor([positions]), mask[None, None]
+
+
+def test_one_forward_equals_a_plain_qwen3_with_the_same_weights_under_an_any_order_mask(setdlm):
+    _, own, model = setdlm
+    reference = reference_qwen3(own)
+    ids, positions, mask = setdlm_training_input([5, 9, 4, 11, 7, 6], [0, 1, 4, 2, 5, 3])
+    with torch.no_grad():
+        want = reference(input_ids=ids, position_ids=positions, attention_mask=mask).logits
+        got = model.model(input_ids=ids, position_ids=positions, attention_mask=mask).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    # The engine's own call (paper D.2's N | O | M | R regions, prompt prefilled) through the adapter.
+    model.reset()
+    layout = order_layout("ao-packed", 0, [], (5, 7, 6), {5: 9, 6: 4}, SETDLM_MASK_ID, checked=2, verified=3,
+                          drafted=True, prompt=(5, 6, 7, 8, 10))
+    rows = tuple(range(layout.rows))
+    got = model.forward(layout, rows).logits
+    model.reset()
+    with torch.no_grad():
+        want = reference(input_ids=torch.tensor([layout.token_ids]), position_ids=torch.tensor([layout.position_ids]),
+                         attention_mask=layout.full_mask()[None, None]).logits[0]
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_setdlms_attention_cast_is_the_identity_here(setdlm, dtype):
+    """CustomQwen3Attention casts queries and keys to the values' dtype after the cache update; in
+    transformers' Qwen3 every projection, and the cache, already has the model's dtype, so the cast
+    changes nothing."""
+    folder, _, _ = setdlm
+    model = DualModeModel.from_pretrained(folder, device="cpu", dtype=dtype)
+    seen = set()
+    for layer in model.model.model.layers:
+        for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+            proj.register_forward_hook(lambda module, args, out: seen.add(out.dtype))
+    generate(model, PROMPT, DecodeConfig(block_size=5, max_new_tokens=6), "packed")
+    assert seen == {dtype}
+    model.reset()
+    layout = order_layout("ao-ar", 0, [], (4,), {}, SETDLM_MASK_ID, checked=0, verified=1, drafted=False,
+                          prompt=tuple(PROMPT))
+    model.forward(layout, (layout.rows - 1,))
+    assert {layer.keys.dtype for layer in model.cache.layers} == {layer.values.dtype for layer in model.cache.layers} \
+        == {dtype}
+
+
+def run(model, schedule, order="ltr", block=5, new=24):
+    return generate(model, PROMPT, DecodeConfig(block_size=block, max_new_tokens=new, order=order), schedule)
+
+
+def test_ltr_equals_the_checkpoints_own_left_to_right_decoding(setdlm):
+    model = setdlm[2]
+    reference = run(model, "ar")
+    assert len(reference.token_ids) == 24 or reference.stop_reason == "eos"
+    for name in SPECULATIVE:
+        got = run(model, name)
+        assert got.token_ids == reference.token_ids, name
+
+
+@pytest.mark.parametrize("name", SPECULATIVE)
+def test_confidence_order_equals_the_serial_reference(setdlm, name):
+    model = setdlm[2]
+    got = run(model, name, order="confidence")
+    assert got.token_ids == serial_reference(model, PROMPT, got.records, 24)
+
+
+def test_native_decoding_runs_on_the_checkpoint(setdlm):
+    """SetDLM's own sliding-window decoding (E.6): every call commits at least one token, unverified."""
+    model = setdlm[2]
+    got = run(model, "diffusion", new=16)
+    assert got.nfe <= len(got.token_ids) + 1 and all(r.advance >= 1 for r in got.records)
+
+
+def test_the_app_offers_a_setdlm_checkpoint_with_the_order_choice_before_loading_it(setdlm, tiny_model_dir):
+    from serve.models import ModelStore
+
+    folder, _, _ = setdlm
+    store = ModelStore(default=str(tiny_model_dir), allowed=[str(folder)], device="cpu")
+    public = store.offered[1]
+    assert store.any_order(public) and not store.any_order(None)
+    model = store.get(public)
+    assert model.family == "setdlm" and model.dtype == torch.float32
+
+
+def test_benchmark_reports_setdlm_schedules_and_native_decoding(setdlm, tmp_path):
+    """Table 9's rows on the fixture: the speculative schedules under confidence order beside native."""
+    from packed_ss.bench.cli import main
+
+    folder, _, _ = setdlm
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ("w5 w6 w7", "w8 w9")) + "\n")
+    out = tmp_path / "out"
+    code = main(["--model", str(folder), "--prompts", str(prompts), "--schedules", "ar,linear,packed,diffusion",
+                 "--order", "confidence", "--block-size", "5", "--max-new-tokens", "8",
+                 "--out", str(out), "--no-warmup", "--resamples", "200", "--threads", "1"])
+    assert code == 0
+    report = (out / "summary.md").read_text()
+    for name in ("packed", "linear", "diffusion"):
+        assert name in report
+    assert "confidence" in report
