@@ -12,10 +12,11 @@ from packed_ss import stats
 from packed_ss.config import ORDERS, DecodeConfig
 from packed_ss.models import DTYPES
 from packed_ss.inputs import model_fingerprint, model_name, threads_problem
-from packed_ss.bench.plan import (ALL_SCHEDULES, KNOWN, BenchConfig, BenchError, Prompt, load_prompts, parse_block_sizes,
+from packed_ss.bench.plan import (ALL_SCHEDULES, KNOWN, NO_BLOCK, BenchConfig, BenchError, Prompt, load_prompts, parse_block_sizes,
                                  parse_probe_block_sizes, parse_schedules)
 from packed_ss.bench.report import summary_markdown, write_outputs
 from packed_ss.bench.run import any_order_problem, run_benchmark
+from packed_ss.bench.tasks import PAPER_BLOCK_SIZES, TASKS, parse_tasks
 
 
 # --- command line -----------------------------------------------------------------------------------
@@ -31,7 +32,18 @@ def _parser() -> argparse.ArgumentParser:
 
     p = _Parser(prog="python -m packed_ss.bench",
                 description="Paired throughput benchmark of the decoding schedules (paper E.5, F.1, F.3).")
-    p.add_argument("--prompts", default="humaneval", help="'humaneval' or a JSONL file with a 'prompt' field")
+    p.add_argument("--prompts", default=None, help="'humaneval' (default) or a JSONL file with a 'prompt' field")
+    p.add_argument("--task", default=None, metavar="TASKS",
+                   help="the paper's tasks instead of --prompts, comma-separated from " + ",".join(TASKS)
+                        + ": their prompts, output caps (512 code and writing, 1,024 mathematics) and block sizes "
+                          "(32, Quadratic-SS 8) as defaults, graded accuracy beside speed, the paper's tables")
+    p.add_argument("--data", default=None, metavar="PATH",
+                   help="--task: a local copy of the task's records in the dataset's own format (one task)")
+    p.add_argument("--chat", default="auto", choices=("auto", "on", "off"),
+                   help="--task: send prompts as a user message in the tokenizer's chat template (auto: when it "
+                        "has one and the checkpoint is not a base model)")
+    p.add_argument("--resume", action="store_true",
+                   help="--task: keep the runs already written to --out and measure only the prompts that lack some")
     p.add_argument("--limit", type=int, default=None, help="use the first N prompts (N >= 1)")
     p.add_argument("--schedules", default=",".join(ALL_SCHEDULES),
                    help="comma-separated, from " + ",".join(KNOWN) + " (hf-*: transformers' own generate, greedy)")
@@ -41,12 +53,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="partial: Quadratic-SS branches per call (default -1: from the fitted call cost)")
     p.add_argument("--order", default=DecodeConfig.order, choices=ORDERS,
                    help="any-order models: verification order, ltr or confidence (paper Appendix C, E.6)")
-    p.add_argument("--block-size", default="8", help="B for all (8) or per schedule (linear=8,quadratic=4,packed=8)")
+    p.add_argument("--block-size", default=None,
+                   help="B for all (default 8; --task: 32 and quadratic=8) or per schedule (linear=8,quadratic=4)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--samples", type=int, default=1, help="runs per prompt and schedule (T > 0 only)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default 128 (--task: the task's cap)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--probe-block-sizes", default=None, help="block-size probe, e.g. 4,8,16,32 (F.1)")
     p.add_argument("--resamples", type=int, default=stats.RESAMPLES, help="bootstrap resamples (default 20000)")
@@ -77,13 +90,16 @@ def check_out_folder(out_dir: str | Path) -> None:
         raise BenchError(f"cannot write to --out {str(out_dir)!r}: {error.strerror or error}") from None
 
 
-def config_from_args(args) -> BenchConfig:
-    """Build and validate a :class:`BenchConfig` from parsed arguments. Raises: BenchError."""
-    default, overrides = parse_block_sizes(args.block_size)
+def config_from_args(args, task=None) -> BenchConfig:
+    """Build and validate a :class:`BenchConfig` from parsed arguments (a task's own defaults for the output cap
+    and the block sizes when ``task`` is given and the arguments leave them out). Raises: BenchError."""
+    blocks = args.block_size or (PAPER_BLOCK_SIZES if task is not None else "8")
+    new_tokens = args.max_new_tokens or (task.max_new_tokens if task is not None else 128)
+    default, overrides = parse_block_sizes(blocks)
     probe = parse_probe_block_sizes(args.probe_block_sizes) if args.probe_block_sizes is not None else ()
     return BenchConfig(schedules=parse_schedules(args.schedules), block_sizes=overrides, default_block_size=default,
                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, samples=args.samples,
-                       max_new_tokens=args.max_new_tokens, seed=args.seed, probe_block_sizes=probe,
+                       max_new_tokens=new_tokens, seed=args.seed, probe_block_sizes=probe,
                        warmup=not args.no_warmup, resamples=args.resamples, drafter_lora=bool(args.drafter_lora),
                        drafter_width=args.drafter_width, branches=args.branches, order=args.order)
 
@@ -92,6 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     """Command line entry point. Returns 0, 2 on a usage error (one line on stderr), 130 on an interrupt."""
     try:
         args = _parser().parse_args(argv)
+        if args.task is not None:
+            return _task_main(args)
+        for flag, given in (("--data", args.data), ("--resume", args.resume)):
+            if given:
+                raise BenchError(f"{flag} applies to --task runs only")
         config = config_from_args(args)
         if args.limit is not None and args.limit < 1:
             raise BenchError(f"--limit must be an integer >= 1, got {args.limit}")
@@ -103,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         problem = device_dtype_problem(args.device, args.dtype)
         if problem:
             raise BenchError(problem)
-        prompts = load_prompts(args.prompts, args.limit)
+        prompts = load_prompts(args.prompts or "humaneval", args.limit)
     except BenchError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -115,6 +136,97 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted before any measurement; nothing written", file=sys.stderr)
         return 130
+
+
+def _task_main(args) -> int:
+    """``--task``: the paper's experiments through :mod:`packed_ss.bench.harness`. Returns the exit status."""
+    from packed_ss.bench.harness import HarnessPlan
+
+    try:
+        tasks = parse_tasks(args.task)
+        if args.prompts is not None:
+            raise BenchError("--task and --prompts exclude each other (the task gives the prompts)")
+        if args.data is not None and len(tasks) != 1:
+            raise BenchError("--data holds one task's records: give one --task with it")
+        if args.limit is not None and args.limit < 1:
+            raise BenchError(f"--limit must be an integer >= 1, got {args.limit}")
+        if args.probe_block_sizes is not None:
+            raise BenchError("--probe-block-sizes is not part of the task runs; leave it out")
+        if threads_problem(args.threads):
+            raise BenchError(threads_problem(args.threads))
+        from packed_ss.models import device_dtype_problem
+
+        problem = device_dtype_problem(args.device, args.dtype)
+        if problem:
+            raise BenchError(problem)
+        configs = tuple(config_from_args(args, task) for task in tasks)
+        check_out_folder(args.out)
+        plan = HarnessPlan(tasks, configs, data=args.data, resume=args.resume, limit=args.limit)
+        return _run_tasks(args, plan)
+    except BenchError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"interrupted: the runs measured so far are in {args.out}/runs; --resume goes on from there",
+              file=sys.stderr)
+        return 130
+
+
+def _run_tasks(args, plan) -> int:
+    import dataclasses
+
+    import torch
+    import transformers
+
+    from packed_ss.bench.harness import Processes, chat_wanted, print_paths, run_harness
+    from packed_ss.bench.paper import paper_markdown
+    from packed_ss.cli import load_model
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    procs = Processes()
+    try:
+        model = load_model(args.model, procs.device(args.device), args.dtype, args.family, args.drafter_lora,
+                           args.base_model)
+    except ValueError as error:  # ModelLoadError included
+        raise BenchError(str(error).splitlines()[0] if str(error) else repr(error)) from None
+    for config in plan.configs:
+        any_order_problem(model, config)
+    plan = dataclasses.replace(plan, chat=chat_wanted(model, str(args.model), args.chat))
+    first = plan.configs[0]
+    meta = {"model": model_name(args.model), "model_sha256": model_fingerprint(args.model), "family": model.family,
+            "any_order": bool(model.any_order), "device": str(model.device),
+            "dtype": str(model.dtype).replace("torch.", ""), "torch": torch.__version__,
+            "transformers": transformers.__version__, "temperature": first.temperature, "samples": first.samples,
+            "order": first.order,
+            "block_sizes": {s: first.block_size(s) for s in first.schedules if s not in NO_BLOCK},
+            "threads": torch.get_num_threads()}
+    report = run_harness(model, plan, Path(args.out), procs, meta, _bar_factory())
+    if report is not None:
+        print(paper_markdown(report))
+        print_paths(Path(args.out), plan.tasks)
+    return 0
+
+
+def _bar_factory():
+    """``label -> progress(done, total, text)``: one tqdm bar per label, on stderr."""
+    from tqdm import tqdm
+
+    def factory(label: str):
+        bars = []
+
+        def progress(done: int, total: int, text: str) -> None:
+            if not bars:
+                bars.append(tqdm(total=total, unit="run", desc=label, file=sys.stderr, dynamic_ncols=True))
+            bar = bars[0]
+            bar.set_postfix_str(text, refresh=False)
+            bar.update(max(0, done - bar.n))
+            if done >= total:
+                bar.close()
+
+        return progress
+
+    return factory
 
 
 def _run(args, config: BenchConfig, prompts: list[Prompt]) -> int:
@@ -143,7 +255,8 @@ def _run(args, config: BenchConfig, prompts: list[Prompt]) -> int:
 
     any_order_problem(model, config)
     meta = {"model": model_name(args.model), "any_order": bool(getattr(model, "any_order", False)),
-            "model_sha256": model_fingerprint(args.model), "prompt_source": str(args.prompts), "limit": args.limit,
+            "model_sha256": model_fingerprint(args.model), "prompt_source": str(args.prompts or "humaneval"),
+            "limit": args.limit,
             "threads": torch.get_num_threads()}
     result = run_benchmark(model, prompts, config, progress, meta)
     for bar in bars:

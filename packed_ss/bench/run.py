@@ -72,7 +72,8 @@ def _example_row(unit: PlannedRun, prompt: Prompt, prompt_len: int, seed: int, r
 
 
 def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progress: Progress | None = None,
-                  meta: dict | None = None, turn: Callable[[], ContextManager] = nullcontext) -> BenchResult:
+                  meta: dict | None = None, turn: Callable[[], ContextManager] = nullcontext,
+                  on_run: Callable[[dict, tuple[int, ...]], None] | None = None) -> BenchResult:
     """Measure every prompt with every schedule (and the probe), then summarise.
 
     Prompts are tokenised before any timing. A prompt whose tokens plus ``max_new_tokens`` plus two of
@@ -89,6 +90,8 @@ def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progres
         meta: extra entries for ``summary["meta"]`` (model name, prompt source...).
         turn: a context manager held around each run (a server passes its compute gate's turn, so other
             requests get the model between runs and never during one).
+        on_run: called as ``on_run(row, token_ids)`` after each main-measurement run (the task harness
+            writes its rows as they come, so an interrupted run can be resumed).
     Returns: a :class:`BenchResult`.
     Raises: BenchError when no prompt fits the model.
     """
@@ -135,6 +138,8 @@ def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progres
             rows[unit.phase].append(_example_row(unit, prompt, len(ids), seed, run))
             if unit.phase == "main":
                 outputs[(unit.prompt_index, unit.sample, unit.schedule)] = run.token_ids
+                if on_run is not None:
+                    on_run(rows["main"][-1], tuple(run.token_ids))
         report(len(units), len(units), "done")
     except KeyboardInterrupt:
         interrupted = True

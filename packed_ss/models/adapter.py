@@ -217,6 +217,28 @@ class DualModeModel:
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         return ([self.bos_token_id] if self.bos_token_id is not None and ids else []) + ids
 
+    @property
+    def has_chat_template(self) -> bool:
+        """Whether the tokenizer carries a chat template (instruct checkpoints do; the shipped models do not)."""
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def chat_text(self, text: str) -> str:
+        """``text`` as one user message in the tokenizer's chat template, ready for the assistant's answer
+        (thinking switched off where the template has that switch, paper E.3). A BOS the template writes
+        is left out when :meth:`encode` adds its own.
+
+        Raises: ValueError when the tokenizer has no chat template.
+        """
+        if not self.has_chat_template:
+            raise ValueError("this model's tokenizer has no chat template: send the prompt as plain text")
+        switches = {"enable_thinking": False} if "enable_thinking" in str(self.tokenizer.chat_template) else {}
+        chat = self.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                  add_generation_prompt=True, **switches)
+        bos = self.tokenizer.bos_token
+        if self.bos_token_id is not None and bos and chat.startswith(bos):
+            chat = chat[len(bos):]
+        return chat
+
     def decode(self, ids: list[int]) -> str:
         """Text of ``ids``, special tokens kept."""
         return self.tokenizer.decode(ids, skip_special_tokens=False)
