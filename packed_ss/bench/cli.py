@@ -16,7 +16,7 @@ from packed_ss.bench.plan import (ALL_SCHEDULES, KNOWN, NO_BLOCK, BenchConfig, B
                                  parse_probe_block_sizes, parse_schedules)
 from packed_ss.bench.report import summary_markdown, write_outputs
 from packed_ss.bench.run import any_order_problem, run_benchmark
-from packed_ss.bench.tasks import PAPER_BLOCK_SIZES, TASKS, parse_tasks
+from packed_ss.bench.tasks import PAPER_BLOCK_SIZES, PAPER_SCHEDULES, TASKS, load_records, parse_tasks
 
 
 # --- command line -----------------------------------------------------------------------------------
@@ -45,8 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="--task: keep the runs already written to --out and measure only the prompts that lack some")
     p.add_argument("--limit", type=int, default=None, help="use the first N prompts (N >= 1)")
-    p.add_argument("--schedules", default=",".join(ALL_SCHEDULES),
-                   help="comma-separated, from " + ",".join(KNOWN) + " (hf-*: transformers' own generate, greedy)")
+    p.add_argument("--schedules", default=None,
+                   help="comma-separated, from " + ",".join(KNOWN) + " (hf-*: transformers' own generate, greedy); "
+                        "default all, --task: " + PAPER_SCHEDULES)
     p.add_argument("--drafter-width", type=int, default=DecodeConfig.drafter_width,
                    help="packed-mixed: masks per call in the diffusion half (default 3)")
     p.add_argument("--branches", type=int, default=DecodeConfig.branches,
@@ -97,7 +98,8 @@ def config_from_args(args, task=None) -> BenchConfig:
     new_tokens = args.max_new_tokens or (task.max_new_tokens if task is not None else 128)
     default, overrides = parse_block_sizes(blocks)
     probe = parse_probe_block_sizes(args.probe_block_sizes) if args.probe_block_sizes is not None else ()
-    return BenchConfig(schedules=parse_schedules(args.schedules), block_sizes=overrides, default_block_size=default,
+    schedules = args.schedules or (PAPER_SCHEDULES if task is not None else ",".join(ALL_SCHEDULES))
+    return BenchConfig(schedules=parse_schedules(schedules), block_sizes=overrides, default_block_size=default,
                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, samples=args.samples,
                        max_new_tokens=new_tokens, seed=args.seed, probe_block_sizes=probe,
                        warmup=not args.no_warmup, resamples=args.resamples, drafter_lora=bool(args.drafter_lora),
@@ -161,7 +163,8 @@ def _task_main(args) -> int:
             raise BenchError(problem)
         configs = tuple(config_from_args(args, task) for task in tasks)
         check_out_folder(args.out)
-        plan = HarnessPlan(tasks, configs, data=args.data, resume=args.resume, limit=args.limit)
+        records = tuple(load_records(task, args.data)[: args.limit] for task in tasks)  # before the model loads
+        plan = HarnessPlan(tasks, configs, records, resume=args.resume)
         return _run_tasks(args, plan)
     except BenchError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -29,7 +29,7 @@ from packed_ss.bench.plan import BenchConfig, BenchError, Prompt
 from packed_ss.bench.report import write_outputs
 from packed_ss.bench.run import BenchResult, run_benchmark
 from packed_ss.bench.summary import complete_prompts, examples_frame, summarize
-from packed_ss.bench.tasks import Task, load_records, task_prompts
+from packed_ss.bench.tasks import Task, task_prompts
 
 RUNS = "runs"  # folder of the per-run rows
 
@@ -41,18 +41,16 @@ class HarnessPlan:
     Attributes:
         tasks: the tasks, in order.
         configs: one :class:`BenchConfig` per task (its output cap and block sizes).
-        data: a local copy of the (single) task's records, or None for the hub.
+        records: one list of records per task (:func:`~packed_ss.bench.tasks.load_records`, ``--limit`` applied).
         chat: send each prompt as a user message in the tokenizer's chat template.
         resume: keep the rows already written and run only the prompts that lack some.
-        limit: the first N records of each task (None: all).
     """
 
     tasks: tuple[Task, ...]
     configs: tuple[BenchConfig, ...]
-    data: str | None = None
+    records: tuple[list, ...]
     chat: bool = False
     resume: bool = False
-    limit: int | None = None
 
 
 class Processes:
@@ -205,11 +203,10 @@ def run_harness(model, plan: HarnessPlan, out: Path, procs: Processes, meta: dic
         meta: identity entries for the report (model, fingerprint, device, dtype...).
         progress_factory: ``label -> progress(done, total, text)`` for one progress bar.
     Returns: the paper report's dict on the main process, None on the others.
-    Raises: BenchError for records that cannot be loaded; KeyboardInterrupt after writing what was measured.
+    Raises: KeyboardInterrupt after writing what was measured.
     """
     loaded = []
-    for task, config in zip(plan.tasks, plan.configs):
-        records = load_records(task, plan.data)[: plan.limit]
+    for task, config, records in zip(plan.tasks, plan.configs, plan.records):
         prompts = task_prompts(task, records)
         if plan.chat:
             prompts = [replace(p, text=model.chat_text(p.text)) for p in prompts]

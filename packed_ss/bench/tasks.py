@@ -28,6 +28,7 @@ from packed_ss.bench.plan import BenchError, Prompt, humaneval_prompts
 CODE_CAP, MATH_CAP = 512, 1024  # output caps (E.2)
 # Block sizes (E.1): Linear-SS and Packed-SS B = 32, Quadratic-SS B = 8 (W = B - 1 each).
 PAPER_BLOCK_SIZES = "32,quadratic=8"
+PAPER_SCHEDULES = "ar,linear,quadratic,packed"  # the paper's three schedules and the AR reference
 BOXED = "Reason step by step, then give the final answer inside \\boxed{}."
 
 
