@@ -31,10 +31,12 @@ def add_api(server: Server, concurrency_limit: int) -> dict[str, list[tuple[str,
     def generate(prompt: str, schedule: str = "packed", block_size: int = 8, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int = 0, max_new_tokens: int = 128,
                  model: str = "", drafter_lora: bool = False, precision: str = "", drafter: str = "model",
-                 drafter_quality: float = 0.8, order: str = "ltr", request: gr.Request = None) -> dict:
+                 drafter_quality: float = 0.8, order: str = "ltr", chat: bool = False,
+                 request: gr.Request = None) -> dict:
         """Decode ``prompt`` to the end with one schedule; returns the run's metrics (JSON) and ``model_note``
         (what the model is: the embedded demo model's text is not meant to make sense). ``order``: an
         any-order model's verification order, "ltr" or "confidence" (paper Appendix C; empty = "ltr").
+        ``chat``: send the prompt as one user message in the model's chat template (models that have one).
 
         Errors (bad prompt or settings, a model not offered, work over the budget) come back as a
         Gradio error with a one-line message.
@@ -42,7 +44,7 @@ def add_api(server: Server, concurrency_limit: int) -> dict[str, list[tuple[str,
         try:
             settings = server.settings(RequestValues(model, prompt, schedule, block_size, temperature, top_k, top_p,
                                                      seed, max_new_tokens, drafter_lora, precision, drafter,
-                                                     drafter_quality, order))
+                                                     drafter_quality, order, chat))
             run = run_generate(server.tasks, settings, log=server.log, max_rows=server.max_rows,
                                alive=server.alive(request), max_seconds=server.max_seconds,
                                admit=server.admit(request))
@@ -54,7 +56,7 @@ def add_api(server: Server, concurrency_limit: int) -> dict[str, list[tuple[str,
     def race(prompt: str, block_size: int = 8, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              seed: int = 0, max_new_tokens: int = 128, lanes: str = "", model: str = "",
              drafter_lora: bool = False, precision: str = "", drafter: str = "model", drafter_quality: float = 0.8,
-             block_sizes: str = "same", order: str = "ltr", request: gr.Request = None) -> dict:
+             block_sizes: str = "same", order: str = "ltr", chat: bool = False, request: gr.Request = None) -> dict:
         """Race AR, Linear, Quadratic and Packed (plus optional ``lanes``: comma-separated from "lookup",
         "packed-mixed", "partial", "diffusion") on one prompt.
 
@@ -63,11 +65,12 @@ def add_api(server: Server, concurrency_limit: int) -> dict[str, list[tuple[str,
         ``identical_to_ar``, ``first_difference`` and ``divergence``; ``repeats``, ``verdict`` and
         ``lossless_identical_to_ar`` overall. ``order``: an any-order model's verification order for the
         speculative lanes ("ltr" or "confidence"); such a model races AR, Linear, Quadratic and Packed only.
+        ``chat``: send the prompt as one user message in the model's chat template (models that have one).
         """
         try:
             settings = server.settings(RequestValues(model, prompt, "packed", block_size, temperature, top_k, top_p,
                                                      seed, max_new_tokens, drafter_lora, precision, drafter,
-                                                     drafter_quality, order))
+                                                     drafter_quality, order, chat))
             return run_race(server.tasks, settings, extra=parse_lanes(lanes), log=server.log,
                             max_rows=server.max_rows, best=best_sizes_for(server, block_sizes),
                             alive=server.alive(request), max_seconds=server.max_seconds,

@@ -22,6 +22,31 @@ DEFAULT_MODEL = str(Path(__file__).resolve().parents[1] / "assets" / "model")
 ANY_ORDER_MODEL = str(Path(__file__).resolve().parents[1] / "assets" / "model-anyorder")
 
 
+def has_chat_template_file(name: str) -> bool:
+    """Whether a folder or a cached hub id carries a chat template (``chat_template.jinja``, or a
+    ``chat_template`` entry in ``tokenizer_config.json``), read from disk only."""
+    import json
+
+    def local(file: str) -> Path | None:
+        folder = Path(name).expanduser()
+        if folder.is_dir():
+            return folder / file if (folder / file).is_file() else None
+        try:
+            from huggingface_hub import hf_hub_download
+
+            return Path(hf_hub_download(name, file, local_files_only=True))
+        except Exception:  # noqa: BLE001 - not cached, not a hub id: unknown
+            return None
+
+    if local("chat_template.jinja") is not None:
+        return True
+    config = local("tokenizer_config.json")
+    try:
+        return bool(config and json.loads(config.read_text(encoding="utf-8")).get("chat_template"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 class ModelStore:
     """The models a server offers, loaded on first use, keyed by their resolved identity, at most
     ``capacity`` held at once (least recently used dropped).
@@ -134,6 +159,20 @@ class ModelStore:
             return says_any_order(read_config(key, local_only=True))
         except (OSError, ValueError):  # ModelLoadError included
             return False
+
+    def chat_template(self, name: str | None) -> bool:
+        """Whether an offered model's tokenizer has a chat template, without loading it: a loaded model's own
+        tokenizer, else its ``tokenizer_config.json`` (``chat_template``) or ``chat_template.jinja`` from the
+        folder or the local hub cache, never the network. False when unknown."""
+        try:
+            key = self.resolve(name)
+        except (UserError, OSError, ValueError):
+            return False
+        with self._lock:
+            loaded = [model for (identity, _), model in self._models.items() if identity == key]
+        if loaded:
+            return bool(getattr(loaded[0], "has_chat_template", False))
+        return has_chat_template_file(key)
 
     def get(self, name: str | None, precision: str = ""):
         """The loaded :class:`DualModeModel` for ``name`` in ``precision`` ("" = the server's dtype); loads

@@ -119,7 +119,7 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
     extra = parse_lanes(list(extra))
     model = tasks.store.get(*settings.model_ref[:2])
     schedule_for(model, replace(settings, schedule="ar"))  # the order and drafter suit the model
-    ids = model.encode(settings.prompt)
+    ids = settings.prompt_ids(model)
     decode(model.share(), ids, settings.config, "ar")  # validates the prompt before any work
     any_order = getattr(model, "any_order", False)
     # An any-order model races its own schedules (AR left to right, the others in the chosen order; its native

@@ -52,7 +52,7 @@ def run_generate(tasks: GpuTasks, settings: RunSettings, log: TimingLog | None =
     """
     model = tasks.store.get(*settings.model_ref[:2])
     schedule_for(model, settings)
-    ids = model.encode(settings.prompt)
+    ids = settings.prompt_ids(model)
     decode(model.share(), ids, settings.config, settings.schedule)  # validates before any GPU work
     reference = ["ar"] if settings.scripted is not None else []  # a scripted drafter's AR reference run
     work = check_work([settings.schedule, *reference], len(ids), settings.config, max_rows,
@@ -78,7 +78,7 @@ def calibrate(tasks: GpuTasks, settings: RunSettings, log: TimingLog, block_size
     Returns: number of calls measured. Raises: ModelLoadError, PromptError.
     """
     model = tasks.store.get(*settings.model_ref[:2])
-    ids = model.encode(settings.prompt)
+    ids = settings.prompt_ids(model)
     decode(model.share(), ids, DecodeConfig(block_size=max(block_sizes), max_new_tokens=new_tokens), "ar")
     calls = 0
     for b, records in tasks.calibration(settings.model_ref, ids, tuple(block_sizes), new_tokens):

@@ -35,6 +35,17 @@ class RunSettings:
     config: DecodeConfig
     precision: str = ""
     scripted: float | None = None
+    chat: bool = False
+
+    def prompt_ids(self, model) -> list[int]:
+        """The prompt's token ids for ``model``: the text itself, or (``chat``) the text as one user message in
+        the model's chat template (paper E.3). Raises: UserError when ``chat`` is asked of a model without one."""
+        if not self.chat:
+            return list(model.encode(self.prompt))
+        try:
+            return list(model.encode(model.chat_text(self.prompt)))
+        except (ValueError, AttributeError):
+            raise UserError("this model has no chat template: untick \"Send as a chat message\"") from None
 
     @property
     def model_ref(self) -> tuple[str, str, float | None]:
@@ -88,6 +99,7 @@ class RequestValues:
     drafter: object = "model"
     drafter_quality: object = 0.8
     order: object = "ltr"
+    chat: object = False
 
     def settings(self, cap: int = NEW_TOKENS_CAP) -> RunSettings:
         """The validated settings, with a new-token limit of at most ``cap``.
@@ -97,8 +109,8 @@ class RequestValues:
                 unknown schedule, block size outside [2, 32], negative temperature, new-token limit outside
                 [1, cap], seed outside [0, MAX_SEED], a drafter-LoRA switch that is not true/false, a precision
                 not in PRECISIONS, a drafter other than "model" or "scripted", a scripted drafter quality
-                outside [0, 1], an order other than "ltr" or "confidence", or any value :class:`DecodeConfig`
-                rejects.
+                outside [0, 1], an order other than "ltr" or "confidence", a chat switch that is not
+                true/false, or any value :class:`DecodeConfig` rejects.
         """
         prompt = self.prompt
         try:
@@ -118,6 +130,9 @@ class RequestValues:
         drafter_lora = False if self.drafter_lora is None else self.drafter_lora
         if not isinstance(drafter_lora, bool):
             raise UserError(f"drafter_lora must be true or false, got {type(drafter_lora).__name__} {shown(drafter_lora)}")
+        chat = False if self.chat is None else self.chat
+        if not isinstance(chat, bool):
+            raise UserError(f"chat must be true or false, got {type(chat).__name__} {shown(chat)}")
         precision = text_value(self.precision, "precision").strip()
         if precision not in PRECISIONS:
             raise UserError(f"precision must be bfloat16 or float32 (empty = the server's default), got {shown(precision)}")
@@ -138,7 +153,7 @@ class RequestValues:
         except ValueError as error:
             raise UserError(str(error)) from None
         return RunSettings(model=model.strip(), prompt=prompt, schedule=schedule, config=config, precision=precision,
-                           scripted=quality if drafter == "scripted" else None)
+                           scripted=quality if drafter == "scripted" else None, chat=chat)
 
 
 def make_settings(*values, cap: int = NEW_TOKENS_CAP, **named) -> RunSettings:

@@ -43,7 +43,7 @@ class StepRun:
             raise ValueError("an eager StepRun needs the GpuTasks that compute its records")
         self.settings = settings
         self.model = model
-        self.prompt_ids = list(model.encode(settings.prompt))
+        self.prompt_ids = settings.prompt_ids(model)
         # The whole run is bounded like any request (an eager run computes it at once); a Step's turn at
         # the gate weighs one call, so Steps pass ahead of long races between two of their iterations.
         reference = ["ar"] if settings.scripted is not None else []  # a scripted drafter's AR reference run

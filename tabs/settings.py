@@ -1,7 +1,7 @@
-"""The settings every tab shares (model, prompt, schedule, B, sampling, drafter, order), shown above the tabs.
+"""The settings every tab shares (model, prompt, schedule, B, sampling, drafter, order, chat), shown above the tabs.
 
 :class:`SettingsPanel` holds their components in :class:`~serve.settings.RequestValues` order, so that a
-handler receives one settings object instead of fourteen positional values (:meth:`SettingsPanel.handler`).
+handler receives one settings object instead of fifteen positional values (:meth:`SettingsPanel.handler`).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def device_line(server: Server, on_cuda: bool) -> str:
 
 def build_settings(server: Server, prompts: Sequence[str], on_cuda: bool) -> SettingsPanel:
     """Create the shared settings' widgets in a sidebar (model, prompt with examples, schedule, sampling,
-    drafter, order), so that each tab's buttons and results sit at the top of the page."""
+    drafter, order, chat), so that each tab's buttons and results sit at the top of the page."""
     with gr.Sidebar(label="Settings", open=True, width=400, elem_id="settings-sidebar"):
         offered = server.store.offered
         model_box = gr.Dropdown(offered, value=offered[0],
@@ -103,15 +103,22 @@ def build_settings(server: Server, prompts: Sequence[str], on_cuda: bool) -> Set
         order_box = gr.Radio([("left to right", "ltr"), ("by confidence", "confidence")], value="ltr",
                              label="Verification order (Appendix C)", elem_id="order",
                              visible=server.store.any_order(offered[0]))
+        # Instruct checkpoints expect their chat template (paper E.3); shown only for a model that has one.
+        chat_box = gr.Checkbox(False, label="Send as a chat message (the model's chat template)", elem_id="chat",
+                               visible=server.store.chat_template(offered[0]))
     status = gr.HTML("", elem_id="status")
-    # The order choice is shown for models that can verify in another order only (an any-order model).
-    def on_model(name):
-        any_order = server.store.any_order(name)
-        return gr.Radio(visible=True) if any_order else gr.Radio(visible=False, value="ltr")
 
-    model_box.change(on_model, [model_box], [order_box], api_visibility="private", queue=False)
+    # The order choice is shown for models that can verify in another order only (an any-order model), the
+    # chat switch for models with a chat template only.
+    def on_model(name):
+        order = gr.Radio(visible=True) if server.store.any_order(name) else gr.Radio(visible=False, value="ltr")
+        chat = gr.Checkbox(visible=True) if server.store.chat_template(name) else gr.Checkbox(visible=False,
+                                                                                              value=False)
+        return order, chat
+
+    model_box.change(on_model, [model_box], [order_box, chat_box], api_visibility="private", queue=False)
     components = (model_box, prompt, schedule, block, temperature, top_k, top_p, seed, limit, lora_box, precision_box,
-                  drafter_box, quality_box, order_box)
+                  drafter_box, quality_box, order_box, chat_box)
     assert len(components) == len(fields(RequestValues))
     return SettingsPanel(components, block, status)
 

@@ -19,7 +19,7 @@ from packed_ss.engine import generate
 CAP = 64
 SETTINGS = dict(model="", prompt="w1 w2 w3", schedule="packed", block_size=4, temperature=0.0, top_k=0, top_p=1.0,
                 seed=0, max_new_tokens=10, drafter_lora=False, precision="", drafter="model", drafter_quality=0.8,
-                order="ltr")
+                order="ltr", chat=False)
 
 
 def ui_args(**overrides):
@@ -27,7 +27,7 @@ def ui_args(**overrides):
     s = {**SETTINGS, **overrides}
     return (s["model"], s["prompt"], s["schedule"], s["block_size"], s["temperature"], s["top_k"], s["top_p"],
             s["seed"], s["max_new_tokens"], s["drafter_lora"], s["precision"], s["drafter"], s["drafter_quality"],
-            s["order"])
+            s["order"], s["chat"])
 
 
 @pytest.fixture(scope="module")

@@ -227,7 +227,7 @@ def test_app_serves_steps_and_a_race_on_an_nld_checkpoint(nld_server):
     client = Client(nld_server, verbose=False)
     prompt = " ".join(f"w{i}" for i in range(20, 30))
     for lora in (False, True):
-        ui = ("", prompt, "packed", 4, 0.0, 0, 1.0, 0, 12, lora, "", "model", 0.8, "ltr")
+        ui = ("", prompt, "packed", 4, 0.0, 0, 1.0, 0, 12, lora, "", "model", 0.8, "ltr", False)
         first = client.predict(*ui, api_name="/step")
         second = client.predict(*ui, api_name="/step")
         assert 'class="token-grid"' in second[1] and "error" not in str(second[5]).lower()

@@ -112,7 +112,7 @@ def test_raw_http_calls_get_documented_defaults(server, client):
     status, text = raw_call(server, "race", {"data": [PROMPT, 4]})
     kind, answer = stream_result(text)
     assert kind == "complete" and answer[0]["settings"]["block_size"] == 4
-    for payload in ({"data": []}, {"data": "w1"}, {}, [PROMPT], {"data": [PROMPT, 4, 0, 0, 1, 0, 8, "", "", False, "", "model", 0.8, "same", "ltr", 1]}):
+    for payload in ({"data": []}, {"data": "w1"}, {}, [PROMPT], {"data": [PROMPT, 4, 0, 0, 1, 0, 8, "", "", False, "", "model", 0.8, "same", "ltr", False, 1]}):
         status, text = raw_call(server, "race", payload)
         message = json.loads(text)["error"]
         assert status == 422 and "prompt" in message and "\n" not in message
@@ -298,7 +298,7 @@ def test_soak_four_clients_outputs_equal_solo_runs_and_memory_returns(server, ti
                     failures.append(f"race {p} {name}")
         for i in range(k, 100, 4):  # 100 Steps over the 4 clients, 25 each: runs of 12 tokens
             p = prompts[(i // 13) % len(prompts)]
-            ui = ("", p, "packed", 4, 0.0, 0, 1.0, 0, 12, False, "", "model", 0.8, "ltr")
+            ui = ("", p, "packed", 4, 0.0, 0, 1.0, 0, 12, False, "", "model", 0.8, "ltr", False)
             c.predict(*ui, api_name="/step")
         final = c.predict(prompts[0], schedule="packed", max_new_tokens=12, block_size=4, api_name="/generate")
         if final["token_ids"] != solo_steps[prompts[0]]:
@@ -345,8 +345,8 @@ def raw_post(url: str, endpoint: str, body: str) -> tuple[int, str]:
     ("generate", '{"data": [' + "[" * 1100 + "]" * 1100 + "]}", 422, "nests lists or objects more than 8 deep"),
     ("step", '{"data": [' + "[" * 1100 + "]" * 1100 + "]}", 422, "nests lists or objects more than 8 deep"),
     ("nope", '{"data": ["def f(x):"]}', 404, "/nope: no such endpoint; the documented ones are /generate, /race"),
-    ("step", '{"data": ["", "def f(x):"]}', 422, "/step takes 14 values in 'data' (this endpoint has no defaults), got 2"),
-    ("ui_race", '{"data": []}', 422, "/ui_race takes 16 values"),
+    ("step", '{"data": ["", "def f(x):"]}', 422, "/step takes 15 values in 'data' (this endpoint has no defaults), got 2"),
+    ("ui_race", '{"data": []}', 422, "/ui_race takes 17 values"),
 ])
 def test_raw_calls_that_cannot_work_get_a_one_line_answer(server, endpoint, body, status, message):
     code, text = raw_post(server, endpoint, body)
@@ -356,7 +356,7 @@ def test_raw_calls_that_cannot_work_get_a_one_line_answer(server, endpoint, body
 
 
 def test_a_page_event_sent_every_value_still_runs(server):
-    values = ["", PROMPT, "packed", 4, 0, 0, 1, 0, 4, False, "", "model", 0.8, "ltr"]
+    values = ["", PROMPT, "packed", 4, 0, 0, 1, 0, 4, False, "", "model", 0.8, "ltr", False]
     code, text = raw_call(server, "step", {"data": values})
     kind, data = stream_result(text)
     assert code == 200 and kind == "complete" and 'data-iteration="1"' in data[1]

@@ -121,9 +121,9 @@ def test_math_answers_equal_in_value_match_and_others_do_not(gold, answer, same)
 
 
 # --- chat templates -------------------------------------------------------------------------------
-TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>{% if enable_thinking is defined and not enable_thinking %}"
-            "<think></think>{% endif %}{% endif %}")
+            " <think></think>{% endif %}{% endif %}")
 
 
 def test_a_prompt_becomes_one_user_message_with_thinking_off_and_a_model_without_a_template_is_refused():
@@ -138,7 +138,7 @@ def test_a_prompt_becomes_one_user_message_with_thinking_off_and_a_model_without
     with pytest.raises(ValueError, match="no chat template"):
         model.chat_text("hello")
     model.tokenizer.chat_template = TEMPLATE
-    assert model.chat_text("w3 w4") == "<|user|>w3 w4<|end|><|assistant|><think></think>"
+    assert model.chat_text("w3 w4") == "<|user|> w3 w4 <|end|> <|assistant|> <think></think>"
     assert chat_wanted(model, "some/instruct-model", "auto") and not chat_wanted(model, "some/Model-Base", "auto")
     assert not chat_wanted(model, "some/instruct-model", "off")
 

@@ -59,7 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--samples", type=int, default=1, help="runs per prompt and schedule (T > 0 only)")
+    p.add_argument("--samples", type=int, default=None,
+                   help="runs per prompt and schedule (T > 0 only; default 1, --task at T > 0: the paper's 20 for "
+                        "HumanEval, 7 for MBPP, 1 for the others)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default 128 (--task: the task's cap)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--probe-block-sizes", default=None, help="block-size probe, e.g. 4,8,16,32 (F.1)")
@@ -94,13 +96,17 @@ def check_out_folder(out_dir: str | Path) -> None:
 def config_from_args(args, task=None) -> BenchConfig:
     """Build and validate a :class:`BenchConfig` from parsed arguments (a task's own defaults for the output cap
     and the block sizes when ``task`` is given and the arguments leave them out). Raises: BenchError."""
-    blocks = args.block_size or (PAPER_BLOCK_SIZES if task is not None else "8")
-    new_tokens = args.max_new_tokens or (task.max_new_tokens if task is not None else 128)
+    blocks = args.block_size if args.block_size is not None else (PAPER_BLOCK_SIZES if task is not None else "8")
+    new_tokens = args.max_new_tokens if args.max_new_tokens is not None else (
+        task.max_new_tokens if task is not None else 128)
+    samples = args.samples if args.samples is not None else (
+        task.samples_sampled if task is not None and args.temperature > 0 else 1)
     default, overrides = parse_block_sizes(blocks)
     probe = parse_probe_block_sizes(args.probe_block_sizes) if args.probe_block_sizes is not None else ()
-    schedules = args.schedules or (PAPER_SCHEDULES if task is not None else ",".join(ALL_SCHEDULES))
+    schedules = args.schedules if args.schedules is not None else (
+        PAPER_SCHEDULES if task is not None else ",".join(ALL_SCHEDULES))
     return BenchConfig(schedules=parse_schedules(schedules), block_sizes=overrides, default_block_size=default,
-                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, samples=args.samples,
+                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, samples=samples,
                        max_new_tokens=new_tokens, seed=args.seed, probe_block_sizes=probe,
                        warmup=not args.no_warmup, resamples=args.resamples, drafter_lora=bool(args.drafter_lora),
                        drafter_width=args.drafter_width, branches=args.branches, order=args.order)

