@@ -145,8 +145,10 @@ def test_a_prompt_becomes_one_user_message_with_thinking_off_and_a_model_without
 
 # --- the harness on the embedded model ------------------------------------------------------------
 def bench(out: Path, *extra: str) -> list[str]:
-    return ["--model", str(EMBEDDED), "--task", "humaneval", "--schedules", "ar,linear,packed", "--threads", "1",
-            "--max-new-tokens", "24", "--block-size", "6", "--resamples", "300", "--out", str(out), *extra]
+    """The harness on the embedded model with the paper's defaults (schedules, B = 32 / Quadratic-SS 8) except a
+    64-token cap (512 would take minutes here)."""
+    return ["--model", str(EMBEDDED), "--task", "humaneval", "--threads", "1", "--max-new-tokens", "64",
+            "--resamples", "300", "--out", str(out), *extra]
 
 
 def runs(out: Path) -> pd.DataFrame:
@@ -159,7 +161,7 @@ def one_process(tmp_path_factory):
     if not (EMBEDDED / "model.safetensors").exists():
         pytest.skip("assets/model has no weights yet")
     out = tmp_path_factory.mktemp("one")
-    assert main(bench(out, "--limit", "4")) == 0
+    assert main(bench(out, "--limit", "5")) == 0
     return out
 
 
@@ -167,7 +169,7 @@ def test_two_processes_through_accelerate_give_the_rows_of_one_and_one_report(on
     out = tmp_path / "two"
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "packed_ss.bench",
-               *bench(out, "--limit", "4")]
+               *bench(out, "--limit", "5")]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -176,7 +178,7 @@ def test_two_processes_through_accelerate_give_the_rows_of_one_and_one_report(on
     pd.testing.assert_frame_equal(runs(out), runs(one_process))
     paper = json.loads((out / "paper.json").read_text())
     assert paper["meta"]["processes"] == 2 and [t["task"] for t in paper["tasks"]] == ["humaneval"]
-    assert paper["tasks"][0]["summary"]["meta"]["prompts_measured"] == 4
+    assert paper["tasks"][0]["summary"]["meta"]["prompts_measured"] == 5
     assert (out / "report.html").is_file() and (out / "paper.md").is_file()
 
 
@@ -185,23 +187,24 @@ def test_resume_measures_only_the_prompts_that_lack_runs(one_process, tmp_path):
     assert main(bench(out, "--limit", "2")) == 0
     rows = out / "runs" / "humaneval.rank0.rows.jsonl"
     lines = rows.read_text().splitlines()
-    assert len(lines) == 6
-    rows.write_text("\n".join(lines[:5]) + "\n")  # the last run of prompt 2 was lost in an interruption
-    assert main(bench(out, "--limit", "4", "--resume")) == 0
+    assert len(lines) == 8  # 2 prompts x 4 schedules
+    rows.write_text("\n".join(lines[:7]) + "\n")  # the last run of prompt 2 was lost in an interruption
+    assert main(bench(out, "--limit", "5", "--resume")) == 0
     measured = [json.loads(line)["prompt_id"] for line in rows.read_text().splitlines()]
-    assert measured[:5] == [json.loads(line)["prompt_id"] for line in lines[:5]]
-    assert sorted(set(measured[5:])) == ["humaneval/HumanEval/1", "humaneval/HumanEval/2", "humaneval/HumanEval/3"]
+    assert measured[:7] == [json.loads(line)["prompt_id"] for line in lines[:7]]
+    assert sorted(set(measured[7:])) == [f"humaneval/HumanEval/{i}" for i in (1, 2, 3, 4)]
     pd.testing.assert_frame_equal(runs(out), runs(one_process))
 
 
 def test_the_report_has_the_papers_tables_with_accuracy_and_correctness_labels(one_process):
     paper = (one_process / "paper.md").read_text()
-    for title in ("humaneval: absolute measurements (4 prompts)", "humaneval: paired efficiency",
+    for title in ("humaneval: absolute measurements (5 prompts)", "humaneval: paired efficiency",
                   "humaneval: accuracy differences", "All tasks", "Packed-SS vs Linear-SS",
-                  "Packed-SS: labels differing from AR | 0 of 4 (0 expected)"):
+                  "Packed-SS vs Quadratic-SS", "block sizes {'linear': 32, 'quadratic': 8, 'packed': 32}",
+                  "Packed-SS: labels differing from AR | 0 of 5 (0 expected)"):
         assert title in paper
     grades = pd.read_csv(one_process / "humaneval" / "grades.csv")
-    assert len(grades) == 12 and set(grades["status"]) <= {"passed", "failed", "timeout", "forbidden"}
+    assert len(grades) == 20 and set(grades["status"]) <= {"passed", "failed", "timeout", "forbidden"}
 
 
 def test_task_flags_that_cannot_work_are_refused_in_one_line(tmp_path, capsys):

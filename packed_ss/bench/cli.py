@@ -193,7 +193,7 @@ def _run_tasks(args, plan) -> int:
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    procs = Processes()
+    procs = Processes(args.device)
     try:
         model = load_model(args.model, procs.device(args.device), args.dtype, args.family, args.drafter_lora,
                            args.base_model)

@@ -54,12 +54,15 @@ class HarnessPlan:
 
 
 class Processes:
-    """This process's place among the ones ``accelerate launch`` started (one process without it)."""
+    """This process's place among the ones ``accelerate launch`` started (one process without it).
 
-    def __init__(self):
+    Args: device: the ``--device`` asked for; a CPU run (or a machine without CUDA) synchronises the
+        processes over gloo, a CUDA run over NCCL."""
+
+    def __init__(self, device: str | None = None):
         from accelerate import PartialState
 
-        self.state = PartialState(cpu=not _has_cuda())
+        self.state = PartialState(cpu=not _has_cuda() or str(device or "").startswith("cpu"))
         self.rank, self.world = self.state.process_index, self.state.num_processes
 
     @property
