@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -42,6 +43,8 @@ def load_model(name: str, device: str | None, dtype: str | None, family: str | N
     ``base_model`` given for a checkpoint that is not SetDLM's is one too."""
     from packed_ss.models import DualModeModel, ModelLoadError
 
+    if base_model is not None and not base_model.strip():
+        raise ModelLoadError("--base-model is empty: give a folder or hub id, or leave the flag out")
     try:
         model = DualModeModel.from_pretrained(name, device=device, dtype=dtype, family=family,
                                               drafter_lora=drafter_lora, base_model=base_model)
@@ -59,9 +62,11 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     """``--family``, ``--drafter-lora`` and ``--base-model``, shared by the CLI, the benchmark and app.py."""
     parser.add_argument("--family", default=None, choices=("plain", "nemotron", "setdlm"),
                         help="model family (default: detected from config.json)")
-    parser.add_argument("--base-model", default=None, metavar="PATH_OR_HUB_ID",
-                        help="SetDLM checkpoints: the base model whose config.json gives the backbone (default: "
-                             "the one the checkpoint names, e.g. Qwen/Qwen3-1.7B-Base); a local folder works offline")
+    parser.add_argument("--base-model", default=os.environ.get("PACKED_SS_BASE_MODEL") or None,
+                        metavar="PATH_OR_HUB_ID",
+                        help="SetDLM checkpoints: the base model whose config.json gives the backbone (env "
+                             "PACKED_SS_BASE_MODEL; default: the one the checkpoint names, e.g. "
+                             "Qwen/Qwen3-1.7B-Base); a local folder works offline")
     parser.add_argument("--drafter-lora", default=None, metavar="PATH_OR_SUBFOLDER",
                         help="peft LoRA applied to proposal rows only, e.g. linear_spec_lora (NLD's subfolder)")
 

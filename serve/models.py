@@ -3,6 +3,7 @@ operator did not offer; :func:`warm_up` right after loading."""
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -20,6 +21,18 @@ DEFAULT_MODEL = str(Path(__file__).resolve().parents[1] / "assets" / "model")
 
 # The shipped any-order model (Appendix C), offered beside the default when the operator names no others.
 ANY_ORDER_MODEL = str(Path(__file__).resolve().parents[1] / "assets" / "model-anyorder")
+
+
+# An absolute path in a message (not part of a URL): its folders are the server's business, its last name is not.
+SERVER_PATH = re.compile(r"(?<![\w:/.~-])/(?:[^\s'\",;()/]+/)+([^\s'\",;()/]+)")
+
+
+def hide_paths(message: str, identity: str, public: str) -> str:
+    """``message`` as a visitor may see it: the model's own folder written as its public name, any other absolute
+    path as ``…/`` and its last name (a visitor never learns the server's folders)."""
+    if Path(identity).is_absolute():
+        message = message.replace(identity, public)
+    return SERVER_PATH.sub(lambda m: "…/" + m.group(1), message)
 
 
 def has_chat_template_file(name: str) -> bool:
@@ -194,9 +207,12 @@ class ModelStore:
             with self._lock:
                 if key in self._models:
                     return self._models[key]
-            model = DualModeModel.from_pretrained(key[0], device=self.device, dtype=dtype, family=self.family,
-                                                  drafter_lora=self.drafter_lora, require_adapter=False,
-                                                  base_model=self.base_model)
+            try:
+                model = DualModeModel.from_pretrained(key[0], device=self.device, dtype=dtype, family=self.family,
+                                                      drafter_lora=self.drafter_lora, require_adapter=False,
+                                                      base_model=self.base_model)
+            except ValueError as error:  # ModelLoadError included: its message without the server's paths
+                raise type(error)(hide_paths(str(error), key[0], self.offered_name(key[0]))) from None
             warm_up(model)
             with self._lock:
                 self._models[key] = model

@@ -7,6 +7,7 @@ model field to the embedded model. Components are also checked on their own (gri
 import json
 import re
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -225,6 +226,7 @@ def test_bad_input_on_the_page_leaves_the_session_usable(client, broken_model, o
         overrides = dict(model=broken_model)  # offered, but a folder without config.json
     slider, grid, text, stats, plot, status = client.predict(*ui_args(**overrides), api_name="/step")
     assert "pss-error" in status and message in status and "Traceback" not in status
+    assert str(Path(broken_model).parent) not in status  # never the server's folders
     slider, grid, text, stats, plot, status = client.predict(*ui_args(), api_name="/step")
     assert "pss-error" not in status and grid_iteration(grid) == 1
 

@@ -101,10 +101,11 @@ def _rewrite(folder, **changes):
     ({"architectures": ["BD3LM"]}, "not a SetDLM"),
     ({"backbone": {"_target_": "backbone_encoder_decoder.LLMasEncoderDecoder"}}, "not supported"),
     ({"backbone": {"automodel_cls": "AutoModel"}}, "no LM head"),
-    ({"backbone": {"keep_bottom_n_layers": 5}}, "keeps 3 of the base model's 3 layers"),
+    ({"backbone": {"keep_bottom_n_layers": 5}}, "keep_bottom_n_layers is 5, more than the base model's 3 layers"),
     ({"backbone": {"keep_bottom_n_layers": 0}}, "not a positive integer"),
-    ({"backbone": {"pretrained_model_name_or_path": "/nowhere/qwen3-base"}}, "--base-model"),
+    ({"backbone": {"pretrained_model_name_or_path": "/nowhere/qwen3-base"}}, "'/nowhere/qwen3-base' does not exist"),
     ({"tokenization_config": {}, "mask_token_id": None}, "no mask_token_id"),
+    ({"tokenization_config": {"mask_token_id": 999}, "mask_token_id": 999}, "mask_token_id 999 is not a token id"),
 ])
 def test_configs_the_loader_cannot_map_are_refused_with_a_reason(tmp_path, changes, message):
     write_setdlm_checkpoint(tmp_path)
@@ -113,12 +114,24 @@ def test_configs_the_loader_cannot_map_are_refused_with_a_reason(tmp_path, chang
         DualModeModel.from_pretrained(tmp_path, device="cpu")
 
 
-def test_base_model_flag_replaces_the_hub_id_the_checkpoint_names(tmp_path):
-    """The released configs name Qwen/Qwen3-1.7B-Base; offline, a local copy of its config.json is given."""
+def test_base_model_flag_replaces_the_hub_id_the_checkpoint_names(tmp_path, monkeypatch):
+    """The released configs name Qwen/Qwen3-1.7B-Base; offline, a local copy of its config.json is given (flag or
+    PACKED_SS_BASE_MODEL); a base of another shape is refused with the mis-shaped tensors named."""
+    from packed_ss.cli import _parser, load_model
+
     write_setdlm_checkpoint(tmp_path)
     _rewrite(tmp_path, backbone={"pretrained_model_name_or_path": str(tmp_path / "absent-base")})
     model = DualModeModel.from_pretrained(tmp_path, device="cpu", base_model=str(tmp_path / "base"))
     assert model.family == "setdlm" and model.model.config.num_hidden_layers == 2
+    monkeypatch.setenv("PACKED_SS_BASE_MODEL", str(tmp_path / "base"))
+    args = _parser().parse_args(["generate", "--prompt", "w5", "--model", str(tmp_path)])
+    assert args.base_model == str(tmp_path / "base")
+    with pytest.raises(ModelLoadError, match="wrong shape: .*embed_tokens"):
+        DualModeModel.from_pretrained(tmp_path, device="cpu", base_model="assets/model")
+    with pytest.raises(ModelLoadError, match="applies to SetDLM checkpoints only"):
+        load_model("assets/model", "cpu", None, base_model=str(tmp_path / "base"))
+    with pytest.raises(ModelLoadError, match="--base-model is empty"):
+        load_model(str(tmp_path), "cpu", None, base_model=" ")
 
 
 def test_layer_cuts_of_each_code_version():

@@ -196,6 +196,16 @@ def test_resume_measures_only_the_prompts_that_lack_runs(one_process, tmp_path):
     pd.testing.assert_frame_equal(runs(out), runs(one_process))
 
 
+def test_resume_refuses_runs_made_with_other_settings(one_process, tmp_path, capsys):
+    import shutil
+
+    out = tmp_path / "copy"
+    shutil.copytree(one_process, out)
+    assert main(bench(out, "--limit", "5", "--resume", "--max-new-tokens", "32")) == 2
+    assert "made with other settings (max_new_tokens 64 -> 32)" in capsys.readouterr().err
+    assert main(bench(out, "--limit", "5", "--resume")) == 0  # the same settings: nothing left to measure
+
+
 def test_the_report_has_the_papers_tables_with_accuracy_and_correctness_labels(one_process):
     paper = (one_process / "paper.md").read_text()
     for title in ("humaneval: absolute measurements (5 prompts)", "humaneval: paired efficiency",

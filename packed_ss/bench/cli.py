@@ -114,6 +114,9 @@ def config_from_args(args, task=None) -> BenchConfig:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line entry point. Returns 0, 2 on a usage error (one line on stderr), 130 on an interrupt."""
+    from packed_ss.cli import quiet_loaders
+
+    quiet_loaders()  # a refused checkpoint gets one line, not transformers' load table
     try:
         args = _parser().parse_args(argv)
         if args.task is not None:

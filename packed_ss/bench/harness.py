@@ -120,6 +120,44 @@ def finished(rows: list[dict], config: BenchConfig) -> set[str]:
     return {pid for pid, runs in seen.items() if len(runs) >= needed}
 
 
+def run_settings(meta: dict, config: BenchConfig, chat: bool) -> dict:
+    """What a task's runs depend on (model, dtype, chat, every decoding setting), to compare on ``--resume``."""
+    from dataclasses import asdict
+
+    decoding = {k: v for k, v in asdict(config).items() if k not in ("resamples", "level", "warmup")}
+    return json.loads(json.dumps({"model": meta.get("model"), "model_sha256": meta.get("model_sha256"),
+                                  "family": meta.get("family"), "dtype": meta.get("dtype"), "chat": chat,
+                                  "decoding": decoding}))
+
+
+def keep_settings(out: Path, task: str, settings: dict, resume: bool, main: bool) -> None:
+    """A fresh run (main process): forget the task's old rows, write the settings. ``--resume``: refuse when the
+    rows there were made with other settings (they would be reported under the new ones).
+
+    Raises: BenchError naming what differs."""
+    path = out / RUNS / f"{task}.settings.json"
+    if resume and path.is_file():
+        old = json.loads(path.read_text(encoding="utf-8"))
+        if old != settings:
+            flat_old, flat_new = _flat(old), _flat(settings)
+            changed = [f"{k} {flat_old.get(k)!r} -> {flat_new.get(k)!r}" for k in sorted(set(flat_old) | set(flat_new))
+                       if flat_old.get(k) != flat_new.get(k)]
+            raise BenchError(f"--resume: the {task} runs in {out / RUNS} were made with other settings "
+                             f"({'; '.join(changed[:4])}); repeat those settings, or leave out --resume to start over")
+        return
+    if not main:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        for old in path.parent.glob(f"{task}.rank*"):
+            old.unlink()
+    path.write_text(json.dumps(settings, indent=2), encoding="utf-8")
+
+
+def _flat(settings: dict) -> dict:
+    return {**{k: v for k, v in settings.items() if k != "decoding"}, **settings.get("decoding", {})}
+
+
 def measure_task(model, task: Task, prompts: list[Prompt], config: BenchConfig, out: Path, procs: Processes,
                  resume: bool, progress, meta: dict) -> None:
     """Time this process's share of ``prompts`` (those not finished yet when resuming), appending rows."""
@@ -214,10 +252,8 @@ def run_harness(model, plan: HarnessPlan, out: Path, procs: Processes, meta: dic
         if plan.chat:
             prompts = [replace(p, text=model.chat_text(p.text)) for p in prompts]
         loaded.append((task, config, records, prompts))
-    if procs.main and not plan.resume:
-        for task, *_ in loaded:
-            for path in (out / RUNS).glob(f"{task.name}.rank*"):
-                path.unlink()
+    for task, config, *_ in loaded:
+        keep_settings(out, task.name, run_settings(meta, config, plan.chat), plan.resume, procs.main)
     procs.barrier()
     for task, config, records, prompts in loaded:
         measure_task(model, task, prompts, config, out, procs, plan.resume,

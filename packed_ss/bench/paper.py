@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 import math
 
-from packed_ss.bench.report import LABELS, _interval, _num
+from packed_ss.bench.report import LABELS, _interval, _num, few_prompts_warning
 
 BASELINES = ("linear", "quadratic", "ar", "diffusion")  # Packed-SS is compared with each that was measured
 
@@ -34,9 +34,13 @@ def absolute_table(entry: dict) -> tuple[str, list[str], list[list[str]], str]:
         acc = _pct(by_acc[name]["accuracy"]) if name in by_acc else "not graded"
         rows.append([LABELS.get(name, name), _num(s["tokens_mean"], 1), _num(s["wall_mean_s"], 3),
                      _num(s["nfe_mean"], 1), _num(s["throughput"], 1) + mark, _num(s["tokens_per_nfe"], 2), acc])
+    lossless = summary.get("lossless") or {}
+    differing = ", ".join(f"{LABELS.get(n, n)} {c['differing']} of {c['compared']}"
+                          for n, c in lossless.get("by_schedule", {}).items())
+    check = f" Outputs differing from AR's, token for token: {differing}." if lossless.get("applies") else ""
     return (f"{entry['task']}: absolute measurements ({summary['meta'].get('prompts_measured', 0)} prompts)",
             ["schedule", "tokens", "wall (s)", "NFE", "tokens/s", "tokens/NFE", "accuracy (%)"], rows,
-            "Tokens, wall time and NFE are means per response; tokens/s and tokens/NFE use aggregate totals.")
+            "Tokens, wall time and NFE are means per response; tokens/s and tokens/NFE use aggregate totals." + check)
 
 
 def efficiency_table(entry: dict) -> tuple[str, list[str], list[list[str]], str]:
@@ -46,9 +50,10 @@ def efficiency_table(entry: dict) -> tuple[str, list[str], list[list[str]], str]
         if c["numerator"] == "packed" and c["denominator"] in BASELINES:
             rows.append([f"Packed-SS vs {LABELS.get(c['denominator'], c['denominator'])}",
                          _interval(c["wall_difference_s"], 4), _interval(c["throughput_ratio"])])
+    warning = few_prompts_warning(entry["summary"]["meta"].get("prompts_measured", 0))
     return (f"{entry['task']}: paired efficiency", ["comparison", "wall difference (s)", "throughput ratio"], rows,
             "Wall difference: Packed-SS minus the baseline, seconds per response; ratio: Packed-SS / baseline; "
-            "brackets: 95% paired bootstrap intervals over prompts.")
+            "brackets: 95% paired bootstrap intervals over prompts." + (f" {warning}" if warning else ""))
 
 
 def accuracy_table(entry: dict) -> tuple[str, list[str], list[list[str]], str]:

@@ -67,6 +67,16 @@ def device_dtype_problem(device: str | None, dtype: str | None) -> str | None:
     return None
 
 
+def special_ids_problem(name: str, checkpoint, vocab_size: int) -> None:
+    """Refuse a checkpoint whose mask, EOS or BOS id lies outside its vocabulary (a broken config would otherwise
+    fail deep inside the first call). Raises: ModelLoadError naming the id and the vocabulary size."""
+    for what, value in (("mask_token_id", checkpoint.mask_token_id), ("eos_token_id", checkpoint.eos_token_id),
+                        ("bos_token_id", checkpoint.bos_token_id)):
+        if value is not None and not (isinstance(value, int) and 0 <= value < vocab_size):
+            raise ModelLoadError(f"{name!r}: {what} {value!r} is not a token id of its vocabulary of {vocab_size} "
+                                 f"(0 to {vocab_size - 1})")
+
+
 def hub_unreachable(name: str, timeout_s: float = 10.0) -> bool:
     """True when the hub cannot be contacted at all (no network), checked with one quick request.
 
@@ -184,6 +194,7 @@ class DualModeModel:
             raise ModelLoadError(offline if local_only else
                                  f"cannot load model {name!r}: {type(error).__name__}: {error}") from error
         model = checkpoint.model
+        special_ids_problem(name, checkpoint, int(model.config.vocab_size))
         lora, adapter_note = None, None
         if drafter_lora:
             folder = adapter_folder(local if local.exists() else None, name, drafter_lora, local_only)

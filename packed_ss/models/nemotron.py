@@ -85,7 +85,7 @@ class NemotronLabsDiffusion:
         model, info = Ministral3ForCausalLM.from_pretrained(
             name, config=mapped, key_mapping=KEY_MAPPING, dtype=dtype, device_map=device,
             attn_implementation="sdpa", local_files_only=local_only, output_loading_info=True,
-            trust_remote_code=False)
+            trust_remote_code=False, ignore_mismatched_sizes=True)  # mis-shaped tensors: named below
         # Rotary frequencies are recomputed from the config; a checkpoint that stored them loses nothing.
         refuse_partial_load(name, info, ignored=lambda key: key.endswith("rotary_emb.inv_freq"))
         eos = config.get("eos_token_id")

@@ -28,7 +28,8 @@ class PlainCausalLM:
         tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local_only, trust_remote_code=False)
         model, info = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, device_map=device,
                                                            attn_implementation="sdpa", local_files_only=local_only,
-                                                           output_loading_info=True, trust_remote_code=False)
+                                                           output_loading_info=True, trust_remote_code=False,
+                                                           ignore_mismatched_sizes=True)  # named below
         refuse_partial_load(name, info)
         mask_id = getattr(model.config, "mask_token_id", None)
         if mask_id is None:

@@ -32,6 +32,8 @@ paper's setting for SetDLM).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from packed_ss.models.checkpoint import Checkpoint, refuse_partial_load
 from packed_ss.models.errors import ModelLoadError
 
@@ -108,8 +110,12 @@ def kept_layers(spec: dict, layers: int) -> list[int]:
         keep = [i for i in keep if (i + 1) % every == 0]
     if isinstance(count, int) and count != -1:
         keep = keep[-count:] if spec.get("keep_top_layers") else keep[:count]
-    if not keep or max(bottom, count) > layers:
-        raise ModelLoadError(f"SetDLM backbone cut keeps {len(keep)} of the base model's {layers} layers "
+    for knob, value in (("keep_bottom_n_layers", bottom), ("num_layers", count), ("keep_every_n_layers", every)):
+        if value > layers:
+            raise ModelLoadError(f"SetDLM backbone_config.{knob} is {value}, more than the base model's {layers} "
+                                 f"layers (is the base model the checkpoint's?)")
+    if not keep:
+        raise ModelLoadError(f"SetDLM backbone cut keeps none of the base model's {layers} layers "
                              f"(keep_bottom_n_layers {bottom}, keep_every_n_layers {every}, num_layers {count})")
     return keep
 
@@ -119,6 +125,10 @@ def backbone_config(base: str, spec: dict, local_only: bool):
     read; the weights are the checkpoint's). Raises: ModelLoadError."""
     from transformers import AutoConfig
 
+    folder = Path(base).expanduser()
+    if (base.startswith((".", "/", "~")) or folder.exists()) and not (folder / "config.json").is_file():
+        raise ModelLoadError(f"the SetDLM base model folder {base!r} does not exist or has no config.json "
+                             f"(--base-model takes a local copy of the base model's config.json)")
     try:
         mapped = AutoConfig.from_pretrained(base, local_files_only=local_only, trust_remote_code=False)
     except Exception as error:  # noqa: BLE001 - offline, unknown model_type, remote code: one message
@@ -190,4 +200,5 @@ def _load_weights(name: str, mapped, prefix: str, dtype, device: str, local_only
 
     return AutoModelForCausalLM.from_pretrained(
         name, config=mapped, key_mapping={"^" + re.escape(prefix): ""}, dtype=dtype, device_map=device,
-        attn_implementation="sdpa", local_files_only=local_only, output_loading_info=True, trust_remote_code=False)
+        attn_implementation="sdpa", local_files_only=local_only, output_loading_info=True, trust_remote_code=False,
+        ignore_mismatched_sizes=True)  # mis-shaped tensors come back in the loading info, named by refuse_partial_load
