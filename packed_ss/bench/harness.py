@@ -200,6 +200,8 @@ def merged(out: Path, task: Task, prompts: list[Prompt]) -> tuple[pd.DataFrame, 
             item = json.loads(line)
             extra["divergences"] += item["divergences"]
             extra["skipped_prompts"] += item["skipped"]
+    for key in extra:  # a resumed prompt may have been reported twice
+        extra[key] = list({json.dumps(x, sort_keys=True): x for x in extra[key]}.values())
     return frame, extra
 
 
