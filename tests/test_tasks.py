@@ -213,6 +213,10 @@ def test_the_report_has_the_papers_tables_with_accuracy_and_correctness_labels(o
                   "Packed-SS vs Quadratic-SS", "block sizes {'linear': 32, 'quadratic': 8, 'packed': 32}",
                   "Packed-SS: labels differing from AR | 0 of 5 (0 expected)"):
         assert title in paper
+    page = (one_process / "report.html").read_text()
+    for piece in ("Throughput ratio of Packed-SS to each baseline", "Packed-SS / Quadratic-SS", "Accuracy per schedule",
+                  "humaneval: accuracy differences"):
+        assert piece in page
     grades = pd.read_csv(one_process / "humaneval" / "grades.csv")
     assert len(grades) == 20 and set(grades["status"]) <= {"passed", "failed", "timeout", "forbidden"}
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 import html
 import math
 
-from packed_ss.bench.report import LABELS, _interval, _num, few_prompts_warning
+import plotly.graph_objects as go
+
+from packed_ss.bench.report import COLORS, LABELS, _gap, _interval, _num, few_prompts_warning
 
 BASELINES = ("linear", "quadratic", "ar", "diffusion")  # Packed-SS is compared with each that was measured
 
@@ -119,8 +121,40 @@ def paper_markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def paper_figures(report: dict) -> list[go.Figure]:
+    """Figure 3's view: per task, Packed-SS's throughput ratio to each baseline with its interval, and each
+    schedule's accuracy (graded tasks)."""
+    tasks = [entry["task"] for entry in report["tasks"]]
+    ratios = go.Figure()
+    for baseline in BASELINES:
+        points = [(entry["task"], c["throughput_ratio"]) for entry in report["tasks"]
+                  for c in entry["summary"]["comparisons"] if c["numerator"] == "packed" and c["denominator"] == baseline]
+        if points:
+            ratios.add_trace(go.Scatter(
+                x=[t for t, _ in points], y=[r["estimate"] for _, r in points], mode="markers",
+                name=f"Packed-SS / {LABELS.get(baseline, baseline)}", marker=dict(size=12, color=COLORS.get(baseline)),
+                error_y=dict(type="data", symmetric=False, array=[_gap(r["high"], r["estimate"]) for _, r in points],
+                             arrayminus=[_gap(r["estimate"], r["low"]) for _, r in points])))
+    ratios.add_hline(y=1, line_dash="dash", line_color="#444")
+    ratios.update_layout(title="Throughput ratio of Packed-SS to each baseline (95% paired intervals; above 1: "
+                               "Packed-SS is faster)", yaxis_title="throughput ratio", scattermode="group",
+                         height=420, template="plotly_white", xaxis=dict(categoryorder="array", categoryarray=tasks))
+    accuracy = go.Figure()
+    schedules = dict.fromkeys(n for entry in report["tasks"] for n in (entry.get("accuracy") or {}).get("by_schedule", {}))
+    for name in schedules:
+        graded = [(entry["task"], entry["accuracy"]["by_schedule"][name]["accuracy"]) for entry in report["tasks"]
+                  if name in (entry.get("accuracy") or {}).get("by_schedule", {})]
+        accuracy.add_trace(go.Bar(x=[t for t, _ in graded], y=[100 * (a or 0) for _, a in graded],
+                                  name=LABELS.get(name, name), marker_color=COLORS.get(name)))
+    accuracy.update_layout(title="Accuracy per schedule (pass@1 or answer match, %)", yaxis_title="accuracy (%)",
+                           barmode="group", height=380, template="plotly_white")
+    return [ratios, accuracy] if schedules else [ratios]
+
+
 def paper_html(report: dict) -> str:
-    """A self-contained page (no scripts) with the same tables."""
+    """A self-contained page (plotly.js embedded once, no network needed) with the figures and the tables."""
+    plots = [fig.to_html(full_html=False, include_plotlyjs=(i == 0), default_height=f"{fig.layout.height}px")
+             for i, fig in enumerate(paper_figures(report))]
     parts = []
     for title, headers, rows, note in paper_tables(report):
         head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
@@ -134,4 +168,4 @@ def paper_html(report: dict) -> str:
              "text-align:right}td:first-child,th:first-child{text-align:left}.note{color:#555;font-size:.9em}")
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>packed-ss: the paper's experiments</title>"
             f"<style>{style}</style></head><body><h1>packed-ss: the paper's experiments</h1><ul>{header}</ul>"
-            f"{''.join(parts)}</body></html>")
+            f"{''.join(plots)}{''.join(parts)}</body></html>")
