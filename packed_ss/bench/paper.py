@@ -147,7 +147,7 @@ def paper_figures(report: dict) -> list[go.Figure]:
         accuracy.add_trace(go.Bar(x=[t for t, _ in graded], y=[100 * (a or 0) for _, a in graded],
                                   name=LABELS.get(name, name), marker_color=COLORS.get(name)))
     accuracy.update_layout(title="Accuracy per schedule (pass@1 or answer match, %)", yaxis_title="accuracy (%)",
-                           barmode="group", height=380, template="plotly_white")
+                           barmode="group", height=380, template="plotly_white", yaxis=dict(range=[0, 100]))
     return [ratios, accuracy] if schedules else [ratios]
 
 
