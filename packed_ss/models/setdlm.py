@@ -170,7 +170,7 @@ class SetDLMFamily:
         refuse_partial_load(name, info, ignored=lambda key: key in NOT_WEIGHTS
                             or key.endswith("rotary_emb.inv_freq"))
         return Checkpoint(model, tokenizer, int(ids["mask_token_id"]), ids["eos_token_id"], ids["bos_token_id"],
-                          self.name, lambda module: module)
+                          self.name)
 
     @staticmethod
     def _tokenizer(name: str, config: dict, mapped, local_only: bool):
