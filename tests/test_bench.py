@@ -234,6 +234,18 @@ def test_benchmark_view_fits_report_figures_into_its_panels():
 
 
 # --- issue 11 -----------------------------------------------------------------------------------------
+def test_processes_of_one_launch_check_the_same_out_folder_at_once(tmp_path):
+    """Reported in CI: two ranks of an accelerate launch probed --out with one shared file name; one deleted the
+    other's probe, which then failed with 'No such file or directory'. Many checks at once must all pass."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from packed_ss.bench.cli import check_out_folder
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda _: check_out_folder(tmp_path / "shared"), range(400)))
+    assert list((tmp_path / "shared").iterdir()) == []
+
+
 def test_bad_out_folder_is_refused_before_loading_or_measuring(prompt_file, capsys):
     """The model does not exist either: the --out message comes first, so nothing was loaded or measured."""
     code = main(["--model", "/nonexistent/model", "--prompts", str(prompt_file), "--out", f"{prompt_file}/sub"])

@@ -172,7 +172,7 @@ def test_two_processes_through_accelerate_give_the_rows_of_one_and_one_report(on
                *bench(out, "--limit", "5")]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.returncode == 0, "\n".join(line for line in done.stderr.splitlines() if "/s" not in line)[-4000:]
     assert sorted(p.name for p in (out / "runs").glob("*.rows.jsonl")) == ["humaneval.rank0.rows.jsonl",
                                                                           "humaneval.rank1.rows.jsonl"]
     pd.testing.assert_frame_equal(runs(out), runs(one_process))

@@ -4,6 +4,7 @@ exit 2; 130 on an interrupt)."""
 from __future__ import annotations
 
 import argparse
+import tempfile
 import sys
 from pathlib import Path
 
@@ -86,9 +87,9 @@ def check_out_folder(out_dir: str | Path) -> None:
         if out.exists() and not out.is_dir():
             raise BenchError(f"--out {str(out_dir)!r} is a file; give a folder")
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-check"
-        probe.write_text("", encoding="utf-8")
-        probe.unlink()
+        # a name of its own: the processes of one launch probe the same folder at once
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".write-check-"):
+            pass
     except OSError as error:
         raise BenchError(f"cannot write to --out {str(out_dir)!r}: {error.strerror or error}") from None
 
