@@ -38,7 +38,8 @@ def decode_config(args) -> DecodeConfig:
 
 
 def load_model(name: str, device: str | None, dtype: str | None, family: str | None = None,
-               drafter_lora: str | None = None, base_model: str | None = None):
+               drafter_lora: str | None = None, base_model: str | None = None, cache: str = "static",
+               compiled: bool = False):
     """``DualModeModel.from_pretrained`` with every failure (bad device included) as a one-line ValueError;
     ``base_model`` given for a checkpoint that is not SetDLM's is one too."""
     from packed_ss.models import DualModeModel, ModelLoadError
@@ -47,7 +48,8 @@ def load_model(name: str, device: str | None, dtype: str | None, family: str | N
         raise ModelLoadError("--base-model is empty: give a folder or hub id, or leave the flag out")
     try:
         model = DualModeModel.from_pretrained(name, device=device, dtype=dtype, family=family,
-                                              drafter_lora=drafter_lora, base_model=base_model)
+                                              drafter_lora=drafter_lora, base_model=base_model, cache=cache,
+                                              compiled=compiled)
     except ModelLoadError:
         raise
     except (RuntimeError, AssertionError, AttributeError, TypeError) as error:  # e.g. moving to a missing device
@@ -69,6 +71,13 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
                              "Qwen/Qwen3-1.7B-Base); a local folder works offline")
     parser.add_argument("--drafter-lora", default=None, metavar="PATH_OR_SUBFOLDER",
                         help="peft LoRA applied to proposal rows only, e.g. linear_spec_lora (NLD's subfolder)")
+    parser.add_argument("--compile", action="store_true",
+                        default=os.environ.get("PACKED_SS_COMPILE", "").lower() in ("1", "true", "yes"),
+                        help="model calls through torch.compile at a few padded row counts (env PACKED_SS_COMPILE=1; "
+                             "CPU: needs a C++ compiler; CUDA: CUDA graphs); a compile failure decodes eagerly")
+    parser.add_argument("--cache", default="static", choices=("static", "dynamic"),
+                        help="KV cache: static (preallocated, rollback moves its length; default) or dynamic "
+                             "(transformers' DynamicCache, grown and cropped)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -117,11 +126,19 @@ def _generate(args) -> int:
         # One rule for prompts in every front end (packed_ss.inputs); --prompt bytes that are not UTF-8
         # reach Python as lone surrogates and are refused there.
         prompt = read_prompt_file(args.prompt_file) if args.prompt_file is not None else check_prompt(args.prompt)
-        model = load_model(args.model, args.device, args.dtype, args.family, args.drafter_lora, args.base_model)
+        model = load_model(args.model, args.device, args.dtype, args.family, args.drafter_lora, args.base_model,
+                           args.cache, args.compile)
         get_schedule(args.schedule, model)
         if config.order != "ltr" and not getattr(model, "any_order", False):
             raise UsageError(f"--order {config.order} needs an any-order model (e.g. --model assets/model-anyorder)")
-        run = generate(model, model.encode(prompt), config, args.schedule)
+        ids = model.encode(prompt)
+        if model.compiled:  # compile every shape of the run before the one that is timed
+            generate(model, ids, config, args.schedule)
+            print(f"compiled {len(model.static.shapes)} call shapes in {model.static.compile_s:.1f} s "
+                  f"(not part of the timed run)", file=sys.stderr)
+        run = generate(model, ids, config, args.schedule)
+        if model.compile_note:
+            print(f"warning: {model.compile_note}", file=sys.stderr)
     except (ValueError, ModelLoadError, UsageError) as error:
         raise UsageError(str(error).splitlines()[0] if str(error) else type(error).__name__) from None
     metrics = run.metrics()

@@ -31,12 +31,14 @@ def call_cost(model) -> CallCost:
     """The model's :class:`CallCost`: a least-squares line through the median model time of calls of
     :data:`PROBE_ROWS` causal rows after a :data:`PROBE_PREFIX`-token prefix (about 20 calls), measured on
     first use and cached on the network (``model.model``, so every :meth:`share` of it reuses the fit; on
-    ``model`` itself when it has none) as ``call_cost_fit``. Leaves the model's cache empty.
+    ``model`` itself when it has none) as ``call_cost_fit`` (``call_cost_fit_compiled`` for compiled calls, whose
+    fit differs). Leaves the model's cache empty.
 
     A model without real timings (all model times 0, as scripted test models) gets tau = 1 ms, delta = 0.
     """
     holder = getattr(model, "model", None) or model
-    found = getattr(holder, "call_cost_fit", None)
+    key = "call_cost_fit_compiled" if getattr(model, "compiled", False) else "call_cost_fit"  # one fit per path
+    found = getattr(holder, key, None)
     if found is not None:
         return found
     from packed_ss.layout import prefill_layout, verify_layout
@@ -58,5 +60,5 @@ def call_cost(model) -> CallCost:
     model.reset()
     delta, tau = np.polyfit(np.array(PROBE_ROWS, dtype=float), np.array(medians), 1)
     fit = CallCost(max(float(tau), 1e-3), max(float(delta), 0.0)) if max(medians) > 0 else CallCost(1.0, 0.0)
-    holder.call_cost_fit = fit
+    setattr(holder, key, fit)
     return fit

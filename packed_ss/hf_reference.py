@@ -2,7 +2,10 @@
 
 ``hf-greedy`` is ``generate(do_sample=False)``; ``hf-lookup`` is transformers' prompt-lookup decoding,
 ``generate(prompt_lookup_num_tokens=W, max_matching_ngram_size=2)`` with W = B - 1, the peer this
-project's ``lookup`` schedule re-implements. Both are timed like the engine's runs: wall time of the
+project's ``lookup`` schedule re-implements; ``hf-greedy-compiled`` is greedy ``generate`` with
+``cache_implementation="static"`` and its compiled forward (``CompileConfig``, CUDA graphs on CUDA), the
+strongest AR a transformers user can pick. Its static cache is sized like the engine's (the run's need rounded
+up to :data:`~packed_ss.models.static.CAPACITY_STEP`), so both compile once per capacity. Both are timed like the engine's runs: wall time of the
 decoding only (the prompt tensor is built before the clock starts), CUDA-synchronised, and the model's
 forward calls counted as NFE. They run greedy only and need a ``transformers`` network
 (``model.model``); the drafter adapter is not used.
@@ -16,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-HF_REFERENCES = ("hf-greedy", "hf-lookup")
+HF_REFERENCES = ("hf-greedy", "hf-lookup", "hf-greedy-compiled")
 NGRAM_SIZE = 2  # max_matching_ngram_size, as the engine's lookup (packed_ss.schedules.lookup.MAX_NGRAM)
 
 
@@ -84,6 +87,8 @@ def hf_generate(model, prompt_ids: Sequence[int], max_new_tokens: int, kind: str
         raise ValueError(f"unknown reference {kind!r}; choose one of {', '.join(HF_REFERENCES)}")
     network = model.model
     extra = dict(prompt_lookup_num_tokens=block_size - 1, max_matching_ngram_size=NGRAM_SIZE) if kind == "hf-lookup" else {}
+    if kind == "hf-greedy-compiled":
+        extra = compiled_generate_options(model, len(prompt_ids) + max_new_tokens)
     eos = model.eos_token_id
     inputs = torch.tensor([list(prompt_ids)], device=model.device)
     calls = [0]
@@ -106,3 +111,16 @@ def hf_generate(model, prompt_ids: Sequence[int], max_new_tokens: int, kind: str
     tokens = tuple(out[0, len(prompt_ids):].tolist())
     reason = "eos" if eos is not None and eos in tokens else "limit"
     return ReferenceRun(kind, tokens, calls[0], wall, reason)
+
+
+def compiled_generate_options(model, tokens: int) -> dict:
+    """``generate`` options of ``hf-greedy-compiled`` for a run of ``tokens`` tokens (prompt + new tokens)."""
+    from transformers import CompileConfig
+
+    from packed_ss.models.static import CAPACITY_STEP
+
+    cuda = model.device.type == "cuda"
+    compile_config = CompileConfig(fullgraph=False, dynamic=False, mode="reduce-overhead" if cuda else "default")
+    compile_config._compile_all_devices = True  # transformers compiles on CUDA only unless told
+    return dict(cache_implementation="static", max_cache_len=-(-tokens // CAPACITY_STEP) * CAPACITY_STEP,
+                compile_config=compile_config)

@@ -332,24 +332,32 @@ def per_call_cost(models: Models, sizes: Sizes, budget: Budget, device: str) -> 
 
 
 # --- 5. race ---------------------------------------------------------------------------------------
-def race(models: Models, sizes: Sizes, budget: Budget) -> dict:
-    """Each schedule on one prompt, repeats in rotated order; medians per schedule.
+def race(models: Models, sizes: Sizes, budget: Budget, compiled: bool = False) -> dict:
+    """Each schedule on one prompt, repeats in rotated order; medians per schedule. ``compiled``: through
+    compiled calls (CUDA graphs, ``packed_ss.models.static``), whose shapes compile in the untimed warm-up
+    (full-length runs: the same static-cache capacity as the timed ones); the compile time is reported.
 
     Units: wall_s seconds of decoder time, time_per_nfe_ms milliseconds, throughput tokens per second.
     """
     from packed_ss import DecodeConfig, generate
+    from packed_ss.models import DualModeModel
 
     model = models.embedded("bfloat16")
+    if compiled:
+        model = DualModeModel(model.model, model.tokenizer, model.mask_token_id, model.eos_token_id,
+                              compiled=True)
     prompt_text = sizes.prompts[0]
     prompt = model.encode(prompt_text)
     config = DecodeConfig(block_size=sizes.block_size, max_new_tokens=sizes.race_tokens)
-    warmup = DecodeConfig(block_size=sizes.block_size, max_new_tokens=8)
+    warmup = config if compiled else DecodeConfig(block_size=sizes.block_size, max_new_tokens=8)
     schedules = sizes.race_schedules
     for name in schedules:  # untimed: first-call kernels and allocator growth stay out of the medians
         generate(model, prompt, warmup, name)
     runs = {name: [] for name in schedules}
     out = {"prompt": prompt_text, "dtype": "bfloat16", "block_size": config.block_size,
-           "max_new_tokens": config.max_new_tokens}
+           "max_new_tokens": config.max_new_tokens, "compiled": model.compiled, "compile_note": model.compile_note,
+           "compile_s": model.static.compile_s if model.static else 0.0,
+           "shapes": list(model.static.shapes) if model.static else []}
     for repeat in range(sizes.race_repeats):
         if repeat and not budget.allows(10):
             out["partial"] = f"{SKIPPED} after {repeat} repeats"
@@ -417,13 +425,14 @@ def summary_lines(report: dict) -> list[str]:
             lines.append(f"ms/call {key}: " + ", ".join(cells))
         elif key not in ("unit", "section_s", "error", "where"):
             lines.append(f"ms/call {key}: {part}")
-    race_part = report.get("race")
-    if isinstance(race_part, dict) and "schedules" in race_part:
-        cells = [f"{n} {r['throughput']:.0f} tok/s ({r['tokens_per_nfe']:.2f} tok/NFE, "
-                 f"{r['time_per_nfe_ms']:.2f} ms/NFE)" for n, r in race_part["schedules"].items()]
-        lines.append("race: " + "; ".join(cells))
-    else:
-        lines.append(f"race: {race_part}")
+    for name in ("race", "race_compiled"):
+        part = report.get(name)
+        if isinstance(part, dict) and "schedules" in part:
+            cells = [f"{n} {r['throughput']:.0f} tok/s ({r['tokens_per_nfe']:.2f} tok/NFE, "
+                     f"{r['time_per_nfe_ms']:.2f} ms/NFE)" for n, r in part["schedules"].items()]
+            lines.append(f"{name}: " + "; ".join(cells))
+        else:
+            lines.append(f"{name}: {part}")
     lines.append(f"total {report.get('elapsed_s', 0):.1f} s")
     return lines
 
@@ -457,6 +466,7 @@ def main(argv: list[str] | None = None) -> int:
         ("lossless", lambda: lossless(models, sizes, budget), 20),
         ("per_call_cost", lambda: per_call_cost(models, sizes, budget, args.device), 15),
         ("race", lambda: race(models, sizes, budget), 15),
+        ("race_compiled", lambda: race(models, sizes, budget, compiled=True), 60),
     ]
     problem = device_dtype_problem(args.device, None)
     if not problem and not (EMBEDDED / "model.safetensors").exists():

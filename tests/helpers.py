@@ -20,8 +20,10 @@ def tiny_tokenizer(vocab_size: int):
 
 
 def tiny_llama(vocab_size: int = 24, seed: int = 0, hidden: int = 32, layers: int = 2,
-               logit_scale: float = 1.0, eos: bool = True) -> DualModeModel:
-    """A randomly initialised Llama-architecture dual-mode model in float64 (argmax ties cannot flip)."""
+               logit_scale: float = 1.0, eos: bool = True, cache: str = "static",
+               compiled: bool = False) -> DualModeModel:
+    """A randomly initialised Llama-architecture dual-mode model in float64 (argmax ties cannot flip), with the
+    static cache (``cache="dynamic"``: transformers' own) and, with ``compiled``, compiled calls."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -34,7 +36,8 @@ def tiny_llama(vocab_size: int = 24, seed: int = 0, hidden: int = 32, layers: in
         model.lm_head.weight.mul_(logit_scale)
     # The mask token is never a prediction, as in a trained dual-mode model.
     model.lm_head.register_forward_hook(lambda module, args, out: out.index_fill(-1, torch.tensor([1]), -1e9))
-    return DualModeModel(model, tiny_tokenizer(vocab_size), mask_token_id=1, eos_token_id=0 if eos else None)
+    return DualModeModel(model, tiny_tokenizer(vocab_size), mask_token_id=1, eos_token_id=0 if eos else None,
+                         cache=cache, compiled=compiled)
 
 
 class ScriptedModel:
@@ -58,7 +61,7 @@ class ScriptedModel:
     def cache_length(self) -> int:
         return len(self.cache)
 
-    def reset(self) -> None:
+    def reset(self, tokens: int = 0, block_size: int | None = None) -> None:
         self.cache = []
 
     def rollback(self, keep: int) -> None:

@@ -190,7 +190,7 @@ class _Scripted:
 
     mask_token_id, eos_token_id, max_length, any_order, cache_length = 1, 0, 1000, True, 0
 
-    def reset(self):
+    def reset(self, tokens=0, block_size=None):
         pass
 
     def rollback(self, keep):

@@ -20,8 +20,8 @@ def reference_cache(model, ids):
     return cache
 
 
-def _run_and_check(name):
-    model = tiny_llama(vocab_size=10, seed=3, logit_scale=3.0, eos=False)
+def _run_and_check(name, cache="static"):
+    model = tiny_llama(vocab_size=10, seed=3, logit_scale=3.0, eos=False, cache=cache)
     prompt = [4, 5, 6]
     generated: list[int] = []
     iterations = 0
@@ -34,15 +34,16 @@ def _run_and_check(name):
         else:
             assert cached == record.prefix_len_after - 1 == len(prompt + generated) - 1
         ref = reference_cache(model, (prompt + generated)[:cached])
-        for layer, ref_layer in zip(model.cache.layers, ref.layers):
-            assert torch.allclose(layer.keys, ref_layer.keys, atol=1e-10)
-            assert torch.allclose(layer.values, ref_layer.values, atol=1e-10)
+        for (keys, values), ref_layer in zip(model.cached_kv(), ref.layers, strict=True):
+            assert torch.allclose(keys, ref_layer.keys, atol=1e-10)
+            assert torch.allclose(values, ref_layer.values, atol=1e-10)
     assert iterations > 3
 
 
+@pytest.mark.parametrize("cache", ["static", "dynamic"])
 @pytest.mark.parametrize("name", ["ar", "linear", "quadratic", "packed", "diffusion"])
-def test_cached_keys_and_values_equal_a_fresh_forward(name):
-    _run_and_check(name)
+def test_cached_keys_and_values_equal_a_fresh_forward(name, cache):
+    _run_and_check(name, cache)
 
 
 def test_packed_halves_equal_separate_calls():

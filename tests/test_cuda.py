@@ -87,6 +87,6 @@ def test_float32_cache_after_packed_run_equals_a_fresh_forward(cuda_float32):
     with torch.no_grad():
         model.model(input_ids=torch.tensor([ids[:cached]], device=model.device), past_key_values=reference,
                     use_cache=True)
-    for layer, ref_layer in zip(model.cache.layers, reference.layers, strict=True):
-        torch.testing.assert_close(layer.keys, ref_layer.keys, atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(layer.values, ref_layer.values, atol=1e-4, rtol=1e-4)
+    for (keys, values), ref_layer in zip(model.cached_kv(), reference.layers, strict=True):
+        torch.testing.assert_close(keys, ref_layer.keys, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(values, ref_layer.values, atol=1e-4, rtol=1e-4)

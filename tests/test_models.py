@@ -97,8 +97,8 @@ def test_nld_cache_equals_a_fresh_forward_and_rows_match_table_2(nld_model, name
         ref = DynamicCache(config=nld_model.model.config)
         with torch.no_grad():
             nld_model.model(input_ids=torch.tensor([ids]), past_key_values=ref, use_cache=True)
-        for layer, ref_layer in zip(nld_model.cache.layers, ref.layers):
-            assert torch.allclose(layer.keys, ref_layer.keys, atol=1e-10)
+        for (keys, _), ref_layer in zip(nld_model.cached_kv(), ref.layers, strict=True):
+            assert torch.allclose(keys, ref_layer.keys, atol=1e-10)
         if record.index > 1:  # regular iterations (Table 2): rows and calls per iteration
             # Packed-SS on a CPU leaves the empty draft slots out (pads_drafts False): 1 + |D| + B rows, at most 2B
             packed = 1 + len(record.old_draft) + block if not nld_model.pads_drafts else 2 * block
@@ -123,14 +123,28 @@ def _packed_call(model, base, prefix, draft, block):
 
 @pytest.fixture(scope="module")
 def lora_models(nld_dir):
-    with_lora = DualModeModel.from_pretrained(nld_dir, device="cpu", dtype="float64", drafter_lora="linear_spec_lora")
-    merged = DualModeModel.from_pretrained(nld_dir, device="cpu", dtype="float64", drafter_lora="linear_spec_lora")
+    """Base, with the drafter adapter, merged: dynamic caches, which ``_packed_call`` copies from one to another
+    (the static cache's LoRA runs are checked against these below)."""
+    dynamic = dict(device="cpu", dtype="float64", cache="dynamic")
+    with_lora = DualModeModel.from_pretrained(nld_dir, drafter_lora="linear_spec_lora", **dynamic)
+    merged = DualModeModel.from_pretrained(nld_dir, drafter_lora="linear_spec_lora", **dynamic)
     for layer in merged.drafter_lora.layers:  # peft's merge: W += scaling * B A, for every row of every call
         layer.enable_adapters(True)
         layer.merge(adapter_names=["drafter"])
     merged.drafter_lora = None  # its forward must not switch (and so unmerge) the merged adapter
-    base = DualModeModel.from_pretrained(nld_dir, device="cpu", dtype="float64")
+    base = DualModeModel.from_pretrained(nld_dir, **dynamic)
     return base, with_lora, merged
+
+
+@pytest.mark.parametrize("name", SPECULATIVE)
+def test_adapter_runs_on_the_static_cache_equal_the_dynamic_caches(lora_models, nld_dir, name):
+    _, with_lora, _ = lora_models
+    static = DualModeModel.from_pretrained(nld_dir, device="cpu", dtype="float64", drafter_lora="linear_spec_lora")
+    assert static.cache_kind == "static"
+    config = DecodeConfig(block_size=4, max_new_tokens=16, drafter_lora=True)
+    prompt = [NLD_BOS_ID, 50, 51, 52, 53]
+    a, b = generate(static, prompt, config, name), generate(with_lora, prompt, config, name)
+    assert a.token_ids == b.token_ids and [r.proposals for r in a.records] == [r.proposals for r in b.records]
 
 
 def test_adapter_in_one_packed_call_changes_draft_rows_only(lora_models):

@@ -196,8 +196,7 @@ def test_setdlms_attention_cast_is_the_identity_here(setdlm, dtype):
     layout = order_layout("ao-ar", 0, [], (4,), {}, SETDLM_MASK_ID, checked=0, verified=1, drafted=False,
                           prompt=tuple(PROMPT))
     model.forward(layout, (layout.rows - 1,))
-    assert {layer.keys.dtype for layer in model.cache.layers} == {layer.values.dtype for layer in model.cache.layers} \
-        == {dtype}
+    assert {k.dtype for k, _ in model.cached_kv()} == {v.dtype for _, v in model.cached_kv()} == {dtype}
 
 
 def run(model, schedule, order="ltr", block=5, new=24):

@@ -76,7 +76,7 @@ class OrderSession:
         self._last: CallLayout | None = None
         never = getattr(model, "never_emit_ids", (model.mask_token_id,))
         self._never_emit = torch.tensor(sorted(set(never)), dtype=torch.long)
-        model.reset()
+        model.reset(needed + 2 * config.block_size, config.block_size)  # a static cache is sized for the run
 
     # --- the window ---------------------------------------------------------------------------
     @property

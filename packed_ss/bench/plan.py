@@ -27,8 +27,8 @@ BASELINE = "linear"  # the decomposition is normalised to this schedule's total 
 COMPARISONS = (("packed", "linear"), ("packed", "quadratic"), ("packed", "ar"), ("packed", "lookup"),
                ("lookup", "ar"), ("packed-mixed", "lookup"), ("packed-mixed", "packed"), ("packed-mixed", "ar"),
                ("lookup", "hf-lookup"), ("ar", "hf-greedy"), ("packed-mixed", "hf-lookup"), ("partial", "packed"),
-               ("partial", "quadratic"), ("partial", "ar"))
-NO_BLOCK = ("ar", "hf-greedy")  # schedules whose output and cost do not depend on B
+               ("partial", "quadratic"), ("partial", "ar"), ("ar", "hf-greedy-compiled"))
+NO_BLOCK = ("ar", "hf-greedy", "hf-greedy-compiled")  # schedules whose output and cost do not depend on B
 WARMUP_TOKENS = 8  # new-token limit of the untimed warm-up runs
 MAX_SEED = SEED_RANGE[1]  # run seeds (seed + prompt offsets) stay within the seeds that give distinct runs
 

@@ -18,16 +18,17 @@ from packed_ss.bench.run import BenchResult
 
 LABELS = {"ar": "AR", "linear": "Linear-SS", "quadratic": "Quadratic-SS", "packed": "Packed-SS",
           "diffusion": "Diffusion", "lookup": "Prompt lookup", "packed-mixed": "Packed-SS + n-gram",
-          "partial": "Partial-branch SS", "hf-greedy": "transformers greedy", "hf-lookup": "transformers prompt lookup"}
+          "partial": "Partial-branch SS", "hf-greedy": "transformers greedy", "hf-lookup": "transformers prompt lookup",
+          "hf-greedy-compiled": "transformers greedy, static cache, compiled"}
 COLORS = {"ar": "#7f7f7f", "linear": "#1f77b4", "quadratic": "#ff7f0e", "packed": "#2ca02c", "diffusion": "#9467bd",
           "lookup": "#e377c2", "packed-mixed": "#17becf", "partial": "#8c564b", "hf-greedy": "#bcbd22",
-          "hf-lookup": "#d62728"}
+          "hf-lookup": "#d62728", "hf-greedy-compiled": "#393b79"}
 RATIOS = (("throughput_ratio", "Throughput"), ("tokens_per_nfe_ratio", "Tokens/NFE"),
           ("time_per_nfe_ratio", "Time/NFE"))
 
 
 SHORT = {"packed-mixed": "Packed+n-gram", "partial": "Partial SS", "hf-greedy": "HF greedy", "hf-lookup": "HF lookup",
-         "lookup": "Lookup", "diffusion": "Diffusion", "quadratic": "Quadratic", "linear": "Linear", "packed": "Packed"}
+         "hf-greedy-compiled": "HF compiled", "lookup": "Lookup", "diffusion": "Diffusion", "quadratic": "Quadratic", "linear": "Linear", "packed": "Packed"}
 FEW_PROMPTS = 10  # paired intervals over fewer prompts than this get a warning: they say little
 
 

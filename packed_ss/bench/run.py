@@ -122,20 +122,24 @@ def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progres
     outputs: dict[tuple[int, int, str], tuple[int, ...]] = {}  # (prompt index, sample, schedule) -> tokens
     interrupted = False
     try:
-        if config.warmup:  # untimed: first-call costs (allocations, kernel selection) fall here
+        started = compile_seconds(model)
+        if config.warmup:  # untimed: first-call costs (allocations, kernel selection, compiling) fall here
             for schedule in config.schedules:
                 report(0, len(units), f"warm-up {schedule}")
-                warm_up(model, encoded[0][1], [(schedule, config.decode_config(
-                    schedule, config.block_size(schedule), config.seed, min(WARMUP_TOKENS, config.max_new_tokens)))],
-                    around=turn)
+                for ids, tokens in warm_up_prompts(model, encoded, config, schedule):
+                    warm_up(model, ids, [(schedule, config.decode_config(schedule, config.block_size(schedule),
+                                                                         config.seed, tokens))], around=turn)
+        warm_compile = compile_seconds(model) - started
         for done, unit in enumerate(units):
             prompt, ids = encoded[unit.prompt_index]
             size = "" if unit.schedule in NO_BLOCK else f" B={unit.block_size}"
             report(done, len(units), f"{unit.phase} {prompt.id} {unit.schedule}{size}")
             seed = config.seed + unit.prompt_index * config.samples + unit.sample
+            before = compile_seconds(model)
             with turn():
                 run = timed_run(model, ids, config.decode_config(unit.schedule, unit.block_size, seed), unit.schedule)
-            rows[unit.phase].append(_example_row(unit, prompt, len(ids), seed, run))
+            rows[unit.phase].append({**_example_row(unit, prompt, len(ids), seed, run),
+                                     "compile_s": compile_seconds(model) - before})
             if unit.phase == "main":
                 outputs[(unit.prompt_index, unit.sample, unit.schedule)] = run.token_ids
                 if on_run is not None:
@@ -157,10 +161,44 @@ def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progres
         "runs_done": len(examples) + len(probe),
         "interrupted": interrupted,
         "device": str(getattr(model, "device", "unknown")),
+        **compile_meta(model, config, warm_compile, rows["main"] + rows["probe"]),
         "dtype": _model_dtype(model),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     return BenchResult(examples, probe, summarize(examples, config, probe, info), interrupted)
+
+
+def compile_seconds(model) -> float:
+    """Seconds the adapter has spent in calls that compiled a new shape so far (0 on the eager path)."""
+    static = getattr(model, "static", None)
+    return float(static.compile_s) if static is not None else 0.0
+
+
+def warm_up_prompts(model, encoded: Sequence[tuple], config: BenchConfig, schedule: str) -> list[tuple[list, int]]:
+    """(prompt ids, new-token limit) of a schedule's untimed warm-up runs: one short run on the first prompt on
+    the eager path; with compiled calls (the engine's or ``hf-greedy-compiled``) one full-length run per
+    static-cache capacity the prompts need, so that every shape is compiled before the clock starts."""
+    compiled = getattr(model, "compiled", False) or schedule == "hf-greedy-compiled"
+    if not compiled:
+        return [(encoded[0][1], min(WARMUP_TOKENS, config.max_new_tokens))]
+    from packed_ss.models.static import CAPACITY_STEP
+
+    extra = 0 if schedule in HF_REFERENCES else 2 * config.block_size(schedule)
+    firsts: dict[int, list] = {}
+    for _, ids in encoded:
+        firsts.setdefault(-(-(len(ids) + config.max_new_tokens + extra) // CAPACITY_STEP), ids)
+    return [(ids, config.max_new_tokens) for ids in firsts.values()]
+
+
+def compile_meta(model, config: BenchConfig, warm_s: float, rows: list[dict]) -> dict:
+    """What the report says about compiling: whether calls were compiled, the warm-up's compile time and the
+    compile time that fell inside timed runs (0 when the warm-up covered every shape), apart from decoding."""
+    static = getattr(model, "static", None)
+    inside = sum(r.get("compile_s", 0.0) for r in rows)
+    return {"cache": getattr(model, "cache_kind", "n/a"), "compiled": bool(getattr(model, "compiled", False)),
+            "compile_note": getattr(model, "compile_note", None), "compile_s_warm_up": round(warm_s, 3),
+            "compile_s_in_timed_runs": round(inside, 3),
+            "compiled_shapes": [list(shape) for shape in static.shapes] if static is not None else []}
 
 
 def any_order_problem(model, config: BenchConfig) -> None:

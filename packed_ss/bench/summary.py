@@ -19,7 +19,7 @@ from packed_ss.bench.plan import BASELINE, COMPARISONS, KNOWN, LOSSLESS, NO_BLOC
 COLUMNS = ("phase", "prompt_index", "prompt_id", "schedule", "block_size", "sample", "seed", "position",
            "prompt_tokens", "tokens", "nfe", "iterations", "verify_iterations", "rows", "max_rows_per_call",
            "wall_s", "model_s", "other_s", "tokens_per_nfe", "throughput", "mean_acceptance_length",
-           "stop_reason", "token_hash")
+           "stop_reason", "token_hash", "compile_s")
 
 
 def examples_frame(rows: list[dict]) -> pd.DataFrame:
@@ -36,6 +36,10 @@ DEFINITIONS = {
     "throughput": "total generated tokens / total decoder wall time, tokens per second (aggregate, Section 4)",
     "wall": "decoder wall time per response in seconds: model time + non-model decoder time; model "
             "loading and tokenisation excluded (E.5)",
+    "compile": "--compile: model calls through torch.compile at padded row counts; every shape is compiled in "
+               "the untimed warm-up (one full run per schedule and static-cache capacity), its time reported "
+               "apart (compile_s_warm_up); compile_s_in_timed_runs counts shapes first met inside a timed run, "
+               "whose wall time then includes compiling (0 expected)",
     "mean_acceptance_length": "total tokens committed by verifying iterations / their number: A = h + 1 "
                               "(bonus or correction included; any-order models: A = min(h + 1, u) with u open "
                               "positions in the window), less where EOS or the limit cut the iteration",
@@ -51,8 +55,9 @@ DEFINITIONS = {
                 + ", ".join(LOSSLESS) + "; diffusion is unverified and may differ; on an any-order model "
                 "under the confidence order the speculative schedules need not match: the order changes the "
                 "conditionals)",
-    "references": "hf-greedy and hf-lookup are transformers' own generate (greedy; prompt lookup with "
-                  "prompt_lookup_num_tokens = B - 1, max_matching_ngram_size = 2) on the same weights: wall "
+    "references": "hf-greedy, hf-lookup and hf-greedy-compiled are transformers' own generate (greedy; prompt "
+                  "lookup with prompt_lookup_num_tokens = B - 1, max_matching_ngram_size = 2; static cache with "
+                  "its compiled forward) on the same weights: wall "
                   "time is the whole call (model and non-model time n/a: not split), NFE counts the network's "
                   "forwards, rows/call n/a",
     "probe": "per schedule and B over the same prompts: tokens/s = mean tokens / mean wall, mean wall, "

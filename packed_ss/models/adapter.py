@@ -22,6 +22,7 @@ from packed_ss.layout import CallLayout
 from packed_ss.models.errors import ModelLoadError
 from packed_ss.models.families import pick_family, read_config
 from packed_ss.models.lora import DrafterLora, adapter_folder
+from packed_ss.models.static import StaticCalls, static_cache_problem
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ WORD_START = "\u2581"  # SentencePiece's word-start marker
 
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")  # dtypes from_pretrained accepts by name
+CACHES = ("static", "dynamic")  # KV cache kinds (packed_ss.models.static; transformers' DynamicCache)
 
 
 def device_dtype_problem(device: str | None, dtype: str | None) -> str | None:
@@ -110,7 +112,8 @@ class DualModeModel:
     """
 
     def __init__(self, model, tokenizer, mask_token_id: int, eos_token_id: int | None,
-                 bos_token_id: int | None = None, family: str = "plain", drafter_lora=None):
+                 bos_token_id: int | None = None, family: str = "plain", drafter_lora=None,
+                 cache: str = "static", compiled: bool = False):
         from transformers import DynamicCache
 
         self.model = model.eval()
@@ -131,10 +134,18 @@ class DualModeModel:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self._cache_class = DynamicCache
-        self.cache = DynamicCache(config=model.config)
         self._length = 0  # tokens in the cache, tracked here to keep get_seq_length off the hot path
         self.supports_deferred_rows = (getattr(model.config, "model_type", None) in PLAIN_HEAD_TYPES
                                        and model.get_output_embeddings() is not None)
+        if cache not in CACHES:
+            raise ValueError(f"cache must be one of {', '.join(CACHES)}, got {cache!r}")
+        why_not = static_cache_problem(model.config)
+        if compiled and (cache != "static" or why_not):
+            raise ModelLoadError(f"compiled calls need the static cache ({why_not or 'cache=' + repr(cache)})")
+        # The static cache (written in place, rolled back by moving its length) unless the model cannot use it.
+        self.static = None if cache == "dynamic" or why_not else StaticCalls(model, self.supports_deferred_rows,
+                                                                             compiled)
+        self.cache = None if self.static else DynamicCache(config=model.config)
         # Packed-SS pads a short draft to W slots (the paper's fixed 2B-row call, for GPU kernels); on a CPU
         # every row costs time, so the call holds only the draft's own rows there.
         self.pads_drafts = self.device.type != "cpu"
@@ -144,7 +155,8 @@ class DualModeModel:
     def from_pretrained(cls, name_or_path: str | Path, device: str | None = None,
                         dtype: str | torch.dtype | None = None, family: str | None = None,
                         drafter_lora: str | None = None, require_adapter: bool = True,
-                        base_model: str | None = None) -> "DualModeModel":
+                        base_model: str | None = None, cache: str = "static",
+                        compiled: bool = False) -> "DualModeModel":
         """Load a model and tokenizer from a local folder or a hub id, strictly (every weight mapped).
 
         Args:
@@ -162,6 +174,10 @@ class DualModeModel:
             base_model: SetDLM only (other families ignore it): hub id or local folder of the base model whose
                 config.json gives the backbone's architecture (default: the one the checkpoint's
                 ``backbone_config`` names).
+            cache: ``"static"`` (default; :mod:`packed_ss.models.static`, dynamic for sliding-window models) or
+                ``"dynamic"`` (transformers' ``DynamicCache``, grown and cropped).
+            compiled: decode and speculative calls through ``torch.compile`` at padded row counts (static cache
+                only); a compiler failure falls back to eager calls with a warning (``compile_note``).
         Raises:
             ModelLoadError: missing folder, unreadable config, unknown family, weights that do not all map
             (keys named), no mask token id, or an adapter that does not load.
@@ -173,6 +189,10 @@ class DualModeModel:
         problem = device_dtype_problem(device, dtype if isinstance(dtype, str) else None)
         if problem:
             raise ModelLoadError(problem)
+        if cache not in CACHES:
+            raise ModelLoadError(f"--cache must be one of {', '.join(CACHES)}, got {cache!r}")
+        if compiled and cache != "static":
+            raise ModelLoadError("--compile needs the static cache: leave out --cache dynamic")
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         local_only = not local.exists() and hub_unreachable(name)
         offline = (f"cannot load model {name!r}: the Hugging Face hub cannot be reached from this machine and "
@@ -207,8 +227,11 @@ class DualModeModel:
                 if require_adapter:
                     raise
                 adapter_note = str(error)  # the model loads without it (an adapter fits some models only)
+        why_not = static_cache_problem(model.config) if compiled else None
+        if why_not:
+            raise ModelLoadError(f"--compile needs the static cache, and {name!r} cannot use it: {why_not}")
         loaded = cls(model.to(device), checkpoint.tokenizer, checkpoint.mask_token_id, checkpoint.eos_token_id,
-                     checkpoint.bos_token_id, checkpoint.family, lora)
+                     checkpoint.bos_token_id, checkpoint.family, lora, cache, compiled)
         loaded.adapter_note = adapter_note
         return loaded
 
@@ -218,7 +241,7 @@ class DualModeModel:
         Use one per concurrent run (one per user session): runs never see each other's cache.
         """
         shared = DualModeModel(self.model, self.tokenizer, self.mask_token_id, self.eos_token_id,
-                               self.bos_token_id, self.family, self.drafter_lora)
+                               self.bos_token_id, self.family, self.drafter_lora, self.cache_kind, self.compiled)
         shared.adapter_note = self.adapter_note
         return shared
 
@@ -274,10 +297,38 @@ class DualModeModel:
         """C, tokens currently held in the KV cache."""
         return self._length
 
-    def reset(self) -> None:
-        """Empty the cache before a new prompt."""
-        self.cache = self._cache_class(config=self.model.config)
+    @property
+    def cache_kind(self) -> str:
+        """``"static"`` or ``"dynamic"``: the KV cache this adapter writes."""
+        return "static" if self.static else "dynamic"
+
+    @property
+    def compile_note(self) -> str | None:
+        """Why compiling was given up (one line), or None."""
+        return self.static.note if self.static else None
+
+    @property
+    def compiled(self) -> bool:
+        """Whether speculative and decode calls go through ``torch.compile`` (False after a compile failure)."""
+        return bool(self.static and self.static.compiled)
+
+    def cached_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Keys and values the cache holds for the first C tokens, per layer: (1, heads, C, head_dim) each (views
+        of the static cache, which holds more past C; the dynamic cache's own tensors)."""
+        layers = self.static.cache.layers if self.static else self.cache.layers
+        if self.static and not self._length:
+            return []
+        return [(layer.keys[:, :, : self._length], layer.values[:, :, : self._length]) for layer in layers]
+
+    def reset(self, tokens: int = 0, block_size: int | None = None) -> None:
+        """Empty the cache before a new prompt. ``tokens``: the most the run can hold (prompt, new tokens and
+        the largest call), so that a static cache is sized once; ``block_size``: B of the run (the padded row
+        counts of compiled calls, :func:`packed_ss.models.static.padded_rows`)."""
         self._length = 0
+        if self.static:
+            self.static.reset(tokens, block_size)
+        else:
+            self.cache = self._cache_class(config=self.model.config)
 
     def rollback(self, keep: int) -> None:
         """Drop cached tokens beyond the first ``keep`` (Appendix D.1 cache update).
@@ -288,7 +339,10 @@ class DualModeModel:
         if not 0 <= keep <= length:
             raise ValueError(f"cannot keep {keep} of {length} cached tokens")
         if keep < length:
-            self.cache.crop(keep - length)  # transformers 5.23: a negative argument removes that many
+            if self.static:
+                self.static.rollback(keep)
+            else:
+                self.cache.crop(keep - length)  # transformers 5.23: a negative argument removes that many
             self._length = keep
 
     # --- one call -----------------------------------------------------------------------------
@@ -312,12 +366,29 @@ class DualModeModel:
             raise ValueError(f"model type {self.model.config.model_type!r} cannot defer its LM head")
         if adapter_rows and self.drafter_lora is None:
             raise ValueError("this model has no drafter adapter (load one with drafter_lora=...)")
+        call = self._static_call if self.static else self._call
         if self.drafter_lora is None:
-            return self._call(layout, rows, deferred)
+            return call(layout, rows, deferred)
         with self.drafter_lora.applied(adapter_rows, layout.rows, self.device, self.dtype):
-            return self._call(layout, rows, deferred)
+            return call(layout, rows, deferred, eager=bool(adapter_rows))  # the adapter's hooks stay eager
 
-    def _call(self, layout: CallLayout, rows: tuple[int, ...], deferred: tuple[int, ...]) -> CallOutput:
+    def _static_call(self, layout: CallLayout, rows: tuple[int, ...], deferred: tuple[int, ...],
+                     eager: bool = False) -> CallOutput:
+        self._sync()
+        start = time.perf_counter()
+        out, hidden_states = self.static.run(layout, rows + deferred, eager=eager)
+        hidden = None
+        if hidden_states:
+            logits = self.model.get_output_embeddings()(out[: len(rows)])
+            hidden = out[len(rows):] if deferred else None
+        else:
+            logits = out
+        self._sync()
+        self._length += layout.rows
+        return CallOutput(self._as_float(logits), (time.perf_counter() - start) * 1000, hidden)
+
+    def _call(self, layout: CallLayout, rows: tuple[int, ...], deferred: tuple[int, ...],
+              eager: bool = False) -> CallOutput:
         device = self.device
         ids = torch.from_numpy(np.array((layout.token_ids, layout.position_ids), dtype=np.int64)).to(device)
         input_ids, position_ids = ids[:1], ids[1:]  # (1, R) each, one host array

@@ -55,8 +55,8 @@ class ScriptedDrafter:
     def cache_length(self) -> int:
         return self.base.cache_length
 
-    def reset(self) -> None:
-        self.base.reset()
+    def reset(self, tokens: int = 0, block_size: int | None = None) -> None:
+        self.base.reset(tokens, block_size)
 
     def rollback(self, keep: int) -> None:
         self.base.rollback(keep)

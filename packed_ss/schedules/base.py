@@ -66,7 +66,7 @@ class Session:
         # -inf as each call returns, so greedy picks, proposals, p, Q and residuals never contain them.
         never = getattr(model, "never_emit_ids", (model.mask_token_id,))
         self._never_emit = torch.tensor(sorted(set(never)), dtype=torch.long)
-        model.reset()
+        model.reset(needed, config.block_size)  # a static cache is sized for the whole run
 
     # --- bookkeeping ------------------------------------------------------------------------
     @property

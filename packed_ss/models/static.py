@@ -1,0 +1,215 @@
+"""A static KV cache and fixed-shape (optionally compiled) model calls.
+
+The dynamic path grows the cache by concatenation in every call and crops it after the verification. Here
+the keys and values live in tensors preallocated to a capacity (``transformers.StaticCache``), each call
+writes its rows in place at the current length, and a rollback (paper Appendix D.1 cache update) only
+moves that length: the rows past it are never read again, because every mask column past the length is
+False, and the next call overwrites them.
+
+With ``compiled`` the call goes through ``torch.compile``: its rows are padded up to one of a few row
+counts (:func:`padded_rows`) and the mask always spans the whole capacity, so a run sees a handful of
+shapes (the prefill, whose length is the prompt's, runs eagerly). Padding rows read cache column 0 only
+(a row that attends to nothing gives NaN) and are never kept: the length moves past the real rows only.
+
+Shape legend: R rows of the call, Rp padded rows, K capacity (keys every call attends over), H hidden.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import numpy as np
+import torch
+
+from packed_ss.layout import PREFILL
+
+CAPACITY_STEP = 256  # capacities are multiples of this (fewer distinct shapes across runs)
+RECOMPILE_LIMIT = 64  # compiled variants dynamo keeps per function (shapes x capacities)
+
+
+def padded_rows(rows: int, block_size: int) -> int:
+    """Rp: the row count a compiled call of ``rows`` rows is padded to: 1 stays 1 (AR), any other count rounds up
+    to a multiple of the block size B. Linear-SS's B, Packed-SS's 2B and Quadratic-SS's B(B + 1) rows (paper
+    Table 2, Appendix D.1) stay as they are; shorter drafts near the end of a run reuse the same shapes.
+
+    Raises: ValueError when ``rows`` < 1 or ``block_size`` < 1.
+    """
+    if rows < 1 or block_size < 1:
+        raise ValueError(f"rows and block size must be >= 1, got {rows} and {block_size}")
+    return 1 if rows == 1 else -(-rows // block_size) * block_size
+
+
+def static_cache_problem(config) -> str | None:
+    """Why ``config``'s model cannot use a static cache here (sliding-window or non-attention layers, whose
+    static layers keep a window instead of every token), or None when it can."""
+    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if kinds - {"full_attention"}:
+        return f"layer types {sorted(kinds - {'full_attention'})} need the dynamic cache"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return "a sliding-window model needs the dynamic cache"
+    return None
+
+
+def forward(model, cache, hidden_only: bool, input_ids, position_ids, mask) -> torch.Tensor:
+    """One call over a static ``cache``: hidden states (1, Rp, H) when ``hidden_only`` (the caller applies the LM
+    head to the rows it needs), else logits (1, Rp, V). Inputs (1, Rp), (1, Rp) and the mask (1, 1, Rp, K)."""
+    inputs = dict(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, past_key_values=cache,
+                  use_cache=True)
+    if hidden_only:
+        return model.base_model(**inputs).last_hidden_state
+    return model(**inputs).logits
+
+
+COMPILED = "packed_ss_compiled_forward"  # attribute of the network holding its compiled forward
+COMPILE_FAILURE = "packed_ss_compile_failure"  # ... or the error that compiling it raised
+
+
+def compiled_forward(model, compiler=None):
+    """:func:`forward` compiled with ``torch.compile`` (CPU: inductor's C++ backend; CUDA: ``reduce-overhead``,
+    CUDA graphs), made once per network and kept on it, so that every :meth:`DualModeModel.share` of the
+    network reuses its compiled shapes. None when the compiler cannot be set up (the error is kept on the
+    network as ``packed_ss_compile_failure``)."""
+    found = getattr(model, COMPILED, None)
+    if found is not None or getattr(model, COMPILE_FAILURE, None) is not None:
+        return found
+    import torch._dynamo
+
+    settings = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(settings, name) and getattr(settings, name) < RECOMPILE_LIMIT:
+            setattr(settings, name, RECOMPILE_LIMIT)
+    device = next(model.parameters()).device
+    options = {"mode": "reduce-overhead"} if device.type == "cuda" else {}
+    try:
+        function = (compiler or torch.compile)(forward, dynamic=False, fullgraph=False, **options)
+    except Exception as error:  # noqa: BLE001 - any compiler set-up failure: eager, with one line
+        object.__setattr__(model, COMPILE_FAILURE, error)
+        return None
+    object.__setattr__(model, COMPILED, function)
+    return function
+
+
+class StaticCalls:
+    """The static cache of one adapter and the calls that write it.
+
+    Attributes:
+        capacity: K, tokens the cache holds: the run's own need rounded up to a multiple of :data:`CAPACITY_STEP`
+            (a call that needs more grows it, keeping the prefix).
+        length: C, tokens of the verified prefix held (the rest of the capacity is stale).
+        compiled: whether calls go through ``torch.compile`` (False after a compile failure).
+        block_size: B of the current run (chooses the padded row counts).
+        shapes: the (Rp, K) shapes compiled calls were made with, in first-use order.
+        compile_s: seconds spent in calls that compiled a new shape (reported apart from decoding time).
+        note: the one-line reason compiling was given up, or None.
+    """
+
+    def __init__(self, model, hidden_only: bool, compiled: bool = False, compiler=None):
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.capacity = 0
+        self.length = 0
+        self.block_size = 1
+        self.cache = None
+        self.compiled = compiled
+        self.shapes: list[tuple[int, int]] = []
+        self.compile_s = 0.0
+        self.note: str | None = None
+        self._hidden_only = hidden_only  # the LM head is applied apart, to the rows needed only
+        self._function = compiled_forward(model, compiler) if compiled else None
+        if compiled and self._function is None:
+            self._give_up(getattr(model, COMPILE_FAILURE))
+
+    # --- the cache ----------------------------------------------------------------------------
+    def reset(self, tokens: int = 0, block_size: int | None = None) -> None:
+        """Empty the cache for a run of about ``tokens`` tokens (prompt + new tokens + blocks), B = ``block_size``."""
+        if block_size:
+            self.block_size = int(block_size)
+        self.length = 0
+        # Sized to the run: every call attends over the whole capacity, so a long run's capacity is not kept
+        if self.cache is None or -(-max(tokens, 1) // CAPACITY_STEP) * CAPACITY_STEP != self.capacity:
+            self._allocate(max(tokens, 1))
+        self._set_length(0)
+
+    def rollback(self, keep: int) -> None:
+        """Keep the first ``keep`` tokens: only the length moves (no tensor is copied)."""
+        self.length = keep
+        self._set_length(keep)
+
+    def _allocate(self, tokens: int, keep: int = 0) -> None:
+        from transformers import StaticCache
+
+        capacity = -(-tokens // CAPACITY_STEP) * CAPACITY_STEP
+        old = self.cache
+        self.cache = StaticCache(config=self.model.config, max_cache_len=capacity)
+        if old is not None and keep and old.layers[0].is_initialized:  # grown mid-run: carry the prefix over
+            for new_layer, old_layer in zip(self.cache.layers, old.layers):
+                new_layer.lazy_initialization(old_layer.keys, old_layer.values)
+                new_layer.keys[:, :, :keep] = old_layer.keys[:, :, :keep]
+                new_layer.values[:, :, :keep] = old_layer.values[:, :, :keep]
+        self.capacity = capacity
+        self._set_length(keep)
+
+    def _set_length(self, length: int) -> None:
+        for layer in self.cache.layers:
+            layer.cumulative_length.fill_(length)
+
+    # --- one call -----------------------------------------------------------------------------
+    def run(self, layout, need: tuple[int, ...], eager: bool = False) -> tuple[torch.Tensor, bool]:
+        """Run ``layout`` over the cache; returns (outputs of the rows ``need``, whether they are hidden states
+        (H wide, for the LM head) rather than logits (V wide)), and advances the length by R.
+
+        ``eager``: never compile this call (the prefill, calls with the drafter adapter switched on).
+        """
+        rows, cached = layout.rows, self.length
+        compiled = self.compiled and not eager and PREFILL not in layout.regions
+        total = padded_rows(rows, self.block_size) if compiled else rows
+        if cached + total > self.capacity:
+            self._allocate(cached + total, keep=cached)
+        ids = np.zeros((2, total), dtype=np.int64)
+        ids[0, :rows], ids[1, :rows] = layout.token_ids, layout.position_ids
+        ids[0, rows:] = layout.token_ids[-1]  # padding rows: any token, position 0
+        mask = np.zeros((total, self.capacity), dtype=bool)
+        mask[:rows, :cached] = True
+        mask[:rows, cached:cached + rows] = layout.mask.numpy()
+        mask[rows:, 0] = True
+        host = torch.from_numpy(ids)
+        inputs = (host[:1].to(self.device), host[1:].to(self.device),
+                  torch.from_numpy(mask).to(self.device)[None, None])
+        out = self._compiled_call(inputs, total) if compiled else None
+        if out is None:
+            out = self._eager(*inputs)
+        self.length = cached + rows
+        self._set_length(self.length)  # the padding rows' keys stay past the length, unread
+        keep = torch.as_tensor(need, dtype=torch.long, device=out.device)
+        return out[0].index_select(0, keep), self._hidden_only
+
+    def _eager(self, input_ids, position_ids, mask):
+        return forward(self.model, self.cache, self._hidden_only, input_ids, position_ids, mask)
+
+    def _compiled_call(self, inputs, total: int):
+        """The compiled call, or None when compiling failed (then the caller runs it eagerly)."""
+        if self._function is None:
+            return None
+        shape = (total, self.capacity)
+        new = shape not in self.shapes
+        start = time.perf_counter()
+        try:
+            out = self._function(self.model, self.cache, self._hidden_only, *inputs)
+        except Exception as error:  # noqa: BLE001 - inductor/C++ compiler failures: eager from now on
+            self._give_up(error)
+            self._set_length(self.length)
+            return None
+        if new:
+            self.shapes.append(shape)
+            self.compile_s += time.perf_counter() - start
+        return out.clone() if self.device.type == "cuda" else out  # CUDA graphs reuse their output buffer
+
+    def _give_up(self, error: Exception | None) -> None:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        self.note = f"torch.compile failed ({type(error).__name__}: {first[:200]}); decoding eagerly"
+        self.compiled, self._function = False, None
+        if error is not None and getattr(self.model, COMPILE_FAILURE, None) is None:  # the other adapters too
+            object.__setattr__(self.model, COMPILE_FAILURE, error)
+            object.__setattr__(self.model, COMPILED, None)
+        warnings.warn(self.note, RuntimeWarning, stacklevel=3)
