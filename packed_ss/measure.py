@@ -20,12 +20,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager as ContextManager, nullcontext
+from dataclasses import replace
 from typing import TypeVar
 
 from packed_ss.config import DecodeConfig
 from packed_ss.engine import decode, finish_run
 from packed_ss.hf_reference import HF_REFERENCES, hf_generate
 from packed_ss.records import IterationRecord, RunRecord
+
+EAGER_AR = "ar-eager"  # benchmark row: AR through eager calls, to compare with --compile's AR in the same run
 
 Item = TypeVar("Item")
 Isolate = Callable[[Iterator[IterationRecord]], Iterator[IterationRecord]]
@@ -65,6 +68,9 @@ def timed_run(model, prompt_ids: Sequence[int], config: DecodeConfig, schedule: 
     """
     if schedule in HF_REFERENCES:
         return hf_generate(model, list(prompt_ids), config.max_new_tokens, schedule, config.block_size)
+    if schedule == EAGER_AR:  # the engine's AR on the eager path of the same weights, beside compiled runs
+        run = timed_run(model.share(compiled=False), prompt_ids, config, "ar", isolate)
+        return replace(run, schedule=EAGER_AR)
     records = decode(model, list(prompt_ids), config, schedule)
     return finish_run(model, isolate(records) if isolate else records, config, schedule, len(prompt_ids))
 

@@ -7,10 +7,11 @@ from contextlib import nullcontext
 from dataclasses import replace
 
 from packed_ss.config import DecodeConfig
-from packed_ss.cost import CallCost, call_cost
+from packed_ss.cost import CallCost, call_cost, roofline
 from packed_ss.divergence import Divergence, divergence
 from packed_ss.engine import decode, scripted_drafter
 from packed_ss.measure import rotation, timed_run, warm_up
+from packed_ss.models import ModelLoadError
 from packed_ss.models.scripted import ScriptedDrafter
 from packed_ss.records import IterationRecord, RunRecord
 from packed_ss.schedules import SPECULATIVE
@@ -60,6 +61,7 @@ class GpuTasks:
         self.calibration = gpu_task(self._calibration)
         self.divergence = gpu_task(self._divergence)
         self.cost = gpu_task(self._cost)
+        self.paths = gpu_task(self._paths)
 
     def _adapter(self, model_ref: tuple, prompt_ids: Sequence[int], config: DecodeConfig,
                  reference: Sequence[int] | None = None):
@@ -123,6 +125,23 @@ class GpuTasks:
         model = self.store.get(*model_ref[:2])
         with self.gate.turn(0.0) if self.gate is not None else nullcontext():
             return call_cost(model.share())
+
+    def _paths(self, model_ref: tuple) -> dict:
+        """The per-call cost fits of eager and compiled calls and the machine's limits for the model (each measured
+        once per network and cached on it), at the gate. Returns ``eager``, ``compiled`` (None when the model
+        cannot compile: ``note`` says why) and ``roofline``."""
+        model = self.store.get(*model_ref[:2])
+        with self.gate.turn(0.0) if self.gate is not None else nullcontext():
+            eager = call_cost(model.share(compiled=False))
+            compiled, note = None, None
+            try:
+                adapter = model.share(compiled=True)
+            except ModelLoadError as error:
+                note = str(error)
+            else:
+                fit = call_cost(adapter)
+                compiled, note = (fit, None) if adapter.compiled else (None, adapter.compile_note)
+            return {"eager": eager, "compiled": compiled, "note": note, "roofline": roofline(model)}
 
     def _divergence(self, model_ref: tuple, prompt_ids: Sequence[int], reference: Sequence[int],
                     other: Sequence[int]) -> Divergence | None:

@@ -14,6 +14,7 @@ from packed_ss.inputs import model_name, shown
 from packed_ss.measure import warm_up as warm_up_runs
 
 from serve.errors import UserError
+from serve.settings import RunSettings
 
 
 DEFAULT_MODEL = str(Path(__file__).resolve().parents[1] / "assets" / "model")
@@ -80,11 +81,13 @@ class ModelStore:
             model that has it; the others load without one.
         base_model: SetDLM checkpoints' base model (a local copy of its config.json, for a server that cannot
             reach the hub); the other families ignore it.
+        cache, compiled: the KV cache kind and compiled calls (``--cache``, ``--compile``) of every model loaded.
     """
 
     def __init__(self, default: str = DEFAULT_MODEL, device: str | None = None, dtype=None,
                  preloaded: dict | None = None, allowed: Sequence[str] = (), capacity: int = 2,
-                 family: str | None = None, drafter_lora: str | None = None, base_model: str | None = None):
+                 family: str | None = None, drafter_lora: str | None = None, base_model: str | None = None,
+                 cache: str = "static", compiled: bool = False):
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.default = str(default)
@@ -94,6 +97,7 @@ class ModelStore:
         self.family = family
         self.drafter_lora = drafter_lora
         self.base_model = base_model
+        self.cache, self.compiled = cache, compiled
         self._models: OrderedDict[tuple[str, str], object] = OrderedDict(
             ((self.identity(name), str(dtype or "")), model) for name, model in (preloaded or {}).items())
         names = [self.default, *(preloaded or {}), *allowed]
@@ -207,7 +211,8 @@ class ModelStore:
             try:
                 model = DualModeModel.from_pretrained(key[0], device=self.device, dtype=dtype, family=self.family,
                                                       drafter_lora=self.drafter_lora, require_adapter=False,
-                                                      base_model=self.base_model)
+                                                      base_model=self.base_model, cache=self.cache,
+                                                      compiled=self.compiled)
             except ValueError as error:  # ModelLoadError included: its message without the server's paths
                 raise type(error)(hide_paths(str(error), key[0], self.offered_name(key[0]))) from None
             warm_up(model)
@@ -246,3 +251,6 @@ def warm_up(model) -> None:
     ids = [t for t in range(1, min(256, model.vocab_size)) if t not in never][:8]
     config = DecodeConfig(block_size=4, max_new_tokens=4)
     warm_up_runs(model.share(), ids, [(schedule, config) for schedule in ("ar", "packed")])
+    if getattr(model, "compiled", False) and not model.any_order:  # the default settings' shapes, compiled now
+        config = DecodeConfig(block_size=RunSettings.block_size, max_new_tokens=RunSettings.max_new_tokens)
+        warm_up_runs(model.share(), ids, [(schedule, config) for schedule in ("ar", "linear", "quadratic", "packed")])

@@ -38,10 +38,11 @@ class Server:
                  preloaded: dict | None = None, allowed: Sequence[str] = (), models_held: int = 2,
                  family: str | None = None, drafter_lora: str | None = None,
                  max_rows: int = MAX_ROWS_PER_REQUEST, cap: int = NEW_TOKENS_CAP,
-                 max_seconds: float | None = MAX_SECONDS_PER_REQUEST, base_model: str | None = None):
+                 max_seconds: float | None = MAX_SECONDS_PER_REQUEST, base_model: str | None = None,
+                 cache: str = "static", compiled: bool = False):
         self.store = ModelStore(model, device=device, dtype=dtype, preloaded=preloaded, allowed=allowed,
                                 capacity=models_held, family=family, drafter_lora=drafter_lora,
-                                base_model=base_model)
+                                base_model=base_model, cache=cache, compiled=compiled)
         self.gate = ComputeGate()  # one model iteration at a time, least work first
         self.tasks = GpuTasks(self.store, self.gate)  # the GPU work of each request (spaces.GPU on ZeroGPU)
         self.sessions = Sessions()

@@ -7,6 +7,7 @@ import gradio as gr
 
 from components.charts import (break_even_figure, break_even_summary, cost_figure, fit_cost_model,
                                fit_summary)
+from components.paths import paths_figure, paths_summary
 from components.style import ASSETS, error_html
 from serve.errors import one_line
 from serve.runs import calibrate
@@ -33,6 +34,17 @@ class ExplainHandlers:
         return (cost_figure(fitted, iterations, w_max), fit_summary(fitted, error),
                 break_even_figure(fitted, measured, w_max), break_even_summary(fitted, measured))
 
+    def on_paths(self, values: RequestValues, request: gr.Request):
+        """Fit eager and compiled calls of the chosen model and measure the machine's limits (once per model)."""
+        try:
+            found = self.server.tasks.paths(self.server.settings(values).model_ref)
+        except Exception as error:  # noqa: BLE001
+            message = one_line(error)
+            gr.Warning(message)
+            return gr.skip(), error_html(message)
+        return (paths_figure(found["eager"], found["compiled"], found["roofline"]),
+                paths_summary(found["eager"], found["compiled"], found["roofline"], found["note"]))
+
     def on_measure(self, values: RequestValues, request: gr.Request):
         try:
             calibrate(self.server.tasks, self.server.settings(values), self.server.log)
@@ -55,7 +67,13 @@ def build_explain_tab(server: Server, panel: SettingsPanel, concurrency_limit: i
         measure_btn = gr.Button("Measure on this machine (short runs at B = 4, 8, 16)")
         even_plot = gr.Plot(label="Break-even against AR", elem_id="break-even-plot")
         even_text = gr.Markdown("", elem_id="break-even-text")
+        gr.Markdown("### Eager and compiled calls, and the machine's limits")
+        paths_btn = gr.Button("Fit eager and compiled calls of this model (compiles a few shapes: seconds to a minute)")
+        paths_plot = gr.Plot(label="Call cost against rows", elem_id="paths-plot")
+        paths_text = gr.Markdown("", elem_id="paths-text")
     outputs = [cost_plot, fit_text, even_plot, even_text]
     tab.select(handlers.on_explain, [panel.block], outputs, api_visibility="private")
     measure_btn.click(panel.handler(handlers.on_measure), list(panel.components), outputs,
                       api_visibility="private", concurrency_id="compute", concurrency_limit=concurrency_limit)
+    paths_btn.click(panel.handler(handlers.on_paths), list(panel.components), [paths_plot, paths_text],
+                    api_visibility="private", concurrency_id="compute", concurrency_limit=concurrency_limit)

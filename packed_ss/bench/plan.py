@@ -13,13 +13,14 @@ from packed_ss import stats
 from packed_ss.config import MAX_BLOCK_SIZE, SEED_RANGE, DecodeConfig
 from packed_ss.hf_reference import HF_REFERENCES, reference_problem
 from packed_ss.inputs import PromptTextError, check_prompt
-from packed_ss.measure import rotation
+from packed_ss.measure import EAGER_AR, rotation
 from packed_ss.schedules import LOSSLESS as ENGINE_LOSSLESS
 
 
 ALL_SCHEDULES = ("ar", "linear", "quadratic", "packed", "diffusion", "lookup", "packed-mixed", "partial")
-KNOWN = ALL_SCHEDULES + HF_REFERENCES  # also transformers' own greedy and prompt-lookup generate (opt-in)
-LOSSLESS = ENGINE_LOSSLESS + HF_REFERENCES  # greedy outputs must equal REFERENCE's
+# also transformers' own generate (greedy, prompt lookup, static cache compiled) and eager AR (opt-in)
+KNOWN = ALL_SCHEDULES + HF_REFERENCES + (EAGER_AR,)
+LOSSLESS = ENGINE_LOSSLESS + HF_REFERENCES + (EAGER_AR,)  # greedy outputs must equal REFERENCE's
 REFERENCE = "ar"  # greedy outputs of the lossless schedules must equal this one's
 BASELINE = "linear"  # the decomposition is normalised to this schedule's total time (F.3)
 # (numerator, denominator): Packed-SS against the other schedules and the prompt-lookup peer; the
@@ -27,8 +28,8 @@ BASELINE = "linear"  # the decomposition is normalised to this schedule's total 
 COMPARISONS = (("packed", "linear"), ("packed", "quadratic"), ("packed", "ar"), ("packed", "lookup"),
                ("lookup", "ar"), ("packed-mixed", "lookup"), ("packed-mixed", "packed"), ("packed-mixed", "ar"),
                ("lookup", "hf-lookup"), ("ar", "hf-greedy"), ("packed-mixed", "hf-lookup"), ("partial", "packed"),
-               ("partial", "quadratic"), ("partial", "ar"), ("ar", "hf-greedy-compiled"))
-NO_BLOCK = ("ar", "hf-greedy", "hf-greedy-compiled")  # schedules whose output and cost do not depend on B
+               ("partial", "quadratic"), ("partial", "ar"), ("ar", "hf-greedy-compiled"), ("ar", EAGER_AR))
+NO_BLOCK = ("ar", "hf-greedy", "hf-greedy-compiled", EAGER_AR)  # schedules whose output and cost do not depend on B
 WARMUP_TOKENS = 8  # new-token limit of the untimed warm-up runs
 MAX_SEED = SEED_RANGE[1]  # run seeds (seed + prompt offsets) stay within the seeds that give distinct runs
 

@@ -19,16 +19,16 @@ from packed_ss.bench.run import BenchResult
 LABELS = {"ar": "AR", "linear": "Linear-SS", "quadratic": "Quadratic-SS", "packed": "Packed-SS",
           "diffusion": "Diffusion", "lookup": "Prompt lookup", "packed-mixed": "Packed-SS + n-gram",
           "partial": "Partial-branch SS", "hf-greedy": "transformers greedy", "hf-lookup": "transformers prompt lookup",
-          "hf-greedy-compiled": "transformers greedy, static cache, compiled"}
+          "hf-greedy-compiled": "transformers greedy, static cache, compiled", "ar-eager": "AR, eager calls"}
 COLORS = {"ar": "#7f7f7f", "linear": "#1f77b4", "quadratic": "#ff7f0e", "packed": "#2ca02c", "diffusion": "#9467bd",
           "lookup": "#e377c2", "packed-mixed": "#17becf", "partial": "#8c564b", "hf-greedy": "#bcbd22",
-          "hf-lookup": "#d62728", "hf-greedy-compiled": "#393b79"}
+          "hf-lookup": "#d62728", "hf-greedy-compiled": "#393b79", "ar-eager": "#c7c7c7"}
 RATIOS = (("throughput_ratio", "Throughput"), ("tokens_per_nfe_ratio", "Tokens/NFE"),
           ("time_per_nfe_ratio", "Time/NFE"))
 
 
 SHORT = {"packed-mixed": "Packed+n-gram", "partial": "Partial SS", "hf-greedy": "HF greedy", "hf-lookup": "HF lookup",
-         "hf-greedy-compiled": "HF compiled", "lookup": "Lookup", "diffusion": "Diffusion", "quadratic": "Quadratic", "linear": "Linear", "packed": "Packed"}
+         "hf-greedy-compiled": "HF compiled", "ar-eager": "AR eager", "lookup": "Lookup", "diffusion": "Diffusion", "quadratic": "Quadratic", "linear": "Linear", "packed": "Packed"}
 FEW_PROMPTS = 10  # paired intervals over fewer prompts than this get a warning: they say little
 
 
@@ -138,6 +138,15 @@ def _header(summary: dict) -> list[str]:
         f"Schedules measured in rotating order per prompt; warm-up run: {'yes' if config['warmup'] else 'no'}. "
         "Decoder wall time excludes model loading and tokenisation (E.5).",
     ]
+    if meta.get("compiled"):
+        shapes = ", ".join(f"{rows}x{keys}" for rows, keys in meta.get("compiled_shapes", []))
+        lines.append(f"Model calls: compiled (torch.compile, static KV cache; shapes rows x cached keys: {shapes}); "
+                     f"compile time {meta.get('compile_s_warm_up', 0):.1f} s in the warm-up, "
+                     f"{meta.get('compile_s_in_timed_runs', 0):.1f} s inside timed runs (not decoding time).")
+    elif meta.get("compile_note"):
+        lines.append(f"Model calls: eager ({meta['compile_note']}).")
+    elif meta.get("cache"):
+        lines.append(f"Model calls: eager, {meta['cache']} KV cache.")
     if meta.get("interrupted"):
         lines.append(f"**Interrupted**: {meta['runs_done']} of {meta['runs_planned']} runs measured.")
     return lines

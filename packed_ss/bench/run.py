@@ -15,7 +15,7 @@ from packed_ss.bench.plan import (LOSSLESS, MAX_SEED, NO_BLOCK, REFERENCE, WARMU
 from packed_ss.bench.summary import examples_frame, summarize
 from packed_ss.divergence import divergence
 from packed_ss.hf_reference import HF_REFERENCES, reference_problem
-from packed_ss.measure import timed_run, warm_up
+from packed_ss.measure import EAGER_AR, timed_run, warm_up
 
 Progress = Callable[[int, int, str], None]  # (runs done, runs planned, label of the next run)
 
@@ -178,7 +178,7 @@ def warm_up_prompts(model, encoded: Sequence[tuple], config: BenchConfig, schedu
     """(prompt ids, new-token limit) of a schedule's untimed warm-up runs: one short run on the first prompt on
     the eager path; with compiled calls (the engine's or ``hf-greedy-compiled``) one full-length run per
     static-cache capacity the prompts need, so that every shape is compiled before the clock starts."""
-    compiled = getattr(model, "compiled", False) or schedule == "hf-greedy-compiled"
+    compiled = (getattr(model, "compiled", False) and schedule != EAGER_AR) or schedule == "hf-greedy-compiled"
     if not compiled:
         return [(encoded[0][1], min(WARMUP_TOKENS, config.max_new_tokens))]
     from packed_ss.models.static import CAPACITY_STEP

@@ -235,13 +235,17 @@ class DualModeModel:
         loaded.adapter_note = adapter_note
         return loaded
 
-    def share(self) -> "DualModeModel":
+    def share(self, compiled: bool | None = None) -> "DualModeModel":
         """A second adapter over the same weights and tokenizer with its own empty cache.
 
         Use one per concurrent run (one per user session): runs never see each other's cache.
+        ``compiled``: True or False for an adapter on that path (static cache), None for this adapter's own.
+        Raises: ModelLoadError for compiled calls on a model that cannot use the static cache.
         """
+        cache = "static" if compiled else self.cache_kind
         shared = DualModeModel(self.model, self.tokenizer, self.mask_token_id, self.eos_token_id,
-                               self.bos_token_id, self.family, self.drafter_lora, self.cache_kind, self.compiled)
+                               self.bos_token_id, self.family, self.drafter_lora, cache,
+                               self.compiled if compiled is None else compiled)
         shared.adapter_note = self.adapter_note
         return shared
 
@@ -374,9 +378,10 @@ class DualModeModel:
 
     def _static_call(self, layout: CallLayout, rows: tuple[int, ...], deferred: tuple[int, ...],
                      eager: bool = False) -> CallOutput:
+        prepared = self.static.prepare(layout, eager=eager)  # host work before the clock, as in _call
         self._sync()
         start = time.perf_counter()
-        out, hidden_states = self.static.run(layout, rows + deferred, eager=eager)
+        out, hidden_states = self.static.execute(prepared, rows + deferred)
         hidden = None
         if hidden_states:
             logits = self.model.get_output_embeddings()(out[: len(rows)])

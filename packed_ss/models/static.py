@@ -155,12 +155,10 @@ class StaticCalls:
             layer.cumulative_length.fill_(length)
 
     # --- one call -----------------------------------------------------------------------------
-    def run(self, layout, need: tuple[int, ...], eager: bool = False) -> tuple[torch.Tensor, bool]:
-        """Run ``layout`` over the cache; returns (outputs of the rows ``need``, whether they are hidden states
-        (H wide, for the LM head) rather than logits (V wide)), and advances the length by R.
-
-        ``eager``: never compile this call (the prefill, calls with the drafter adapter switched on).
-        """
+    def prepare(self, layout, eager: bool = False) -> tuple:
+        """The host-side work of a call (not model time): pad the rows, build the ids, positions and the mask over
+        the whole capacity, grow the cache when the call does not fit. ``eager``: never compile this call (the
+        prefill, calls with the drafter adapter switched on). Returns what :meth:`execute` takes."""
         rows, cached = layout.rows, self.length
         compiled = self.compiled and not eager and PREFILL not in layout.regions
         total = padded_rows(rows, self.block_size) if compiled else rows
@@ -176,10 +174,16 @@ class StaticCalls:
         host = torch.from_numpy(ids)
         inputs = (host[:1].to(self.device), host[1:].to(self.device),
                   torch.from_numpy(mask).to(self.device)[None, None])
+        return inputs, rows, total, compiled
+
+    def execute(self, prepared: tuple, need: tuple[int, ...]) -> tuple[torch.Tensor, bool]:
+        """Run a call made by :meth:`prepare`; returns (outputs of the rows ``need``, whether they are hidden states
+        (H wide, for the LM head) rather than logits (V wide)), and advances the length by R."""
+        inputs, rows, total, compiled = prepared
         out = self._compiled_call(inputs, total) if compiled else None
         if out is None:
             out = self._eager(*inputs)
-        self.length = cached + rows
+        self.length += rows
         self._set_length(self.length)  # the padding rows' keys stay past the length, unread
         keep = torch.as_tensor(need, dtype=torch.long, device=out.device)
         return out[0].index_select(0, keep), self._hidden_only
@@ -195,7 +199,11 @@ class StaticCalls:
         new = shape not in self.shapes
         start = time.perf_counter()
         try:
-            out = self._function(self.model, self.cache, self._hidden_only, *inputs)
+            if new:
+                out = self._function(self.model, self.cache, self._hidden_only, *inputs)
+            else:  # a shape compiled before: dynamo checks only the guards that tell its variants apart
+                with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+                    out = self._function(self.model, self.cache, self._hidden_only, *inputs)
         except Exception as error:  # noqa: BLE001 - inductor/C++ compiler failures: eager from now on
             self._give_up(error)
             self._set_length(self.length)

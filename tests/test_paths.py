@@ -1,0 +1,50 @@
+"""Eager against compiled calls and the machine's limits (packed_ss.cost.roofline, components.paths, the
+Explain tab's task)."""
+
+import warnings
+
+import torch
+from helpers import tiny_llama
+
+from components.paths import paths_figure, paths_summary
+from packed_ss.cost import CallCost, roofline
+from serve.gpu import GpuTasks
+from serve.models import ModelStore
+
+
+def test_roofline_counts_every_weight_matrix_but_the_embeddings_and_bounds_a_call_below():
+    model = tiny_llama(vocab_size=24, hidden=32, layers=2)
+    roof = roofline(model, repeats=2)
+    matrices = sum(p.numel() for n, p in model.model.named_parameters() if p.dim() == 2 and "embed_tokens" not in n)
+    assert roof.flops_per_row == 2 * matrices and roof.weight_bytes == matrices * 8  # float64
+    assert roof.gflops > 0 and roof.read_gbs > 0
+    assert roof.ms(1) == max(roof.compute_ms_per_row, roof.read_ms) and roof.ms(10 ** 6) > roof.ms(1)
+    assert roofline(model) is roof  # measured once per network
+
+
+def test_paths_chart_and_text_show_both_fits_and_the_limit():
+    model = tiny_llama()
+    roof = roofline(model, repeats=1)
+    eager, compiled = CallCost(2.0, 0.08), CallCost(0.5, 0.07)
+    figure = paths_figure(eager, compiled, roof)
+    assert [t.name for t in figure.data] == ["eager calls (fit)", "compiled calls (fit)", "machine limit"]
+    assert figure.data[1].y[0] == compiled.ms(1)
+    text = paths_summary(eager, compiled, roof)
+    assert "| eager | 2.000 | 0.0800 | 2.080 |" in text and "| compiled | 0.500 | 0.0700 | 0.570 |" in text
+    assert "Compute limit" in text and "Weight-read limit" in text
+    assert "No compiled fit: torch.compile failed" in paths_summary(eager, None, roof, "torch.compile failed (x)")
+
+
+def test_the_explain_task_fits_eager_calls_and_says_why_compiled_ones_failed(tiny_model_dir, monkeypatch):
+    def broken(fn, **options):
+        def run(*args, **kwargs):
+            raise RuntimeError("no C++ compiler")
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken)
+    tasks = GpuTasks(ModelStore(str(tiny_model_dir), device="cpu"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        found = tasks.paths((str(tiny_model_dir), "float32"))
+    assert isinstance(found["eager"], CallCost) and found["compiled"] is None
+    assert "no C++ compiler" in found["note"] and found["roofline"].gflops > 0
