@@ -20,6 +20,9 @@ with the sections:
 5. ``race``: AR, Linear-SS, Quadratic-SS and Packed-SS on one prompt (embedded model, bfloat16, B = 8,
    128 new tokens), repeats in rotated order: medians of wall time (s), tokens/NFE, time/NFE (ms) and
    throughput (tokens/s).
+6. ``race_compiled``: the same race through compiled calls (``--compile``'s path: static cache, padded
+   shapes, CUDA graphs), every shape compiled in an untimed full-length warm-up; its compile time, the
+   shapes, and whether compiling fell back to eager (``compile_note``).
 
 The whole check keeps within ``--budget-s`` seconds (default 270, so that it ends within 5 minutes
 with model loading and start-up): sections that no longer fit are recorded as ``"skipped: time

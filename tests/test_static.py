@@ -88,7 +88,10 @@ def test_a_compile_failure_falls_back_to_eager_calls_with_one_warning(monkeypatc
     assert model.compile_note.startswith("torch.compile failed (RuntimeError: C++ compile error") and \
         "\n" not in model.compile_note
     assert [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)] == [model.compile_note]
-    assert not model.share().compiled  # the other adapters of the network do not try again
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        shared = model.share()
+    assert not shared.compiled and shared.compile_note == model.compile_note and not again  # said once
 
     def refuses(fn, **options):
         raise RuntimeError("no backend")
@@ -117,6 +120,9 @@ def test_every_schedule_on_the_compiled_path_gives_the_compiled_ars_tokens_with_
         assert len(compiled.static.shapes) - before <= bound, (name, compiled.static.shapes)
     assert compiled.compiled and compiled.compile_note is None
     assert len(compiled.static.shapes) <= 12, compiled.static.shapes
+    shared, spent = compiled.share(), compiled.static.compile_s
+    assert generate(shared, prompt, config, "packed").token_ids == ar
+    assert shared.static.compile_s == 0 and compiled.static.compile_s == spent  # its shapes were compiled already
     assert all(rows == 1 or rows % 4 == 0 for rows, _ in compiled.static.shapes)
 
 

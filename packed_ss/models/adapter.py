@@ -3,8 +3,9 @@
 A dual-mode model has one set of weights and two modes that differ only in the attention mask: causal
 rows predict the next token (verifier), and a block ``[last verified token, MASK x (B-1)]`` read
 bidirectionally predicts the token at each mask's own position (drafter). The adapter runs one call
-with an explicit boolean 4D mask and explicit position ids, and rolls the ``DynamicCache`` back so that
-it holds the verified prefix except its last token (paper Appendix D.1).
+with an explicit boolean 4D mask and explicit position ids, and rolls the cache back so that it holds
+the verified prefix except its last token (paper Appendix D.1): a static cache by default
+(:mod:`packed_ss.models.static`, where calls may also be compiled), or transformers' ``DynamicCache``.
 
 Shape legend: R rows of the call, C cached tokens, V vocabulary.
 """
@@ -146,6 +147,7 @@ class DualModeModel:
         self.static = None if cache == "dynamic" or why_not else StaticCalls(model, self.supports_deferred_rows,
                                                                              compiled)
         self.cache = None if self.static else DynamicCache(config=model.config)
+        self._compile_requested = compiled  # shares ask for it too (and learn of a failure without retrying)
         # Packed-SS pads a short draft to W slots (the paper's fixed 2B-row call, for GPU kernels); on a CPU
         # every row costs time, so the call holds only the draft's own rows there.
         self.pads_drafts = self.device.type != "cpu"
@@ -245,7 +247,7 @@ class DualModeModel:
         cache = "static" if compiled else self.cache_kind
         shared = DualModeModel(self.model, self.tokenizer, self.mask_token_id, self.eos_token_id,
                                self.bos_token_id, self.family, self.drafter_lora, cache,
-                               self.compiled if compiled is None else compiled)
+                               self._compile_requested if compiled is None else compiled)
         shared.adapter_note = self.adapter_note
         return shared
 
@@ -319,9 +321,9 @@ class DualModeModel:
     def cached_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Keys and values the cache holds for the first C tokens, per layer: (1, heads, C, head_dim) each (views
         of the static cache, which holds more past C; the dynamic cache's own tensors)."""
-        layers = self.static.cache.layers if self.static else self.cache.layers
         if self.static and not self._length:
             return []
+        layers = self.static.cache.layers if self.static else self.cache.layers
         return [(layer.keys[:, :, : self._length], layer.values[:, :, : self._length]) for layer in layers]
 
     def reset(self, tokens: int = 0, block_size: int | None = None) -> None:

@@ -63,6 +63,7 @@ def forward(model, cache, hidden_only: bool, input_ids, position_ids, mask) -> t
 
 COMPILED = "packed_ss_compiled_forward"  # attribute of the network holding its compiled forward
 COMPILE_FAILURE = "packed_ss_compile_failure"  # ... or the error that compiling it raised
+COMPILED_SHAPES = "packed_ss_compiled_shapes"  # ... and the (Rp, K) shapes compiled so far
 
 
 def compiled_forward(model, compiler=None):
@@ -87,6 +88,7 @@ def compiled_forward(model, compiler=None):
         object.__setattr__(model, COMPILE_FAILURE, error)
         return None
     object.__setattr__(model, COMPILED, function)
+    object.__setattr__(model, COMPILED_SHAPES, [])
     return function
 
 
@@ -99,8 +101,9 @@ class StaticCalls:
         length: C, tokens of the verified prefix held (the rest of the capacity is stale).
         compiled: whether calls go through ``torch.compile`` (False after a compile failure).
         block_size: B of the current run (chooses the padded row counts).
-        shapes: the (Rp, K) shapes compiled calls were made with, in first-use order.
-        compile_s: seconds spent in calls that compiled a new shape (reported apart from decoding time).
+        shapes: the (Rp, K) shapes compiled for the network so far (by any of its adapters), in first-use order.
+        compile_s: seconds this adapter spent in calls that compiled a new shape (reported apart from decoding
+            time).
         note: the one-line reason compiling was given up, or None.
     """
 
@@ -112,13 +115,17 @@ class StaticCalls:
         self.block_size = 1
         self.cache = None
         self.compiled = compiled
-        self.shapes: list[tuple[int, int]] = []
         self.compile_s = 0.0
         self.note: str | None = None
         self._hidden_only = hidden_only  # the LM head is applied apart, to the rows needed only
+        known = getattr(model, COMPILE_FAILURE, None) is not None  # another adapter's failure: said once already
         self._function = compiled_forward(model, compiler) if compiled else None
         if compiled and self._function is None:
-            self._give_up(getattr(model, COMPILE_FAILURE))
+            self._give_up(getattr(model, COMPILE_FAILURE), warn=not known)
+
+    @property
+    def shapes(self) -> list[tuple[int, int]]:
+        return getattr(self.model, COMPILED_SHAPES, None) or []
 
     # --- the cache ----------------------------------------------------------------------------
     def reset(self, tokens: int = 0, block_size: int | None = None) -> None:
@@ -209,15 +216,19 @@ class StaticCalls:
             self._set_length(self.length)
             return None
         if new:
-            self.shapes.append(shape)
+            getattr(self.model, COMPILED_SHAPES).append(shape)
             self.compile_s += time.perf_counter() - start
         return out.clone() if self.device.type == "cuda" else out  # CUDA graphs reuse their output buffer
 
-    def _give_up(self, error: Exception | None) -> None:
+    def _give_up(self, error: Exception | None, warn: bool = True) -> None:
+        """Decode eagerly from now on, with a one-line note (and warning, unless another adapter of the network
+        gave it already); the network's other adapters do not try again."""
         first = str(error).strip().splitlines()[0] if str(error).strip() else ""
         self.note = f"torch.compile failed ({type(error).__name__}: {first[:200]}); decoding eagerly"
         self.compiled, self._function = False, None
-        if error is not None and getattr(self.model, COMPILE_FAILURE, None) is None:  # the other adapters too
+        known = getattr(self.model, COMPILE_FAILURE, None) is not None
+        if error is not None and not known:
             object.__setattr__(self.model, COMPILE_FAILURE, error)
             object.__setattr__(self.model, COMPILED, None)
-        warnings.warn(self.note, RuntimeWarning, stacklevel=3)
+        if warn:
+            warnings.warn(self.note, RuntimeWarning, stacklevel=3)
