@@ -14,7 +14,7 @@ from packed_ss.inputs import model_name, shown
 from packed_ss.measure import warm_up as warm_up_runs
 
 from serve.errors import UserError
-from serve.settings import RunSettings
+from serve.settings import RequestValues
 
 
 DEFAULT_MODEL = str(Path(__file__).resolve().parents[1] / "assets" / "model")
@@ -252,5 +252,5 @@ def warm_up(model) -> None:
     config = DecodeConfig(block_size=4, max_new_tokens=4)
     warm_up_runs(model.share(), ids, [(schedule, config) for schedule in ("ar", "packed")])
     if getattr(model, "compiled", False) and not model.any_order:  # the default settings' shapes, compiled now
-        config = DecodeConfig(block_size=RunSettings.block_size, max_new_tokens=RunSettings.max_new_tokens)
+        config = DecodeConfig(block_size=int(RequestValues.block_size), max_new_tokens=int(RequestValues.max_new_tokens))
         warm_up_runs(model.share(), ids, [(schedule, config) for schedule in ("ar", "linear", "quadratic", "packed")])

@@ -137,3 +137,32 @@ def test_the_shipped_model_compiled_gives_ars_tokens(embedded_model):
     for name in ("ar", "linear", "quadratic", "packed"):
         assert generate(compiled, prompt, config, name).token_ids == ar, name
     assert compiled.compiled and {rows for rows, _ in compiled.static.shapes} <= {1, 4, 8, 20}
+
+
+def test_compile_with_the_dynamic_cache_is_one_line_from_the_cli_and_the_benchmark(tiny_model_dir, capsys):
+    from packed_ss.bench.cli import main as bench_main
+    from packed_ss.cli import main as cli_main
+
+    assert cli_main(["generate", "--model", str(tiny_model_dir), "--prompt", "w1", "--compile", "--cache",
+                     "dynamic"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--compile needs the static cache" in err[0]
+    assert bench_main(["--model", str(tiny_model_dir), "--compile", "--cache", "dynamic", "--limit", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--compile needs the static cache" in err[0]
+
+
+def test_the_app_store_loads_compiled_models_and_keeps_serving_when_compiling_fails(tiny_model_dir, monkeypatch):
+    from serve.models import ModelStore
+    from serve.options import app_parser
+
+    args = app_parser().parse_args(["--compile", "--cache", "static"])
+    assert args.compile and args.cache == "static"
+    monkeypatch.setattr(torch, "compile", _broken_compiler)
+    store = ModelStore(str(tiny_model_dir), device="cpu", compiled=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = store.get(str(tiny_model_dir))  # its warm-up met the failure: eager from then on
+    assert not model.compiled and "C++ compile error" in model.compile_note
+    ids = model.encode("w1 w2")
+    assert generate(model.share(), ids, DecodeConfig(block_size=4, max_new_tokens=6), "packed").tokens == 6

@@ -100,11 +100,11 @@ class StaticCalls:
             (a call that needs more grows it, keeping the prefix).
         length: C, tokens of the verified prefix held (the rest of the capacity is stale).
         compiled: whether calls go through ``torch.compile`` (False after a compile failure).
+        note: the one-line reason compiling was given up, or None.
         block_size: B of the current run (chooses the padded row counts).
         shapes: the (Rp, K) shapes compiled for the network so far (by any of its adapters), in first-use order.
         compile_s: seconds this adapter spent in calls that compiled a new shape (reported apart from decoding
             time).
-        note: the one-line reason compiling was given up, or None.
     """
 
     def __init__(self, model, hidden_only: bool, compiled: bool = False, compiler=None):
@@ -114,14 +114,27 @@ class StaticCalls:
         self.length = 0
         self.block_size = 1
         self.cache = None
-        self.compiled = compiled
         self.compile_s = 0.0
-        self.note: str | None = None
+        self._requested = compiled
         self._hidden_only = hidden_only  # the LM head is applied apart, to the rows needed only
         known = getattr(model, COMPILE_FAILURE, None) is not None  # another adapter's failure: said once already
         self._function = compiled_forward(model, compiler) if compiled else None
-        if compiled and self._function is None:
-            self._give_up(getattr(model, COMPILE_FAILURE), warn=not known)
+        if compiled and self._function is None and not known:
+            warnings.warn(self.note, RuntimeWarning, stacklevel=3)
+
+    @property
+    def compiled(self) -> bool:
+        """Compiled calls were asked for and compiling has not failed for this network (by any adapter)."""
+        return self._requested and getattr(self.model, COMPILE_FAILURE, None) is None
+
+    @property
+    def note(self) -> str | None:
+        """The one-line reason compiling was given up for this network, or None."""
+        error = getattr(self.model, COMPILE_FAILURE, None) if self._requested else None
+        if error is None:
+            return None
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        return f"torch.compile failed ({type(error).__name__}: {first[:200]}); decoding eagerly"
 
     @property
     def shapes(self) -> list[tuple[int, int]]:
@@ -200,7 +213,7 @@ class StaticCalls:
 
     def _compiled_call(self, inputs, total: int):
         """The compiled call, or None when compiling failed (then the caller runs it eagerly)."""
-        if self._function is None:
+        if self._function is None or not self.compiled:
             return None
         shape = (total, self.capacity)
         new = shape not in self.shapes
@@ -220,15 +233,10 @@ class StaticCalls:
             self.compile_s += time.perf_counter() - start
         return out.clone() if self.device.type == "cuda" else out  # CUDA graphs reuse their output buffer
 
-    def _give_up(self, error: Exception | None, warn: bool = True) -> None:
-        """Decode eagerly from now on, with a one-line note (and warning, unless another adapter of the network
-        gave it already); the network's other adapters do not try again."""
-        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        self.note = f"torch.compile failed ({type(error).__name__}: {first[:200]}); decoding eagerly"
-        self.compiled, self._function = False, None
-        known = getattr(self.model, COMPILE_FAILURE, None) is not None
-        if error is not None and not known:
+    def _give_up(self, error: Exception) -> None:
+        """Decode eagerly from now on, with a one-line warning; every adapter of the network does (``note``)."""
+        self._function = None
+        if getattr(self.model, COMPILE_FAILURE, None) is None:
             object.__setattr__(self.model, COMPILE_FAILURE, error)
             object.__setattr__(self.model, COMPILED, None)
-        if warn:
             warnings.warn(self.note, RuntimeWarning, stacklevel=3)
