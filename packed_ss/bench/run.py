@@ -122,14 +122,7 @@ def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progres
     outputs: dict[tuple[int, int, str], tuple[int, ...]] = {}  # (prompt index, sample, schedule) -> tokens
     interrupted = False
     try:
-        started = compile_seconds(model)
-        if config.warmup:  # untimed: first-call costs (allocations, kernel selection, compiling) fall here
-            for schedule in config.schedules:
-                report(0, len(units), f"warm-up {schedule}")
-                for ids, tokens in warm_up_prompts(model, encoded, config, schedule):
-                    warm_up(model, ids, [(schedule, config.decode_config(schedule, config.block_size(schedule),
-                                                                         config.seed, tokens))], around=turn)
-        warm_compile = compile_seconds(model) - started
+        warm_compile = warm_up_all(model, encoded, config, lambda label: report(0, len(units), label), turn)
         for done, unit in enumerate(units):
             prompt, ids = encoded[unit.prompt_index]
             size = "" if unit.schedule in NO_BLOCK else f" B={unit.block_size}"
@@ -172,6 +165,19 @@ def compile_seconds(model) -> float:
     """Seconds the adapter has spent in calls that compiled a new shape so far (0 on the eager path)."""
     static = getattr(model, "static", None)
     return float(static.compile_s) if static is not None else 0.0
+
+
+def warm_up_all(model, encoded: Sequence[tuple], config: BenchConfig, report: Callable[[str], None],
+                turn: Callable[[], ContextManager]) -> float:
+    """The untimed warm-up runs of every schedule (none with ``config.warmup`` off): first-call costs (allocations,
+    kernel selection, compiling) fall here. Returns the seconds spent compiling in them."""
+    started = compile_seconds(model)
+    for schedule in config.schedules if config.warmup else ():
+        report(f"warm-up {schedule}")
+        for ids, tokens in warm_up_prompts(model, encoded, config, schedule):
+            warm_up(model, ids, [(schedule, config.decode_config(schedule, config.block_size(schedule), config.seed,
+                                                                 tokens))], around=turn)
+    return compile_seconds(model) - started
 
 
 def warm_up_prompts(model, encoded: Sequence[tuple], config: BenchConfig, schedule: str) -> list[tuple[list, int]]:
