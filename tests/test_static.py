@@ -96,10 +96,11 @@ def test_a_compile_failure_falls_back_to_eager_calls_with_one_warning(monkeypatc
     def refuses(fn, **options):
         raise RuntimeError("no backend")
     monkeypatch.setattr(torch, "compile", refuses)
-    other = tiny_llama(seed=4, logit_scale=3.0, compiled=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with warnings.catch_warnings(record=True) as set_up:
+        warnings.simplefilter("always")
+        other = tiny_llama(seed=4, logit_scale=3.0, compiled=True)
         assert generate(other, [5, 6, 7], config, "packed").token_ids == want
+    assert [str(w.message) for w in set_up if issubclass(w.category, RuntimeWarning)] == [other.compile_note]
     assert "no backend" in other.compile_note
 
 
