@@ -5,9 +5,9 @@
 project's ``lookup`` schedule re-implements; ``hf-greedy-compiled`` is greedy ``generate`` with
 ``cache_implementation="static"`` and its compiled forward (``CompileConfig``, CUDA graphs on CUDA), the
 strongest AR a transformers user can pick. Its static cache is sized like the engine's (the run's need rounded
-up to :data:`~packed_ss.models.static.CAPACITY_STEP`), so both compile once per capacity. Both are timed like the engine's runs: wall time of the
-decoding only (the prompt tensor is built before the clock starts), CUDA-synchronised, and the model's
-forward calls counted as NFE. They run greedy only and need a ``transformers`` network
+up to :data:`~packed_ss.models.static.CAPACITY_STEP`), so both compile once per capacity. All are timed like
+the engine's runs: wall time of the decoding only (the prompt tensor is built before the clock starts),
+CUDA-synchronised, and the model's forward calls counted as NFE. They run greedy only and need a ``transformers`` network
 (``model.model``); the drafter adapter is not used.
 """
 

@@ -167,3 +167,27 @@ def test_the_app_store_loads_compiled_models_and_keeps_serving_when_compiling_fa
     assert not model.compiled and "C++ compile error" in model.compile_note
     ids = model.encode("w1 w2")
     assert generate(model.share(), ids, DecodeConfig(block_size=4, max_new_tokens=6), "packed").tokens == 6
+
+
+@pytest.mark.slow
+def test_the_benchmarks_compiled_reference_rows(tiny_model_dir, tmp_path):
+    """``ar-eager`` beside compiled AR and transformers' static-cache compiled ``generate``: same tokens as AR,
+    compile time reported apart (every shape met in the warm-up)."""
+    import json
+
+    from packed_ss.bench.cli import main as bench_main
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "w1 w2 w3"}\n{"prompt": "w4 w5"}\n')
+    out = tmp_path / "out"
+    assert bench_main(["--model", str(tiny_model_dir), "--prompts", str(prompts), "--schedules",
+                       "ar,ar-eager,packed,hf-greedy-compiled", "--block-size", "4", "--max-new-tokens", "8",
+                       "--threads", "1", "--compile", "--resamples", "200", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    meta = summary["meta"]
+    assert meta["compiled"] and meta["cache"] == "static" and meta["compile_s_in_timed_runs"] == 0
+    assert meta["compile_s_warm_up"] > 0 and [1, 256] in meta["compiled_shapes"]
+    by_schedule = summary["lossless"]["by_schedule"]
+    assert {name: row["differing"] for name, row in by_schedule.items()} == {
+        "ar-eager": 0, "packed": 0, "hf-greedy-compiled": 0}
+    assert "Model calls: compiled" in (out / "summary.md").read_text()

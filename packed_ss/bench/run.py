@@ -154,7 +154,7 @@ def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progres
         "runs_done": len(examples) + len(probe),
         "interrupted": interrupted,
         "device": str(getattr(model, "device", "unknown")),
-        **compile_meta(model, config, warm_compile, rows["main"] + rows["probe"]),
+        **compile_meta(model, warm_compile, rows["main"] + rows["probe"]),
         "dtype": _model_dtype(model),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
@@ -196,7 +196,7 @@ def warm_up_prompts(model, encoded: Sequence[tuple], config: BenchConfig, schedu
     return [(ids, config.max_new_tokens) for ids in firsts.values()]
 
 
-def compile_meta(model, config: BenchConfig, warm_s: float, rows: list[dict]) -> dict:
+def compile_meta(model, warm_s: float, rows: list[dict]) -> dict:
     """What the report says about compiling: whether calls were compiled, the warm-up's compile time and the
     compile time that fell inside timed runs (0 when the warm-up covered every shape), apart from decoding."""
     static = getattr(model, "static", None)
