@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from components.charts import LOG_TICKS
+
 CHART_HEIGHT = 380  # px
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128)  # row counts the chart spans (AR's 1 to Quadratic-SS's B(B+1) at small B)
 COLORS = {"eager": "#1f77b4", "compiled": "#2ca02c", "limit": "#7f7f7f"}
@@ -29,7 +31,9 @@ def paths_figure(eager, compiled, roof) -> go.Figure:
     layout = dict(title=dict(text="Call cost against rows: eager, compiled, and what the machine allows", x=0.01),
                   height=CHART_HEIGHT, margin=dict(l=60, r=10, t=50, b=50), plot_bgcolor="#ffffff",
                   xaxis=dict(title=dict(text="rows in the call"), type="log", tickvals=list(ROWS)),
-                  yaxis=dict(title=dict(text="ms per call (log scale)"), type="log"))
+                  # Labels on 1-2-5 steps written out in full, as the cost chart above it
+                  yaxis=dict(title=dict(text="ms per call (log scale)"), type="log", tickmode="array",
+                             tickvals=LOG_TICKS, ticktext=[f"{v:g}" for v in LOG_TICKS]))
     return go.Figure(dict(data=traces, layout=layout))
 
 
