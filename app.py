@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import gradio as gr
 
-from packed_ss.cli import quiet_loaders
+from packed_ss.cli import one_line_warnings, quiet_loaders
 
 from components.style import ASSETS
 from serve.api import add_api
@@ -121,6 +121,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         torch.set_num_threads(args.threads)
     quiet_loaders()
+    one_line_warnings()
     demo = build_demo(args.model, device=args.device, dtype=args.dtype, allowed_models=allowed,
                       models_held=args.models_held, max_rows=args.max_rows, new_tokens_cap=args.cap,
                       queue_size=args.queue_size, family=args.family, drafter_lora=args.drafter_lora,

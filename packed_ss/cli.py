@@ -60,6 +60,34 @@ def load_model(name: str, device: str | None, dtype: str | None, family: str | N
     return model
 
 
+def compile_from_env() -> bool:
+    """``--compile``'s default: the environment variable ``PACKED_SS_COMPILE`` (1, true, yes or on).
+
+    Raises: ValueError for any other non-empty value (a typo must not silently turn compiling off)."""
+    value = os.environ.get("PACKED_SS_COMPILE", "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"PACKED_SS_COMPILE={value!r}: use 1 (compile) or 0 (do not), or leave it unset")
+
+
+def resolve_compile(args) -> bool:
+    """Set ``args.compile`` from the environment where the command line left it out (see
+    :func:`compile_from_env`) and return it. Raises: ValueError for a bad ``PACKED_SS_COMPILE``."""
+    if getattr(args, "compile", None) is None:
+        args.compile = compile_from_env()
+    return args.compile
+
+
+def one_line_warnings() -> None:
+    """Warnings as one ``warning: ...`` line on stderr (a compile failure's fallback, for example), not Python's
+    two lines with the source file and line (the command-line entry points call this)."""
+    import warnings
+
+    warnings.formatwarning = lambda message, category, filename, lineno, line=None: f"warning: {message}\n"
+
+
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
     """``--family``, ``--drafter-lora`` and ``--base-model``, shared by the CLI, the benchmark and app.py."""
     parser.add_argument("--family", default=None, choices=("plain", "nemotron", "setdlm"),
@@ -71,10 +99,10 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
                              "Qwen/Qwen3-1.7B-Base); a local folder works offline")
     parser.add_argument("--drafter-lora", default=None, metavar="PATH_OR_SUBFOLDER",
                         help="peft LoRA applied to proposal rows only, e.g. linear_spec_lora (NLD's subfolder)")
-    parser.add_argument("--compile", action="store_true",
-                        default=os.environ.get("PACKED_SS_COMPILE", "").lower() in ("1", "true", "yes"),
-                        help="model calls through torch.compile at a few padded row counts (env PACKED_SS_COMPILE=1; "
-                             "CPU: needs a C++ compiler; CUDA: CUDA graphs); a compile failure decodes eagerly")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                        help="model calls through torch.compile at a few padded row counts (default: env "
+                             "PACKED_SS_COMPILE=1/true/yes/on, else off; CPU: needs a C++ compiler; CUDA: CUDA "
+                             "graphs); a compile failure decodes eagerly with one warning line")
     parser.add_argument("--cache", default="static", choices=("static", "dynamic"),
                         help="KV cache: static (preallocated, rollback moves its length; default) or dynamic "
                              "(transformers' DynamicCache, grown and cropped)")
@@ -115,6 +143,7 @@ def _generate(args) -> int:
     from packed_ss.registry import get_schedule
 
     try:
+        resolve_compile(args)
         get_schedule(args.schedule)
         config = decode_config(args)
         if args.threads is not None:
@@ -134,14 +163,15 @@ def _generate(args) -> int:
         ids = model.encode(prompt)
         if model.compiled:  # compile every shape of the run before the one that is timed
             generate(model, ids, config, args.schedule)
-            print(f"compiled {len(model.static.shapes)} call shapes in {model.static.compile_s:.1f} s "
-                  f"(not part of the timed run)", file=sys.stderr)
+            if model.compiled:
+                count = len(model.static.shapes)
+                print(f"compiled {count} call shape{'s' if count != 1 else ''} in {model.static.compile_s:.1f} s "
+                      f"(not part of the timed run)", file=sys.stderr)
         run = generate(model, ids, config, args.schedule)
-        if model.compile_note:
-            print(f"warning: {model.compile_note}", file=sys.stderr)
     except (ValueError, ModelLoadError, UsageError) as error:
         raise UsageError(str(error).splitlines()[0] if str(error) else type(error).__name__) from None
-    metrics = run.metrics()
+    metrics = {**run.metrics(), "cache": model.cache_kind, "compiled": model.compiled,
+               "compile_s": round(model.static.compile_s, 3) if model.static else 0.0}
     if args.json:
         print(json.dumps(metrics))
     else:
@@ -166,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     quiet_loaders()
+    one_line_warnings()
     try:
         return _generate(args)
     except UsageError as error:

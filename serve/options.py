@@ -8,7 +8,7 @@ import argparse
 import os
 from pathlib import Path
 
-from packed_ss.cli import add_model_flags
+from packed_ss.cli import add_model_flags, resolve_compile
 from packed_ss.inputs import threads_problem
 from packed_ss.models import device_dtype_problem
 
@@ -72,6 +72,12 @@ def options_problem(args: argparse.Namespace, allowed: list[str]) -> str | None:
     problem = device_dtype_problem(args.device, args.dtype)
     if problem:
         return problem
+    try:
+        resolve_compile(args)
+    except ValueError as error:
+        return str(error)
+    if args.compile and args.cache != "static":
+        return "--compile (or PACKED_SS_COMPILE=1) needs the static cache: leave out --cache dynamic"
     for name in [args.model, *allowed]:
         local = Path(name).expanduser()
         if (name.startswith((".", "/", "~")) or local.exists()) and not (local / "config.json").is_file():

@@ -59,6 +59,9 @@ def device_line(server: Server, on_cuda: bool) -> str:
         line = "Device: **CPU**"
     if server.eager:
         line += " · ZeroGPU: each request's GPU work runs in one `@spaces.GPU` call"
+    if server.store.compiled:
+        line += (" · model calls compiled (`--compile`: torch.compile; a model whose compiling fails decodes eagerly, "
+                 "Explain says why)")
     return line
 
 

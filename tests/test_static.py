@@ -147,10 +147,10 @@ def test_compile_with_the_dynamic_cache_is_one_line_from_the_cli_and_the_benchma
     assert cli_main(["generate", "--model", str(tiny_model_dir), "--prompt", "w1", "--compile", "--cache",
                      "dynamic"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--compile needs the static cache" in err[0]
+    assert len(err) == 1 and "needs the static cache" in err[0]
     assert bench_main(["--model", str(tiny_model_dir), "--compile", "--cache", "dynamic", "--limit", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--compile needs the static cache" in err[0]
+    assert len(err) == 1 and "needs the static cache" in err[0]
 
 
 def test_the_app_store_loads_compiled_models_and_keeps_serving_when_compiling_fails(tiny_model_dir, monkeypatch):
@@ -172,7 +172,8 @@ def test_the_app_store_loads_compiled_models_and_keeps_serving_when_compiling_fa
 @pytest.mark.slow
 def test_the_benchmarks_compiled_reference_rows(tiny_model_dir, tmp_path):
     """``ar-eager`` beside compiled AR and transformers' static-cache compiled ``generate``: same tokens as AR,
-    compile time reported apart (every shape met in the warm-up)."""
+    compile time reported apart (every shape met in the warm-up, the probe's B = 3 included: reported, its
+    compile time fell inside the probe's runs)."""
     import json
 
     from packed_ss.bench.cli import main as bench_main
@@ -182,7 +183,8 @@ def test_the_benchmarks_compiled_reference_rows(tiny_model_dir, tmp_path):
     out = tmp_path / "out"
     assert bench_main(["--model", str(tiny_model_dir), "--prompts", str(prompts), "--schedules",
                        "ar,ar-eager,packed,hf-greedy-compiled", "--block-size", "4", "--max-new-tokens", "8",
-                       "--threads", "1", "--compile", "--resamples", "200", "--out", str(out)]) == 0
+                       "--threads", "1", "--compile", "--resamples", "200", "--probe-block-sizes", "3",
+                       "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     meta = summary["meta"]
     assert meta["compiled"] and meta["cache"] == "static" and meta["compile_s_in_timed_runs"] == 0
@@ -191,3 +193,38 @@ def test_the_benchmarks_compiled_reference_rows(tiny_model_dir, tmp_path):
     assert {name: row["differing"] for name, row in by_schedule.items()} == {
         "ar-eager": 0, "packed": 0, "hf-greedy-compiled": 0}
     assert "Model calls: compiled" in (out / "summary.md").read_text()
+
+
+def test_compile_settings_from_the_environment_and_the_app_are_checked(monkeypatch, capsys, tiny_model_dir):
+    """Reported: PACKED_SS_COMPILE=on was silently ignored and could not be overridden; the app started with
+    --compile --cache dynamic and showed visitors an operator's error."""
+    from packed_ss.cli import compile_from_env, main as cli_main
+    from serve.options import app_parser, options_problem
+
+    for value, wanted in (("on", True), ("1", True), ("TRUE", True), ("0", False), ("off", False), ("", False)):
+        monkeypatch.setenv("PACKED_SS_COMPILE", value)
+        assert compile_from_env() is wanted
+    monkeypatch.setenv("PACKED_SS_COMPILE", "2")
+    assert cli_main(["generate", "--model", str(tiny_model_dir), "--prompt", "w1"]) == 2
+    assert "PACKED_SS_COMPILE='2'" in capsys.readouterr().err
+    monkeypatch.setenv("PACKED_SS_COMPILE", "1")
+    args = app_parser().parse_args(["--cache", "dynamic"])
+    assert "needs the static cache" in options_problem(args, [])
+    assert options_problem(app_parser().parse_args(["--cache", "dynamic", "--no-compile"]), []) is None
+
+
+def test_a_failing_compiled_reference_row_is_one_line_before_anything_is_measured(tiny_model_dir, tmp_path,
+                                                                                   monkeypatch, capsys):
+    """Reported: with no working C++ compiler, hf-greedy-compiled crashed the benchmark with a traceback."""
+    import packed_ss.hf_reference as reference
+    from packed_ss.bench.cli import main as bench_main
+
+    monkeypatch.setattr(reference, "compiled_generate_options", lambda model, tokens: {"cache_implementation": "nope"})
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "w1 w2 w3"}\n')
+    code = bench_main(["--model", str(tiny_model_dir), "--prompts", str(prompts), "--schedules", "ar,hf-greedy-compiled",
+                       "--max-new-tokens", "4", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and err.count("error:") == 1
+    assert "error: hf-greedy-compiled: transformers' compiled generate failed (ValueError" in err
+    assert not (tmp_path / "out" / "summary.json").exists()

@@ -16,6 +16,7 @@ from packed_ss.inputs import model_fingerprint, model_name, threads_problem
 from packed_ss.bench.plan import (ALL_SCHEDULES, KNOWN, NO_BLOCK, BenchConfig, BenchError, Prompt, load_prompts, parse_block_sizes,
                                  parse_probe_block_sizes, parse_schedules)
 from packed_ss.bench.report import summary_markdown, write_outputs
+from packed_ss.measure import EAGER_AR
 from packed_ss.bench.run import any_order_problem, run_benchmark
 from packed_ss.bench.tasks import PAPER_BLOCK_SIZES, PAPER_SCHEDULES, TASKS, load_records, parse_tasks
 
@@ -115,11 +116,16 @@ def config_from_args(args, task=None) -> BenchConfig:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line entry point. Returns 0, 2 on a usage error (one line on stderr), 130 on an interrupt."""
-    from packed_ss.cli import quiet_loaders
+    from packed_ss.cli import one_line_warnings, quiet_loaders, resolve_compile
 
     quiet_loaders()  # a refused checkpoint gets one line, not transformers' load table
+    one_line_warnings()
     try:
         args = _parser().parse_args(argv)
+        try:
+            resolve_compile(args)
+        except ValueError as error:
+            raise BenchError(str(error)) from None
         if args.task is not None:
             return _task_main(args)
         for flag, given in (("--data", args.data), ("--resume", args.resume), ("--chat", args.chat)):
@@ -130,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
             raise BenchError(f"--limit must be an integer >= 1, got {args.limit}")
         if threads_problem(args.threads):
             raise BenchError(threads_problem(args.threads))
+        if EAGER_AR in config.schedules and not args.compile:
+            raise BenchError(f"{EAGER_AR} times AR on eager calls beside --compile's AR: add --compile, or use ar")
         check_out_folder(args.out)  # found now, not after the measurements
         from packed_ss.models import device_dtype_problem
 

@@ -174,22 +174,35 @@ def warm_up_all(model, encoded: Sequence[tuple], config: BenchConfig, report: Ca
     started = compile_seconds(model)
     for schedule in config.schedules if config.warmup else ():
         report(f"warm-up {schedule}")
-        for ids, tokens in warm_up_prompts(model, encoded, config, schedule):
-            warm_up(model, ids, [(schedule, config.decode_config(schedule, config.block_size(schedule), config.seed,
-                                                                 tokens))], around=turn)
+        sizes = [config.block_size(schedule)]
+        if getattr(model, "compiled", False) and schedule not in NO_BLOCK:  # the probe's shapes too
+            sizes += [b for b in config.probe_block_sizes if b not in sizes]
+        for block, (ids, tokens) in ((b, run) for b in sizes for run in warm_up_prompts(model, encoded, config,
+                                                                                         schedule, b)):
+            try:
+                warm_up(model, ids, [(schedule, config.decode_config(schedule, block, config.seed, tokens))],
+                        around=turn)
+            except Exception as error:  # noqa: BLE001 - transformers' own compile failing (its row only)
+                if schedule != "hf-greedy-compiled":
+                    raise
+                first = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+                raise BenchError(f"hf-greedy-compiled: transformers' compiled generate failed ({type(error).__name__}: "
+                                 f"{first}); leave that row out") from None
     return compile_seconds(model) - started
 
 
-def warm_up_prompts(model, encoded: Sequence[tuple], config: BenchConfig, schedule: str) -> list[tuple[list, int]]:
-    """(prompt ids, new-token limit) of a schedule's untimed warm-up runs: one short run on the first prompt on
-    the eager path; with compiled calls (the engine's or ``hf-greedy-compiled``) one full-length run per
-    static-cache capacity the prompts need, so that every shape is compiled before the clock starts."""
+def warm_up_prompts(model, encoded: Sequence[tuple], config: BenchConfig, schedule: str,
+                    block_size: int | None = None) -> list[tuple[list, int]]:
+    """(prompt ids, new-token limit) of a schedule's untimed warm-up runs at B = ``block_size`` (default: its
+    own): one short run on the first prompt on the eager path; with compiled calls (the engine's or
+    ``hf-greedy-compiled``) one full-length run per static-cache capacity the prompts need, so that every shape
+    is compiled before the clock starts."""
     compiled = (getattr(model, "compiled", False) and schedule != EAGER_AR) or schedule == "hf-greedy-compiled"
     if not compiled:
         return [(encoded[0][1], min(WARMUP_TOKENS, config.max_new_tokens))]
     from packed_ss.models.static import CAPACITY_STEP
 
-    extra = 0 if schedule in HF_REFERENCES else 2 * config.block_size(schedule)
+    extra = 0 if schedule in HF_REFERENCES else 2 * (block_size or config.block_size(schedule))
     firsts: dict[int, list] = {}
     for _, ids in encoded:
         firsts.setdefault(-(-(len(ids) + config.max_new_tokens + extra) // CAPACITY_STEP), ids)

@@ -194,7 +194,8 @@ class DualModeModel:
         if cache not in CACHES:
             raise ModelLoadError(f"--cache must be one of {', '.join(CACHES)}, got {cache!r}")
         if compiled and cache != "static":
-            raise ModelLoadError("--compile needs the static cache: leave out --cache dynamic")
+            raise ModelLoadError("--compile (or PACKED_SS_COMPILE=1) needs the static cache: leave out --cache "
+                                 "dynamic, or turn compiling off (--no-compile)")
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         local_only = not local.exists() and hub_unreachable(name)
         offline = (f"cannot load model {name!r}: the Hugging Face hub cannot be reached from this machine and "

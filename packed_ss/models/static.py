@@ -83,6 +83,8 @@ def compiled_forward(model, compiler=None):
     device = next(model.parameters()).device
     options = {"mode": "reduce-overhead"} if device.type == "cuda" else {}
     try:
+        if settings.disable and compiler is None:  # TORCH_COMPILE_DISABLE / TORCHDYNAMO_DISABLE: torch.compile is a no-op
+            raise RuntimeError("torch.compile is disabled in this process (TORCH_COMPILE_DISABLE or TORCHDYNAMO_DISABLE)")
         function = (compiler or torch.compile)(forward, dynamic=False, fullgraph=False, **options)
     except Exception as error:  # noqa: BLE001 - any compiler set-up failure: eager, with one line
         object.__setattr__(model, COMPILE_FAILURE, error)
