@@ -23,6 +23,11 @@ HF_REFERENCES = ("hf-greedy", "hf-lookup", "hf-greedy-compiled")
 NGRAM_SIZE = 2  # max_matching_ngram_size, as the engine's lookup (packed_ss.schedules.lookup.MAX_NGRAM)
 
 
+class ReferenceFailed(RuntimeError):
+    """transformers' ``generate`` failed for a reference row (e.g. no working C++ compiler for
+    ``hf-greedy-compiled``); the message is one line naming the row."""
+
+
 @dataclass(frozen=True)
 class ReferenceRun:
     """What the benchmark reads from a run (the fields :class:`packed_ss.records.RunRecord` shares).
@@ -81,7 +86,7 @@ def hf_generate(model, prompt_ids: Sequence[int], max_new_tokens: int, kind: str
         model: a :class:`~packed_ss.models.DualModeModel` (its ``model`` is the network).
         max_new_tokens: L in tokens; generation also stops at the model's EOS.
         block_size: B; ``hf-lookup`` drafts up to W = B - 1 tokens per call.
-    Raises: ValueError for an unknown ``kind``.
+    Raises: ValueError for an unknown ``kind``; ReferenceFailed when ``generate`` fails.
     """
     if kind not in HF_REFERENCES:
         raise ValueError(f"unknown reference {kind!r}; choose one of {', '.join(HF_REFERENCES)}")
@@ -101,9 +106,14 @@ def hf_generate(model, prompt_ids: Sequence[int], max_new_tokens: int, kind: str
         sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
         sync()
         start = time.perf_counter()
-        with torch.no_grad():
-            out = network.generate(inputs, do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos,
-                                   pad_token_id=eos if eos is not None else 0, **extra)
+        try:
+            with torch.no_grad():
+                out = network.generate(inputs, do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos,
+                                       pad_token_id=eos if eos is not None else 0, **extra)
+        except Exception as error:  # noqa: BLE001 - whatever transformers raises: one line naming the row
+            first = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+            raise ReferenceFailed(f"{kind}: transformers' generate failed ({type(error).__name__}: {first}); "
+                                  f"leave that row out") from None
         sync()
         wall = time.perf_counter() - start
     finally:

@@ -222,9 +222,10 @@ def test_a_failing_compiled_reference_row_is_one_line_before_anything_is_measure
     monkeypatch.setattr(reference, "compiled_generate_options", lambda model, tokens: {"cache_implementation": "nope"})
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "w1 w2 w3"}\n')
-    code = bench_main(["--model", str(tiny_model_dir), "--prompts", str(prompts), "--schedules", "ar,hf-greedy-compiled",
-                       "--max-new-tokens", "4", "--out", str(tmp_path / "out")])
-    err = capsys.readouterr().err
-    assert code == 2 and "Traceback" not in err and err.count("error:") == 1
-    assert "error: hf-greedy-compiled: transformers' compiled generate failed (ValueError" in err
-    assert not (tmp_path / "out" / "summary.json").exists()
+    for warm in ([], ["--no-warmup"]):  # failing in the warm-up or in the first timed run
+        code = bench_main(["--model", str(tiny_model_dir), "--prompts", str(prompts), "--schedules",
+                           "ar,hf-greedy-compiled", "--max-new-tokens", "4", "--out", str(tmp_path / "out"), *warm])
+        err = capsys.readouterr().err
+        assert code == 2 and "Traceback" not in err and err.count("error:") == 1
+        assert "error: hf-greedy-compiled: transformers' generate failed (ValueError" in err
+        assert not (tmp_path / "out" / "summary.json").exists()

@@ -16,6 +16,7 @@ from packed_ss.inputs import model_fingerprint, model_name, threads_problem
 from packed_ss.bench.plan import (ALL_SCHEDULES, KNOWN, NO_BLOCK, BenchConfig, BenchError, Prompt, load_prompts, parse_block_sizes,
                                  parse_probe_block_sizes, parse_schedules)
 from packed_ss.bench.report import summary_markdown, write_outputs
+from packed_ss.hf_reference import ReferenceFailed
 from packed_ss.measure import EAGER_AR
 from packed_ss.bench.run import any_order_problem, run_benchmark
 from packed_ss.bench.tasks import PAPER_BLOCK_SIZES, PAPER_SCHEDULES, TASKS, load_records, parse_tasks
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return _run(args, config, prompts)
-    except BenchError as error:
+    except (BenchError, ReferenceFailed) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -184,7 +185,7 @@ def _task_main(args) -> int:
         records = tuple(load_records(task, args.data)[: args.limit] for task in tasks)  # before the model loads
         plan = HarnessPlan(tasks, configs, records, resume=args.resume)
         return _run_tasks(args, plan)
-    except BenchError as error:
+    except (BenchError, ReferenceFailed) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

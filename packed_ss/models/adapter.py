@@ -135,7 +135,7 @@ class DualModeModel:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self._cache_class = DynamicCache
-        self._length = 0  # tokens in the cache, tracked here to keep get_seq_length off the hot path
+        self._length = 0  # dynamic cache: its tokens, tracked here to keep get_seq_length off the hot path
         self.supports_deferred_rows = (getattr(model.config, "model_type", None) in PLAIN_HEAD_TYPES
                                        and model.get_output_embeddings() is not None)
         if cache not in CACHES:
@@ -302,7 +302,7 @@ class DualModeModel:
     @property
     def cache_length(self) -> int:
         """C, tokens currently held in the KV cache."""
-        return self._length
+        return self.static.length if self.static else self._length
 
     @property
     def cache_kind(self) -> str:
@@ -322,10 +322,11 @@ class DualModeModel:
     def cached_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Keys and values the cache holds for the first C tokens, per layer: (1, heads, C, head_dim) each (views
         of the static cache, which holds more past C; the dynamic cache's own tensors)."""
-        if self.static and not self._length:
+        length = self.cache_length
+        if self.static and not length:
             return []
         layers = self.static.cache.layers if self.static else self.cache.layers
-        return [(layer.keys[:, :, : self._length], layer.values[:, :, : self._length]) for layer in layers]
+        return [(layer.keys[:, :, :length], layer.values[:, :, :length]) for layer in layers]
 
     def reset(self, tokens: int = 0, block_size: int | None = None) -> None:
         """Empty the cache before a new prompt. ``tokens``: the most the run can hold (prompt, new tokens and
@@ -350,7 +351,7 @@ class DualModeModel:
                 self.static.rollback(keep)
             else:
                 self.cache.crop(keep - length)  # transformers 5.23: a negative argument removes that many
-            self._length = keep
+                self._length = keep
 
     # --- one call -----------------------------------------------------------------------------
     @torch.no_grad()
@@ -373,11 +374,12 @@ class DualModeModel:
             raise ValueError(f"model type {self.model.config.model_type!r} cannot defer its LM head")
         if adapter_rows and self.drafter_lora is None:
             raise ValueError("this model has no drafter adapter (load one with drafter_lora=...)")
-        call = self._static_call if self.static else self._call
         if self.drafter_lora is None:
-            return call(layout, rows, deferred)
+            return self._static_call(layout, rows, deferred) if self.static else self._call(layout, rows, deferred)
         with self.drafter_lora.applied(adapter_rows, layout.rows, self.device, self.dtype):
-            return call(layout, rows, deferred, eager=bool(adapter_rows))  # the adapter's hooks stay eager
+            if self.static:  # the adapter's hooks stay eager
+                return self._static_call(layout, rows, deferred, eager=bool(adapter_rows))
+            return self._call(layout, rows, deferred)
 
     def _static_call(self, layout: CallLayout, rows: tuple[int, ...], deferred: tuple[int, ...],
                      eager: bool = False) -> CallOutput:
@@ -392,11 +394,9 @@ class DualModeModel:
         else:
             logits = out
         self._sync()
-        self._length += layout.rows
         return CallOutput(self._as_float(logits), (time.perf_counter() - start) * 1000, hidden)
 
-    def _call(self, layout: CallLayout, rows: tuple[int, ...], deferred: tuple[int, ...],
-              eager: bool = False) -> CallOutput:
+    def _call(self, layout: CallLayout, rows: tuple[int, ...], deferred: tuple[int, ...]) -> CallOutput:
         device = self.device
         ids = torch.from_numpy(np.array((layout.token_ids, layout.position_ids), dtype=np.int64)).to(device)
         input_ids, position_ids = ids[:1], ids[1:]  # (1, R) each, one host array

@@ -206,7 +206,8 @@ class StaticCalls:
         if out is None:
             out = self._eager(*inputs)
         self.length += rows
-        self._set_length(self.length)  # the padding rows' keys stay past the length, unread
+        if total != rows:  # the padding rows' keys stay past the length, unread
+            self._set_length(self.length)
         keep = torch.as_tensor(need, dtype=torch.long, device=out.device)
         return out[0].index_select(0, keep), self._hidden_only
 
