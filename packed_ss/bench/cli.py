@@ -4,10 +4,8 @@ exit 2; 130 on an interrupt)."""
 from __future__ import annotations
 
 import argparse
-import tempfile
 import sys
 from pathlib import Path
-
 
 from packed_ss import stats
 from packed_ss.config import ORDERS, DecodeConfig
@@ -15,11 +13,13 @@ from packed_ss.models import DTYPES
 from packed_ss.inputs import model_fingerprint, model_name, threads_problem
 from packed_ss.bench.plan import (ALL_SCHEDULES, KNOWN, NO_BLOCK, BenchConfig, BenchError, Prompt, load_prompts, parse_block_sizes,
                                  parse_probe_block_sizes, parse_schedules)
+from packed_ss.bench.files import check_out_folder, set_aside
 from packed_ss.bench.report import summary_markdown, write_outputs
 from packed_ss.hf_reference import ReferenceFailed
 from packed_ss.measure import EAGER_AR
 from packed_ss.bench.run import any_order_problem, run_benchmark
-from packed_ss.bench.tasks import PAPER_BLOCK_SIZES, PAPER_SCHEDULES, TASKS, load_records, parse_tasks
+from packed_ss.bench.sandbox import SandboxMissing, find_sandbox
+from packed_ss.bench.tasks import PAPER_BLOCK_SIZES, PAPER_SCHEDULES, TASKS, load_task_data, parse_data, parse_tasks
 
 
 # --- command line -----------------------------------------------------------------------------------
@@ -40,13 +40,20 @@ def _parser() -> argparse.ArgumentParser:
                    help="the paper's tasks instead of --prompts, comma-separated from " + ",".join(TASKS)
                         + ": their prompts, output caps (512 code and writing, 1,024 mathematics) and block sizes "
                           "(32, Quadratic-SS 8) as defaults, graded accuracy beside speed, the paper's tables")
-    p.add_argument("--data", default=None, metavar="PATH",
-                   help="--task: a local copy of the task's records in the dataset's own format (one task)")
-    p.add_argument("--chat", default=None, choices=("auto", "on", "off"),
-                   help="--task: send prompts as a user message in the tokenizer's chat template (default auto: "
-                        "when it has one and the checkpoint is not a base model)")
+    p.add_argument("--data", default=None, action="append", metavar="[TASK=]PATH",
+                   help="--task: a local copy of a task's records in the dataset's own format; TASK=PATH for each "
+                        "of several tasks (repeat the flag), a bare PATH with one task")
+    p.add_argument("--chat", default="paper", choices=("paper", "on", "off"),
+                   help="--task: send prompts as a user message in the tokenizer's chat template: paper (default: "
+                        "where the paper did, WritingBench at T > 0), on or off")
     p.add_argument("--resume", action="store_true",
-                   help="--task: keep the runs already written to --out and measure only the prompts that lack some")
+                   help="--task: keep the runs already written to --out and measure only the prompts that lack some "
+                        "(a finished run is re-graded without decoding anything)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="--out may hold earlier results: they are moved into --out/replaced-<time>/, never deleted")
+    p.add_argument("--unsafe-grading", action="store_true",
+                   help="--task: grade generated code without a sandbox (bubblewrap) when none is installed: only "
+                        "resource limits and an audit hook stand between the code and this machine")
     p.add_argument("--limit", type=int, default=None, help="use the first N prompts (N >= 1)")
     p.add_argument("--schedules", default=None,
                    help="comma-separated, from " + ",".join(KNOWN) + " (hf-*: transformers' own generate, greedy); "
@@ -77,23 +84,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     add_model_flags(p)
     return p
-
-
-def check_out_folder(out_dir: str | Path) -> None:
-    """Create ``out_dir`` and check that files can be written in it, before anything is measured.
-
-    Raises: BenchError naming the folder and the reason (a file in the way, no permission...).
-    """
-    out = Path(out_dir)
-    try:
-        if out.exists() and not out.is_dir():
-            raise BenchError(f"--out {str(out_dir)!r} is a file; give a folder")
-        out.mkdir(parents=True, exist_ok=True)
-        # a name of its own: the processes of one launch probe the same folder at once
-        with tempfile.NamedTemporaryFile(dir=out, prefix=".write-check-"):
-            pass
-    except OSError as error:
-        raise BenchError(f"cannot write to --out {str(out_dir)!r}: {error.strerror or error}") from None
 
 
 def config_from_args(args, task=None) -> BenchConfig:
@@ -129,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
             raise BenchError(str(error)) from None
         if args.task is not None:
             return _task_main(args)
-        for flag, given in (("--data", args.data), ("--resume", args.resume), ("--chat", args.chat)):
+        for flag, given in (("--data", args.data), ("--resume", args.resume), ("--chat", args.chat != "paper"),
+                            ("--unsafe-grading", args.unsafe_grading)):
             if given:
                 raise BenchError(f"{flag} applies to --task runs only")
         config = config_from_args(args)
@@ -139,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             raise BenchError(threads_problem(args.threads))
         if EAGER_AR in config.schedules and not args.compile:
             raise BenchError(f"{EAGER_AR} times AR on eager calls beside --compile's AR: add --compile, or use ar")
-        check_out_folder(args.out)  # found now, not after the measurements
+        check_out_folder(args.out, overwrite=args.overwrite)  # found now, not after the measurements
         from packed_ss.models import device_dtype_problem
 
         problem = device_dtype_problem(args.device, args.dtype)
@@ -167,8 +158,9 @@ def _task_main(args) -> int:
         tasks = parse_tasks(args.task)
         if args.prompts is not None:
             raise BenchError("--task and --prompts exclude each other (the task gives the prompts)")
-        if args.data is not None and len(tasks) != 1:
-            raise BenchError("--data holds one task's records: give one --task with it")
+        if args.resume and args.overwrite:
+            raise BenchError("--resume keeps the runs in --out and --overwrite sets them aside: give one of them")
+        paths = parse_data(args.data, tasks)
         if args.limit is not None and args.limit < 1:
             raise BenchError(f"--limit must be an integer >= 1, got {args.limit}")
         if args.probe_block_sizes is not None:
@@ -181,9 +173,19 @@ def _task_main(args) -> int:
         if problem:
             raise BenchError(problem)
         configs = tuple(config_from_args(args, task) for task in tasks)
-        check_out_folder(args.out)
-        records = tuple(load_records(task, args.data)[: args.limit] for task in tasks)  # before the model loads
-        plan = HarnessPlan(tasks, configs, records, resume=args.resume)
+        check_out_folder(args.out, keep=args.resume, overwrite=args.overwrite, resumable=True)
+        data = tuple(_limited(load_task_data(task, paths.get(task.name)), args.limit) for task in tasks)
+        sandbox = None
+        if any(task.runs_code for task in tasks):  # before the model loads: grading must be possible
+            try:
+                sandbox = find_sandbox(unsafe=args.unsafe_grading)
+            except SandboxMissing as error:
+                raise BenchError(str(error)) from None
+            if sandbox.bwrap is None:
+                print("warning: --unsafe-grading: generated code runs without a sandbox (audit hook and limits only)",
+                      file=sys.stderr)
+        plan = HarnessPlan(tasks, configs, data, chat=args.chat, resume=args.resume, overwrite=args.overwrite,
+                           sandbox=sandbox)
         return _run_tasks(args, plan)
     except (BenchError, ReferenceFailed) as error:
         print(f"error: {error}", file=sys.stderr)
@@ -192,6 +194,13 @@ def _task_main(args) -> int:
         print(f"interrupted: the runs measured so far are in {args.out}/runs; --resume goes on from there",
               file=sys.stderr)
         return 130
+
+
+def _limited(data, limit):
+    """``data`` with its first ``limit`` records (all of them for None); its identity stays the whole data's."""
+    import dataclasses
+
+    return data if limit is None else dataclasses.replace(data, records=data.records[:limit])
 
 
 def _run_tasks(args, plan) -> int:
@@ -214,7 +223,8 @@ def _run_tasks(args, plan) -> int:
         raise BenchError(str(error).splitlines()[0] if str(error) else repr(error)) from None
     for config in plan.configs:
         any_order_problem(model, config)
-    plan = dataclasses.replace(plan, chat=chat_wanted(model, str(args.model), args.chat or "auto"))
+    chats = tuple(chat_wanted(model, task, config.temperature, plan.chat) for task, config in zip(plan.tasks, plan.configs))
+    plan = dataclasses.replace(plan, chats=chats)
     first = plan.configs[0]
     meta = {"model": model_name(args.model), "model_sha256": model_fingerprint(args.model), "family": model.family,
             "any_order": bool(model.any_order), "device": str(model.device),
@@ -222,7 +232,7 @@ def _run_tasks(args, plan) -> int:
             "transformers": transformers.__version__, "temperature": first.temperature, "samples": first.samples,
             "order": first.order,
             "block_sizes": {s: first.block_size(s) for s in first.schedules if s not in NO_BLOCK},
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads(), "compiled": bool(args.compile)}
     report = run_harness(model, plan, Path(args.out), procs, meta, _bar_factory())
     if report is not None:
         print(paper_markdown(report))
@@ -285,6 +295,9 @@ def _run(args, config: BenchConfig, prompts: list[Prompt]) -> int:
     for bar in bars:
         bar.close()
     try:
+        aside = set_aside(Path(args.out)) if args.overwrite else None
+        if aside is not None:
+            print(f"moved the earlier results in {args.out} to {aside}", file=sys.stderr)
         paths = write_outputs(result, args.out)
     except OSError as error:
         raise BenchError(f"cannot write to {args.out!r}: {error}") from None

@@ -5,31 +5,40 @@ Per task: the records become prompts (optionally as chat messages), the prompts 
 processes ``accelerate launch`` started (prompt i goes to process i mod N; one model per process and device,
 each process timing its own prompts alone), every timed run is appended as one JSON line to
 ``OUT/runs/TASK.rankK.rows.jsonl`` as soon as it ends (its row, its output text), so ``--resume`` skips the prompts
-whose runs are all there. When every process is done, the main process merges the rows, grades each
-distinct response once (scoring is outside the timed region, E.5), and writes per task the benchmark's own
-files (``OUT/TASK/``: examples.csv, summary.json, summary.md, report.html, grades.csv) and across tasks the
-paper-style report (``OUT/paper.md``, ``OUT/paper.json``, ``OUT/report.html``).
+whose runs are all there (a re-grade of finished runs decodes nothing). A run's seed is a hash of the run
+seed, the prompt's id (task and record) and the sample (:func:`~packed_ss.bench.run.run_seed`), so sharding and
+resuming give the rows of one uninterrupted process. When every process is done, the main process merges the
+rows, cuts each response at the model's end markers, grades each distinct response once in parallel worker
+processes (code in a sandbox; scoring is outside the timed region, E.5), and writes per task the
+benchmark's own files (``OUT/TASK/``: examples.csv, summary.json, summary.md, report.html, grades.csv,
+samples.jsonl: the per-sample log) and across tasks the paper-style report (``OUT/paper.md``,
+``OUT/paper.json``, ``OUT/report.html``). Nothing measured is deleted: see :mod:`packed_ss.bench.files`.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import os
 import platform
 import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
 
 from packed_ss.bench.accuracy import accuracy_summary
+from packed_ss.bench.files import set_aside, write_frame, write_text
+from packed_ss.bench.grading import END_MARKERS, clean_response
 from packed_ss.bench.paper import paper_html, paper_markdown
 from packed_ss.bench.plan import BenchConfig, BenchError, Prompt
 from packed_ss.bench.report import write_outputs
 from packed_ss.bench.run import BenchResult, run_benchmark
+from packed_ss.bench.sandbox import Sandbox, Verdict
 from packed_ss.bench.summary import _clean, complete_prompts, examples_frame, summarize
-from packed_ss.bench.tasks import Task, task_prompts
+from packed_ss.bench.tasks import Task, TaskData, task_prompts
 
 RUNS = "runs"  # folder of the per-run rows
 
@@ -41,16 +50,25 @@ class HarnessPlan:
     Attributes:
         tasks: the tasks, in order.
         configs: one :class:`BenchConfig` per task (its output cap and block sizes).
-        records: one list of records per task (:func:`~packed_ss.bench.tasks.load_records`, ``--limit`` applied).
-        chat: send each prompt as a user message in the tokenizer's chat template.
+        data: one :class:`~packed_ss.bench.tasks.TaskData` per task (``--limit`` applied to its records).
+        chat: ``--chat``: ``paper`` (the chat template where the paper used it, E.3), ``on`` or ``off``.
+        chats: per task, whether its prompts go through the chat template and why (set once the model is
+            loaded: :func:`chat_wanted`).
         resume: keep the rows already written and run only the prompts that lack some.
+        overwrite: move earlier results in the folder aside first (:func:`~packed_ss.bench.files.set_aside`).
+        sandbox: where generated code runs (None when no task runs code).
+        workers: grading processes at once.
     """
 
     tasks: tuple[Task, ...]
     configs: tuple[BenchConfig, ...]
-    records: tuple[list, ...]
-    chat: bool = False
+    data: tuple[TaskData, ...]
+    chat: str = "paper"
+    chats: tuple[tuple[bool, str], ...] = ()
     resume: bool = False
+    overwrite: bool = False
+    sandbox: Sandbox | None = None
+    workers: int = max(1, os.cpu_count() or 1)
 
 
 class Processes:
@@ -85,30 +103,81 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def chat_wanted(model, name: str, chat: str) -> bool:
-    """``--chat``: ``on`` needs a chat template (BenchError otherwise), ``off`` never, ``auto`` when the tokenizer
-    has one and the checkpoint is not a base model (its name says ``base``)."""
-    if chat == "on" and not model.has_chat_template:
-        raise BenchError(f"--chat on: the tokenizer of {name!r} has no chat template; use --chat off")
-    if chat == "auto":
-        return model.has_chat_template and "base" not in name.lower()
-    return chat == "on"
+def chat_wanted(model, task: Task, temperature: float, chat: str) -> tuple[bool, str]:
+    """``--chat`` for one task: ``paper`` uses the chat template where the paper did (E.3: WritingBench at
+    T > 0, when the tokenizer has one), ``on`` always (BenchError without a template), ``off`` never.
+
+    Returns: (use it, the reason in a few words for the report)."""
+    if chat == "on":
+        if not model.has_chat_template:
+            raise BenchError("--chat on: the model's tokenizer has no chat template; use --chat off")
+        return True, "on (--chat on)"
+    if chat == "off":
+        return False, "off (--chat off)"
+    if task.paper_chat(temperature):
+        if model.has_chat_template:
+            return True, "on, as the paper (E.3)"
+        return False, "off: the paper uses the chat template here, but the tokenizer has none"
+    return False, "off, as the paper (E.3)"
+
+
+def end_markers(model) -> tuple[str, ...]:
+    """Texts that end a response of ``model``: its EOS and special tokens (mask, BOS and unknown excepted) and
+    the common end markers (:data:`~packed_ss.bench.grading.END_MARKERS`)."""
+    tokenizer = model.tokenizer
+    skip = {getattr(tokenizer, "bos_token", None), getattr(tokenizer, "unk_token", None),
+            getattr(tokenizer, "mask_token", None)}
+    if getattr(model, "mask_token_id", None) is not None:
+        skip.add(model.decode([model.mask_token_id]))
+    own = list(getattr(tokenizer, "all_special_tokens", []) or [])
+    if model.eos_token_id is not None:
+        own.insert(0, model.decode([model.eos_token_id]))
+    return tuple(dict.fromkeys(m for m in own + list(END_MARKERS) if m and m not in skip))
 
 
 def rows_file(out: Path, task: str, rank: int) -> Path:
     return out / RUNS / f"{task}.rank{rank}.rows.jsonl"
 
 
+ROW_FIELDS = (("prompt_id", str), ("schedule", str), ("sample", int), ("position", int), ("tokens", int),
+              ("nfe", int), ("wall_s", (int, float)), ("output", str))  # what a rows line must hold
+
+
 def read_rows(out: Path, task: str) -> list[dict]:
-    """Every run row written for ``task`` by any process (a line cut short by an interruption is skipped)."""
+    """Every run row written for ``task`` by any process (a line cut short by an interruption is skipped).
+
+    Raises: BenchError (file and line named) for a rows file that cannot be read as text or a line that is
+        not a row this harness wrote."""
     rows = []
     for path in sorted((out / RUNS).glob(f"{task}.rank*.rows.jsonl")):
-        for line in path.read_text(encoding="utf-8").splitlines():
+        lines = _lines(path)
+        for number, line in enumerate(lines, 1):
             try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+                row = json.loads(line)
+            except (json.JSONDecodeError, RecursionError):
+                if number == len(lines):
+                    continue  # the last line, cut short by an interruption
+                raise BenchError(f"{path}:{number} is not a JSON line; the rows file is damaged: move it away, or "
+                                 f"leave out --resume and give another --out") from None
+            rows.append(_checked_row(row, path, number))
     return rows
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else type(error).__name__
+        raise BenchError(f"cannot read {path} as text ({reason}); move it away, or give another --out") from None
+
+
+def _checked_row(row, path: Path, number: int) -> dict:
+    for name, kind in ROW_FIELDS:
+        value = row.get(name) if isinstance(row, dict) else None
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise BenchError(f"{path}:{number} is not a run row of this harness ({name!r} missing or of another "
+                             f"type); move the file away, or leave out --resume and give another --out")
+    return row
 
 
 def finished(rows: list[dict], config: BenchConfig) -> set[str]:
@@ -120,42 +189,55 @@ def finished(rows: list[dict], config: BenchConfig) -> set[str]:
     return {pid for pid, runs in seen.items() if len(runs) >= needed}
 
 
-def run_settings(meta: dict, config: BenchConfig, chat: bool) -> dict:
-    """What a task's runs depend on (model, dtype, chat, every decoding setting), to compare on ``--resume``."""
+def run_settings(meta: dict, config: BenchConfig, chat: bool, data: TaskData) -> dict:
+    """What a task's runs depend on (model, dtype, chat, the data's identity, every decoding setting), to
+    compare on ``--resume``."""
     from dataclasses import asdict
 
     decoding = {k: v for k, v in asdict(config).items() if k not in ("resamples", "level", "warmup")}
     return json.loads(json.dumps({"model": meta.get("model"), "model_sha256": meta.get("model_sha256"),
                                   "family": meta.get("family"), "dtype": meta.get("dtype"), "chat": chat,
+                                  "compiled": bool(meta.get("compiled")), "data": data.identity(),
                                   "decoding": decoding}))
 
 
 def keep_settings(out: Path, task: str, settings: dict, resume: bool, main: bool) -> None:
-    """A fresh run (main process): forget the task's old rows, write the settings. ``--resume``: refuse when the
-    rows there were made with other settings (they would be reported under the new ones).
+    """A fresh run (main process): write the settings (the folder held no runs: the command line checked it, or
+    ``--overwrite`` set them aside). ``--resume``: refuse when the rows there were made with other settings
+    (they would be reported under the new ones).
 
-    Raises: BenchError naming what differs."""
+    Raises: BenchError naming what differs, or a settings file that cannot be read."""
     path = out / RUNS / f"{task}.settings.json"
     if resume and path.is_file():
-        old = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            old = json.loads(_text(path))
+        except (json.JSONDecodeError, RecursionError):
+            raise BenchError(f"--resume: {path} is damaged (not JSON); its runs cannot be matched to settings: move "
+                             f"the folder away, or give another --out") from None
         if old != settings:
             flat_old, flat_new = _flat(old), _flat(settings)
             changed = [f"{k} {flat_old.get(k)!r} -> {flat_new.get(k)!r}" for k in sorted(set(flat_old) | set(flat_new))
                        if flat_old.get(k) != flat_new.get(k)]
             raise BenchError(f"--resume: the {task} runs in {out / RUNS} were made with other settings "
-                             f"({'; '.join(changed[:4])}); repeat those settings, or leave out --resume to start over")
+                             f"({'; '.join(changed[:4])}); repeat those settings, or give another --out")
         return
     if not main:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    if not resume:
-        for old in path.parent.glob(f"{task}.rank*"):
-            old.unlink()
-    path.write_text(json.dumps(settings, indent=2), encoding="utf-8")
+    write_text(path, json.dumps(settings, indent=2))
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise BenchError(f"cannot read {path} as text ({type(error).__name__}); move it away") from None
 
 
 def _flat(settings: dict) -> dict:
-    return {**{k: v for k, v in settings.items() if k != "decoding"}, **settings.get("decoding", {})}
+    flat = {k: v for k, v in settings.items() if k not in ("decoding", "data")}
+    flat.update({f"data {k}": v for k, v in (settings.get("data") or {}).items()})
+    return {**flat, **(settings.get("decoding") or {})}
 
 
 def measure_task(model, task: Task, prompts: list[Prompt], config: BenchConfig, out: Path, procs: Processes,
@@ -184,43 +266,93 @@ def measure_task(model, task: Task, prompts: list[Prompt], config: BenchConfig, 
 
 def merged(out: Path, task: Task, prompts: list[Prompt]) -> tuple[pd.DataFrame, dict]:
     """The task's rows from every process (the last run of each prompt, sample, schedule and B kept), with
-    their prompt's global index; and the merged divergences and skipped prompts."""
+    their prompt's global index; and the merged divergences and skipped prompts.
+
+    Raises: BenchError for a rows or meta file that is not the harness's (:func:`read_rows`)."""
     index = {p.id: i for i, p in enumerate(prompts)}
     latest = {}
     for row in read_rows(out, task.name):
         if row["prompt_id"] in index:
-            latest[(row["prompt_id"], row["sample"], row["schedule"], row["block_size"])] = row
+            latest[(row["prompt_id"], row["sample"], row["schedule"], row.get("block_size"))] = row
     rows = [{**row, "prompt_index": index[row["prompt_id"]]} for row in latest.values()]
     rows.sort(key=lambda r: (r["prompt_index"], r["sample"], r["position"]))
     frame = examples_frame(rows)
     frame["output"] = [r["output"] for r in rows]
     extra = {"divergences": [], "skipped_prompts": []}
     for path in sorted((out / RUNS).glob(f"{task.name}.rank*.meta.jsonl")):
-        for line in path.read_text(encoding="utf-8").splitlines():
-            item = json.loads(line)
-            extra["divergences"] += item["divergences"]
-            extra["skipped_prompts"] += item["skipped"]
+        for number, line in enumerate(_lines(path), 1):
+            try:
+                item = json.loads(line)
+                extra["divergences"] += list(item["divergences"])
+                extra["skipped_prompts"] += list(item["skipped"])
+            except (json.JSONDecodeError, RecursionError, KeyError, TypeError):
+                raise BenchError(f"{path}:{number} is not a meta line of this harness; move the file away, or "
+                                 f"give another --out") from None
     for key in extra:  # a resumed prompt may have been reported twice
         extra[key] = list({json.dumps(x, sort_keys=True): x for x in extra[key]}.values())
     return frame, extra
 
 
-def grade(task: Task, records: list[dict], frame: pd.DataFrame, progress: Callable[[int, int], None]) -> pd.DataFrame:
-    """One verdict per row; each distinct (prompt, output) is graded once (greedy lossless schedules repeat
-    AR's output). Returns the rows' ``prompt_id``, ``schedule``, ``sample``, ``correct``, ``status``, ``detail``."""
-    cache = {}
-    verdicts = []
-    for done, (index, output) in enumerate(zip(frame["prompt_index"], frame["output"])):
-        progress(done, len(frame))
-        key = (index, output)
-        if key not in cache:
-            cache[key] = task.grade(records[index], output)
-        verdicts.append(cache[key])
-    progress(len(frame), len(frame))
-    return pd.DataFrame({"prompt_index": frame["prompt_index"], "prompt_id": frame["prompt_id"],
-                         "schedule": frame["schedule"], "sample": frame["sample"],
-                         "correct": [v.correct for v in verdicts], "status": [v.status for v in verdicts],
-                         "detail": [v.detail for v in verdicts]})
+def grade(task: Task, records: list[dict], frame: pd.DataFrame, progress: Callable[[int, int], None],
+          sandbox: Sandbox | None, markers=END_MARKERS, workers: int = 1) -> pd.DataFrame:
+    """One verdict per row, each distinct (prompt, response) graded once (greedy lossless schedules repeat AR's
+    output), ``workers`` programs at a time.
+
+    Args:
+        task, records: the task and its records (``frame``'s ``prompt_index`` indexes them).
+        frame: merged rows with the raw ``output``.
+        progress: ``(graded, total)``.
+        sandbox: where code runs (:func:`~packed_ss.bench.sandbox.find_sandbox`); unused by the other tasks.
+        markers: texts that end a response (:func:`end_markers`).
+    Returns: per row ``prompt_index``, ``prompt_id``, ``schedule``, ``sample``, ``seed``, ``response`` (cut at the
+        first marker), ``correct``, ``status``, ``detail`` and the task's extracted values (GSM8K:
+        ``strict``, ``strict_match``, ``flexible``, ``flexible_match``; code: ``program``).
+    """
+    cleaned = [clean_response(raw, markers) for raw in frame["output"]]
+    keys = list(dict.fromkeys(zip(frame["prompt_index"], cleaned)))
+    verdicts: dict[tuple, Verdict] = {}
+    progress(0, len(keys))
+    # Code: each thread waits on its own sandboxed child process. Mathematics: math-verify times its parsing with
+    # signal.alarm, which works in the main thread only.
+    with ThreadPoolExecutor(max_workers=max(1, workers) if task.runs_code else 1) as pool:
+        if task.runs_code:
+            jobs = {pool.submit(task.grade, records[index], response, sandbox): (index, response)
+                    for index, response in keys}
+            for done, job in enumerate(as_completed(jobs), 1):
+                verdicts[jobs[job]] = job.result()
+                progress(done, len(keys))
+        else:
+            for done, (index, response) in enumerate(keys, 1):
+                verdicts[(index, response)] = task.grade(records[index], response, sandbox)
+                progress(done, len(keys))
+    extracted = {key: task.extract(records[key[0]], key[1]) for key in keys}
+    rows = []
+    for (index, pid, schedule, sample, seed), response in zip(
+            zip(frame["prompt_index"], frame["prompt_id"], frame["schedule"], frame["sample"], frame["seed"]), cleaned):
+        verdict = verdicts[(index, response)]
+        rows.append({"prompt_index": index, "prompt_id": pid, "schedule": schedule, "sample": sample, "seed": seed,
+                     "response": response, "correct": verdict.correct, "status": verdict.status,
+                     "detail": verdict.detail, **extracted[(index, response)]})
+    return pd.DataFrame(rows)
+
+
+def sample_log(task: Task, records: list[dict], prompts: list[Prompt], frame: pd.DataFrame,
+               grades: pd.DataFrame) -> str:
+    """The per-sample log, one JSON line per graded run: the rendered prompt, the raw and the cut response,
+    what the grader read from it, the target and the verdict (lm-eval-harness's ``--log_samples``)."""
+    lines = []
+    for raw, row in zip(frame["output"], grades.to_dict("records")):
+        index = int(row["prompt_index"])
+        extracted = {k: v for k, v in row.items() if k not in SAMPLE_KEYS}
+        lines.append(json.dumps({
+            "task": task.name, "prompt_id": row["prompt_id"], "schedule": row["schedule"], "sample": int(row["sample"]),
+            "seed": int(row["seed"]), "prompt": prompts[index].text, "response_raw": raw,
+            "response": row["response"], "extracted": _clean(extracted), "target": task.target(records[index]),
+            "correct": bool(row["correct"]), "status": row["status"], "detail": row["detail"]}, ensure_ascii=False))
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+SAMPLE_KEYS = ("prompt_index", "prompt_id", "schedule", "sample", "seed", "response", "correct", "status", "detail")
 
 
 def machine() -> str:
@@ -240,43 +372,48 @@ def run_harness(model, plan: HarnessPlan, out: Path, procs: Processes, meta: dic
 
     Args:
         model: the loaded :class:`~packed_ss.models.DualModeModel` of this process.
-        plan: what to run.
+        plan: what to run (``chats`` set).
         out: the output folder (shared by the processes).
         procs: this process's place (:class:`Processes`).
         meta: identity entries for the report (model, fingerprint, device, dtype...).
         progress_factory: ``label -> progress(done, total, text)`` for one progress bar.
     Returns: the paper report's dict on the main process, None on the others.
-    Raises: KeyboardInterrupt after writing what was measured.
+    Raises: KeyboardInterrupt after writing what was measured; BenchError for settings or rows that do not fit.
     """
     loaded = []
-    for task, config, records in zip(plan.tasks, plan.configs, plan.records):
-        prompts = task_prompts(task, records)
-        if plan.chat:
+    for task, data, (chat, _) in zip(plan.tasks, plan.data, plan.chats):
+        prompts = task_prompts(task, data.records)
+        if chat:
             prompts = [replace(p, text=model.chat_text(p.text)) for p in prompts]
-        loaded.append((task, config, records, prompts))
-    for task, config, *_ in loaded:
-        keep_settings(out, task.name, run_settings(meta, config, plan.chat), plan.resume, procs.main)
+        loaded.append(prompts)
+    aside = set_aside(out) if plan.overwrite and procs.main else None
+    if aside is not None:
+        print(f"moved the earlier results in {out} to {aside}", file=sys.stderr)
+    for task, config, data, (chat, _) in zip(plan.tasks, plan.configs, plan.data, plan.chats):
+        keep_settings(out, task.name, run_settings(meta, config, chat, data), plan.resume, procs.main)
     procs.barrier()
-    for task, config, records, prompts in loaded:
+    for task, config, prompts in zip(plan.tasks, plan.configs, loaded):
         measure_task(model, task, prompts, config, out, procs, plan.resume,
                      progress_factory(f"{task.name} [{procs.rank + 1}/{procs.world}]"), meta)
     procs.barrier()
     if not procs.main:
         return None
-    entries = []
-    for task, config, records, prompts in loaded:
-        entries.append(report_task(task, config, records, prompts, out, meta, progress_factory))
+    markers = end_markers(model)
+    entries = [report_task(task, config, data, prompts, out, {**meta, "end_markers": list(markers)}, progress_factory,
+                           plan, chat)
+               for task, config, data, prompts, chat in zip(plan.tasks, plan.configs, plan.data, loaded, plan.chats)]
     report = {"meta": {**meta, "machine": machine(), "processes": procs.world, "chat": plan.chat,
+                       "sandbox": plan.sandbox.name if plan.sandbox else None,
                        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
               "tasks": entries}
-    (out / "paper.json").write_text(json.dumps(report, indent=2, allow_nan=False), encoding="utf-8")
-    (out / "paper.md").write_text(paper_markdown(report), encoding="utf-8")
-    (out / "report.html").write_text(paper_html(report), encoding="utf-8")
+    write_text(out / "paper.json", json.dumps(report, indent=2, allow_nan=False))
+    write_text(out / "paper.md", paper_markdown(report))
+    write_text(out / "report.html", paper_html(report))
     return report
 
 
-def report_task(task: Task, config: BenchConfig, records: list[dict], prompts: list[Prompt], out: Path, meta: dict,
-                progress_factory) -> dict:
+def report_task(task: Task, config: BenchConfig, data: TaskData, prompts: list[Prompt], out: Path, meta: dict,
+                progress_factory, plan: HarnessPlan, chat: tuple[bool, str]) -> dict:
     """Merge, grade and summarise one task; write its folder. Returns its entry of the paper report."""
     frame, extra = merged(out, task, prompts)
     info = {**meta, "task": task.name, **extra, "prompts_given": len(prompts)}
@@ -285,16 +422,17 @@ def report_task(task: Task, config: BenchConfig, records: list[dict], prompts: l
     write_outputs(BenchResult(frame.drop(columns=["output"]), examples_frame([]), summary), folder)
     accuracy = None
     if task.graded and len(frame):
-        grades = grade(task, records, frame, _counts(progress_factory(f"grading {task.name}")))
-        grades.to_csv(folder / "grades.csv", index=False)
+        bar = progress_factory(f"grading {task.name}")
+        grades = grade(task, data.records, frame, lambda done, total: bar(done, total, "graded"), plan.sandbox,
+                       meta.get("end_markers") or END_MARKERS, plan.workers)
+        write_frame(folder / "grades.csv", grades.drop(columns=["response", "program"], errors="ignore"))
+        write_text(folder / "samples.jsonl", sample_log(task, data.records, prompts, frame, grades))
         prompts_done = complete_prompts(frame, config.schedules, config.samples)
         accuracy = accuracy_summary(grades, config.schedules, prompts_done, config.temperature, config.resamples,
                                     config.seed, config.level, config.order)
-    return {"task": task.name, "summary": summary, "accuracy": None if accuracy is None else _clean(accuracy)}
-
-
-def _counts(progress):
-    return lambda done, total: progress(done, total, "grading")
+    return {"task": task.name, "summary": summary, "accuracy": None if accuracy is None else _clean(accuracy),
+            "data": {**data.identity(), "read": data.read, "note": data.note}, "chat": chat[1],
+            "graded_in": (plan.sandbox.name if plan.sandbox else None) if task.runs_code else None}
 
 
 def print_paths(out: Path, tasks) -> None:

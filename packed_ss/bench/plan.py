@@ -31,6 +31,7 @@ COMPARISONS = (("packed", "linear"), ("packed", "quadratic"), ("packed", "ar"), 
                ("partial", "quadratic"), ("partial", "ar"), ("ar", "hf-greedy-compiled"), ("ar", EAGER_AR))
 NO_BLOCK = ("ar", "hf-greedy", "hf-greedy-compiled", EAGER_AR)  # schedules whose output and cost do not depend on B
 WARMUP_TOKENS = 8  # new-token limit of the untimed warm-up runs
+MAX_RESAMPLES = 1_000_000  # bootstrap resamples (E.5 uses 20,000); a resample matrix row is 8 bytes a column
 MAX_SEED = SEED_RANGE[1]  # run seeds (seed + prompt offsets) stay within the seeds that give distinct runs
 
 
@@ -56,7 +57,7 @@ class BenchConfig:
         default_block_size: B of the schedules not in ``block_sizes``.
         temperature: T; 0 is greedy (then ``samples`` must be 1).
         top_k, top_p: sampling filters for p and q alike (0 / 1.0 = off).
-        samples: K runs per prompt and schedule (T > 0 only), seeds ``seed + prompt_index * K + k``.
+        samples: K runs per prompt and schedule (T > 0 only), seeded by ``run.run_seed(seed, prompt id, k)``.
         max_new_tokens: L, new-token limit of every run.
         seed: base seed of the runs and of the bootstrap (0 to ``MAX_SEED``; numpy refuses negative seeds).
         probe_block_sizes: B values of the block-size probe (F.1); empty = no probe.
@@ -112,8 +113,8 @@ class BenchConfig:
             raise BenchError(f"{', '.join(references)}: {problem}")
         if self.samples > 1 and self.temperature == 0:
             raise BenchError("--samples > 1 needs --temperature > 0 (greedy runs repeat exactly)")
-        if self.resamples < 1:
-            raise BenchError(f"resamples must be >= 1, got {self.resamples}")
+        if not isinstance(self.resamples, int) or not 1 <= self.resamples <= MAX_RESAMPLES:
+            raise BenchError(f"--resamples must be an integer from 1 to {MAX_RESAMPLES:,}, got {self.resamples}")
         if not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
             raise BenchError(f"--seed must be an integer from 0 to {MAX_SEED}, got {self.seed}")
         try:
@@ -155,8 +156,10 @@ class PlannedRun:
 def parse_schedules(spec: str) -> tuple[str, ...]:
     """``"ar,linear,packed"`` -> ``("ar", "linear", "packed")``.
 
-    Raises: BenchError for an empty list, an unknown name or a repeated name.
+    Raises: BenchError for a value that is not text, an empty list, an unknown name or a repeated name.
     """
+    if not isinstance(spec, str):
+        raise BenchError(f"--schedules must be text such as 'ar,packed', got {spec!r}")
     names = tuple(part.strip() for part in spec.split(",") if part.strip())
     if not names:
         raise BenchError("--schedules is empty")
@@ -174,6 +177,8 @@ def parse_block_sizes(spec: str, default: int = 8) -> tuple[int, tuple[tuple[str
     Returns: ``(default B, ((schedule, B), ...))``.
     Raises: BenchError naming the bad entry (unknown schedule, not an integer, outside [2, 64], repeated).
     """
+    if not isinstance(spec, str):
+        raise BenchError(f"--block-size must be text such as '8' or 'linear=8,quadratic=4', got {spec!r}")
     overrides: dict[str, int] = {}
     plain = None
     parts = [part.strip() for part in spec.split(",") if part.strip()]
@@ -262,6 +267,8 @@ def load_prompts(source: str, limit: int | None = None) -> list[Prompt]:
                 item = json.loads(line)
             except json.JSONDecodeError as error:
                 raise BenchError(f"{source}:{number}: not valid JSON ({error.msg})") from None
+            except RecursionError:
+                raise BenchError(f"{source}:{number}: JSON nested too deeply to read") from None
             if not isinstance(item, dict) or "prompt" not in item:
                 raise BenchError(f"{source}:{number}: expected an object with a non-empty string 'prompt' field")
             try:

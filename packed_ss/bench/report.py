@@ -14,6 +14,7 @@ from pathlib import Path
 import plotly.colors
 import plotly.graph_objects as go
 
+from packed_ss.bench.files import write_frame, write_text
 from packed_ss.bench.run import BenchResult
 
 LABELS = {"ar": "AR", "linear": "Linear-SS", "quadratic": "Quadratic-SS", "packed": "Packed-SS",
@@ -257,7 +258,8 @@ def report_html(summary: dict) -> str:
 
 # --- output -----------------------------------------------------------------------------------------
 def write_outputs(result: BenchResult, out_dir: str | Path) -> dict[str, Path]:
-    """Write examples.csv, probe.csv (if probed), summary.json, summary.md and report.html.
+    """Write examples.csv, probe.csv (if probed), summary.json, summary.md and report.html, each through a
+    temporary file and a rename (:mod:`packed_ss.bench.files`).
 
     Returns: ``{kind: path}`` of the files written.
     Raises: OSError when the folder cannot be created or written.
@@ -266,11 +268,11 @@ def write_outputs(result: BenchResult, out_dir: str | Path) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = {"examples": out / "examples.csv", "summary_json": out / "summary.json",
              "summary_md": out / "summary.md", "report": out / "report.html"}
-    result.examples.to_csv(paths["examples"], index=False)
+    write_frame(paths["examples"], result.examples)
     if not result.probe.empty:
         paths["probe"] = out / "probe.csv"
-        result.probe.to_csv(paths["probe"], index=False)
-    paths["summary_json"].write_text(json.dumps(result.summary, indent=2, allow_nan=False), encoding="utf-8")
-    paths["summary_md"].write_text(summary_markdown(result.summary), encoding="utf-8")
-    paths["report"].write_text(report_html(result.summary), encoding="utf-8")
+        write_frame(paths["probe"], result.probe)
+    write_text(paths["summary_json"], json.dumps(result.summary, indent=2, allow_nan=False))
+    write_text(paths["summary_md"], summary_markdown(result.summary))
+    write_text(paths["report"], report_html(result.summary))
     return paths

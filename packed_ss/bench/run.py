@@ -38,6 +38,14 @@ class BenchResult:
 
 
 # --- measurement ------------------------------------------------------------------------------------
+def run_seed(seed: int, prompt_id: str, sample: int) -> int:
+    """The seed of one run: a hash of the run's base seed, the prompt's id (a task's ids name the task and the
+    record) and the sample index, so a prompt's runs are the same whatever the sharding over processes,
+    the resume order or the other prompts. Returns: an integer in [0, MAX_SEED]."""
+    digest = hashlib.sha256(f"{seed}\x00{prompt_id}\x00{sample}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % (MAX_SEED + 1)
+
+
 def token_hash(token_ids: Sequence[int]) -> str:
     """First 16 hex digits of the SHA-256 of the comma-joined token ids (equal outputs, equal hashes)."""
     return hashlib.sha256(",".join(map(str, token_ids)).encode()).hexdigest()[:16]
@@ -112,10 +120,6 @@ def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progres
             encoded.append((prompt, ids))
     if not encoded:
         raise BenchError("no prompt fits the model: " + "; ".join(f"{s['prompt_id']}: {s['reason']}" for s in skipped))
-    last_seed = config.seed + len(encoded) * config.samples - 1
-    if last_seed > MAX_SEED:  # refused now, not after the first runs
-        raise BenchError(f"--seed {config.seed} with {len(encoded)} prompts x {config.samples} samples needs run seeds up "
-                         f"to {last_seed}, past {MAX_SEED}: give a smaller --seed")
     units = plan_runs(config, len(encoded))
     report = progress or (lambda done, total, label: None)
     rows: dict[str, list[dict]] = {"main": [], "probe": []}
@@ -127,7 +131,7 @@ def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progres
             prompt, ids = encoded[unit.prompt_index]
             size = "" if unit.schedule in NO_BLOCK else f" B={unit.block_size}"
             report(done, len(units), f"{unit.phase} {prompt.id} {unit.schedule}{size}")
-            seed = config.seed + unit.prompt_index * config.samples + unit.sample
+            seed = run_seed(config.seed, prompt.id, unit.sample)
             before = compile_seconds(model)
             with turn():
                 run = timed_run(model, ids, config.decode_config(unit.schedule, unit.block_size, seed), unit.schedule)

@@ -1,0 +1,81 @@
+"""Result folders where nothing measured is lost: a folder that already holds results is refused unless the run
+goes on with them (``--resume``) or sets them aside (``--overwrite`` moves them into ``replaced-<time>/`` inside
+the folder, never deletes them), and every report is written to a temporary file and renamed over its name, so
+an interruption leaves the old file or the new one, never half of one."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import tempfile
+from pathlib import Path
+
+from packed_ss.bench.plan import BenchError
+
+PROBE = ".write-check-"  # prefix of the probe files (one per process of a launch)
+ASIDE = "replaced-"  # prefix of the folders that --overwrite moves earlier results into
+
+
+def check_out_folder(out_dir, keep: bool = False, overwrite: bool = False, resumable: bool = False) -> None:
+    """Create ``out_dir`` and check that files can be written in it, before anything is measured.
+
+    Args:
+        out_dir: the ``--out`` value.
+        keep: the run goes on with what the folder holds (``--resume``).
+        overwrite: earlier results may be set aside (:func:`set_aside`).
+        resumable: the command has ``--resume`` (the refusal names it).
+    Raises: BenchError naming the folder and the reason: empty, a file in the way, no permission, or earlier
+        results there without ``keep`` or ``overwrite``.
+    """
+    if not isinstance(out_dir, (str, os.PathLike)) or not str(out_dir).strip():
+        raise BenchError("--out is empty; give a folder for the results")
+    out = Path(out_dir)
+    try:
+        if out.exists() and not out.is_dir():
+            raise BenchError(f"--out {str(out_dir)!r} is a file; give a folder")
+        out.mkdir(parents=True, exist_ok=True)
+        held = sorted(p.name for p in out.iterdir() if not p.name.startswith(PROBE))
+        # a name of its own: the processes of one launch probe the same folder at once
+        with tempfile.NamedTemporaryFile(dir=out, prefix=PROBE):
+            pass
+    except OSError as error:
+        raise BenchError(f"cannot write to --out {str(out_dir)!r}: {error.strerror or error}") from None
+    if held and not keep and not overwrite:
+        shown = ", ".join(held[:4]) + (f" and {len(held) - 4} more" if len(held) > 4 else "")
+        raise BenchError(f"--out {str(out_dir)!r} already holds results ({shown}); give another folder, or "
+                         f"--overwrite to move them into {ASIDE}<time>/ there"
+                         + (", or --resume to go on with them" if resumable else ""))
+
+
+def set_aside(out: Path) -> Path | None:
+    """Move everything in ``out`` (probe files excepted) into a new ``out/replaced-<UTC time>/``.
+
+    Returns: that folder, or None when there was nothing to move.
+    """
+    held = [p for p in out.iterdir() if not p.name.startswith(PROBE)] if out.is_dir() else []
+    if not held:
+        return None
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    aside = out / f"{ASIDE}{stamp}"
+    aside.mkdir()
+    for path in held:
+        path.rename(aside / path.name)
+    return aside
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.",
+                                     delete=False) as handle:
+        handle.write(text)
+        temporary = Path(handle.name)
+    try:
+        os.replace(temporary, path)
+    except OSError:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def write_frame(path: Path, frame) -> None:
+    """A DataFrame as CSV, through :func:`write_text`."""
+    write_text(path, frame.to_csv(index=False))
