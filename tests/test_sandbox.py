@@ -1,0 +1,145 @@
+"""What the sandbox holds on its own (the audit hook switched off): every escape a tester found in the guard alone,
+each run inside bubblewrap, then the marker file and the victim process checked on the host. Controls run the
+same probes without the sandbox to show that they are real. Runs where ``bwrap`` is installed (CI installs
+it)."""
+
+import http.server
+import os
+import random
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+
+from packed_ss.bench.sandbox import Sandbox, find_sandbox, run_program
+from packed_ss.bench.sandbox import SandboxMissing
+
+try:
+    SANDBOX = find_sandbox()
+except SandboxMissing as missing:
+    SANDBOX = None
+    REASON = str(missing)
+needs_bwrap = pytest.mark.skipif(SANDBOX is None, reason="bubblewrap is not installed here (CI installs it)")
+
+
+@pytest.fixture
+def marker():
+    """A file the sandbox can see but must not change: inside the interpreter's prefix (bound read-only)."""
+    path = Path(sys.prefix) / f"packed-ss-sandbox-marker-{uuid.uuid4().hex}"
+    path.write_text("untouched")
+    yield path
+    path.unlink(missing_ok=True)
+    for extra in (path.with_suffix(".db"), path.with_suffix(".fifo"), path.with_suffix(".moved")):
+        extra.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def victim():
+    process = subprocess.Popen(["sleep", "120"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+def probe(body: str, sandbox, timeout_s: float = 5.0):
+    """Run ``body`` (errors swallowed) with the audit hook off."""
+    program = "import os, sys, subprocess, signal\ntry:\n" + "".join(f"    {line}\n" for line in body.splitlines()) + \
+              "except BaseException as error:\n    print('probe stopped:', type(error).__name__, error)\n"
+    return run_program(program, "", sandbox, timeout_s=timeout_s, audit=False)
+
+
+FILE_PROBES = {
+    "unlink": "os.unlink({path!r})",
+    "open O_TRUNC": "fd = os.open({path!r}, os.O_WRONLY | os.O_TRUNC); os.write(fd, b'changed')",
+    "rename with dir_fd": "d = os.open(os.path.dirname({path!r}), os.O_RDONLY)\n"
+                          "os.rename(os.path.basename({path!r}), os.path.basename({path!r}) + '.moved', src_dir_fd=d, "
+                          "dst_dir_fd=d)",
+    "/bin/rm through fork_exec": "subprocess.run(['/bin/rm', '-f', {path!r}])",
+    "a spawn child": "import multiprocessing\n"
+                     "child = multiprocessing.get_context('spawn').Process(target=os.unlink, args=({path!r},))\n"
+                     "child.start(); child.join(20)",
+}
+
+
+@needs_bwrap
+@pytest.mark.parametrize("name", sorted(FILE_PROBES))
+def test_files_outside_the_sandbox_stay_as_they_were(marker, name):
+    probe(FILE_PROBES[name].format(path=str(marker)), SANDBOX, timeout_s=20.0)
+    assert marker.read_text() == "untouched"
+    assert not marker.with_suffix(".moved").exists()
+
+
+@needs_bwrap
+def test_no_file_is_created_outside_and_no_attribute_set(marker):
+    probe(f"import sqlite3\nsqlite3.connect({str(marker.with_suffix('.db'))!r}).execute('create table t(x)')", SANDBOX)
+    probe(f"os.mkfifo({str(marker.with_suffix('.fifo'))!r})", SANDBOX)
+    probe(f"os.setxattr({str(marker)!r}, 'user.packed', b'1')", SANDBOX)
+    assert not marker.with_suffix(".db").exists() and not marker.with_suffix(".fifo").exists()
+    assert "user.packed" not in os.listxattr(marker)
+
+
+def test_control_the_file_probe_is_real_without_a_sandbox(marker):
+    probe(FILE_PROBES["unlink"].format(path=str(marker)), Sandbox(None))
+    assert not marker.exists()
+
+
+@needs_bwrap
+@pytest.mark.parametrize("how", [
+    "os.kill({pid}, 9)", "subprocess.run(['/bin/kill', '-9', '{pid}'])",
+    "signal.pidfd_send_signal(os.pidfd_open({pid}), signal.SIGKILL)",
+])
+def test_processes_outside_cannot_be_signalled(victim, how):
+    probe(how.format(pid=victim.pid), SANDBOX)
+    assert victim.poll() is None
+
+
+def test_control_the_kill_probe_is_real_without_a_sandbox(victim):
+    probe(f"os.kill({victim.pid}, 9)", Sandbox(None))
+    assert victim.wait(timeout=10) == -9
+
+
+@needs_bwrap
+def test_the_network_is_out_of_reach_loopback_included():
+    hits = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            hits.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        port = server.server_address[1]
+        probe(f"import urllib.request\nurllib.request.urlopen('http://127.0.0.1:{port}/escape', timeout=2)", SANDBOX)
+        assert hits == []
+    finally:
+        server.shutdown()
+
+
+def _alive(tag: str) -> bool:
+    found = subprocess.run(["pgrep", "-f", f"sleep {tag}"], capture_output=True, text=True)
+    return found.returncode == 0
+
+
+@needs_bwrap
+@pytest.mark.parametrize("then", ["", "while True:\n    pass"])
+def test_no_child_outlives_the_program_setsid_included(then):
+    tag = f"{random.randint(200, 299)}.{random.randint(10**8, 10**9 - 1)}"  # a unique sleep length to look for
+    body = f"subprocess.Popen(['sleep', '{tag}'], start_new_session=True)\n" + then
+    probe(body, SANDBOX, timeout_s=2.0)
+    assert not _alive(tag)
+
+
+@needs_bwrap
+def test_the_audit_hook_still_refuses_what_it_refused_inside_the_sandbox():
+    verdict = run_program("import socket\nsocket.create_connection(('127.0.0.1', 9))\n", "", SANDBOX)
+    assert (verdict.correct, verdict.status) == (False, "forbidden") and "socket" in verdict.detail
