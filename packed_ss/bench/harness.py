@@ -155,8 +155,8 @@ def read_rows(out: Path, task: str) -> list[dict]:
             try:
                 row = json.loads(line)
             except (json.JSONDecodeError, RecursionError):
-                if number == len(lines):
-                    continue  # the last line, cut short by an interruption
+                if number == len(lines) or (line.startswith("{") and not line.rstrip().endswith("}")):
+                    continue  # a line cut short by an interruption (a resumed run appends after it)
                 raise BenchError(f"{path}:{number} is not a JSON line; the rows file is damaged: move it away, or "
                                  f"leave out --resume and give another --out") from None
             rows.append(_checked_row(row, path, number))
@@ -178,6 +178,44 @@ def _checked_row(row, path: Path, number: int) -> dict:
             raise BenchError(f"{path}:{number} is not a run row of this harness ({name!r} missing or of another "
                              f"type); move the file away, or leave out --resume and give another --out")
     return row
+
+
+def check_resumable(out: Path, tasks) -> None:
+    """Before the model loads: every settings, rows and meta file a ``--resume`` will read can be read.
+
+    Raises: BenchError naming the first damaged file."""
+    for task in tasks:
+        path = out / RUNS / f"{task.name}.settings.json"
+        if path.exists():
+            _settings(path)
+        read_rows(out, task.name)
+        _meta(out, task.name)
+
+
+def _settings(path: Path) -> dict:
+    try:
+        loaded = json.loads(_text(path))
+    except (json.JSONDecodeError, RecursionError):
+        loaded = None
+    if not isinstance(loaded, dict):
+        raise BenchError(f"--resume: {path} is damaged (not the JSON object this harness writes); its runs cannot "
+                         f"be matched to settings: move the folder away, or give another --out")
+    return loaded
+
+
+def _meta(out: Path, task: str) -> dict:
+    """The divergences and skipped prompts the processes wrote (BenchError for a line that is not theirs)."""
+    extra = {"divergences": [], "skipped_prompts": []}
+    for path in sorted((out / RUNS).glob(f"{task}.rank*.meta.jsonl")):
+        for number, line in enumerate(_lines(path), 1):
+            try:
+                item = json.loads(line)
+                extra["divergences"] += list(item["divergences"])
+                extra["skipped_prompts"] += list(item["skipped"])
+            except (json.JSONDecodeError, RecursionError, KeyError, TypeError):
+                raise BenchError(f"{path}:{number} is not a meta line of this harness; move the file away, or "
+                                 f"give another --out") from None
+    return extra
 
 
 def finished(rows: list[dict], config: BenchConfig) -> set[str]:
@@ -209,11 +247,7 @@ def keep_settings(out: Path, task: str, settings: dict, resume: bool, main: bool
     Raises: BenchError naming what differs, or a settings file that cannot be read."""
     path = out / RUNS / f"{task}.settings.json"
     if resume and path.is_file():
-        try:
-            old = json.loads(_text(path))
-        except (json.JSONDecodeError, RecursionError):
-            raise BenchError(f"--resume: {path} is damaged (not JSON); its runs cannot be matched to settings: move "
-                             f"the folder away, or give another --out") from None
+        old = _settings(path)
         if old != settings:
             flat_old, flat_new = _flat(old), _flat(settings)
             changed = [f"{k} {flat_old.get(k)!r} -> {flat_new.get(k)!r}" for k in sorted(set(flat_old) | set(flat_new))
@@ -250,6 +284,8 @@ def measure_task(model, task: Task, prompts: list[Prompt], config: BenchConfig, 
     path = rows_file(out, task.name, procs.rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", encoding="utf-8") as handle:
+        if handle.tell() and not path.read_bytes().endswith(b"\n"):
+            handle.write("\n")  # after a line an interruption cut short, which is kept and skipped
         def keep(row: dict, token_ids: tuple[int, ...]) -> None:
             text = model.decode(list(token_ids))  # after the timed run: detokenisation is not timed (E.5)
             handle.write(json.dumps({**row, "task": task.name, "output": text}) + "\n")
@@ -278,16 +314,7 @@ def merged(out: Path, task: Task, prompts: list[Prompt]) -> tuple[pd.DataFrame, 
     rows.sort(key=lambda r: (r["prompt_index"], r["sample"], r["position"]))
     frame = examples_frame(rows)
     frame["output"] = [r["output"] for r in rows]
-    extra = {"divergences": [], "skipped_prompts": []}
-    for path in sorted((out / RUNS).glob(f"{task.name}.rank*.meta.jsonl")):
-        for number, line in enumerate(_lines(path), 1):
-            try:
-                item = json.loads(line)
-                extra["divergences"] += list(item["divergences"])
-                extra["skipped_prompts"] += list(item["skipped"])
-            except (json.JSONDecodeError, RecursionError, KeyError, TypeError):
-                raise BenchError(f"{path}:{number} is not a meta line of this harness; move the file away, or "
-                                 f"give another --out") from None
+    extra = _meta(out, task.name)
     for key in extra:  # a resumed prompt may have been reported twice
         extra[key] = list({json.dumps(x, sort_keys=True): x for x in extra[key]}.values())
     return frame, extra

@@ -193,7 +193,8 @@ def _task_line(entry: dict) -> str:
     note = f" ({data['note']})" if data.get("note") else ""
     digest = (data.get("sha256") or "")[:16]
     sandbox = f"; code graded in {entry['graded_in']}" if entry.get("graded_in") else ""
-    return (f"{entry['task']}: {data.get('records', 'n/a')} records from {data.get('source', 'n/a')}{revision} "
+    used = entry["summary"]["meta"].get("prompts_given", data.get("records", "n/a"))
+    return (f"{entry['task']}: {used} of {data.get('records', 'n/a')} records from {data.get('source', 'n/a')}{revision} "
             f"(sha256 {digest}){note}; chat template {entry.get('chat', 'n/a')}{sandbox}")
 
 

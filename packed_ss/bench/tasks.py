@@ -100,11 +100,12 @@ class TaskData:
     """A task's records and where they came from.
 
     Attributes:
-        records: the records the paper's filter keeps, in order.
+        records: the records the paper's filter keeps, in order (``--limit`` may shorten this list).
         source: the ``--data`` file (as given) or the hub id.
         revision: the hub revision loaded (None for a local file).
-        sha256: SHA-256 of the records (their JSON, keys sorted): equal data, equal hash.
+        sha256: SHA-256 of all the kept records (their JSON, keys sorted): equal data, equal hash.
         read: records read before the filter.
+        kept: records the filter kept (before ``--limit``).
         note: a remark for the report (WritingBench's count against the paper's).
     """
 
@@ -113,12 +114,12 @@ class TaskData:
     revision: str | None
     sha256: str
     read: int
+    kept: int
     note: str = ""
 
     def identity(self) -> dict:
-        """What a resume must find unchanged, and the report prints."""
-        return {"source": self.source, "revision": self.revision, "records": len(self.records),
-                "sha256": self.sha256}
+        """What a resume must find unchanged (``--limit`` aside, which a resume may raise), and the report prints."""
+        return {"source": self.source, "revision": self.revision, "records": self.kept, "sha256": self.sha256}
 
 
 def humaneval_prompt(record: dict) -> str:
@@ -257,7 +258,7 @@ def load_task_data(task: Task, data: str | None = None) -> TaskData:
         note = (f"{len(kept)} English queries of {len(records)}"
                 + ("" if len(kept) == WRITINGBENCH_ENGLISH else f"; the paper has {WRITINGBENCH_ENGLISH}"))
     digest = hashlib.sha256(json.dumps(kept, sort_keys=True, ensure_ascii=False, default=str).encode()).hexdigest()
-    return TaskData(kept, source, revision, digest, len(records), note)
+    return TaskData(kept, source, revision, digest, len(records), len(kept), note)
 
 
 def load_records(task: Task, data: str | None = None) -> list[dict]:
