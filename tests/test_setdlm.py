@@ -6,8 +6,9 @@ import json
 
 import pytest
 import torch
-from helpers import (SETDLM_EOS_ID, SETDLM_LENGTH, SETDLM_MASK_ID, SETDLM_PAD_ID, setdlm_config,
-                     write_setdlm_checkpoint)
+from transformers import Qwen3ForCausalLM
+from helpers import (SETDLM_EOS_ID, SETDLM_LENGTH, SETDLM_MASK_ID, SETDLM_PAD_ID, qwen3_base_config,
+                     setdlm_config, write_setdlm_checkpoint)
 from test_any_order import serial_reference
 
 from packed_ss import DecodeConfig, generate
@@ -45,7 +46,8 @@ def reference_qwen3(own: dict):
 def test_setdlm_is_detected_and_every_tensor_lands_under_its_qwen3_name(setdlm):
     folder, own, model = setdlm
     assert model.family == "setdlm" and model.any_order
-    assert type(model.model).__name__ == "Qwen3ForCausalLM"
+    assert isinstance(model.model, Qwen3ForCausalLM) and type(model.model).__name__ == "SetDLMQwen3"
+    assert (model.context_length, model.native_window, model.native_decoding) == (SETDLM_LENGTH, 8, "setdlm")
     assert model.model.config.num_hidden_layers == 2  # keep_bottom_n_layers: 2 of the base's 3
     assert (model.mask_token_id, model.eos_token_id, model.bos_token_id) == (SETDLM_MASK_ID, SETDLM_EOS_ID, None)
     assert not list(folder.glob("*.py")), "the fixture ships no remote code, so none can have run"
@@ -100,7 +102,6 @@ def _rewrite(folder, **changes):
 @pytest.mark.parametrize("changes,message", [
     ({"architectures": ["BD3LM"]}, "not a SetDLM"),
     ({"backbone": {"_target_": "backbone_encoder_decoder.LLMasEncoderDecoder"}}, "not supported"),
-    ({"backbone": {"automodel_cls": "AutoModel"}}, "no LM head"),
     ({"backbone": {"keep_bottom_n_layers": 5}}, "keep_bottom_n_layers is 5, more than the base model's 3 layers"),
     ({"backbone": {"keep_bottom_n_layers": 0}}, "not a positive integer"),
     ({"backbone": {"pretrained_model_name_or_path": "/nowhere/qwen3-base"}}, "'/nowhere/qwen3-base' does not exist"),
@@ -111,6 +112,38 @@ def test_configs_the_loader_cannot_map_are_refused_with_a_reason(tmp_path, chang
     write_setdlm_checkpoint(tmp_path)
     _rewrite(tmp_path, **changes)
     with pytest.raises(ModelLoadError, match=message):
+        DualModeModel.from_pretrained(tmp_path, device="cpu")
+
+
+@pytest.mark.parametrize("automodel_cls", ["AutoModel", "AutoModelForMaskedLM", "CustomQwen3ForCausalLM"])
+def test_any_automodel_cls_loads_as_setdlms_wrapper_ignores_it(tmp_path, automodel_cls):
+    """``configs/model/backbone/automodel.yaml`` writes ``automodel_cls: AutoModel``; SetDLM's
+    ``AutoModelFromPreTrained`` builds its Qwen3 causal LM whatever the field says, so the weights decide."""
+    own = write_setdlm_checkpoint(tmp_path, automodel_cls=automodel_cls)
+    model = DualModeModel.from_pretrained(tmp_path, device="cpu", dtype="float64")
+    assert model.family == "setdlm" and isinstance(model.model, Qwen3ForCausalLM)
+    assert all(torch.equal(model.model.state_dict()[k], v.double()) for k, v in own.items())
+
+
+def test_a_load_prints_no_report_about_setdlms_stored_mask(tmp_path, capfd):
+    """``static_attention_mask`` is SetDLM's buffer, not a weight: it is dropped knowingly, nothing printed."""
+    write_setdlm_checkpoint(tmp_path)
+    capfd.readouterr()
+    DualModeModel.from_pretrained(tmp_path, device="cpu")
+    out, err = capfd.readouterr()
+    assert "LOAD REPORT" not in out + err and "static_attention_mask" not in out + err
+
+
+def test_a_base_model_that_is_not_qwen3_is_refused(tmp_path):
+    """SetDLM's wrapper always builds CustomQwen3ForCausalLM, so another base architecture cannot be its."""
+    write_setdlm_checkpoint(tmp_path)
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    (llama / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 32,
+                                                  "num_hidden_layers": 3, "num_attention_heads": 4,
+                                                  "intermediate_size": 64, "vocab_size": 32}))
+    _rewrite(tmp_path, backbone={"pretrained_model_name_or_path": str(llama)})
+    with pytest.raises(ModelLoadError, match="only a Qwen3 base"):
         DualModeModel.from_pretrained(tmp_path, device="cpu")
 
 
@@ -126,8 +159,11 @@ def test_base_model_flag_replaces_the_hub_id_the_checkpoint_names(tmp_path, monk
     monkeypatch.setenv("PACKED_SS_BASE_MODEL", str(tmp_path / "base"))
     args = _parser().parse_args(["generate", "--prompt", "w5", "--model", str(tmp_path)])
     assert args.base_model == str(tmp_path / "base")
-    with pytest.raises(ModelLoadError, match="wrong shape: .*embed_tokens"):
-        DualModeModel.from_pretrained(tmp_path, device="cpu", base_model="assets/model")
+    wider = tmp_path / "wider"
+    wider.mkdir()
+    (wider / "config.json").write_text(json.dumps(qwen3_base_config() | {"intermediate_size": 128}))
+    with pytest.raises(ModelLoadError, match="wrong shape: .*mlp"):
+        DualModeModel.from_pretrained(tmp_path, device="cpu", base_model=str(wider))
     with pytest.raises(ModelLoadError, match="applies to SetDLM checkpoints only"):
         load_model("assets/model", "cpu", None, base_model=str(tmp_path / "base"))
     with pytest.raises(ModelLoadError, match="--base-model is empty"):

@@ -158,6 +158,15 @@ class StaticCalls:
         self.length = keep
         self._set_length(keep)
 
+    def crop_left(self, drop: int) -> None:
+        """Drop the ``drop`` oldest tokens: the later ones move to the front of the same tensors (compiled calls
+        keep their addresses), the length falls by ``drop``."""
+        keep = self.length - drop
+        for layer in self.cache.layers:
+            for tensor in (layer.keys, layer.values):
+                tensor[:, :, :keep] = tensor[:, :, drop:self.length].clone()
+        self.rollback(keep)
+
     def _allocate(self, tokens: int, keep: int = 0) -> None:
         from transformers import StaticCache
 
