@@ -487,3 +487,32 @@ def test_commit_rule_pure_functions():
     assert commit_rule([0.2, 0.5, 0.5, 0.1], 1, 0.9) == (2,)
     assert commit_rule([0.2, 0.95, 0.5, 0.1], 2, 0.9) == (1, 2)
     assert commit_rule([0.2, 0.3], 5, 0.9) == (0, 1)
+
+
+def test_eager_attention_on_request_agrees_with_setdlms_kernel_exactly(setdlm):
+    """SetDLM runs eager attention for its 4D masks; the engine's sdpa differs only in rounding (7e-5 measured on a
+    checkpoint SetDLM wrote, about 4e-7 on this tiny one), and ``attention="eager"`` (an additive mask, as SetDLM
+    passes) removes that with the dynamic cache."""
+    folder, own, _ = setdlm
+    reference = reference_qwen3(own).float()
+    reference.config._attn_implementation = "eager"
+    layout = order_layout("ao-packed", 0, [], (5, 7, 6), {5: 9, 6: 4}, SETDLM_MASK_ID, checked=2, verified=3,
+                          drafted=True, prompt=(5, 6, 7, 8, 10))
+    rows = tuple(range(layout.rows))
+    bias = torch.zeros(layout.rows, layout.rows).masked_fill(~layout.full_mask(), torch.finfo(torch.float32).min)
+    with torch.no_grad():  # SetDLM's additive float mask (base.py _preprocess_attention_mask)
+        want = reference(input_ids=torch.tensor([layout.token_ids]), position_ids=torch.tensor([layout.position_ids]),
+                         attention_mask=bias[None, None]).logits[0]
+    logits = {}
+    for attention, cache in (("eager", "static"), ("eager", "dynamic"), ("sdpa", "static")):
+        model = DualModeModel.from_pretrained(folder, device="cpu", attention=attention, cache=cache)
+        assert model.model.config._attn_implementation == attention
+        model.reset(layout.rows)
+        logits[attention, cache] = model.forward(layout, rows).logits
+    assert torch.equal(logits["eager", "dynamic"], want)  # the same kernel over the same keys: bit for bit
+    # the static cache's keys span its capacity (masked columns change the sums' blocking); sdpa sums otherwise
+    torch.testing.assert_close(logits["eager", "static"], want, rtol=0, atol=1e-6)
+    torch.testing.assert_close(logits["sdpa", "static"], want, rtol=0, atol=1e-4)
+    assert not torch.equal(logits["sdpa", "static"], want)
+    with pytest.raises(ModelLoadError, match="attention must be one of"):
+        DualModeModel.from_pretrained(folder, device="cpu", attention="flash")

@@ -23,7 +23,7 @@ from packed_ss.layout import CallLayout
 from packed_ss.models.errors import ModelLoadError
 from packed_ss.models.families import pick_family, read_config
 from packed_ss.models.lora import DrafterLora, adapter_folder
-from packed_ss.models.static import StaticCalls, static_cache_problem
+from packed_ss.models.static import StaticCalls, kernel_mask, static_cache_problem
 
 
 @dataclass(frozen=True)
@@ -430,7 +430,7 @@ class DualModeModel:
         device = self.device
         ids = torch.from_numpy(np.array((layout.token_ids, layout.position_ids), dtype=np.int64)).to(device)
         input_ids, position_ids = ids[:1], ids[1:]  # (1, R) each, one host array
-        mask = layout.full_mask().to(device)[None, None]  # (1, 1, R, C + R)
+        mask = kernel_mask(self.model, layout.full_mask().to(device)[None, None])  # (1, 1, R, C + R)
         inputs = dict(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
                       past_key_values=self.cache, use_cache=True)
         self._sync()

@@ -32,7 +32,8 @@ SetDLM's stored mask buffers declared as no weights, so loading prints no report
 Attention kernel: ``CustomQwen3Attention`` runs eager attention whenever the mask is 4D (always, in SetDLM's
 decoding); this loader uses sdpa, whose sums run in another order, so logits differ from SetDLM's at about
 1e-4 in float32 (1e-12 in float64) and a near tie between two tokens or two confidences can break the other
-way. ``attention="eager"`` loads the eager kernel for exact agreement.
+way. ``attention="eager"`` loads the eager kernel, fed an additive mask as SetDLM feeds it, for exact agreement
+(bit for bit with the dynamic cache; the static cache's wider key span still rounds at about 1e-7).
 
 Decoding context: ``length`` (1,024 for the released checkpoints) is SetDLM's context; its decoder crops the
 KV cache from the left once a call would exceed it (``src/denoiser/setdlm.py``
