@@ -264,7 +264,7 @@ def test_native_decoding_runs_on_the_checkpoint(setdlm):
     """SetDLM's own decoding: every call commits at least one token, unverified."""
     model = setdlm[2]
     got = run(model, "diffusion", new=16)
-    assert got.nfe <= len(got.token_ids) + 1 and all(r.advance >= 1 for r in got.records)
+    assert got.nfe <= len(setdlm_sequence(got)) and all(r.advance >= 1 for r in got.records)
 
 
 def test_the_app_offers_a_setdlm_checkpoint_with_the_order_choice_before_loading_it(setdlm, tiny_model_dir):
@@ -469,6 +469,15 @@ def test_left_to_right_decoding_crops_like_setdlm_at_window_one(sharp):
     run = generate(model, PROMPT, DecodeConfig(block_size=5, max_new_tokens=80), "ar")
     assert run.cropped > 0
     assert run.token_ids == harness_cut(setdlm_generate(backbone, PROMPT, 80, 1, 1.0)[1])
+
+
+@pytest.mark.parametrize("name", SPECULATIVE)
+def test_speculative_schedules_crop_too_and_agree_with_ar_until_the_context_fills(sharp, name):
+    """Their calls hold more rows than ar's, so past the crop they see a shorter context (README: Context)."""
+    model, _ = sharp
+    got, reference = run(model, name, new=80), run(model, "ar", new=80)
+    assert got.cropped > 0 and len(got.token_ids) == 80
+    assert got.token_ids[:40] == reference.token_ids[:40]
 
 
 def test_a_prompt_that_leaves_no_room_in_the_context_is_refused_in_one_line(sharp):
