@@ -187,8 +187,8 @@ class OrderSession:
         return end, reason
 
     def cut(self, end: int, reason: str | None) -> list[int]:
-        """Move E to ``end`` (at most the current E), dropping accepted positions past it and their cache
-        entries; returns the dropped positions (acceptance order)."""
+        """Move E to ``end`` (at most the current E), dropping accepted positions past it and, while the run goes
+        on, their cache entries; returns the dropped positions (acceptance order)."""
         self.end = min(self.end, end)
         self.stop_reason = reason or self.stop_reason
         dropped = [j for j in self.accepted if j > self.end]
@@ -196,8 +196,8 @@ class OrderSession:
             del self.filled[j]
             del self.sources[j]
         self.accepted = [j for j in self.accepted if j <= self.end]
-        if dropped and any(j in self.in_cache for j in dropped):
-            self._forget(set(dropped))
+        if dropped and not self.finished and any(j in self.in_cache for j in dropped):
+            self._forget(set(dropped))  # a finished run makes no further call: its cache needs no repair
         return dropped
 
     def halt(self, reason: str) -> None:
