@@ -78,6 +78,8 @@ class IterationRecord:
             gives the position of each old draft token, ``appended_positions`` of each appended token,
             ``proposal_positions`` of each proposal, and ``dropped_positions`` lists earlier accepted
             positions removed because an end marker moved E before them (Algorithm 3 line 12).
+        cropped: oldest cached tokens dropped before this iteration's calls to fit the model's context
+            (SetDLM checkpoints beyond their ``length``, :mod:`packed_ss.any_order.session`); 0 otherwise.
     """
 
     index: int
@@ -108,6 +110,7 @@ class IterationRecord:
     appended_positions: tuple[int, ...] = ()
     proposal_positions: tuple[int, ...] = ()
     dropped_positions: tuple[int, ...] = ()
+    cropped: int = 0
 
     @property
     def rows(self) -> int:
@@ -171,6 +174,11 @@ class RunRecord:
         return len(self.token_ids)
 
     @property
+    def cropped(self) -> int:
+        """Cached tokens dropped to fit the model's context over the run (SetDLM's crop; 0 for most runs)."""
+        return sum(r.cropped for r in self.records)
+
+    @property
     def tokens_per_nfe(self) -> float:
         return self.tokens / self.nfe if self.nfe else 0.0
 
@@ -211,6 +219,7 @@ class RunRecord:
             "per_position_acceptance": list(self.per_position_acceptance),
             "acceptance_histogram": list(self.acceptance_histogram),
             "stop_reason": self.stop_reason,
+            "cropped": self.cropped,
             "adapter_selected_rows": self.adapter_selected_rows,
             "adapter_evaluated_rows": self.adapter_evaluated_rows,
         }

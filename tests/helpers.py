@@ -288,7 +288,8 @@ def setdlm_config(base: str, vocab_size: int = 32, model_type: str = "bd3lm", wr
 
 
 def write_setdlm_checkpoint(folder, seed: int = 0, logit_scale: float = 4.0, rename: dict | None = None,
-                            weights: str = "bin", model_type: str = "bd3lm", wrapped: bool = True) -> dict:
+                            weights: str = "bin", model_type: str = "bd3lm", wrapped: bool = True,
+                            sharpness: float = 1.0, automodel_cls: str = "AutoModelForCausalLM") -> dict:
     """Write a random tiny SetDLM checkpoint to ``folder`` and its Qwen3 base model's config.json to
     ``folder/base`` (a local stand-in for Qwen/Qwen3-1.7B-Base; the checkpoint's config names it).
 
@@ -296,8 +297,10 @@ def write_setdlm_checkpoint(folder, seed: int = 0, logit_scale: float = 4.0, ren
     (``backbone.model.`` wrapped, ``backbone.`` direct) plus SetDLM's stored ``static_attention_mask``
     buffer; ``weights`` "bin" writes pytorch_model.bin (what SetDLM's code saves), "safetensors"
     model.safetensors. The mask token's embedding is zero, so a mask row's prediction depends on the context
-    it sees. ``rename`` maps a stored name to another (a broken checkpoint). Returns the Qwen3 state dict
-    written (transformers' own names, float32).
+    it sees. ``rename`` maps a stored name to another (a broken checkpoint). ``sharpness`` scales the final
+    norm's weight, hence every logit (above 1: confident predictions, some over a commit threshold);
+    ``automodel_cls`` goes into the wrapped backbone spec. Returns the Qwen3 state dict written
+    (transformers' own names, float32).
     """
     import json
     from pathlib import Path
@@ -317,6 +320,7 @@ def write_setdlm_checkpoint(folder, seed: int = 0, logit_scale: float = 4.0, ren
     with torch.no_grad():
         model.model.embed_tokens.weight.mul_(logit_scale)
         model.model.embed_tokens.weight[SETDLM_MASK_ID].zero_()
+        model.model.norm.weight.mul_(sharpness)
     own = {name: tensor.clone().contiguous() for name, tensor in model.state_dict().items()}
     prefix = "backbone.model." if wrapped else "backbone."
     # Tied embeddings: the .bin pickle keeps both names; safetensors files keep only the embedding.
@@ -328,8 +332,10 @@ def write_setdlm_checkpoint(folder, seed: int = 0, logit_scale: float = 4.0, ren
         torch.save(stored, folder / "pytorch_model.bin")
     else:
         save_file(stored, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    (folder / "config.json").write_text(json.dumps(setdlm_config(str(base), model_type=model_type,
-                                                                  wrapped=wrapped), indent=2))
+    config = setdlm_config(str(base), model_type=model_type, wrapped=wrapped)
+    if wrapped:
+        config["backbone_config"]["automodel_cls"] = automodel_cls
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
     setdlm_tokenizer().save_pretrained(folder)
     return own
 

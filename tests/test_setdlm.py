@@ -6,12 +6,18 @@ import json
 
 import pytest
 import torch
-from helpers import (SETDLM_EOS_ID, SETDLM_LENGTH, SETDLM_MASK_ID, SETDLM_PAD_ID, setdlm_config,
-                     write_setdlm_checkpoint)
+from transformers import Qwen3ForCausalLM
+from helpers import (SETDLM_EOS_ID, SETDLM_LENGTH, SETDLM_MASK_ID, SETDLM_PAD_ID, qwen3_base_config,
+                     setdlm_config, write_setdlm_checkpoint)
 from test_any_order import serial_reference
 
 from packed_ss import DecodeConfig, generate
 from packed_ss.any_order.layout import order_layout
+from packed_ss.any_order.session import OrderSession
+from packed_ss.any_order.setdlm_native import (SetDLMDecoding, SetDLMDiffusion, commit_count, commit_rule,
+                                               setdlm_sequence, timesteps)
+from packed_ss.iteration import PromptError
+from packed_ss.records import summarize
 from packed_ss.models import DualModeModel, ModelLoadError
 from packed_ss.models.setdlm import kept_layers
 
@@ -45,7 +51,8 @@ def reference_qwen3(own: dict):
 def test_setdlm_is_detected_and_every_tensor_lands_under_its_qwen3_name(setdlm):
     folder, own, model = setdlm
     assert model.family == "setdlm" and model.any_order
-    assert type(model.model).__name__ == "Qwen3ForCausalLM"
+    assert isinstance(model.model, Qwen3ForCausalLM) and type(model.model).__name__ == "SetDLMQwen3"
+    assert (model.context_length, model.native_window, model.native_decoding) == (SETDLM_LENGTH, 8, "setdlm")
     assert model.model.config.num_hidden_layers == 2  # keep_bottom_n_layers: 2 of the base's 3
     assert (model.mask_token_id, model.eos_token_id, model.bos_token_id) == (SETDLM_MASK_ID, SETDLM_EOS_ID, None)
     assert not list(folder.glob("*.py")), "the fixture ships no remote code, so none can have run"
@@ -100,7 +107,6 @@ def _rewrite(folder, **changes):
 @pytest.mark.parametrize("changes,message", [
     ({"architectures": ["BD3LM"]}, "not a SetDLM"),
     ({"backbone": {"_target_": "backbone_encoder_decoder.LLMasEncoderDecoder"}}, "not supported"),
-    ({"backbone": {"automodel_cls": "AutoModel"}}, "no LM head"),
     ({"backbone": {"keep_bottom_n_layers": 5}}, "keep_bottom_n_layers is 5, more than the base model's 3 layers"),
     ({"backbone": {"keep_bottom_n_layers": 0}}, "not a positive integer"),
     ({"backbone": {"pretrained_model_name_or_path": "/nowhere/qwen3-base"}}, "'/nowhere/qwen3-base' does not exist"),
@@ -111,6 +117,38 @@ def test_configs_the_loader_cannot_map_are_refused_with_a_reason(tmp_path, chang
     write_setdlm_checkpoint(tmp_path)
     _rewrite(tmp_path, **changes)
     with pytest.raises(ModelLoadError, match=message):
+        DualModeModel.from_pretrained(tmp_path, device="cpu")
+
+
+@pytest.mark.parametrize("automodel_cls", ["AutoModel", "AutoModelForMaskedLM", "CustomQwen3ForCausalLM"])
+def test_any_automodel_cls_loads_as_setdlms_wrapper_ignores_it(tmp_path, automodel_cls):
+    """``configs/model/backbone/automodel.yaml`` writes ``automodel_cls: AutoModel``; SetDLM's
+    ``AutoModelFromPreTrained`` builds its Qwen3 causal LM whatever the field says, so the weights decide."""
+    own = write_setdlm_checkpoint(tmp_path, automodel_cls=automodel_cls)
+    model = DualModeModel.from_pretrained(tmp_path, device="cpu", dtype="float64")
+    assert model.family == "setdlm" and isinstance(model.model, Qwen3ForCausalLM)
+    assert all(torch.equal(model.model.state_dict()[k], v.double()) for k, v in own.items())
+
+
+def test_a_load_prints_no_report_about_setdlms_stored_mask(tmp_path, capfd):
+    """``static_attention_mask`` is SetDLM's buffer, not a weight: it is dropped knowingly, nothing printed."""
+    write_setdlm_checkpoint(tmp_path)
+    capfd.readouterr()
+    DualModeModel.from_pretrained(tmp_path, device="cpu")
+    out, err = capfd.readouterr()
+    assert "LOAD REPORT" not in out + err and "static_attention_mask" not in out + err
+
+
+def test_a_base_model_that_is_not_qwen3_is_refused(tmp_path):
+    """SetDLM's wrapper always builds CustomQwen3ForCausalLM, so another base architecture cannot be its."""
+    write_setdlm_checkpoint(tmp_path)
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    (llama / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 32,
+                                                  "num_hidden_layers": 3, "num_attention_heads": 4,
+                                                  "intermediate_size": 64, "vocab_size": 32}))
+    _rewrite(tmp_path, backbone={"pretrained_model_name_or_path": str(llama)})
+    with pytest.raises(ModelLoadError, match="only a Qwen3 base"):
         DualModeModel.from_pretrained(tmp_path, device="cpu")
 
 
@@ -126,8 +164,11 @@ def test_base_model_flag_replaces_the_hub_id_the_checkpoint_names(tmp_path, monk
     monkeypatch.setenv("PACKED_SS_BASE_MODEL", str(tmp_path / "base"))
     args = _parser().parse_args(["generate", "--prompt", "w5", "--model", str(tmp_path)])
     assert args.base_model == str(tmp_path / "base")
-    with pytest.raises(ModelLoadError, match="wrong shape: .*embed_tokens"):
-        DualModeModel.from_pretrained(tmp_path, device="cpu", base_model="assets/model")
+    wider = tmp_path / "wider"
+    wider.mkdir()
+    (wider / "config.json").write_text(json.dumps(qwen3_base_config() | {"intermediate_size": 128}))
+    with pytest.raises(ModelLoadError, match="wrong shape: .*mlp"):
+        DualModeModel.from_pretrained(tmp_path, device="cpu", base_model=str(wider))
     with pytest.raises(ModelLoadError, match="applies to SetDLM checkpoints only"):
         load_model("assets/model", "cpu", None, base_model=str(tmp_path / "base"))
     with pytest.raises(ModelLoadError, match="--base-model is empty"):
@@ -220,10 +261,10 @@ def test_confidence_order_equals_the_serial_reference(setdlm, name):
 
 
 def test_native_decoding_runs_on_the_checkpoint(setdlm):
-    """SetDLM's own sliding-window decoding (E.6): every call commits at least one token, unverified."""
+    """SetDLM's own decoding: every call commits at least one token, unverified."""
     model = setdlm[2]
     got = run(model, "diffusion", new=16)
-    assert got.nfe <= len(got.token_ids) + 1 and all(r.advance >= 1 for r in got.records)
+    assert got.nfe <= len(setdlm_sequence(got)) and all(r.advance >= 1 for r in got.records)
 
 
 def test_the_app_offers_a_setdlm_checkpoint_with_the_order_choice_before_loading_it(setdlm, tiny_model_dir):
@@ -253,3 +294,234 @@ def test_benchmark_reports_setdlm_schedules_and_native_decoding(setdlm, tmp_path
     for name in ("packed", "linear", "diffusion"):
         assert name in report
     assert "confidence" in report
+
+
+# --- SetDLM's own native decoder, ported step by step (kuleshov-group/setdlms at 549f0bb) --------------------
+# The port below is written from SetDLM's code, not from the engine: full forward passes of a plain Qwen3 with
+# eager attention (as SetDLM's CustomQwen3Attention runs 4D masks) and no KV cache, the cache's history
+# replayed through the mask. Each comment names the file:line of SetDLM's code the step follows;
+# setdlm.py is src/denoiser/setdlm.py, mdlm.py src/denoiser/mdlm.py, bd3lm.py src/denoiser/bd3lm.py.
+
+SHARP = 10.0  # final-norm scale of the native-decoding fixture: some masks reach the 0.9 threshold, some do not
+
+
+@pytest.fixture(scope="module")
+def sharp(tmp_path_factory):
+    """(the checkpoint loaded in float64, a plain eager Qwen3 holding the same weights)."""
+    folder = tmp_path_factory.mktemp("setdlm-sharp")
+    own = write_setdlm_checkpoint(folder, sharpness=SHARP)
+    reference = reference_qwen3(own)
+    reference.config._attn_implementation = "eager"
+    return DualModeModel.from_pretrained(folder, device="cpu", dtype="float64"), reference
+
+
+def setdlm_generate(backbone, prompt, new_tokens, window, threshold, first_hitting=True, context=SETDLM_LENGTH,
+                    num_steps=None):
+    """SetDLM.generate (setdlm.py:799) for one prompt, greedy, predict_and_noise, ``window`` = max_window_size.
+
+    Returns (steps, sequence, cropped): per step the committed (position, token) pairs in textual order;
+    the generated tokens generate returns (masks removed, setdlm.py:1370-1372); cache entries cropped.
+    The stopping criterion is "an EOS among the tokens before the window's end" (eos_token_criteria).
+    """
+    n = len(prompt)
+    num_steps = new_tokens if num_steps is None else num_steps
+    # mdlm.py:431-442 _sample_generation_timesteps: linspace(1, 0, min(T + 1, max_length + 1))[:-1], float64
+    timesteps = torch.linspace(1.0, 0.0, min(num_steps + 1, new_tokens + 1), dtype=torch.float64)[:-1]
+    window = min(8, window)  # setdlm.py:966-973: min(noise.compute_window_size() (the fixture's 8), max_window)
+    samples = list(prompt) + [SETDLM_MASK_ID] * new_tokens  # mdlm.py/setdlm.py:772-796 _sample_prior
+    # The KV cache as entries (token, position, first visible entry): setdlm.py:1046-1051 update_cache prefills
+    # the prompt causally (setdlm.py:588-590, the static mask's clean block; no mask to patch).
+    entries = [(t, j, 0) for j, t in enumerate(prompt)]
+    start = 0  # entries cropped from the left so far (bd3lm.py:298-321 _crop_kv_cache_left)
+    pending = []  # positions committed last step, not yet cached (masked_positions still holds them)
+    steps, generated = [], 0
+    for i in range(len(timesteps)):  # setdlm.py:1063
+        t = timesteps[i]
+        following = generated + 1 if first_hitting else i + 1  # setdlm.py:1067-1079
+        next_t = timesteps[following] if following < len(timesteps) else timesteps[-1] * 0
+        first_open = samples.index(SETDLM_MASK_ID)  # setdlm.py:986-992 / 1330-1337 window_start
+        masks = [j for j in range(first_open, min(first_open + window, n + new_tokens)) if samples[j] == SETDLM_MASK_ID]
+        # setdlm.py:523-559: crop the cache from the left when cache + this call's rows exceed config.length
+        overflow = (len(entries) - start) + len(pending) + len(masks) - context
+        if overflow > 0:
+            assert len(entries) - start - overflow > 0  # setdlm.py:556
+            start += overflow
+        logits = _setdlm_call(backbone, entries, start, [(samples[j], j) for j in pending], masks)
+        # setdlm.py:1386-1389 _forward: the mask token gets -inf, log-softmax; mdlm.py:996 exp
+        logits[:, SETDLM_MASK_ID] = float("-inf")
+        probs = logits.log_softmax(-1).exp()
+        xs = probs.argmax(-1)  # base.py:406-407 _sample_categorical, do_sample false
+        conf = probs.gather(-1, xs[:, None])[:, 0]  # mdlm.py:1036 xs_probs
+        # mdlm.py:1041-1043: num_to_decode with block_size = max_new_tokens (setdlm.py:1188)
+        k = int((t * new_tokens).round().to(torch.int) - (next_t * new_tokens).round().to(torch.int))
+        output = xs.clone()
+        noise_indices = conf.argsort(dim=-1)[: -k]  # mdlm.py:1044-1054 (mask rows only: 0 clean + k)
+        output[noise_indices] = SETDLM_MASK_ID  # mdlm.py:1079
+        output = torch.where(conf >= threshold, xs, output)  # mdlm.py:1080-1082
+        committed = [(j, int(x)) for j, x in zip(masks, output) if x != SETDLM_MASK_ID]
+        # setdlm.py:1195-1202: the previous step's clean rows enter the cache, each having seen the cache
+        # and the clean rows before it (setdlm.py:568-570 puts them first, in textual order)
+        entries += [(samples[j], j, start) for j in pending]
+        for j, x in committed:
+            samples[j] = x  # setdlm.py:1223, 1236-1240 scatter
+        pending = [j for j, _ in committed]
+        steps.append(committed)
+        generated += len(committed)  # setdlm.py:1338-1340 num_tokens_generated_per_step
+        if SETDLM_MASK_ID not in samples[n:]:  # setdlm.py:1341-1343 done_decoding
+            break
+        first_open = samples.index(SETDLM_MASK_ID)
+        if i % window == 0 and i > 0 and SETDLM_EOS_ID in samples[n:first_open + window]:  # setdlm.py:1344-1364
+            samples = samples[:first_open + window]
+            break
+    return steps, tuple(x for x in samples[n:] if x != SETDLM_MASK_ID), start
+
+
+def _setdlm_call(backbone, entries, start, pending, masks):
+    """Logits (len(masks), V) of one decoding call, recomputed without a cache: every cache entry sees the
+    entries from the first it saw when it was computed up to itself; a clean row sees the cache and the
+    earlier clean rows (setdlm.py:588-590, causal); a mask row sees the cache, the clean rows and itself
+    (setdlm.py:592-609 patches the masks' block to its diagonal; at step 0, setdlm.py:632-648)."""
+    rows = [(t, j) for t, j, _ in entries] + pending + [(SETDLM_MASK_ID, j) for j in masks]
+    c, p = len(entries), len(pending)
+    allowed = torch.zeros(len(rows), len(rows), dtype=torch.bool)
+    for e, (_, _, first) in enumerate(entries):
+        allowed[e, first:e + 1] = True
+    for r in range(c, c + p + len(masks)):
+        allowed[r, start:min(r, c + p)] = True
+        allowed[r, r] = True
+    ids = torch.tensor([[t for t, _ in rows]])
+    positions = torch.tensor([[j for _, j in rows]])
+    bias = torch.zeros(allowed.shape, dtype=torch.float64).masked_fill(~allowed, torch.finfo(torch.float64).min)
+    with torch.no_grad():
+        return backbone(input_ids=ids, position_ids=positions, attention_mask=bias[None, None]).logits[0, c + p:]
+
+
+def engine_steps(run):
+    """The native lane's trajectory: per iteration the committed (position, token) pairs in textual order."""
+    return [[(r.proposal_positions[k], r.proposals[k]) for k in r.kept] for r in run.records]
+
+
+def harness_cut(sequence):
+    """SetDLM's harness splits the decoded text at the EOS (scripts/eval/harness_eval.py:502-509); the engine's
+    output keeps the EOS token itself, as every schedule's does."""
+    return sequence[:sequence.index(SETDLM_EOS_ID) + 1] if SETDLM_EOS_ID in sequence else sequence
+
+
+NATIVE_PROMPTS = ([5, 6, 7, 8], [9, 4, 11], [12, 13, 14, 15, 16])
+
+
+@pytest.mark.parametrize("window", [2, 4, 8, 16])
+@pytest.mark.parametrize("prompt", NATIVE_PROMPTS)
+def test_native_decoding_follows_setdlms_generate_step_by_step(sharp, window, prompt):
+    """Committed positions and tokens of every step, the calls, SetDLM's returned tokens and the harness's cut
+    output; W = 16 is bounded by the noise schedule's 8."""
+    model, backbone = sharp
+    run = generate(model, prompt, DecodeConfig(block_size=window + 1, max_new_tokens=24), "diffusion")
+    steps, sequence, _ = setdlm_generate(backbone, prompt, 24, window, 0.9)
+    assert engine_steps(run) == steps and run.nfe == len(steps)
+    assert setdlm_sequence(run) == sequence and run.token_ids == harness_cut(sequence)
+
+
+def test_the_trajectories_exercise_the_rule(sharp):
+    """The fixture makes the comparison above mean something: steps commit several tokens, the first-hitting
+    count grows, and a run decodes past its EOS until SetDLM's stop check."""
+    model, backbone = sharp
+    counts = [len(s) for p in NATIVE_PROMPTS for s in setdlm_generate(backbone, p, 24, 8, 0.9)[0]]
+    assert max(counts) >= 4 and counts.count(1) >= 3
+    sequence = setdlm_generate(backbone, NATIVE_PROMPTS[2], 24, 2, 0.9)[1]
+    assert len(harness_cut(sequence)) < len(sequence)  # tokens past the EOS were decoded
+
+
+@pytest.mark.parametrize("window", [2, 4, 8])
+def test_native_decoding_without_first_hitting_follows_setdlm(sharp, window):
+    """first_hitting false (the paper's throughput script) and a step budget T below N."""
+    model, backbone = sharp
+    for settings, steps_t in ((SetDLMDecoding(first_hitting=False), None), (SetDLMDecoding(num_steps=12), 12)):
+        for prompt in NATIVE_PROMPTS:
+            session = OrderSession(model, prompt, DecodeConfig(block_size=window + 1, max_new_tokens=24), "diffusion")
+            run = summarize(list(SetDLMDiffusion(settings).iterate(session)), "diffusion", window + 1, 0.0, len(prompt))
+            steps, sequence, _ = setdlm_generate(backbone, prompt, 24, window, 0.9, settings.first_hitting,
+                                                 num_steps=steps_t)
+            assert engine_steps(run) == steps and setdlm_sequence(run) == sequence, (settings, prompt)
+
+
+@pytest.mark.parametrize("cache", ["static", "dynamic"])
+def test_native_decoding_crops_the_cache_at_setdlms_context_as_setdlm_does(sharp, cache):
+    """4 + 80 tokens exceed the fixture's length of 64: both crop the oldest cache entries, the run says how many,
+    and the crop changes what is decoded (an uncropped port gives other tokens)."""
+    loaded, backbone = sharp
+    model = DualModeModel(loaded.model, loaded.tokenizer, loaded.mask_token_id, loaded.eos_token_id, None, "setdlm",
+                          cache=cache)
+    assert model.cache_kind == cache
+    prompt = [20, 8, 13, 8]
+    run = generate(model, prompt, DecodeConfig(block_size=5, max_new_tokens=80), "diffusion")
+    steps, sequence, cropped = setdlm_generate(backbone, prompt, 80, 4, 0.9)
+    assert engine_steps(run) == steps and setdlm_sequence(run) == sequence
+    assert run.cropped == cropped > 0 and run.metrics()["cropped"] == cropped
+    assert sum(r.cropped > 0 for r in run.records) > 1
+    uncropped = setdlm_generate(backbone, prompt, 80, 4, 0.9, context=10**6)[1]
+    assert uncropped[:60] == sequence[:60] and uncropped != sequence
+
+
+def test_left_to_right_decoding_crops_like_setdlm_at_window_one(sharp):
+    """The ar lane beyond the context equals SetDLM's decoder at window 1, crop included."""
+    model, backbone = sharp
+    run = generate(model, PROMPT, DecodeConfig(block_size=5, max_new_tokens=80), "ar")
+    assert run.cropped > 0
+    assert run.token_ids == harness_cut(setdlm_generate(backbone, PROMPT, 80, 1, 1.0)[1])
+
+
+@pytest.mark.parametrize("name", SPECULATIVE)
+def test_speculative_schedules_crop_too_and_agree_with_ar_until_the_context_fills(sharp, name):
+    """Their calls hold more rows than ar's, so past the crop they see a shorter context (README: Context)."""
+    model, _ = sharp
+    got, reference = run(model, name, new=80), run(model, "ar", new=80)
+    assert got.cropped > 0 and len(got.token_ids) == 80
+    assert got.token_ids[:40] == reference.token_ids[:40]
+
+
+def test_a_prompt_that_leaves_no_room_in_the_context_is_refused_in_one_line(sharp):
+    model, _ = sharp
+    with pytest.raises(PromptError, match="exceeds the model's context of 64 tokens") as error:
+        generate(model, [5] * 62, DecodeConfig(block_size=5, max_new_tokens=8), "diffusion")
+    assert "\n" not in str(error.value)
+
+
+def test_commit_rule_pure_functions():
+    """k from the timesteps (first hitting: the count grows after a step of several), ties keep the later mask."""
+    steps = timesteps(8)
+    assert steps == tuple(1 - i / 8 for i in range(8))
+    assert commit_count(steps, 0, 0, 8, True) == 1 and commit_count(steps, 1, 3, 8, True) == 3
+    assert commit_count(steps, 1, 3, 8, False) == 1 and commit_count(steps, 7, 8, 8, True) == 1
+    assert commit_rule([0.2, 0.5, 0.5, 0.1], 1, 0.9) == (2,)
+    assert commit_rule([0.2, 0.95, 0.5, 0.1], 2, 0.9) == (1, 2)
+    assert commit_rule([0.2, 0.3], 5, 0.9) == (0, 1)
+
+
+def test_eager_attention_on_request_agrees_with_setdlms_kernel_exactly(setdlm):
+    """SetDLM runs eager attention for its 4D masks; the engine's sdpa differs only in rounding (7e-5 measured on a
+    checkpoint SetDLM wrote, about 4e-7 on this tiny one), and ``attention="eager"`` (an additive mask, as SetDLM
+    passes) removes that with the dynamic cache."""
+    folder, own, _ = setdlm
+    reference = reference_qwen3(own).float()
+    reference.config._attn_implementation = "eager"
+    layout = order_layout("ao-packed", 0, [], (5, 7, 6), {5: 9, 6: 4}, SETDLM_MASK_ID, checked=2, verified=3,
+                          drafted=True, prompt=(5, 6, 7, 8, 10))
+    rows = tuple(range(layout.rows))
+    bias = torch.zeros(layout.rows, layout.rows).masked_fill(~layout.full_mask(), torch.finfo(torch.float32).min)
+    with torch.no_grad():  # SetDLM's additive float mask (base.py _preprocess_attention_mask)
+        want = reference(input_ids=torch.tensor([layout.token_ids]), position_ids=torch.tensor([layout.position_ids]),
+                         attention_mask=bias[None, None]).logits[0]
+    logits = {}
+    for attention, cache in (("eager", "static"), ("eager", "dynamic"), ("sdpa", "static")):
+        model = DualModeModel.from_pretrained(folder, device="cpu", attention=attention, cache=cache)
+        assert model.model.config._attn_implementation == attention
+        model.reset(layout.rows)
+        logits[attention, cache] = model.forward(layout, rows).logits
+    assert torch.equal(logits["eager", "dynamic"], want)  # the same kernel over the same keys: bit for bit
+    # the static cache's keys span its capacity (masked columns change the sums' blocking); sdpa sums otherwise
+    torch.testing.assert_close(logits["eager", "static"], want, rtol=0, atol=1e-6)
+    torch.testing.assert_close(logits["sdpa", "static"], want, rtol=0, atol=1e-4)
+    assert not torch.equal(logits["sdpa", "static"], want)
+    with pytest.raises(ModelLoadError, match="attention must be one of"):
+        DualModeModel.from_pretrained(folder, device="cpu", attention="flash")

@@ -1,6 +1,10 @@
-"""The any-order model's own parallel decoding (SetDLM's native sliding-window decoder, paper E.6).
+"""The any-order model's own parallel decoding, unverified: the ``diffusion`` lane.
 
-Each call holds N (tokens accepted by the previous call, entering the cache) and a mask at every
+A SetDLM checkpoint (``model.native_decoding == "setdlm"``) decodes as SetDLM's own ``generate`` does
+(:mod:`packed_ss.any_order.setdlm_native`: its timestep schedule, window and stop rule). Other any-order
+models (the project's own) keep the threshold rule below, the paper's E.6 description of native decoding.
+
+Threshold rule: each call holds N (tokens accepted by the previous call, entering the cache) and a mask at every
 unresolved position of the window, each seeing only the accepted tokens. Every prediction with
 probability >= ``config.confidence_threshold`` is committed, and at least the most confident one (ties:
 the leftmost), in any textual order and without verification, so the output can differ from the
@@ -13,10 +17,11 @@ from collections.abc import Iterator
 
 from packed_ss.any_order.layout import order_layout
 from packed_ss.any_order.session import OrderSession
+from packed_ss.any_order.setdlm_native import SetDLMDiffusion
 from packed_ss.records import SOURCE_DIFFUSION, IterationRecord
 
 
-class OrderDiffusion:
+class ThresholdDiffusion:
     name = "diffusion"
     title = "Native any-order decoding (unverified)"
     summary = "Commits every confident prediction in the window, in any order; not lossless."
@@ -47,3 +52,20 @@ class OrderDiffusion:
             yield session.record(appended, dropped, prefix_len_before=before, advance=len(pairs), order=order,
                                  proposals=z, proposal_positions=order, proposal_start=order[0], kept=tuple(chosen))
             first = False
+
+
+class OrderDiffusion:
+    """The ``diffusion`` lane: the model's own native rule (``model.native_decoding``; module docstring)."""
+
+    name = "diffusion"
+    title = "Native any-order decoding (unverified)"
+    summary = "The model's own parallel decoding (SetDLM's for its checkpoints), in any order; not lossless."
+    rules = {"threshold": ThresholdDiffusion(), "setdlm": SetDLMDiffusion()}
+
+    @staticmethod
+    def max_rows(prompt_len: int, config) -> int:
+        """Most rows a run can evaluate (the same bound under both rules)."""
+        return ThresholdDiffusion.max_rows(prompt_len, config)
+
+    def iterate(self, session: OrderSession) -> Iterator[IterationRecord]:
+        return self.rules[getattr(session.model, "native_decoding", "threshold")].iterate(session)

@@ -6,6 +6,12 @@ of an accepted EOS or of the last token of a completed stop string, whichever en
 accepted in any order; the KV cache holds the prompt and processed accepted tokens in acceptance order
 (each computed seeing the tokens accepted before it), which is exactly the context Equation 8 conditions on.
 
+Context crop (SetDLM checkpoints, ``model.context_length``): a call that would make the cache and its rows
+exceed SetDLM's context first drops the oldest cached tokens, as SetDLM's decoder does
+(``src/denoiser/setdlm.py`` ``_prepare_inputs_inference``, "crop KV cache if we would exceed model
+context"); the iteration record's ``cropped`` counts them. A first call whose prompt alone leaves no room is
+refused (SetDLM prefills the prompt in a call of its own and would crop the prompt's first tokens).
+
 Shape legend: u unresolved positions in the window, W speculative width.
 """
 
@@ -13,6 +19,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 
 import torch
 
@@ -70,6 +77,10 @@ class OrderSession:
         self.pending: list[tuple[int, int]] = []
         self.in_cache: list[int] = []  # output positions whose tokens the cache holds, in cache order
         self.stop_reason: str | None = None
+        self.halted = False  # a schedule ended the run before E (SetDLM's stop rule, or its step budget)
+        self.context = getattr(model, "context_length", None)  # SetDLM's context: the cache is cropped to fit it
+        self.cropped = 0  # oldest cache entries dropped so far (the cache is (prompt + in_cache)[cropped:])
+        self._cropped_now = 0
         self.iteration = 0
         self._calls: list[CallRecord] = []
         self._started = 0.0
@@ -81,8 +92,8 @@ class OrderSession:
     # --- the window ---------------------------------------------------------------------------
     @property
     def finished(self) -> bool:
-        """Every position up to E is filled (Algorithm 3 line 2)."""
-        return self.left > self.end
+        """Every position up to E is filled (Algorithm 3 line 2), or a schedule halted the run."""
+        return self.halted or self.left > self.end
 
     def window(self) -> list[int]:
         """U_t: unresolved positions of {l, ..., min(E, l + W - 1)}, l the leftmost unresolved (lines 3-4)."""
@@ -97,14 +108,34 @@ class OrderSession:
     def begin(self) -> None:
         self.iteration += 1
         self._calls = []
+        self._cropped_now = 0
         self._started = time.perf_counter()
 
     def call(self, layout: CallLayout, rows: tuple[int, ...]) -> CallLogits:
-        """One model call (one NFE): logits (len(rows), V) of ``rows`` with their argmax."""
+        """One model call (one NFE): logits (len(rows), V) of ``rows`` with their argmax. The cache is cropped
+        first when the call would exceed the model's context (module docstring)."""
+        layout = self._fit(layout)
         out = self.model.forward(layout, rows)
         self._calls.append(CallRecord(layout, out.model_ms))
         self._last = layout
         return CallLogits.of(out.logits, self._never_emit)
+
+    def _fit(self, layout: CallLayout) -> CallLayout:
+        """``layout`` after dropping the oldest cached tokens so that cache + rows fit ``self.context``.
+
+        Raises: PromptError when the prompt's own call does not fit, or the rows alone leave no cache.
+        """
+        overflow = layout.cached + layout.rows - (self.context or math.inf)
+        if overflow <= 0:
+            return layout
+        if PREFILL in layout.regions or overflow >= layout.cached:
+            raise PromptError(f"a call of {layout.rows} rows after {layout.cached} cached tokens exceeds the "
+                              f"model's context of {self.context} tokens (SetDLM's config length); shorten the "
+                              f"prompt or the window")
+        self.model.crop_left(overflow)
+        self.cropped += overflow
+        self._cropped_now += overflow
+        return replace(layout, cached=layout.cached - overflow)
 
     def settle(self, cached_new: list[tuple[int, int]]) -> None:
         """Cache update after a call (Appendix D.2): keep the rows of N and of ``cached_new`` (the accepted
@@ -126,41 +157,64 @@ class OrderSession:
         Returns: ``(appended, dropped)``: positions added (rank order, after the cut) and previously
         accepted positions removed because E moved before them.
         """
+        self.commit(pairs, sources)
+        new = [j for j, _ in pairs]
+        end, reason = self.stop_point(pairs)
+        dropped = self.cut(end, reason) if end < self.end else []
+        appended = [j for j in new if j <= self.end]
+        return appended, [j for j in dropped if j not in new]
+
+    def commit(self, pairs: list[tuple[int, int]], sources: list[str]) -> None:
+        """Fill the (position, token) ``pairs`` and move l past filled positions; no end marker is looked for."""
         for (j, t), s in zip(pairs, sources):
             self.filled[j] = t
             self.sources[j] = s
             self.accepted.append(j)
         while self.left in self.filled:  # E only moves to a filled position, so l stays the leftmost open one
             self.left += 1
-        new = [j for j, _ in pairs]
+
+    def stop_point(self, pairs: list[tuple[int, int]]) -> tuple[int, str | None]:
+        """(E, reason) after the filled ``pairs``: the earliest EOS among them or last position of a stop string
+        they complete (E.2), else the current E and None."""
         end, reason = self.end, None
         eos = self.model.eos_token_id
         hits = [j for j, t in pairs if eos is not None and t == eos and j <= end]
         if hits:
             end, reason = min(hits), "eos"
-        marker = self._stop_string_end(new)
+        marker = self._stop_string_end([j for j, _ in pairs])
         if marker is not None and marker < end:
             end, reason = marker, "stop string"
-        dropped = []
-        if end < self.end:
-            self.end = end
-            self.stop_reason = reason
-            dropped = [j for j in self.accepted if j > end]
-            for j in dropped:
-                del self.filled[j]
-                del self.sources[j]
-            self.accepted = [j for j in self.accepted if j <= end]
-        appended = [j for j in new if j <= self.end]
-        if dropped and any(j in self.in_cache for j in dropped):
-            self._forget(set(dropped))
-        return appended, [j for j in dropped if j not in new]
+        return end, reason
+
+    def cut(self, end: int, reason: str | None) -> list[int]:
+        """Move E to ``end`` (at most the current E), dropping accepted positions past it and, while the run goes
+        on, their cache entries; returns the dropped positions (acceptance order)."""
+        self.end = min(self.end, end)
+        self.stop_reason = reason or self.stop_reason
+        dropped = [j for j in self.accepted if j > self.end]
+        for j in dropped:
+            del self.filled[j]
+            del self.sources[j]
+        self.accepted = [j for j in self.accepted if j <= self.end]
+        if dropped and not self.finished and any(j in self.in_cache for j in dropped):
+            self._forget(set(dropped))  # a finished run makes no further call: its cache needs no repair
+        return dropped
+
+    def halt(self, reason: str) -> None:
+        """End the run now, open positions before E left unfilled (SetDLM returns its committed tokens
+        without the masks still open)."""
+        self.halted = True
+        self.stop_reason = self.stop_reason or reason
 
     def _forget(self, dropped: set[int]) -> None:
         """Remove dropped positions from the cache: crop it before the first one and queue the surviving
         later tokens again as N, so every cached token was computed seeing only tokens of P_t."""
         first = next(i for i, j in enumerate(self.in_cache) if j in dropped)
         survivors = [j for j in self.in_cache[first:] if j not in dropped]
-        self.model.rollback(self.prompt_len + first)
+        if self.prompt_len + first < self.cropped:
+            raise PromptError("an end marker dropped a token whose cache entry was already cropped to fit the "
+                              "model's context")
+        self.model.rollback(self.prompt_len + first - self.cropped)
         self.in_cache = self.in_cache[:first]
         self.pending = [(j, self.filled[j]) for j in survivors] + [p for p in self.pending if p[0] in self.filled]
 
@@ -192,7 +246,8 @@ class OrderSession:
                                prefix_len_after=self.prompt_len + len(self.filled),
                                appended=tuple(self.filled[j] for j in appended),
                                appended_sources=tuple(self.sources[j] for j in appended),
-                               appended_positions=tuple(appended), dropped_positions=tuple(dropped), **fields)
+                               appended_positions=tuple(appended), dropped_positions=tuple(dropped),
+                               cropped=self._cropped_now, **fields)
 
     def conclude(self, pairs: list[tuple[int, int]], sources: list[str], h: int) -> tuple[list[int], list[int]]:
         """After a verifying call: cache N and the h accepted draft tokens, accept C_t = ``pairs`` (lines

@@ -23,7 +23,7 @@ from packed_ss.layout import CallLayout
 from packed_ss.models.errors import ModelLoadError
 from packed_ss.models.families import pick_family, read_config
 from packed_ss.models.lora import DrafterLora, adapter_folder
-from packed_ss.models.static import StaticCalls, static_cache_problem
+from packed_ss.models.static import StaticCalls, kernel_mask, static_cache_problem
 
 
 @dataclass(frozen=True)
@@ -110,6 +110,11 @@ class DualModeModel:
         never_emit_ids: ids no schedule may output (the mask token, vocabulary padding rows).
         max_length: longest sequence (prompt + new tokens + one block) the model's positions allow.
         any_order: the config says ``any_order: true`` (a SetDLM-style model, :mod:`packed_ss.any_order`).
+        context_length: SetDLM's context (``length``): any-order calls crop the cache from the left to fit it, as
+            SetDLM's decoder does; None for models without one.
+        native_window: the window SetDLM's noise schedule allows its native decoder (None: no bound).
+        native_decoding: ``"setdlm"`` when the ``diffusion`` lane follows SetDLM's own ``generate``, else
+            ``"threshold"`` (:mod:`packed_ss.any_order.diffusion`).
     """
 
     def __init__(self, model, tokenizer, mask_token_id: int, eos_token_id: int | None,
@@ -132,6 +137,9 @@ class DualModeModel:
         self.max_length = int(getattr(model.config, "max_position_embeddings", 2048))
         # A same-position any-order model (paper Appendix C/D.2): decoded by packed_ss.any_order's schedules.
         self.any_order = bool(getattr(model.config, "any_order", False))
+        self.context_length = getattr(model.config, "context_length", None)
+        self.native_window = getattr(model.config, "native_window", None)
+        self.native_decoding = getattr(model.config, "native_decoding", "threshold")
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self._cache_class = DynamicCache
@@ -158,7 +166,7 @@ class DualModeModel:
                         dtype: str | torch.dtype | None = None, family: str | None = None,
                         drafter_lora: str | None = None, require_adapter: bool = True,
                         base_model: str | None = None, cache: str = "static",
-                        compiled: bool = False) -> "DualModeModel":
+                        compiled: bool = False, attention: str | None = None) -> "DualModeModel":
         """Load a model and tokenizer from a local folder or a hub id, strictly (every weight mapped).
 
         Args:
@@ -180,6 +188,8 @@ class DualModeModel:
                 ``"dynamic"`` (transformers' ``DynamicCache``, grown and cropped).
             compiled: decode and speculative calls through ``torch.compile`` at padded row counts (static cache
                 only); a compiler failure falls back to eager calls with a warning (``compile_note``).
+            attention: SetDLM only: ``"sdpa"`` (default) or ``"eager"``, the kernel SetDLM's own code runs (logits
+                then agree with it exactly rather than to about 1e-4; :mod:`packed_ss.models.setdlm`).
         Raises:
             ModelLoadError: missing folder, unreadable config, unknown family, weights that do not all map
             (keys named), no mask token id, or an adapter that does not load.
@@ -209,6 +219,8 @@ class DualModeModel:
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
         options = {"base_model": base_model} if base_model and chosen.name == "setdlm" else {}
+        if attention and chosen.name == "setdlm":
+            options["attention"] = attention
         try:
             checkpoint = chosen.load(name, config, dtype, str(device), local_only, **options)
         except ModelLoadError:
@@ -353,6 +365,24 @@ class DualModeModel:
                 self.cache.crop(keep - length)  # transformers 5.23: a negative argument removes that many
                 self._length = keep
 
+    def crop_left(self, drop: int) -> None:
+        """Drop the ``drop`` oldest cached tokens, keeping the rest in order (SetDLM's ``_crop_kv_cache_left``,
+        ``src/denoiser/bd3lm.py``): their keys keep the positions they were computed at.
+
+        Raises: ValueError if ``drop`` is negative or exceeds the cache length.
+        """
+        length = self.cache_length
+        if not 0 <= drop <= length:
+            raise ValueError(f"cannot drop {drop} of {length} cached tokens")
+        if not drop:
+            return
+        if self.static:
+            self.static.crop_left(drop)
+            return
+        for layer in self.cache.layers:
+            layer.keys, layer.values = layer.keys[:, :, drop:], layer.values[:, :, drop:]
+        self._length -= drop
+
     # --- one call -----------------------------------------------------------------------------
     @torch.no_grad()
     def forward(self, layout: CallLayout, rows: tuple[int, ...], deferred: tuple[int, ...] = (),
@@ -400,7 +430,7 @@ class DualModeModel:
         device = self.device
         ids = torch.from_numpy(np.array((layout.token_ids, layout.position_ids), dtype=np.int64)).to(device)
         input_ids, position_ids = ids[:1], ids[1:]  # (1, R) each, one host array
-        mask = layout.full_mask().to(device)[None, None]  # (1, 1, R, C + R)
+        mask = kernel_mask(self.model, layout.full_mask().to(device)[None, None])  # (1, 1, R, C + R)
         inputs = dict(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
                       past_key_values=self.cache, use_cache=True)
         self._sync()

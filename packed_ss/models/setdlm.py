@@ -24,7 +24,22 @@ What SetDLM's own code writes (read from ``src/denoiser/base.py``, ``bd3lm.py``,
 The network is plain ``transformers``: SetDLM's ``CustomQwen3ForCausalLM`` differs from
 ``Qwen3ForCausalLM`` only by casting queries and keys to the values' dtype after the cache update, which
 is the identity here (queries, keys, values and cache share the model's dtype; ``tests/test_setdlm.py``
-checks it). The any-order input (token entries and mask entries sharing position ids; a mask sees the
+checks it). SetDLM's ``AutoModelFromPreTrained`` builds that Qwen3 class whatever ``automodel_cls`` says
+(``AutoModel`` is its configs' default), so every value is accepted and the weights decide (a missing LM
+head is refused by the strict load). The loaded class is :class:`SetDLMQwen3`, ``Qwen3ForCausalLM`` with
+SetDLM's stored mask buffers declared as no weights, so loading prints no report about them.
+
+Attention kernel: ``CustomQwen3Attention`` runs eager attention whenever the mask is 4D (always, in SetDLM's
+decoding); this loader uses sdpa, whose sums run in another order, so logits differ from SetDLM's at about
+1e-4 in float32 (1e-12 in float64) and a near tie between two tokens or two confidences can break the other
+way. ``attention="eager"`` loads the eager kernel, fed an additive mask as SetDLM feeds it, for exact agreement
+(bit for bit with the dynamic cache; the static cache's wider key span still rounds at about 1e-7).
+
+Decoding context: ``length`` (1,024 for the released checkpoints) is SetDLM's context; its decoder crops the
+KV cache from the left once a call would exceed it (``src/denoiser/setdlm.py``
+``_prepare_inputs_inference``). The loaded config carries it as ``context_length`` and the noise
+schedule's window (``noise_config.block_size``, what ``compute_window_size`` returns) as
+``native_window``; :mod:`packed_ss.any_order` crops likewise and records it. The any-order input (token entries and mask entries sharing position ids; a mask sees the
 tokens strictly earlier in the generation order and itself) is built by :mod:`packed_ss.any_order`;
 the loaded config says ``any_order: true`` so the engine runs those schedules. Float32 by default (the
 paper's setting for SetDLM).
@@ -32,6 +47,7 @@ paper's setting for SetDLM).
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from packed_ss.models.checkpoint import Checkpoint, refuse_partial_load
@@ -42,10 +58,10 @@ ARCHITECTURE = "SetDLM"
 # Backbone targets whose weights are a causal LM's, and the prefix the denoiser adds in front of its names.
 WRAPPED, DIRECT = "AutoModelFromPreTrained", "AutoModelForCausalLM.from_pretrained"
 PREFIXES = {WRAPPED: "backbone.model.", DIRECT: "backbone."}
-CAUSAL_CLASSES = ("AutoModelForCausalLM", "CustomQwen3ForCausalLM")  # automodel_cls with an LM head
 # Stored buffers of the denoiser that are no weights (derived from the config by SetDLM's own code).
 NOT_WEIGHTS = ("static_attention_mask", "encoder_static_attention_mask")
 SPECIAL_IDS = ("mask_token_id", "eos_token_id", "bos_token_id", "pad_token_id")
+ATTENTIONS = ("sdpa", "eager")  # the engine's kernel, and the one SetDLM's CustomQwen3Attention runs for 4D masks
 
 
 def is_denoiser_config(config: dict) -> bool:
@@ -80,9 +96,7 @@ def backbone_target(name: str, config: dict) -> tuple[str, str]:
     if kind is None:
         raise ModelLoadError(f"SetDLM backbone {target!r} is not supported: only a causal LM backbone "
                              f"(AutoModelFromPreTrained or AutoModelForCausalLM.from_pretrained) is mapped")
-    if kind == WRAPPED and spec.get("automodel_cls", "AutoModelForCausalLM") not in CAUSAL_CLASSES:
-        raise ModelLoadError(f"SetDLM backbone automodel_cls {spec.get('automodel_cls')!r} has no LM head; "
-                             f"expected one of {', '.join(CAUSAL_CLASSES)}")
+    # automodel_cls is not checked: SetDLM's wrapper always builds its Qwen3 causal LM (automodel.py).
     base = spec.get("pretrained_model_name_or_path")
     if not isinstance(base, str) or not base.strip():
         raise ModelLoadError(f"SetDLM config of {name!r} names no base model "
@@ -120,9 +134,12 @@ def kept_layers(spec: dict, layers: int) -> list[int]:
     return keep
 
 
-def backbone_config(base: str, spec: dict, local_only: bool):
+def backbone_config(base: str, spec: dict, local_only: bool, attention: str = "sdpa"):
     """The base model's ``transformers`` config with the layers cut as ``spec`` says (only its config.json is
-    read; the weights are the checkpoint's). Raises: ModelLoadError."""
+    read; the weights are the checkpoint's), attention kernel ``attention``.
+
+    Raises: ModelLoadError for an unreadable config, or a base that is not Qwen3 (SetDLM's wrapper always
+    builds ``CustomQwen3ForCausalLM``, ``src/backbone/automodel.py``)."""
     from transformers import AutoConfig
 
     folder = Path(base).expanduser()
@@ -135,14 +152,27 @@ def backbone_config(base: str, spec: dict, local_only: bool):
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ModelLoadError(f"cannot read the SetDLM base model config {base!r} (give a local copy of its "
                              f"config.json with --base-model): {first}") from error
+    if mapped.model_type != "qwen3":
+        raise ModelLoadError(f"SetDLM base model {base!r} is {mapped.model_type!r}; SetDLM's code always builds a "
+                             f"Qwen3 backbone (CustomQwen3ForCausalLM), so only a Qwen3 base is mapped")
     layers = int(mapped.num_hidden_layers)
     keep = kept_layers(spec, layers)
     mapped.num_hidden_layers = len(keep)
     layer_types = getattr(mapped, "layer_types", None)
     if isinstance(layer_types, list) and len(layer_types) == layers:
         mapped.layer_types = [layer_types[i] for i in keep]
-    mapped._attn_implementation = "sdpa"
+    mapped._attn_implementation = attention
     return mapped
+
+
+def decoding_context(config: dict) -> tuple[int | None, int | None]:
+    """(SetDLM's context ``length``, its noise schedule's window ``noise_config.block_size``), None where
+    absent: ``_prepare_inputs_inference`` crops the KV cache to the first, ``generate`` takes
+    ``min(noise.compute_window_size(), max_window_size)`` as its window, and both schedules' (staggered,
+    linear) ``compute_window_size`` return ``block_size`` (``src/noise_schedule/noise_schedules.py``)."""
+    noise = config.get("noise_config") or {}
+    values = (config.get("length"), noise.get("block_size") if isinstance(noise, dict) else None)
+    return tuple(v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None for v in values)
 
 
 class SetDLMFamily:
@@ -154,7 +184,12 @@ class SetDLMFamily:
         return is_denoiser_config(config)
 
     def load(self, name: str, config: dict, dtype, device: str, local_only: bool,
-             base_model: str | None = None) -> Checkpoint:
+             base_model: str | None = None, attention: str = "sdpa") -> Checkpoint:
+        """The checkpoint as ``SetDLMQwen3`` (``attention``: ``"sdpa"``, or ``"eager"`` as SetDLM runs it).
+
+        Raises: ModelLoadError (see the module docstring)."""
+        if attention not in ATTENTIONS:
+            raise ModelLoadError(f"SetDLM attention must be one of {', '.join(ATTENTIONS)}, got {attention!r}")
         if not is_denoiser_config(config):
             raise ModelLoadError(f"{name!r} has no backbone_config (model_type {config.get('model_type')!r}): "
                                  f"is this a SetDLM checkpoint? leave --family out to detect the family")
@@ -162,11 +197,13 @@ class SetDLMFamily:
         ids = special_ids(config)
         if ids["mask_token_id"] is None:
             raise ModelLoadError(f"SetDLM checkpoint {name!r} has no mask_token_id in its tokenization_config")
-        mapped = backbone_config(base_model or base, config["backbone_config"], local_only)
+        mapped = backbone_config(base_model or base, config["backbone_config"], local_only, attention)
         mapped.any_order = True  # the engine's any-order schedules (packed_ss.any_order)
+        mapped.context_length, mapped.native_window = decoding_context(config)
+        mapped.native_decoding = "setdlm"  # the diffusion lane follows SetDLM's generate (any_order/setdlm_native.py)
         mapped.mask_token_id = int(ids["mask_token_id"])
         tokenizer = self._tokenizer(name, config, mapped, local_only)
-        model, info = _load_weights(name, mapped, prefix, dtype, device, local_only)
+        model, info = _load_weights(name, mapped, prefix, dtype, device, local_only, attention)
         refuse_partial_load(name, info, ignored=lambda key: key in NOT_WEIGHTS
                             or key.endswith("rotary_emb.inv_freq"))
         return Checkpoint(model, tokenizer, int(ids["mask_token_id"]), ids["eos_token_id"], ids["bos_token_id"],
@@ -191,14 +228,25 @@ class SetDLMFamily:
         raise ModelLoadError(f"SetDLM checkpoint {name!r}: no tokenizer could be loaded from {', '.join(tried)}")
 
 
-def _load_weights(name: str, mapped, prefix: str, dtype, device: str, local_only: bool):
-    """``AutoModelForCausalLM.from_pretrained`` of the checkpoint's weights under ``mapped``, the denoiser's
+def _load_weights(name: str, mapped, prefix: str, dtype, device: str, local_only: bool, attention: str):
+    """:class:`SetDLMQwen3` ``.from_pretrained`` of the checkpoint's weights under ``mapped``, the denoiser's
     prefix stripped from every name; returns (model, loading info)."""
     import re
 
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(
+    return _qwen3_class().from_pretrained(
         name, config=mapped, key_mapping={"^" + re.escape(prefix): ""}, dtype=dtype, device_map=device,
-        attn_implementation="sdpa", local_files_only=local_only, output_loading_info=True, trust_remote_code=False,
+        attn_implementation=attention, local_files_only=local_only, output_loading_info=True, trust_remote_code=False,
         ignore_mismatched_sizes=True)  # mis-shaped tensors come back in the loading info, named by refuse_partial_load
+
+
+@functools.cache
+def _qwen3_class():
+    """``Qwen3ForCausalLM`` with SetDLM's stored mask buffers (:data:`NOT_WEIGHTS`) declared as no weights, so
+    transformers drops them without a load report; nothing else differs. Built on first use (transformers is
+    imported lazily, as everywhere in this module)."""
+    from transformers import Qwen3ForCausalLM
+
+    class SetDLMQwen3(Qwen3ForCausalLM):
+        _keys_to_ignore_on_load_unexpected = [rf"^{key}$" for key in NOT_WEIGHTS]
+
+    return SetDLMQwen3

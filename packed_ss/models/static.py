@@ -51,6 +51,15 @@ def static_cache_problem(config) -> str | None:
     return None
 
 
+def kernel_mask(model, mask: torch.Tensor) -> torch.Tensor:
+    """The boolean (1, 1, R, K) ``mask`` as ``model``'s attention kernel takes it: as is for sdpa; for eager, whose
+    kernel adds the mask to the scores, 0 where True and the dtype's minimum elsewhere (what SetDLM's
+    ``_preprocess_attention_mask`` builds, ``src/denoiser/base.py``)."""
+    if getattr(model.config, "_attn_implementation", None) != "eager":
+        return mask
+    return torch.zeros(mask.shape, dtype=model.dtype, device=mask.device).masked_fill_(~mask, torch.finfo(model.dtype).min)
+
+
 def forward(model, cache, hidden_only: bool, input_ids, position_ids, mask) -> torch.Tensor:
     """One call over a static ``cache``: hidden states (1, Rp, H) when ``hidden_only`` (the caller applies the LM
     head to the rows it needs), else logits (1, Rp, V). Inputs (1, Rp), (1, Rp) and the mask (1, 1, Rp, K)."""
@@ -158,6 +167,15 @@ class StaticCalls:
         self.length = keep
         self._set_length(keep)
 
+    def crop_left(self, drop: int) -> None:
+        """Drop the ``drop`` oldest tokens: the later ones move to the front of the same tensors (compiled calls
+        keep their addresses), the length falls by ``drop``."""
+        keep = self.length - drop
+        for layer in self.cache.layers:
+            for tensor in (layer.keys, layer.values):
+                tensor[:, :, :keep] = tensor[:, :, drop:self.length].clone()
+        self.rollback(keep)
+
     def _allocate(self, tokens: int, keep: int = 0) -> None:
         from transformers import StaticCache
 
@@ -195,7 +213,7 @@ class StaticCalls:
         mask[rows:, 0] = True
         host = torch.from_numpy(ids)
         inputs = (host[:1].to(self.device), host[1:].to(self.device),
-                  torch.from_numpy(mask).to(self.device)[None, None])
+                  kernel_mask(self.model, torch.from_numpy(mask).to(self.device)[None, None]))
         return inputs, rows, total, compiled
 
     def execute(self, prepared: tuple, need: tuple[int, ...]) -> tuple[torch.Tensor, bool]:
