@@ -375,13 +375,20 @@ def test_any_order_model_benchmark_with_both_orders(tiny_any_order_dir, tiny_mod
     assert "needs an any-order model" in capsys.readouterr().err
 
 
-def test_run_seeds_past_the_last_distinct_seed_are_refused_before_any_run():
-    """Prompt i, sample k runs with seed + i * K + k; past 2^32 - 1 those would alias earlier runs' seeds."""
+def test_a_runs_seed_depends_on_its_prompt_and_sample_alone_never_on_the_other_prompts():
+    """Sharding, resuming or --limit must not change a prompt's runs at T > 0 (seed = hash(seed, prompt id, k))."""
+    from packed_ss.bench.run import run_seed
+
     model = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0)
-    config = BenchConfig(schedules=("ar",), max_new_tokens=4, seed=2**32 - 1, warmup=False)
-    with pytest.raises(BenchError, match="needs run seeds up to 4294967296"):
-        run_benchmark(model, [Prompt("a", "w1 w2"), Prompt("b", "w3 w4")], config)
-    assert run_benchmark(model, [Prompt("a", "w1 w2")], config).summary["meta"]["runs_done"] == 1
+    config = BenchConfig(schedules=("ar",), max_new_tokens=6, seed=2**32 - 1, warmup=False, temperature=1.0,
+                         samples=2, resamples=10)
+    both = run_benchmark(model, [Prompt("a", "w1 w2"), Prompt("b", "w3 w4")], config).examples
+    alone = run_benchmark(model, [Prompt("b", "w3 w4")], config).examples
+    columns = ["sample", "seed", "token_hash"]
+    pd.testing.assert_frame_equal(both[both["prompt_id"] == "b"][columns].reset_index(drop=True),
+                                  alone[columns].reset_index(drop=True))
+    seeds = {run_seed(s, p, k) for s in (0, 2**32 - 1) for p in ("a", "b") for k in range(3)}
+    assert len(seeds) == 12 and all(0 <= x <= 2**32 - 1 for x in seeds)
 
 
 def test_the_benchmark_tab_deletes_an_upload_once_it_has_read_it(tmp_path):
