@@ -207,9 +207,57 @@ def paper_markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def linear_ratio_figure(report: dict) -> go.Figure | None:
+    """Figure 3: per task, throughput, tokens/NFE and time/NFE of each schedule over Linear-SS's, with the
+    paired intervals (one panel per metric)."""
+    from plotly.subplots import make_subplots
+
+    tasks = [entry["task"] for entry in report["tasks"]]
+    figure = make_subplots(rows=1, cols=len(FIGURE_RATIOS), subplot_titles=[f"{label} / Linear-SS"
+                                                                            for _, label in FIGURE_RATIOS])
+    drawn = False
+    for name in TO_LINEAR:
+        for col, (key, _) in enumerate(FIGURE_RATIOS, 1):
+            points = [(e["task"], c[key]) for e in report["tasks"] for c in e["summary"]["comparisons"]
+                      if c["numerator"] == name and c["denominator"] == "linear"]
+            if not points:
+                continue
+            drawn = True
+            figure.add_trace(go.Scatter(
+                x=[t for t, _ in points], y=[r["estimate"] for _, r in points], mode="markers",
+                name=LABELS.get(name, name), legendgroup=name, showlegend=col == 1,
+                marker=dict(size=11, color=COLORS.get(name)),
+                error_y=dict(type="data", symmetric=False, array=[_gap(r["high"], r["estimate"]) for _, r in points],
+                             arrayminus=[_gap(r["estimate"], r["low"]) for _, r in points])), row=1, col=col)
+            figure.add_hline(y=1, line_dash="dash", line_color="#444", row=1, col=col)
+    if not drawn:
+        return None
+    figure.update_xaxes(categoryorder="array", categoryarray=tasks)
+    figure.update_layout(title="Ratios to Linear-SS (Figure 3; 95% paired intervals)", height=400,
+                         template="plotly_white", scattermode="group", legend=dict(orientation="h", y=-0.2))
+    return figure
+
+
+def decomposition_figure(report: dict) -> go.Figure | None:
+    """Figure 5: model and non-model time over Linear-SS's total, GSM8K and MATH-500 averaged."""
+    table = decomposition_table(report["tasks"])
+    if table is None:
+        return None
+    title, _, rows, _ = table
+    names = [row[0] for row in rows]
+    figure = go.Figure([go.Bar(x=names, y=[float(row[1]) for row in rows], name="model execution time",
+                               marker_color="#4C78A8"),
+                        go.Bar(x=names, y=[float(row[2]) for row in rows], name="non-model decoder time",
+                               marker_color="#F58518")])
+    figure.add_hline(y=1, line_dash="dash", line_color="#444")
+    figure.update_layout(title=title, barmode="stack", yaxis_title="time / Linear-SS total", height=380,
+                         template="plotly_white", legend=dict(orientation="h", y=-0.2))
+    return figure
+
+
 def paper_figures(report: dict) -> list[go.Figure]:
-    """Figure 3's view: per task, Packed-SS's throughput ratio to each baseline with its interval, and each
-    schedule's accuracy (graded tasks)."""
+    """Figure 3's view: per task, Packed-SS's throughput ratio to each baseline with its interval, every
+    schedule's ratios to Linear-SS, each schedule's accuracy (graded tasks), and Figure 5's decomposition."""
     tasks = [entry["task"] for entry in report["tasks"]]
     ratios = go.Figure()
     for baseline in BASELINES:
@@ -234,7 +282,8 @@ def paper_figures(report: dict) -> list[go.Figure]:
                                   name=LABELS.get(name, name), marker_color=COLORS.get(name)))
     accuracy.update_layout(title="Accuracy per schedule (pass@1 or answer match, %)", yaxis_title="accuracy (%)",
                            barmode="group", height=380, template="plotly_white", yaxis=dict(range=[0, 100]))
-    return [ratios, accuracy] if schedules else [ratios]
+    extra = [linear_ratio_figure(report), accuracy if schedules else None, decomposition_figure(report)]
+    return [ratios] + [figure for figure in extra if figure is not None]
 
 
 def paper_html(report: dict) -> str:
