@@ -52,8 +52,8 @@ class HarnessPlan:
         configs: one :class:`BenchConfig` per task (its output cap and block sizes).
         data: one :class:`~packed_ss.bench.tasks.TaskData` per task (``--limit`` applied to its records).
         chat: ``--chat``: ``paper`` (the chat template where the paper used it, E.3), ``on`` or ``off``.
-        chats: per task, whether its prompts go through the chat template and why (set once the model is
-            loaded: :func:`chat_wanted`).
+        chats: per task, whether its prompts go through the chat template and why (:func:`chat_wanted`; empty:
+            decided from ``chat`` once the model is loaded).
         resume: keep the rows already written and run only the prompts that lack some.
         overwrite: move earlier results in the folder aside first (:func:`~packed_ss.bench.files.set_aside`).
         sandbox: where generated code runs (None when no task runs code).
@@ -407,6 +407,9 @@ def run_harness(model, plan: HarnessPlan, out: Path, procs: Processes, meta: dic
     Returns: the paper report's dict on the main process, None on the others.
     Raises: KeyboardInterrupt after writing what was measured; BenchError for settings or rows that do not fit.
     """
+    if not plan.chats:
+        plan = replace(plan, chats=tuple(chat_wanted(model, task, config.temperature, plan.chat)
+                                         for task, config in zip(plan.tasks, plan.configs)))
     loaded = []
     for task, data, (chat, _) in zip(plan.tasks, plan.data, plan.chats):
         prompts = task_prompts(task, data.records)
