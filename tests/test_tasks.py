@@ -354,7 +354,21 @@ def test_resume_refuses_runs_made_with_other_settings(one_process, tmp_path, cap
     shutil.copytree(one_process, out)
     assert main(bench(out, "--limit", "5", "--resume", "--max-new-tokens", "32")) == 2
     assert "made with other settings (max_new_tokens 64 -> 32)" in capsys.readouterr().err
+    rows = (out / "runs" / "humaneval.rank0.rows.jsonl").read_bytes()
+    (out / "humaneval" / "grades.csv").unlink()
     assert main(bench(out, "--limit", "5", "--resume")) == 0  # the same settings: nothing left to measure
+    assert (out / "runs" / "humaneval.rank0.rows.jsonl").read_bytes() == rows  # re-graded, nothing decoded
+    assert len(pd.read_csv(out / "humaneval" / "grades.csv")) == 20
+
+
+def test_a_stored_response_is_reused_only_for_the_same_rendered_prompt():
+    from packed_ss.bench.harness import current, prompt_hash
+    from packed_ss.bench.plan import Prompt
+
+    rows = [{"prompt_id": "t/0", "prompt_sha256": prompt_hash("def f():")}, {"prompt_id": "t/1"},
+            {"prompt_id": "t/2", "prompt_sha256": prompt_hash("old text")}]
+    prompts = [Prompt("t/0", "def f():"), Prompt("t/1", "x"), Prompt("t/2", "new text")]
+    assert current(rows, prompts) == rows[:1]
 
 
 def test_the_report_has_the_papers_tables_with_accuracy_and_correctness_labels(one_process):

@@ -18,6 +18,7 @@ samples.jsonl: the per-sample log) and across tasks the paper-style report (``OU
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -218,6 +219,18 @@ def _meta(out: Path, task: str) -> dict:
     return extra
 
 
+def prompt_hash(text: str) -> str:
+    """First 16 hex digits of the SHA-256 of a rendered prompt: a row's response is reused only for the
+    same text (a changed prompt template or chat setting decodes again)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def current(rows: list[dict], prompts: list[Prompt]) -> list[dict]:
+    """The rows whose prompt is one of ``prompts`` with the same rendered text."""
+    hashes = {p.id: prompt_hash(p.text) for p in prompts}
+    return [row for row in rows if hashes.get(row["prompt_id"]) == row.get("prompt_sha256")]
+
+
 def finished(rows: list[dict], config: BenchConfig) -> set[str]:
     """Prompt ids with a run of every schedule and sample."""
     needed = len(config.schedules) * config.samples
@@ -277,18 +290,20 @@ def _flat(settings: dict) -> dict:
 def measure_task(model, task: Task, prompts: list[Prompt], config: BenchConfig, out: Path, procs: Processes,
                  resume: bool, progress, meta: dict) -> None:
     """Time this process's share of ``prompts`` (those not finished yet when resuming), appending rows."""
-    done = finished(read_rows(out, task.name), config) if resume else set()
+    done = finished(current(read_rows(out, task.name), prompts), config) if resume else set()
     mine = [p for i, p in enumerate(prompts) if i % procs.world == procs.rank and p.id not in done]
     if not mine:
         return
     path = rows_file(out, task.name, procs.rank)
     path.parent.mkdir(parents=True, exist_ok=True)
+    hashes = {p.id: prompt_hash(p.text) for p in mine}
     with path.open("a", encoding="utf-8") as handle:
         if handle.tell() and not path.read_bytes().endswith(b"\n"):
             handle.write("\n")  # after a line an interruption cut short, which is kept and skipped
         def keep(row: dict, token_ids: tuple[int, ...]) -> None:
             text = model.decode(list(token_ids))  # after the timed run: detokenisation is not timed (E.5)
-            handle.write(json.dumps({**row, "task": task.name, "output": text}) + "\n")
+            handle.write(json.dumps({**row, "task": task.name, "prompt_sha256": hashes[row["prompt_id"]],
+                                     "output": text}) + "\n")
             handle.flush()
 
         result = run_benchmark(model, mine, config, progress, {**meta, "task": task.name}, on_run=keep)
@@ -307,7 +322,7 @@ def merged(out: Path, task: Task, prompts: list[Prompt]) -> tuple[pd.DataFrame, 
     Raises: BenchError for a rows or meta file that is not the harness's (:func:`read_rows`)."""
     index = {p.id: i for i, p in enumerate(prompts)}
     latest = {}
-    for row in read_rows(out, task.name):
+    for row in current(read_rows(out, task.name), prompts):
         if row["prompt_id"] in index:
             latest[(row["prompt_id"], row["sample"], row["schedule"], row.get("block_size"))] = row
     rows = [{**row, "prompt_index": index[row["prompt_id"]]} for row in latest.values()]
