@@ -11,7 +11,7 @@ from packed_ss.engine import decode, scripted_drafter
 from packed_ss.records import IterationRecord, RunRecord, summarize
 
 from serve.gpu import GpuTasks
-from serve.limits import MAX_ROWS_PER_REQUEST, ComputeGate, check_time, check_work, gated
+from serve.limits import MAX_ROWS_PER_REQUEST, TIME_LIMIT, ComputeGate, check_time, check_work, gated
 from serve.runs import schedule_for
 from serve.settings import RunSettings
 from serve.timing import TimingLog
@@ -70,6 +70,7 @@ class StepRun:
         self.lock = threading.Lock()
         self._iterator = decode(self.adapter, self.prompt_ids, settings.config, settings.schedule)  # validates
         self._tasks = tasks if eager else None
+        self.max_seconds = max_seconds  # an eager run's time limit from the clock (its records so far are kept)
 
     @property
     def done(self) -> int:
@@ -95,7 +96,10 @@ class StepRun:
             return False
         if self._tasks is not None:
             s = self.settings
-            new = self._tasks.records(s.model_ref, self.prompt_ids, s.config, s.schedule, self.priority)
+            new = self._tasks.records(s.model_ref, self.prompt_ids, s.config, s.schedule, self.priority,
+                                      self.max_seconds)
+            if new and new[-1].stop_reason is None:  # the time limit ended the run: say so where it stops
+                new[-1] = replace(new[-1], stop_reason=TIME_LIMIT)
             self.finished = True
         else:
             new = list(itertools.islice(gated(self._iterator, self.gate, self.priority), 1))

@@ -37,6 +37,10 @@ def race_note(result: RaceResult) -> str:
             f"the Benchmark tab gives intervals over many prompts.")
     if result.block_size_source:
         note += f" Block sizes: {result.block_size_source}."
+    if result.cut_off:
+        titles = [lane.title for lane in result.lanes if lane.cut_off]
+        note += (f" Cut off at this server's time limit: {', '.join(titles)} (partial output, not ranked; lower the "
+                 f"new-token limit, the lanes or the prompt length).")
     if result.left_out:
         note += f" Left out: {', '.join(result.left_out)} (no version for an any-order model)."
     return note + " " + result.isolation
