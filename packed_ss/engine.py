@@ -27,11 +27,18 @@ def decode(model, prompt_ids: list[int], config: DecodeConfig, schedule: str = "
             model (``model.any_order``) ``"ar"``, ``"linear"``, ``"quadratic"``, ``"packed"`` or ``"diffusion"``
             with ``config.order`` (:mod:`packed_ss.any_order`).
     Raises:
-        ValueError: unknown schedule; PromptError: empty or too long prompt, or a token id outside the
-            vocabulary (raised on creation); TypeError: a config that is not a DecodeConfig, or a prompt
-            that is text or holds anything but integers.
+        ValueError: unknown schedule, or the confidence order on a left-to-right model; PromptError: empty or too
+            long prompt, or a token id outside the vocabulary (raised on creation); TypeError: a model that is
+            not a loaded model (None, a name), a config that is not a DecodeConfig, or a prompt that is text or
+            holds anything but integers.
     """
+    if not callable(getattr(model, "forward", None)) or not hasattr(model, "mask_token_id"):
+        raise TypeError(f"model must be a loaded model (DualModeModel.from_pretrained(name) gives one), got "
+                        f"{type(model).__name__} {model!r:.60}")
     prompt_ids = checked_inputs(prompt_ids, config, getattr(model, "vocab_size", None))
+    if config.order != "ltr" and not getattr(model, "any_order", False):
+        raise ValueError(f"order {config.order!r} needs an any-order model (assets/model-anyorder); a left-to-right "
+                         f"model verifies left to right: leave order at 'ltr'")
     runner = get_schedule(schedule, model)
     if getattr(model, "any_order", False):
         return runner.iterate(OrderSession(model, list(prompt_ids), config, runner.name))

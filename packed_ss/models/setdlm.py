@@ -125,10 +125,10 @@ def backbone_config(base: str, spec: dict, local_only: bool):
     read; the weights are the checkpoint's). Raises: ModelLoadError."""
     from transformers import AutoConfig
 
-    folder = Path(base).expanduser()
-    if (base.startswith((".", "/", "~")) or folder.exists()) and not (folder / "config.json").is_file():
-        raise ModelLoadError(f"the SetDLM base model folder {base!r} does not exist or has no config.json "
-                             f"(--base-model takes a local copy of the base model's config.json)")
+    try:
+        local_folder(base, "the SetDLM base model")
+    except ModelLoadError as error:
+        raise ModelLoadError(f"{error} (--base-model takes a local copy of the base model's config.json)") from None
     try:
         mapped = AutoConfig.from_pretrained(base, local_files_only=local_only, trust_remote_code=False)
     except Exception as error:  # noqa: BLE001 - offline, unknown model_type, remote code: one message
