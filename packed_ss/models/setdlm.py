@@ -32,10 +32,9 @@ paper's setting for SetDLM).
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from packed_ss.models.checkpoint import Checkpoint, refuse_partial_load
-from packed_ss.models.errors import ModelLoadError
+from packed_ss.models.errors import ModelLoadError, local_folder
 
 DENOISER_TYPES = ("denoiser", "bd3lm")  # model_type of SetDLM's config classes (base class, SetDLM's own)
 ARCHITECTURE = "SetDLM"
