@@ -11,7 +11,7 @@ import gradio as gr
 
 from serve.api_defaults import signature_defaults
 from serve.block_sizes import BestBlockSizes
-from serve.errors import one_line
+from serve.errors import refused
 from serve.limits import TIME_LIMIT
 from serve.notes import model_note
 from serve.race import run_race
@@ -62,7 +62,7 @@ def add_api(server: Server, concurrency_limit: int) -> dict[str, list[tuple[str,
             return {**run.metrics(), **time_limit_note(run, server.max_seconds),
                     "model_note": model_note(server.store, settings.model, model)}
         except Exception as error:  # noqa: BLE001 - every failure is a one-line message, never a traceback
-            raise gr.Error(one_line(error), print_exception=False) from None
+            raise gr.Error(refused(error, "generate"), print_exception=False) from None
 
     def race(prompt: str, block_size: int = 8, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              seed: int = 0, max_new_tokens: int = 128, lanes: str = "", model: str = "",
@@ -87,7 +87,7 @@ def add_api(server: Server, concurrency_limit: int) -> dict[str, list[tuple[str,
                             alive=server.alive(request), max_seconds=server.max_seconds,
                             admit=server.admit(request)).to_json()
         except Exception as error:  # noqa: BLE001
-            raise gr.Error(one_line(error), print_exception=False) from None
+            raise gr.Error(refused(error, "race"), print_exception=False) from None
 
     kw = dict(concurrency_id="compute", concurrency_limit=concurrency_limit)
     gr.api(generate, api_name="generate", **kw)

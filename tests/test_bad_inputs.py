@@ -113,3 +113,74 @@ def test_request_values_refuse_wrong_types_in_one_line(field, value, message):
 
     with pytest.raises(UserError, match=message):
         RequestValues(prompt="def f(x):", **{field: value}).settings()
+
+
+# --- the page's events over raw HTTP --------------------------------------------------------------------
+STEP_VALUES = ["", "w1 w2 w3", "packed", 4, 0, 0, 1, 0, 4, False, "", "model", 0.8, "ltr", False]
+FIELDS = {"block": 3, "temperature": 4, "seed": 7, "max_new": 8, "quality": 12}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir):
+    import app
+    from helpers import serve
+
+    yield from serve(app.build_demo(str(tiny_model_dir)))
+
+
+def _call(url: str, endpoint: str, data: list) -> tuple[int, str]:
+    from test_public_server import raw_call
+
+    return raw_call(url, endpoint, {"data": data})
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("block", "abc", "block size must be a whole number, got 'abc'"),
+    ("block", None, "block size must be a whole number, got None"),
+    ("max_new", "abc", "new-token limit must be a whole number, got 'abc'"),
+    ("temperature", "NaN", "temperature must be a finite number"),
+    ("seed", "x", "seed must be a whole number, got 'x'"),
+    ("quality", "q", "drafter quality must be a number, got 'q'"),
+    ("max_new", True, "new-token limit must be a whole number, got True"),
+])
+def test_a_raw_step_with_a_wrong_type_gets_one_line_and_the_log_one_line(server, capfd, field, value, message):
+    from test_public_server import stream_result
+
+    values = list(STEP_VALUES)
+    values[FIELDS[field]] = value
+    capfd.readouterr()
+    code, text = _call(server, "step", values)
+    kind, data = stream_result(text)
+    import html
+
+    assert code == 200 and kind == "complete" and message in html.unescape(data[-1]), text[:400]
+    log = capfd.readouterr().err
+    assert f"refused /step: " in log and message in log and "Traceback" not in log
+    code, text = _call(server, "step", STEP_VALUES)  # the session still steps
+    assert stream_result(text)[0] == "complete"
+
+
+def test_a_raw_replay_with_a_speed_that_is_no_number_ends_quietly(server):
+    from test_public_server import stream_result
+
+    code, text = _call(server, "replay", ["x"])
+    assert code == 200 and stream_result(text)[0] == "complete", text[:300]
+
+
+@pytest.mark.parametrize("data", [[999], ["x"]])
+def test_load_example_is_no_api_endpoint(server, data):
+    import json
+
+    code, text = _call(server, "load_example", data)
+    assert code == 404 and "no such endpoint" in json.loads(text)["error"]
+
+
+def test_a_refused_api_request_logs_one_line(server, capfd):
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    capfd.readouterr()
+    with pytest.raises(AppError, match="temperature must be a number, got True"):
+        Client(server, verbose=False).predict("w1", temperature=True, api_name="/generate")
+    log = capfd.readouterr().err
+    assert "refused /generate: temperature must be a number, got True" in log and "Traceback" not in log
