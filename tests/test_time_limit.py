@@ -186,3 +186,31 @@ def test_the_race_panel_draws_lanes_the_limit_left_empty_or_partial():
     assert "Linear-SS" in lanes_html(lanes, float("inf"), strings, True)
     assert len(race_figures(lanes)) == 3 and "Packed-SS" in summary_html(lanes)
     assert badge_html(lanes, True)
+
+
+def test_an_in_app_benchmark_stops_at_the_time_limit_in_one_line(tmp_path):
+    import gradio as gr
+
+    from serve.uploads import SessionFiles
+    from tabs.benchmark import BenchmarkHandlers
+
+    class Visitor:
+        session_hash = "a"
+
+    base = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0, eos=False)
+    base.model.call_cost_fit = CallCost(tau_ms=0.2, delta_ms=0.001)
+    sleepy = SleepyModel(base.model, base.tokenizer, base.mask_token_id, None)
+    uploads = tmp_path / "uploads"
+    (uploads / "h").mkdir(parents=True)
+    (uploads / "h" / "p.jsonl").write_text('{"prompt": "w1 w2"}\n{"prompt": "w3 w4"}\n')
+    files = SessionFiles(root=tmp_path / "sessions", uploads=uploads)
+    from contextlib import nullcontext
+
+    handlers = BenchmarkHandlers(lambda name: sleepy, ["sleepy"], tmp_path, nullcontext, None, max_seconds=0.5,
+                                 files=files)
+    handlers.on_file("prompts")(str(uploads / "h" / "p.jsonl"), Visitor())
+    start = time.monotonic()
+    with pytest.raises(gr.Error, match=r"stopped at this server.s time limit of 0.5 s after \d+ of 4 runs"):
+        handlers.run("", "uploaded JSONL file", 2, ["ar", "packed"], "4", 30, 0.0, 1, 0, "ltr", Visitor(),
+                     progress=lambda *args, **kwargs: None)
+    assert time.monotonic() - start < 0.5 + MARGIN_S  # 4 runs of 30 sleeping calls each would take 6 s
