@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -254,6 +255,8 @@ async def forward(app, scope, body: bytes, receive, send) -> None:
 
 
 async def reply(send, status: int, content: dict) -> None:
+    """Answer a refused request with ``status`` and ``content`` (JSON), and print its one line to the server log."""
+    print(f"refused ({status}): {content.get('error')}", file=sys.stderr, flush=True)
     data = json.dumps(content).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})

@@ -198,7 +198,7 @@ def test_a_raw_benchmark_run_with_a_wrong_value_gets_one_line(server, capfd, cha
     assert "refused /benchmark_run: " in log and "Traceback" not in log
 
 
-def test_a_queued_event_sent_a_file_object_it_does_not_take_is_refused_in_one_line(server):
+def test_a_queued_event_sent_a_file_object_it_does_not_take_is_refused_in_one_line(server, capfd):
     """gradio_client and the page send an event's values to /gradio_api/queue/join; Gradio checked a file object's
     path before any handler and answered {"error": null} with a traceback in the log."""
     import urllib.request
@@ -213,6 +213,8 @@ def test_a_queued_event_sent_a_file_object_it_does_not_take_is_refused_in_one_li
     answer = conn.getresponse()
     text = answer.read().decode()
     assert answer.status == 422 and json.loads(text)["error"].startswith(f"event {show} takes no files"), text
+    log = capfd.readouterr().err
+    assert f"refused (422): event {show} takes no files" in log and "Traceback" not in log
 
 
 def test_only_private_page_events_take_files(server):
