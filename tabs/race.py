@@ -67,7 +67,7 @@ class RaceHandlers:
         us = server.session(request)
         try:
             settings = server.settings(values)
-            result = run_race(server.tasks, settings, extra=parse_lanes(list(optional or ())), log=server.log,
+            result = run_race(server.tasks, settings, extra=parse_lanes(optional), log=server.log,
                               max_rows=server.max_rows, alive=server.alive(request),
                               best=best_sizes_for(server, sizes), max_seconds=server.max_seconds,
                               admit=server.admit(request))

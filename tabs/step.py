@@ -15,7 +15,8 @@ from components.mask_plot import empty_figure
 from components.step_view import step_view
 from components.style import error_html, model_note_html, note_html
 from components.token_grid import empty_grid_html, grid_legend_html
-from serve.errors import refused
+from packed_ss.inputs import shown
+from serve.errors import UserError, refused
 from serve.notes import model_note
 from serve.server import Server
 from serve.sessions import UserSession
@@ -105,7 +106,11 @@ class StepHandlers:
         return gr.Timer(value=play_interval(speed))
 
     def on_step_by(self, choice, request: gr.Request):
-        """Step one iteration or one call at a time (only Linear-SS has two calls per iteration)."""
+        """Step one iteration or one call at a time (only Linear-SS has two calls per iteration); the raw value
+        must be "iteration" or "call" (None: iteration)."""
+        if choice not in (None, "iteration", "call"):
+            error = UserError(f"step by must be 'iteration' or 'call', got {shown(choice)}")
+            raise gr.Error(refused(error, "step_by"), print_exception=False)
         self.server.session(request).by_call = choice == "call"
 
     def on_back(self, request: gr.Request):
@@ -169,7 +174,7 @@ def build_step_tab(server: Server, panel: SettingsPanel, concurrency_limit: int)
     play_btn.click(handlers.on_play, [speed], [timer, play_btn], api_visibility="private", queue=False)
     speed.release(handlers.on_speed, [speed], [timer], api_visibility="private", queue=False)
     step_by.change(handlers.on_step_by, [step_by], None, api_name="step_by", api_visibility="undocumented",
-                   queue=False)
+                   queue=False, preprocess=False)
     back_btn.click(handlers.on_back, None, outputs, api_name="back", api_visibility="undocumented", **kw)
     reset_btn.click(handlers.on_reset, None, outputs + [timer, play_btn], api_name="reset",
                     api_visibility="undocumented", **kw)

@@ -184,3 +184,32 @@ def test_a_refused_api_request_logs_one_line(server, capfd):
         Client(server, verbose=False).predict("w1", temperature=True, api_name="/generate")
     log = capfd.readouterr().err
     assert "refused /generate: temperature must be a number, got True" in log and "Traceback" not in log
+
+
+@pytest.mark.parametrize("value", [5, "x", {"a": 1}, [1, 2], True])
+def test_a_raw_step_by_with_another_value_gets_one_line(server, capfd, value):
+    from test_public_server import stream_result
+
+    capfd.readouterr()
+    code, text = _call(server, "step_by", [value])
+    kind, answer = stream_result(text)
+    assert kind == "error" and answer["error"].startswith("step by must be 'iteration' or 'call', got"), text[:300]
+    log = capfd.readouterr().err
+    assert "refused /step_by: step by must be" in log and "Traceback" not in log
+
+
+@pytest.mark.parametrize("index, value, message", [
+    (15, 5, "lanes must be text such as 'ar,diffusion', got int 5"),
+    (15, ["nope"], "optional race lanes are"),
+    (16, 7, "block_sizes must be text, got int 7"),
+])
+def test_a_raw_page_race_with_a_wrong_lane_or_size_choice_gets_one_line(server, index, value, message):
+    import html
+
+    from test_public_server import stream_result
+
+    values = list(STEP_VALUES) + [["lookup"], "same"]
+    values[index] = value
+    code, text = _call(server, "ui_race", values)
+    kind, data = stream_result(text)
+    assert kind == "complete" and message in html.unescape(data[0]), text[:300]
