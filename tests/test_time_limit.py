@@ -214,3 +214,27 @@ def test_an_in_app_benchmark_stops_at_the_time_limit_in_one_line(tmp_path):
         handlers.run("", "uploaded JSONL file", 2, ["ar", "packed"], "4", 30, 0.0, 1, 0, "ltr", Visitor(),
                      progress=lambda *args, **kwargs: None)
     assert time.monotonic() - start < 0.5 + MARGIN_S  # 4 runs of 30 sleeping calls each would take 6 s
+
+
+def test_an_eager_step_through_run_keeps_what_it_computed_within_the_limit():
+    """ZeroGPU computes a step-through run whole in its first Step: that request is cut off at the limit too, and
+    the run ends there, saying why."""
+    from serve.gpu import GpuTasks
+    from serve.limits import TIME_LIMIT
+    from serve.models import ModelStore
+    from serve.settings import make_settings
+    from serve.step import StepRun
+
+    base = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0, eos=False)
+    base.model.call_cost_fit = CallCost(tau_ms=0.2, delta_ms=0.001)
+    sleepy = SleepyModel(base.model, base.tokenizer, base.mask_token_id, None)
+    tasks = GpuTasks(ModelStore(preloaded={"sleepy": sleepy}))
+    settings = make_settings("sleepy", PROMPT, "ar", 2, 0, 0, 1, 0, 300)
+    run = StepRun(settings, sleepy, tasks=tasks, eager=True, max_seconds=0.5)
+    start = time.monotonic()
+    assert run.step()
+    assert time.monotonic() - start < 0.5 + MARGIN_S  # 301 sleeping calls would take 15 s
+    assert run.finished and 1 <= run.done < 301 and run.records[-1].stop_reason == TIME_LIMIT
+    while run.step():  # the computed iterations can still be walked through
+        pass
+    assert run.at_end and run.position == run.done
