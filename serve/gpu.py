@@ -64,16 +64,17 @@ class GpuTasks:
         self.paths = gpu_task(self._paths)
 
     def _adapter(self, model_ref: tuple, prompt_ids: Sequence[int], config: DecodeConfig,
-                 reference: Sequence[int] | None = None):
+                 reference: Sequence[int] | None = None, isolate=None):
         """A run's own adapter: the model's, or a scripted drafter over it (``model_ref[2]`` = its quality;
-        ``reference``: the AR output it follows, when already computed)."""
+        ``reference``: the AR output it follows, when already computed, else computed through ``isolate``: at the
+        gate, within the request's time limit)."""
         model = self.store.get(*model_ref[:2])
         quality = model_ref[2] if len(model_ref) > 2 else None
         if quality is None:
             return model.share()
         if reference is not None:
             return ScriptedDrafter(model.share(), reference, quality, config.seed)
-        return scripted_drafter(model, prompt_ids, config, quality, config.seed)
+        return scripted_drafter(model, prompt_ids, config, quality, config.seed, isolate)
 
     def _isolate(self, priority: float, alive: Callable[[], bool] | None = None, owner: object = None,
                  deadline: float | None = None):
@@ -85,8 +86,9 @@ class GpuTasks:
                  schedule: str, priority: float = 0.0, limit_s: float | None = None) -> list[IterationRecord]:
         """Every iteration record of one run (an eager step-through run), those computed within ``limit_s``
         seconds (None: all)."""
-        return list(gated(decode(self._adapter(model_ref, prompt_ids, config), list(prompt_ids), config, schedule),
-                          self.gate, priority, deadline=deadline_after(limit_s)))
+        isolate = self._isolate(priority, deadline=deadline_after(limit_s))
+        adapter = self._adapter(model_ref, prompt_ids, config, isolate=isolate)
+        return list(isolate(decode(adapter, list(prompt_ids), config, schedule)))
 
     def _race(self, model_ref: tuple, prompt_ids: Sequence[int], config: DecodeConfig,
               schedules: Sequence[str], priority: float = 0.0, alive: Callable[[], bool] | None = None,
@@ -109,7 +111,7 @@ class GpuTasks:
             warm_up(model.share(), prompt_ids, [("ar", DecodeConfig(block_size=config.block_size, max_new_tokens=2))],
                     isolate)
             # A scripted drafter follows AR's output: computed once for every lane and repeat.
-            reference = getattr(self._adapter(model_ref, prompt_ids, config), "reference", None)
+            reference = getattr(self._adapter(model_ref, prompt_ids, config, isolate=isolate), "reference", None)
             runs: dict[str, list[RunRecord]] = {s: [] for s in schedules}
             for _, _, schedule in rotation(list(schedules), repeats):
                 own = replace(config, block_size=(block_sizes or {}).get(schedule, config.block_size))
@@ -124,8 +126,9 @@ class GpuTasks:
         """One full run, cut off after ``limit_s`` seconds from the clock (stop reason
         :data:`~serve.limits.TIME_LIMIT`; None: no limit). Raises: ClientGone between two iterations once
         ``alive()`` is False."""
-        return cut_off(timed_run(self._adapter(model_ref, prompt_ids, config), prompt_ids, config, schedule,
-                                 self._isolate(priority, alive, deadline=deadline_after(limit_s))))
+        isolate = self._isolate(priority, alive, deadline=deadline_after(limit_s))
+        return cut_off(timed_run(self._adapter(model_ref, prompt_ids, config, isolate=isolate), prompt_ids, config,
+                                 schedule, isolate))
 
     def _cost(self, model_ref: tuple) -> CallCost:
         """The model's fitted per-call cost (:func:`packed_ss.cost.call_cost`: measured once per model, cached

@@ -238,3 +238,27 @@ def test_an_eager_step_through_run_keeps_what_it_computed_within_the_limit():
     while run.step():  # the computed iterations can still be walked through
         pass
     assert run.at_end and run.position == run.done
+
+
+def test_a_scripted_drafters_reference_is_computed_within_the_limit_too():
+    """The scripted drafter follows AR's output, computed first: that run was neither at the gate turn by turn nor
+    bounded by the clock (a Step held the gate for all of it)."""
+    from serve.errors import UserError
+    from serve.gpu import GpuTasks
+    from serve.limits import ComputeGate
+    from serve.models import ModelStore
+    from serve.settings import make_settings
+    from serve.step import StepRun
+
+    base = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0, eos=False)
+    base.model.call_cost_fit = CallCost(tau_ms=0.2, delta_ms=0.001)
+    sleepy = SleepyModel(base.model, base.tokenizer, base.mask_token_id, None)
+    tasks = GpuTasks(ModelStore(preloaded={"sleepy": sleepy}), ComputeGate())
+    scripted = make_settings("sleepy", PROMPT, "packed", 4, 0, 0, 1, 0, 300, drafter="scripted", drafter_quality=0.5)
+    start = time.monotonic()
+    with pytest.raises(UserError, match="the scripted drafter's reference .* took past this server's time limit of "
+                                        "0.5 s"):
+        StepRun(scripted, sleepy, tasks=tasks, gate=tasks.gate, max_seconds=0.5)
+    run = tasks.generate(scripted.model_ref, sleepy.encode(PROMPT), scripted.config, "packed", 0.0, None, 0.5)
+    assert run.stop_reason == "time limit" and run.tokens == 0  # the reference used up the request's time
+    assert time.monotonic() - start < 2 * (0.5 + MARGIN_S)
