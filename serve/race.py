@@ -136,6 +136,7 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
                                         if lane in extra and (not any_order or lane in ORDER_REGISTRY)]
     left_out = tuple(REGISTRY[lane].title for lane in OPTIONAL_LANES if lane in extra and lane not in schedules)
     reference = ["ar"] if settings.scripted is not None else []  # a scripted drafter's AR reference run
+    begun = time.monotonic()  # the time limit counts from here: a best-B probe spends part of it
     sizes, source = best.choose(tasks, settings, ids, max_rows, max_seconds) if best is not None else (None, "")
     once = check_work(schedules + reference, len(ids), settings.config, max_rows, block_sizes=sizes,
                       any_order=any_order)
@@ -145,11 +146,12 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
         once_s = check_time(schedules + reference, len(ids), settings.config, tasks.cost(settings.model_ref),
                             max_seconds, block_sizes=sizes, any_order=any_order)
         repeats = max(1, min(repeats, int(max_seconds // max(once_s, 1e-9))))
+    left = None if max_seconds is None else max(0.0, max_seconds - (time.monotonic() - begun))
     start = time.perf_counter()
     try:
         with admit(once_s * repeats) if admit is not None else nullcontext():
             measured, interleaved = tasks.race(settings.model_ref, ids, settings.config, schedules,
-                                               float(once * repeats), alive, repeats, sizes, max_seconds)
+                                               float(once * repeats), alive, repeats, sizes, left)
     finally:
         release_memory()
     compute_s = time.perf_counter() - start

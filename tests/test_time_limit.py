@@ -262,3 +262,12 @@ def test_a_scripted_drafters_reference_is_computed_within_the_limit_too():
     run = tasks.generate(scripted.model_ref, sleepy.encode(PROMPT), scripted.config, "packed", 0.0, None, 0.5)
     assert run.stop_reason == "time limit" and run.tokens == 0  # the reference used up the request's time
     assert time.monotonic() - start < 2 * (0.5 + MARGIN_S)
+
+
+def test_a_races_best_b_probe_spends_the_races_time_limit_not_a_second_one(client):
+    """With "best" block sizes, a probe runs 12 short runs before the race: both together are cut off at the
+    limit (each had its own limit before, so the request could take twice as long)."""
+    start = time.monotonic()
+    result = client.predict(PROMPT, 2, max_new_tokens=60, model="sleepy", block_sizes="best", api_name="/race")
+    assert time.monotonic() - start < LIMIT_S + MARGIN_S
+    assert result["cut_off"] and "probe" in result["block_size_source"]
