@@ -17,7 +17,8 @@ import itertools
 import shutil
 import tempfile
 import threading
-from collections import OrderedDict
+import time
+from collections import OrderedDict, deque
 from pathlib import Path
 
 from serve.api_defaults import forward, reply
@@ -178,14 +179,23 @@ class SessionFiles:
         return self.uploads in path.parents
 
 
+RECENT_UPLOAD_BYTES = 256 * 2**20  # bytes all visitors may upload within RECENT_S (uploads nobody uses stay that long)
+RECENT_S = 900.0  # seconds an unused upload stays on disk (app.UNUSED_FILES_S)
+
+
 class BoundUploads:
     """ASGI middleware: an upload request (``POST /gradio_api/upload``) carrying more than ``max_files`` files, or
-    more bytes than that many files may have, is refused in one line (413) before Gradio stores any of them."""
+    more bytes than that many files may have, is refused in one line (413) before Gradio stores any of them; so is
+    any upload once ``recent_bytes`` have been uploaded within ``recent_s`` seconds (429: the disk holds unused
+    uploads that long, so this bounds what they can fill)."""
 
-    def __init__(self, app, max_files: int = FILES_PER_UPLOAD, max_file_bytes: int = MAX_UPLOAD_BYTES):
+    def __init__(self, app, max_files: int = FILES_PER_UPLOAD, max_file_bytes: int = MAX_UPLOAD_BYTES,
+                 recent_bytes: int = RECENT_UPLOAD_BYTES, recent_s: float = RECENT_S):
         self.app = app
         self.max_files = max_files
         self.max_bytes = max_files * max_file_bytes + 64 * 1024  # room for the parts' headers
+        self.recent_bytes, self.recent_s = recent_bytes, recent_s
+        self._recent: deque[tuple[float, int]] = deque()  # (monotonic time, bytes) of the recent uploads
 
     async def __call__(self, scope, receive, send):
         if scope.get("type") != "http" or scope.get("method") != "POST" or \
@@ -206,7 +216,21 @@ class BoundUploads:
         if parts > self.max_files:
             await reply(send, 413, {"error": f"an upload may carry at most {self.max_files} files, got {parts}"})
             return
+        if not self._room(len(body)):
+            await reply(send, 429, {"error": f"the server holds {self.recent_bytes // 2**20} MB of recent uploads: "
+                                             f"try again in a few minutes"})
+            return
         await forward(self.app, scope, body, receive, send)
+
+    def _room(self, size: int) -> bool:
+        """Whether ``size`` more bytes fit in the recent-upload budget (noting them when they do)."""
+        now = time.monotonic()
+        while self._recent and now - self._recent[0][0] > self.recent_s:
+            self._recent.popleft()
+        if sum(n for _, n in self._recent) + size > self.recent_bytes:
+            return False
+        self._recent.append((now, size))
+        return True
 
 
 def _boundary(scope) -> bytes | None:

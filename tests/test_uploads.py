@@ -292,3 +292,39 @@ def test_benchmark_outputs_are_their_sessions_only(handlers, folders, tmp_path):
     assert handlers.show("", a)[0] == "Showing the uploaded summary.json."
     files.forget("a")  # A's session ended: its upload, outputs and copies go
     assert not Path(summary).exists() and not Path(prompts).exists()
+
+
+def test_uploads_are_bounded_in_bytes_over_the_time_unused_ones_stay():
+    import asyncio
+
+    from serve.uploads import BoundUploads
+
+    passed = []
+
+    async def app(scope, receive, send):
+        passed.append((await receive())["body"])
+
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    def upload(middleware, size):
+        boundary = b"b0"
+        body = b"--b0\r\nContent-Disposition: form-data; name=\"files\"; filename=\"p\"\r\n\r\n" + b"x" * size + b"\r\n--b0--\r\n"
+        scope = {"type": "http", "method": "POST", "path": "/gradio_api/upload",
+                 "headers": [(b"content-type", b"multipart/form-data; boundary=" + boundary)]}
+
+        async def receive():
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        sent.clear()
+        asyncio.run(middleware(scope, receive, send))
+        return sent[0]["status"] if sent else 200
+
+    bounded = BoundUploads(app, recent_bytes=3000, recent_s=60.0)
+    assert upload(bounded, 1000) == 200 and upload(bounded, 1000) == 200
+    assert upload(bounded, 1000) == 429 and json.loads(sent[1]["body"])["error"].startswith("the server holds")
+    assert len(passed) == 2
+    bounded.recent_s = 0.0  # the earlier uploads have aged out
+    assert upload(bounded, 1000) == 200
