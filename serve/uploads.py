@@ -76,7 +76,7 @@ class SessionFiles:
         return self._uploads or upload_folder()
 
     def open(self, session: str, value) -> Path | None:
-        """The file ``value`` names for ``session``: its own earlier upload or output, or a new upload (moved into
+        """The file ``value`` names for ``session``: its own earlier upload or output, or a new upload (copied into
         the session's folder on first use). None when ``value`` names no file.
 
         Raises: UserError for a value that is no file, a file of another session, or one that is neither an upload
