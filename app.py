@@ -26,13 +26,15 @@ from serve.models import DEFAULT_MODEL
 from serve.options import allowed_models, app_parser, options_problem
 from serve.server import Server
 from serve.settings import NEW_TOKENS_CAP
+from serve.uploads import BoundUploads
 from tabs.benchmark import build_benchmark_tab
 from tabs.explain import build_explain_tab
 from tabs.race import build_race_tab
 from tabs.settings import build_settings, example_prompts
 from tabs.step import build_step_tab
 
-MAX_UPLOAD = "2mb"  # largest upload the server accepts
+MAX_UPLOAD = "2mb"  # largest upload the server accepts (serve.uploads.MAX_UPLOAD_BYTES)
+UNUSED_FILES_S = 900  # uploads nobody used (and served copies of outputs) are removed after this many seconds
 TITLE = "packed-ss: self-speculative decoding with diffusion drafting"
 INTRO = ("# Packed self-speculative decoding\nOne model drafts in diffusion mode and verifies in causal mode. Step "
          "through a schedule, look at its attention masks, and race Linear-SS, Quadratic-SS and Packed-SS on the "
@@ -42,16 +44,20 @@ INTRO = ("# Packed self-speculative decoding\nOne model drafts in diffusion mode
 def launch_kwargs(demo: gr.Blocks | None = None) -> dict:
     """Keyword arguments for ``demo.launch``: the page's CSS (Gradio 6 takes CSS at launch) and, for a demo
     built by :func:`build_demo`, the middleware that fills documented defaults into raw HTTP API calls."""
+    from starlette.middleware import Middleware
+
     kwargs: dict = {"css_paths": [str(ASSETS / "style.css")],
                     "max_file_size": MAX_UPLOAD}  # the Benchmark tab takes a small JSONL or summary.json
+    middleware = [Middleware(BoundUploads)]  # a few files per upload request
     endpoints = getattr(demo, "api_defaults", None)
     if endpoints:
-        from starlette.middleware import Middleware
-
         arity = {f.api_name: len(f.inputs) for f in demo.fns.values()
                  if f.api_name and getattr(f, "api_visibility", "public") != "private"}
-        kwargs["app_kwargs"] = {"middleware": [Middleware(FillApiDefaults, endpoints=endpoints, arity=arity,
-                                                          listeners=getattr(demo, "call_listeners", None))]}
+        takes_files = {key for index, f in demo.fns.items() if any(isinstance(c, gr.File) for c in f.inputs)
+                       for key in (index, f.api_name) if key is not None}  # the page's own upload events only
+        middleware.append(Middleware(FillApiDefaults, endpoints=endpoints, arity=arity,
+                                     listeners=getattr(demo, "call_listeners", None), takes_files=takes_files))
+    kwargs["app_kwargs"] = {"middleware": middleware}
     return kwargs
 
 
@@ -84,7 +90,9 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                     cap=new_tokens_cap, max_seconds=max_seconds, base_model=base_model, cache=cache,
                     compiled=compiled)
     on_cuda = torch.cuda.is_available() and not str(device or "").startswith("cpu")
-    with gr.Blocks(title=TITLE) as demo:
+    # delete_cache: Gradio removes files in its upload folder older than UNUSED_FILES_S (checked every minute), so an
+    # upload no session used does not stay on disk; a session's own files go when it ends (serve.uploads).
+    with gr.Blocks(title=TITLE, delete_cache=(60, UNUSED_FILES_S)) as demo:
         server.blocks = demo
         gr.Markdown(INTRO)
         panel = build_settings(server, example_prompts(), on_cuda)
@@ -95,7 +103,9 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
             with gr.Tab("Benchmark", id="benchmark"):
                 build_benchmark_tab(server.store.get, server.store.offered,
                                     turn=lambda: server.gate.turn(float(server.max_rows)), max_rows=server.max_rows,
-                                    alive_for=server.alive, max_seconds=server.max_seconds)
+                                    alive_for=server.alive, max_seconds=server.max_seconds,
+                                    session_files=server.files,
+                                    touch=server.session)
         # Raw HTTP calls that leave parameters out get these defaults (launch_kwargs adds the middleware).
         demo.api_defaults = add_api(server, compute_concurrency)
         demo.call_listeners = server.listeners  # the middleware notes who reads raw calls' results

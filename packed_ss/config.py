@@ -66,8 +66,8 @@ class DecodeConfig:
                              f"32 bits of a seed: a larger one would repeat a smaller one's run), got {shown(self.seed)}")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"the new-token limit must be an integer >= 1, got {shown(self.max_new_tokens)}")
-        if any(not s for s in self.stop_strings):
-            raise ValueError("stop strings must not be empty")
+        if isinstance(self.stop_strings, str) or not all(isinstance(s, str) and s for s in self.stop_strings):
+            raise ValueError(f"stop strings must be a tuple of non-empty texts, got {shown(self.stop_strings)}")
         if not isinstance(self.drafter_lora, bool):
             raise ValueError(f"drafter_lora must be true or false, got {shown(self.drafter_lora)}")
         if not isinstance(self.drafter_width, int) or not 1 <= self.drafter_width <= MAX_BLOCK_SIZE:

@@ -1,7 +1,9 @@
-"""Per-call cost of a model on this machine: tau + delta * rows milliseconds (fitted from a few timed calls).
+"""Per-call cost of a model on this machine: tau + delta * rows + mu * keys + kappa * rows * keys milliseconds
+(fitted from a few timed calls; keys = the tokens a call's rows attend to: its cached prefix and its own rows).
 
 Schedules that size their calls from the cost (the partial-branch schedule picks how many branches a call
-prepares) read :func:`call_cost`; it is measured once per model object and cached on it.
+prepares) read :func:`call_cost`; it is measured once per model object and cached on it. A server predicts a
+request's time from it (:func:`serve.limits.worst_case_seconds`).
 """
 
 from __future__ import annotations
@@ -11,57 +13,106 @@ from dataclasses import dataclass
 
 import numpy as np
 
-PROBE_ROWS = (1, 8, 24, 48)  # rows of the timed calls
+PROBE_ROWS = (1, 8, 24, 48)  # rows of the timed calls after the short prefix (the compiled path's shapes too)
 PROBE_PREFIX = 64  # cached tokens the timed calls attend to
+KEY_PROBE_ROWS = (1, 48, 192)  # rows of the eager calls that measure the cost of keys ...
+KEY_PROBE_PREFIXES = (64, 1024)  # ... after these prefixes (the longer one capped by the model's positions)
 PROBE_REPEATS = 5  # calls per row count (the median is kept)
 
 
 @dataclass(frozen=True)
 class CallCost:
-    """Fitted cost of one call: ``tau_ms + delta_ms * rows`` milliseconds."""
+    """Fitted cost of one call: ``tau_ms + delta_ms * rows + mu_ms * keys + kappa_ms * rows * keys`` milliseconds.
+
+    ``mu_ms``: milliseconds per attended key whatever the rows (reading the cache); ``kappa_ms``: per row and key
+    (attention of every row over a long prompt, or of a call of many rows over itself). Both 0 where the fit found
+    no growth with the keys (and for fits made before they were measured).
+    """
 
     tau_ms: float
     delta_ms: float
+    kappa_ms: float = 0.0
+    mu_ms: float = 0.0
 
-    def ms(self, rows: int) -> float:
-        return self.tau_ms + self.delta_ms * rows
+    def ms(self, rows: int, keys: int = 0) -> float:
+        """Milliseconds of a call of ``rows`` rows attending to ``keys`` keys each (0: the keys left out)."""
+        return self.tau_ms + self.delta_ms * rows + self.mu_ms * keys + self.kappa_ms * rows * keys
 
 
 def call_cost(model) -> CallCost:
-    """The model's :class:`CallCost`: a least-squares line through the median model time of calls of
-    :data:`PROBE_ROWS` causal rows after a :data:`PROBE_PREFIX`-token prefix (about 20 calls), measured on
-    first use and cached on the network (``model.model``, so every :meth:`share` of it reuses the fit; on
-    ``model`` itself when it has none) as ``call_cost_fit`` (``call_cost_fit_compiled`` for compiled calls, whose
-    fit differs). Leaves the model's cache empty.
+    """The model's :class:`CallCost`, measured on first use and cached on the network (``model.model``, so every
+    :meth:`share` of it reuses the fit; on ``model`` itself when it has none) as ``call_cost_fit``
+    (``call_cost_fit_compiled`` for compiled calls, whose fit differs). Leaves the model's cache empty.
 
+    Eager calls: a least-squares fit through the median model time of calls of :data:`KEY_PROBE_ROWS` causal rows
+    after each of :data:`KEY_PROBE_PREFIXES` and of :data:`PROBE_ROWS` after :data:`PROBE_PREFIX` (about 50 calls).
+    Compiled calls: tau and delta from :data:`PROBE_ROWS` after :data:`PROBE_PREFIX` (the shapes a run meets), the
+    cost of keys from the eager fit (the same arithmetic; no further shapes compiled).
     A model without real timings (all model times 0, as scripted test models) gets tau = 1 ms, delta = 0.
     """
     holder = getattr(model, "model", None) or model
-    key = "call_cost_fit_compiled" if getattr(model, "compiled", False) else "call_cost_fit"  # one fit per path
+    compiled = getattr(model, "compiled", False)
+    key = "call_cost_fit_compiled" if compiled else "call_cost_fit"  # one fit per path
     found = getattr(holder, key, None)
     if found is not None:
         return found
+    points = _probe(model, PROBE_PREFIX, PROBE_ROWS)  # (rows, keys, median ms)
+    if compiled:
+        eager = call_cost(model.share(compiled=False))
+        fit = _fit(points, keys=False)
+        fit = CallCost(fit.tau_ms, fit.delta_ms, eager.kappa_ms, eager.mu_ms)
+    else:
+        longest = max(PROBE_PREFIX, getattr(model, "max_length", 10 ** 9) - max(KEY_PROBE_ROWS) - 1)
+        for prefix in sorted({min(p, longest) for p in KEY_PROBE_PREFIXES}):
+            points += _probe(model, prefix, KEY_PROBE_ROWS)
+        fit = _fit(points)
+    fit = fit if max(ms for _, _, ms in points) > 0 else CallCost(1.0, 0.0)
+    setattr(holder, key, fit)
+    return fit
+
+
+def _probe(model, prefix: int, row_counts) -> list[tuple[int, int, float]]:
+    """``(rows, keys, median model ms)`` of :data:`PROBE_REPEATS` calls of each of ``row_counts`` causal rows after a
+    ``prefix``-token cached prefix; keys are the prefix and the call's rows, or a static cache's whole capacity
+    (what its calls attend over). Leaves the model's cache empty."""
     from packed_ss.layout import prefill_layout, verify_layout
 
     never = set(getattr(model, "never_emit_ids", (model.mask_token_id,)))
     filler = next(t for t in range(1, model.vocab_size) if t not in never)
-    model.reset()
-    first = prefill_layout([filler] * PROBE_PREFIX, 0, model.mask_token_id)
+    model.reset(prefix + max(row_counts))  # a static cache sized for the longest call
+    first = prefill_layout([filler] * prefix, 0, model.mask_token_id)
     model.forward(first, first.verify_rows)
-    model.rollback(PROBE_PREFIX - 1)
-    medians = []
-    for rows in PROBE_ROWS:
-        layout = verify_layout([filler], [filler] * (rows - 1), PROBE_PREFIX - 1)
+    model.rollback(prefix - 1)
+    static = getattr(model, "static", None)  # a static cache's calls attend over its whole capacity
+    out = []
+    for rows in row_counts:
+        layout = verify_layout([filler], [filler] * (rows - 1), prefix - 1)
         times = []
         for _ in range(PROBE_REPEATS):
             times.append(model.forward(layout, layout.verify_rows).model_ms)
-            model.rollback(PROBE_PREFIX - 1)
-        medians.append(statistics.median(times))
+            model.rollback(prefix - 1)
+        out.append((rows, static.capacity if static else prefix + rows, statistics.median(times)))
     model.reset()
-    delta, tau = np.polyfit(np.array(PROBE_ROWS, dtype=float), np.array(medians), 1)
-    fit = CallCost(max(float(tau), 1e-3), max(float(delta), 0.0)) if max(medians) > 0 else CallCost(1.0, 0.0)
-    setattr(holder, key, fit)
-    return fit
+    return out
+
+
+def _fit(points: list[tuple[int, int, float]], keys: bool = True) -> CallCost:
+    """Least squares ``ms = tau + delta * rows (+ mu * keys + kappa * rows * keys)`` over ``(rows, keys, ms)``
+    points; a term whose coefficient comes out negative (noise) is dropped and the rest refitted. tau is at least
+    1e-3 ms."""
+    rows = np.array([r for r, _, _ in points], dtype=float)
+    seen = np.array([k for _, k, _ in points], dtype=float)
+    ms = np.array([m for _, _, m in points], dtype=float)
+    columns = {"delta_ms": rows, "mu_ms": seen, "kappa_ms": rows * seen} if keys else {"delta_ms": rows}
+    while True:
+        design = np.stack([np.ones_like(rows), *columns.values()], 1)
+        tau, *rest = np.linalg.lstsq(design, ms, rcond=None)[0]
+        found = dict(zip(columns, rest))
+        negative = [name for name, value in found.items() if value < 0]
+        if not negative:
+            break
+        del columns[min(negative, key=lambda name: found[name])]
+    return CallCost(max(float(tau), 1e-3), *(float(found.get(name, 0.0)) for name in ("delta_ms", "kappa_ms", "mu_ms")))
 
 
 @dataclass(frozen=True)

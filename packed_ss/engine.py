@@ -3,7 +3,7 @@ follows a run's AR output (``scripted_drafter``, for teaching)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 
 from packed_ss.any_order import OrderSession
@@ -27,11 +27,18 @@ def decode(model, prompt_ids: list[int], config: DecodeConfig, schedule: str = "
             model (``model.any_order``) ``"ar"``, ``"linear"``, ``"quadratic"``, ``"packed"`` or ``"diffusion"``
             with ``config.order`` (:mod:`packed_ss.any_order`).
     Raises:
-        ValueError: unknown schedule; PromptError: empty or too long prompt, or a token id outside the
-            vocabulary (raised on creation); TypeError: a config that is not a DecodeConfig, or a prompt
-            that is text or holds anything but integers.
+        ValueError: unknown schedule, or the confidence order on a left-to-right model; PromptError: empty or too
+            long prompt, or a token id outside the vocabulary (raised on creation); TypeError: a model that is
+            not a loaded model (None, a name), a config that is not a DecodeConfig, or a prompt that is text or
+            holds anything but integers.
     """
+    if not callable(getattr(model, "forward", None)) or not hasattr(model, "mask_token_id"):
+        raise TypeError(f"model must be a loaded model (DualModeModel.from_pretrained(name) gives one), got "
+                        f"{type(model).__name__} {model!r:.60}")
     prompt_ids = checked_inputs(prompt_ids, config, getattr(model, "vocab_size", None))
+    if config.order != "ltr" and not getattr(model, "any_order", False):
+        raise ValueError(f"order {config.order!r} needs an any-order model (assets/model-anyorder); a left-to-right "
+                         f"model verifies left to right: leave order at 'ltr'")
     runner = get_schedule(schedule, model)
     if getattr(model, "any_order", False):
         return runner.iterate(OrderSession(model, list(prompt_ids), config, runner.name))
@@ -61,13 +68,20 @@ def finish_run(model, records: Iterable[IterationRecord], config: DecodeConfig, 
     return replace(run, text=text)
 
 
-def scripted_drafter(model, prompt_ids: Sequence[int], config, quality: float, seed: int = 0) -> ScriptedDrafter:
+def scripted_drafter(model, prompt_ids: Sequence[int], config, quality: float, seed: int = 0,
+                     isolate: Callable[[Iterator[IterationRecord]], Iterable[IterationRecord]] | None = None
+                     ) -> ScriptedDrafter:
     """A :class:`ScriptedDrafter` over its own adapter of ``model`` for one run of ``config`` on
-    ``prompt_ids``: the reference is AR's greedy output, B tokens longer than the run's limit.
+    ``prompt_ids``: the reference is AR's greedy output, B tokens longer than the run's limit. ``isolate`` wraps
+    the reference run's iterations (a server computes each one at its gate, and may end the run early: the
+    reference is then shorter, and proposals past it are never right).
 
     Raises: ValueError for a quality outside [0, 1]; PromptError for an empty or too long prompt.
     """
     reference_config = replace(config, temperature=0.0, max_new_tokens=config.max_new_tokens + config.block_size,
                                drafter_lora=False)
-    reference = generate(model.share(), list(prompt_ids), reference_config, "ar").token_ids
+    adapter = model.share()
+    records = decode(adapter, list(prompt_ids), reference_config, "ar")
+    reference = finish_run(adapter, isolate(records) if isolate else records, reference_config, "ar",
+                           len(prompt_ids)).token_ids
     return ScriptedDrafter(model.share(), list(prompt_ids) + list(reference), quality, seed)

@@ -108,8 +108,11 @@ def model_fingerprint(name: str | Path) -> str:
     told apart): sha256 of config.json and every safetensors file, in full up to 256 MiB of weights,
     else of each file's size and header (tensor names, shapes, offsets), marked "headers". A hub id
     (no local folder) gives "" (its revision names its content)."""
-    folder = Path(name).expanduser()
-    if not (folder / "config.json").is_file():
+    try:
+        folder = Path(name).expanduser()
+        if not (folder / "config.json").is_file():
+            return ""
+    except (OSError, ValueError):  # no name a folder can have (too long, a NUL byte): a hub id, or refused later
         return ""
     files = [folder / "config.json", *sorted(folder.glob("*.safetensors"))]
     full = sum(f.stat().st_size for f in files) <= FULL_HASH_LIMIT

@@ -11,7 +11,8 @@ import gradio as gr
 
 from serve.api_defaults import signature_defaults
 from serve.block_sizes import BestBlockSizes
-from serve.errors import one_line
+from serve.errors import refused
+from serve.limits import TIME_LIMIT
 from serve.notes import model_note
 from serve.race import run_race
 from serve.runs import run_generate
@@ -25,6 +26,14 @@ def best_sizes_for(server: Server, choice) -> BestBlockSizes | None:
     return server.best_sizes if wants_best_sizes(choice) else None
 
 
+def time_limit_note(run, limit_s: float | None) -> dict:
+    """``cut_off`` (the time limit ended the run) and, when it did, a ``note`` saying the output is partial."""
+    if run.stop_reason != TIME_LIMIT:
+        return {"cut_off": False}
+    return {"cut_off": True, "note": f"cut off at this server's time limit of {limit_s:g} s: the output is what was "
+                                     f"decoded by then"}
+
+
 def add_api(server: Server, concurrency_limit: int) -> dict[str, list[tuple[str, object]]]:
     """Register ``/generate`` and ``/race`` (queue group "compute"); returns ``{endpoint: [(name, default)]}``."""
 
@@ -33,8 +42,9 @@ def add_api(server: Server, concurrency_limit: int) -> dict[str, list[tuple[str,
                  model: str = "", drafter_lora: bool = False, precision: str = "", drafter: str = "model",
                  drafter_quality: float = 0.8, order: str = "ltr", chat: bool = False,
                  request: gr.Request = None) -> dict:
-        """Decode ``prompt`` to the end with one schedule; returns the run's metrics (JSON) and ``model_note``
-        (what the model is: the embedded demo model's text is not meant to make sense). ``order``: an
+        """Decode ``prompt`` to the end with one schedule; returns the run's metrics (JSON), ``cut_off`` (the server's
+        time limit ended the run: ``stop_reason`` "time limit", the output partial, a ``note`` says so) and
+        ``model_note`` (what the model is: the embedded demo model's text is not meant to make sense). ``order``: an
         any-order model's verification order, "ltr" or "confidence" (paper Appendix C; empty = "ltr").
         ``chat``: send the prompt as one user message in the model's chat template (models that have one).
 
@@ -49,9 +59,10 @@ def add_api(server: Server, concurrency_limit: int) -> dict[str, list[tuple[str,
                                alive=server.alive(request), max_seconds=server.max_seconds,
                                admit=server.admit(request))
             model = server.store.get(*settings.model_ref[:2])
-            return {**run.metrics(), "model_note": model_note(server.store, settings.model, model)}
+            return {**run.metrics(), **time_limit_note(run, server.max_seconds),
+                    "model_note": model_note(server.store, settings.model, model)}
         except Exception as error:  # noqa: BLE001 - every failure is a one-line message, never a traceback
-            raise gr.Error(one_line(error), print_exception=False) from None
+            raise gr.Error(refused(error, "generate"), print_exception=False) from None
 
     def race(prompt: str, block_size: int = 8, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              seed: int = 0, max_new_tokens: int = 128, lanes: str = "", model: str = "",
@@ -62,8 +73,8 @@ def add_api(server: Server, concurrency_limit: int) -> dict[str, list[tuple[str,
 
         Each lane is measured up to three times in rotating order, each call alone. Returns per-lane
         metrics (those of the median run) with ``wall_s_repeats``, ``wall_s_median/min/max``,
-        ``identical_to_ar``, ``first_difference`` and ``divergence``; ``repeats``, ``verdict`` and
-        ``lossless_identical_to_ar`` overall. ``order``: an any-order model's verification order for the
+        ``identical_to_ar``, ``first_difference`` and ``divergence``; ``repeats``, ``verdict``, ``cut_off`` (lanes
+        the server's time limit stopped: partial, not ranked) and ``lossless_identical_to_ar`` overall. ``order``: an any-order model's verification order for the
         speculative lanes ("ltr" or "confidence"); such a model races AR, Linear, Quadratic and Packed only.
         ``chat``: send the prompt as one user message in the model's chat template (models that have one).
         """
@@ -76,7 +87,7 @@ def add_api(server: Server, concurrency_limit: int) -> dict[str, list[tuple[str,
                             alive=server.alive(request), max_seconds=server.max_seconds,
                             admit=server.admit(request)).to_json()
         except Exception as error:  # noqa: BLE001
-            raise gr.Error(one_line(error), print_exception=False) from None
+            raise gr.Error(refused(error, "race"), print_exception=False) from None
 
     kw = dict(concurrency_id="compute", concurrency_limit=concurrency_limit)
     gr.api(generate, api_name="generate", **kw)

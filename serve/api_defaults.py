@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -89,25 +90,51 @@ def nesting(value) -> int:
     return deepest
 
 
+def holds_file(value) -> bool:
+    """Whether a parsed JSON value holds a Gradio file object (``{"path": ..., "meta": {"_type": "gradio.FileData"}}``)
+    at any depth (without recursion)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            meta = item.get("meta")
+            if "path" in item and isinstance(meta, dict) and meta.get("_type") == "gradio.FileData":
+                return True
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+JOIN_PATH = "/gradio_api/queue/join"  # where gradio_client and the page send an event's values
+
+
 class FillApiDefaults:
     """ASGI middleware padding raw ``/gradio_api/call/<endpoint>`` requests (see the module docstring), and
-    answering in one line for an endpoint that does not exist (404), a body nested too deeply, or an
-    undocumented endpoint sent the wrong number of values (422).
+    answering in one line for an endpoint that does not exist (404), a body nested too deeply, an
+    undocumented endpoint sent the wrong number of values, or a file object sent to an event that takes no file
+    (422: Gradio would check its path before any handler and answer ``{"error": null}``).
 
     Args:
         app: the wrapped ASGI app. endpoints: ``{api_name: [(param, default), ...]}`` of the documented ones.
         arity: ``{api_name: number of inputs}`` of every callable endpoint (None: not checked).
+        takes_files: api names and event indexes (``fn_index``) whose inputs include a file widget (None: not
+            checked).
     """
 
     def __init__(self, app, endpoints: dict[str, list[tuple[str, object]]], arity: dict[str, int] | None = None,
-                 listeners: CallListeners | None = None):
+                 listeners: CallListeners | None = None, takes_files: set | None = None):
         self.app = app
         self.endpoints = endpoints
         self.arity = arity
         self.listeners = listeners
+        self.takes_files = takes_files
 
     async def __call__(self, scope, receive, send):
         path = scope.get("path", "") if scope.get("type") == "http" else ""
+        if scope.get("method") == "POST" and path.rstrip("/") == JOIN_PATH and self.takes_files is not None:
+            await self._check_join(scope, receive, send)
+            return
         endpoint = path[len(CALL_PREFIX):].strip("/") if path.startswith(CALL_PREFIX) else ""
         if scope.get("method") == "GET" and endpoint.count("/") == 1 and self.listeners is not None:
             self.listeners.read(endpoint.split("/")[1])  # somebody opened this call's result stream
@@ -117,7 +144,7 @@ class FillApiDefaults:
         if self.listeners is not None:
             send = self._noting_event_ids(send)
         if self.arity is not None and endpoint not in self.arity and endpoint not in self.endpoints:
-            await _reply(send, 404, {"error": f"/{endpoint}: no such endpoint; the documented ones are "
+            await reply(send, 404, {"error": f"/{endpoint}: no such endpoint; the documented ones are "
                                               f"{', '.join('/' + name for name in self.endpoints)}"})
             return
         body, more = b"", True
@@ -126,7 +153,7 @@ class FillApiDefaults:
             body += message.get("body", b"")
             more = message.get("more_body", False)
             if len(body) > MAX_BODY_BYTES:
-                await _reply(send, 413, {"error": f"/{endpoint}: request body over {MAX_BODY_BYTES:,} bytes"})
+                await reply(send, 413, {"error": f"/{endpoint}: request body over {MAX_BODY_BYTES:,} bytes"})
                 return
         too_deep = False
         try:
@@ -136,25 +163,48 @@ class FillApiDefaults:
         except RecursionError:  # nested deeper than Python's parser goes
             payload, too_deep = None, True
         if too_deep or (payload is not None and nesting(payload) > MAX_DEPTH):
-            await _reply(send, 422, {"error": f"/{endpoint}: the request body nests lists or objects more than "
+            await reply(send, 422, {"error": f"/{endpoint}: the request body nests lists or objects more than "
                                               f"{MAX_DEPTH} deep; the values are numbers, text and short lists"})
+            return
+        if self.takes_files is not None and endpoint not in self.takes_files and holds_file(payload):
+            await reply(send, 422, {"error": no_files(f"/{endpoint}")})
             return
         if endpoint not in self.endpoints:  # undocumented (a page event): every value, in order
             await self._check_arity(endpoint, payload, body, scope, receive, send)
             return
         if not isinstance(payload, dict) or "data" not in payload:
-            await _reply(send, 422, {"error": f"/{endpoint}: send a JSON object {{\"data\": [...]}} with the values in "
+            await reply(send, 422, {"error": f"/{endpoint}: send a JSON object {{\"data\": [...]}} with the values in "
                                               f"the order {', '.join(name for name, _ in self.endpoints[endpoint])}"})
             return
         try:
             payload["data"] = fill_defaults(payload["data"], self.endpoints[endpoint], endpoint)
         except ValueError as error:
-            await _reply(send, 422, {"error": str(error)})
+            await reply(send, 422, {"error": str(error)})
             return
         body = json.dumps(payload).encode()
         headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-length"]
         headers.append((b"content-length", str(len(body)).encode()))
-        await _forward(self.app, {**scope, "headers": headers}, body, receive, send)
+        await forward(self.app, {**scope, "headers": headers}, body, receive, send)
+
+    async def _check_join(self, scope, receive, send) -> None:
+        """Pass a queue join on unless it sends a file object to an event that takes no file (422)."""
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > MAX_BODY_BYTES:
+                await reply(send, 413, {"error": f"request body over {MAX_BODY_BYTES:,} bytes"})
+                return
+        try:
+            payload = json.loads(body)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            payload = None
+        if isinstance(payload, dict) and payload.get("fn_index") not in self.takes_files \
+                and holds_file(payload.get("data")):
+            await reply(send, 422, {"error": no_files(f"event {payload.get('fn_index')}")})
+            return
+        await forward(self.app, scope, body, receive, send)
 
     def _noting_event_ids(self, send):
         """``send`` that also notes the event id a POST's answer carries (``{"event_id": ...}``)."""
@@ -178,13 +228,19 @@ class FillApiDefaults:
         data = payload.get("data") if isinstance(payload, dict) else None
         if expected is not None and (not isinstance(data, list) or len(data) != expected):
             got = f"{len(data)} values" if isinstance(data, list) else "no list of values"
-            await _reply(send, 422, {"error": f"/{endpoint} takes {expected} values in 'data' (this endpoint has no "
+            await reply(send, 422, {"error": f"/{endpoint} takes {expected} values in 'data' (this endpoint has no "
                                               f"defaults), got {got}"})
             return
-        await _forward(self.app, scope, body, receive, send)
+        await forward(self.app, scope, body, receive, send)
 
 
-async def _forward(app, scope, body: bytes, receive, send) -> None:
+def no_files(where: str) -> str:
+    """The one line for a file object sent where no file is taken."""
+    return (f"{where} takes no files: a file reaches the app only through the page's own upload widgets (the "
+            f"values are numbers, text and short lists)")
+
+
+async def forward(app, scope, body: bytes, receive, send) -> None:
     """Hand the request on to ``app`` with ``body`` (already read from ``receive``) as its body."""
     sent = False
 
@@ -198,7 +254,9 @@ async def _forward(app, scope, body: bytes, receive, send) -> None:
     await app(scope, replay, send)
 
 
-async def _reply(send, status: int, content: dict) -> None:
+async def reply(send, status: int, content: dict) -> None:
+    """Answer a refused request with ``status`` and ``content`` (JSON), and print its one line to the server log."""
+    print(f"refused ({status}): {content.get('error')}", file=sys.stderr, flush=True)
     data = json.dumps(content).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})

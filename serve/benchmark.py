@@ -5,6 +5,7 @@ the full benchmark belongs on the command line (``python -m packed_ss.bench``)."
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import tempfile
 import time
@@ -37,34 +38,67 @@ def load_report(path: str | Path, root: str | Path = ROOT) -> tuple[str, dict]:
     Returns: ``(markdown, {name: plotly figure})``.
     Raises: BenchError for a path outside ``root``, a missing file, or a file that is not a summary.
     """
+    if not isinstance(path, (str, Path)):
+        raise BenchError(f"the report folder must be text, got {type(path).__name__}")
+    given = str(path).strip() or "."
     base = Path(root).resolve()
     try:
-        target = (base / Path(str(path).strip() or ".")).resolve()
-    except (OSError, ValueError) as error:  # e.g. an embedded NUL character
-        raise BenchError(f"not a usable path: {path!r} ({error})") from None
+        target = (base / Path(given)).resolve()
+    except (OSError, ValueError):  # e.g. an embedded NUL character
+        raise BenchError(f"not a usable path: {shown_path(given)}") from None
     if target != base and base not in target.parents:
-        raise BenchError(f"reports are read from inside {base} only")
+        raise BenchError(f"reports are read from inside the project folder only (e.g. {DEFAULT_REPORT}), got "
+                         f"{shown_path(given)}")
     try:
         if target.is_dir():
             target = target / "summary.json"
         found = target.is_file()
     except OSError as error:  # unreadable folder, name too long...
-        raise BenchError(f"cannot open {path!r}: {error}") from None
+        raise BenchError(f"cannot open {shown_path(given)}: {error.strerror or type(error).__name__}") from None
     if not found:
-        raise BenchError(f"no saved report at {path!r} (expected a folder with summary.json; "
+        raise BenchError(f"no saved report at {shown_path(given)} (expected a folder with summary.json; "
                          "write one with python -m packed_ss.bench --out FOLDER)")
-    return read_summary_file(target)
+    return read_summary_file(target, given if target.name == Path(given).name else f"{given}/summary.json")
 
 
-def read_summary_file(target: str | Path) -> tuple[str, dict]:
-    """``(markdown, figures)`` of a ``summary.json`` file. Raises: BenchError if it is not one."""
+def shown_path(given: str, limit: int = 80) -> str:
+    """A path as the visitor gave it, quoted and cut to ``limit`` characters, for a one-line message."""
+    return repr(given if len(given) <= limit else given[:limit] + "…")
+
+
+def read_summary_file(target: str | Path, name: str | None = None) -> tuple[str, dict]:
+    """``(markdown, figures)`` of a ``summary.json`` file; ``name``: how messages call it (default: its own file
+    name, never its folder). Raises: BenchError if it is not one."""
+    name = shown_path(name or Path(target).name)
     try:
         summary = json.loads(Path(target).read_text(encoding="utf-8"))
         return summary_markdown(summary), figures(summary)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise BenchError(f"cannot read {Path(target).name}: {error}") from None
-    except (KeyError, TypeError, IndexError, AttributeError) as error:
-        raise BenchError(f"{Path(target).name} is not a benchmark summary (missing {error})") from None
+    except OSError as error:
+        raise BenchError(f"cannot read {name}: {error.strerror or type(error).__name__}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        raise BenchError(f"cannot read {name}: it is not JSON text ({str(error).splitlines()[0][:120]})") from None
+    except (KeyError, TypeError, IndexError, AttributeError, ValueError) as error:
+        raise BenchError(f"{name} is not a benchmark summary (missing or wrong {error})") from None
+
+
+def whole(value, name: str) -> int:
+    """A whole number from a raw page or API value. Raises: BenchError naming ``name`` (true/false, text, NaN...)."""
+    number = real(value, name)
+    if number != int(number):
+        raise BenchError(f"prompts, samples, max new tokens and seed must be whole numbers; {name} got {value!r:.40}")
+    return int(number)
+
+
+def real(value, name: str) -> float:
+    """A finite number from a raw page or API value. Raises: BenchError naming ``name``."""
+    try:
+        number = None if isinstance(value, bool) else float(value)
+    except (TypeError, ValueError, OverflowError):
+        number = None
+    if number is None or not math.isfinite(number):
+        raise BenchError(f"prompts, samples, max new tokens, temperature and seed must be numbers; {name} got "
+                         f"{value!r:.40}")
+    return number
 
 
 def run_small_benchmark(load_model: Callable[[str], object], model_name: str, prompt_source: str,
@@ -91,12 +125,16 @@ def run_small_benchmark(load_model: Callable[[str], object], model_name: str, pr
     Returns: ``(markdown, {name: figure}, [report.html, examples.csv, summary.json, ...])``.
     Raises: BenchError with a one-line message for any user error or model loading failure.
     """
-    try:
-        limit, samples, max_new_tokens = int(limit), int(samples), int(max_new_tokens)
-        temperature, seed = float(temperature or 0.0), int(seed or 0)
-    except (TypeError, ValueError, OverflowError):
-        raise BenchError(f"prompts, samples, max new tokens, temperature and seed must be numbers; got "
-                         f"{limit!r}, {samples!r}, {max_new_tokens!r}, {temperature!r}, {seed!r}") from None
+    limit, samples, max_new_tokens = whole(limit, "prompts"), whole(samples, "samples"), whole(max_new_tokens,
+                                                                                            "max new tokens")
+    temperature, seed = real(temperature or 0.0, "temperature"), whole(seed or 0, "seed")
+    if temperature < 0:
+        raise BenchError(f"temperature must be >= 0 (0 = greedy), got {temperature:g}")
+    if not isinstance(schedules, (list, tuple)) or not all(isinstance(s, str) for s in schedules):
+        raise BenchError(f"schedules must be a list of schedule names, got {type(schedules).__name__}")
+    if block_size is not None and not isinstance(block_size, str):
+        raise BenchError(f"the block size must be text such as '8' or 'linear=8,quadratic=4', got "
+                         f"{type(block_size).__name__}")
     if not 1 <= limit <= MAX_PROMPTS:
         raise BenchError(f"the app runs 1 to {MAX_PROMPTS} prompts; use python -m packed_ss.bench for more")
     if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -14,7 +15,7 @@ from packed_ss.schedules import REGISTRY, SPECULATIVE
 
 from serve.errors import UserError
 from serve.gpu import GpuTasks
-from serve.limits import check_work, worst_case_seconds
+from serve.limits import check_work, deadline_after, worst_case_seconds
 from serve.settings import OPTIONAL_LANES, RunSettings
 
 
@@ -82,8 +83,10 @@ class BestBlockSizes:
                                 f"server allows {max_seconds:g} s per request: use the same B for every lane, or a "
                                 f"shorter prompt")
         speed: dict[str, dict[int, float]] = {s: {} for s in SPECULATIVE}
+        deadline = deadline_after(max_seconds)  # the probe is cut off at the request's time limit too
         for s, b in runs:
-            run = tasks.generate(settings.model_ref, prompt_ids, replace(base, block_size=b), s, float(work))
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            run = tasks.generate(settings.model_ref, prompt_ids, replace(base, block_size=b), s, float(work), None, left)
             speed[s][b] = run.throughput
         best = {s: max(speed[s], key=speed[s].get) for s in SPECULATIVE}
         tried = ", ".join(map(str, PROBE_BLOCK_SIZES))

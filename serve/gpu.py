@@ -16,7 +16,7 @@ from packed_ss.models.scripted import ScriptedDrafter
 from packed_ss.records import IterationRecord, RunRecord
 from packed_ss.schedules import SPECULATIVE
 
-from serve.limits import ComputeGate, gated
+from serve.limits import TIME_LIMIT, ComputeGate, cut_off, deadline_after, gated
 from serve.models import ModelStore
 
 
@@ -64,60 +64,71 @@ class GpuTasks:
         self.paths = gpu_task(self._paths)
 
     def _adapter(self, model_ref: tuple, prompt_ids: Sequence[int], config: DecodeConfig,
-                 reference: Sequence[int] | None = None):
+                 reference: Sequence[int] | None = None, isolate=None):
         """A run's own adapter: the model's, or a scripted drafter over it (``model_ref[2]`` = its quality;
-        ``reference``: the AR output it follows, when already computed)."""
+        ``reference``: the AR output it follows, when already computed, else computed through ``isolate``: at the
+        gate, within the request's time limit)."""
         model = self.store.get(*model_ref[:2])
         quality = model_ref[2] if len(model_ref) > 2 else None
         if quality is None:
             return model.share()
         if reference is not None:
             return ScriptedDrafter(model.share(), reference, quality, config.seed)
-        return scripted_drafter(model, prompt_ids, config, quality, config.seed)
+        return scripted_drafter(model, prompt_ids, config, quality, config.seed, isolate)
 
-    def _isolate(self, priority: float, alive: Callable[[], bool] | None = None, owner: object = None):
+    def _isolate(self, priority: float, alive: Callable[[], bool] | None = None, owner: object = None,
+                 deadline: float | None = None):
         """A run's isolation for :func:`packed_ss.measure.timed_run`: each iteration computed alone at the gate
-        (wall time stays honest), stopped once ``alive()`` is False."""
-        return lambda records: gated(records, self.gate, priority, alive, owner)
+        (wall time stays honest), stopped once ``alive()`` is False, ended at ``deadline`` (monotonic seconds)."""
+        return lambda records: gated(records, self.gate, priority, alive, owner, deadline)
 
     def _records(self, model_ref: tuple, prompt_ids: Sequence[int], config: DecodeConfig,
-                 schedule: str, priority: float = 0.0) -> list[IterationRecord]:
-        """Every iteration record of one run (an eager step-through run)."""
-        return list(gated(decode(self._adapter(model_ref, prompt_ids, config), list(prompt_ids), config, schedule),
-                          self.gate, priority))
+                 schedule: str, priority: float = 0.0, limit_s: float | None = None) -> list[IterationRecord]:
+        """Every iteration record of one run (an eager step-through run), those computed within ``limit_s``
+        seconds (None: all)."""
+        isolate = self._isolate(priority, deadline=deadline_after(limit_s))
+        adapter = self._adapter(model_ref, prompt_ids, config, isolate=isolate)
+        return list(isolate(decode(adapter, list(prompt_ids), config, schedule)))
 
     def _race(self, model_ref: tuple, prompt_ids: Sequence[int], config: DecodeConfig,
               schedules: Sequence[str], priority: float = 0.0, alive: Callable[[], bool] | None = None,
-              repeats: int = 1, block_sizes: dict[str, int] | None = None) -> tuple[list[list[RunRecord]], int]:
+              repeats: int = 1, block_sizes: dict[str, int] | None = None,
+              limit_s: float | None = None) -> tuple[list[list[RunRecord]], int]:
         """Each schedule to the end ``repeats`` times, one run after the other on its own adapter (each
         iteration measured alone at the gate); the order rotates by one lane per repeat so that no lane
         always runs first. ``block_sizes``: a schedule's own B where given. Returns the runs per schedule,
         in ``schedules`` order, and how many iterations of other requests ran between this race's ones.
 
         A two-token AR warm-up runs first so that the first lane does not pay one-off start-up costs.
+        ``limit_s``: the race's time limit from the clock (None: none); a run it cuts off, or one it leaves no
+        time for, ends with the stop reason :data:`~serve.limits.TIME_LIMIT` (:func:`kept_runs`).
         Raises: ClientGone between two iterations once ``alive()`` is False.
         """
         model = self.store.get(*model_ref[:2])
         owner = object()  # this race's turns at the gate
-        isolate = self._isolate(priority, alive, owner)
+        isolate = self._isolate(priority, alive, owner, deadline_after(limit_s))
         with self.gate.watch(owner) if self.gate is not None else nullcontext(lambda: 0) as others:
             warm_up(model.share(), prompt_ids, [("ar", DecodeConfig(block_size=config.block_size, max_new_tokens=2))],
                     isolate)
             # A scripted drafter follows AR's output: computed once for every lane and repeat.
-            reference = getattr(self._adapter(model_ref, prompt_ids, config), "reference", None)
+            reference = getattr(self._adapter(model_ref, prompt_ids, config, isolate=isolate), "reference", None)
             runs: dict[str, list[RunRecord]] = {s: [] for s in schedules}
             for _, _, schedule in rotation(list(schedules), repeats):
                 own = replace(config, block_size=(block_sizes or {}).get(schedule, config.block_size))
                 adapter = self._adapter(model_ref, prompt_ids, own, reference)
-                runs[schedule].append(timed_run(adapter, prompt_ids, own, schedule, isolate))
+                runs[schedule].append(cut_off(timed_run(adapter, prompt_ids, own, schedule, isolate)))
             interleaved = others()
-        return [runs[s] for s in schedules], interleaved
+        return [kept_runs(runs[s]) for s in schedules], interleaved
 
     def _generate(self, model_ref: tuple, prompt_ids: Sequence[int], config: DecodeConfig, schedule: str,
-                  priority: float = 0.0, alive: Callable[[], bool] | None = None) -> RunRecord:
-        """One full run. Raises: ClientGone between two iterations once ``alive()`` is False."""
-        return timed_run(self._adapter(model_ref, prompt_ids, config), prompt_ids, config, schedule,
-                         self._isolate(priority, alive))
+                  priority: float = 0.0, alive: Callable[[], bool] | None = None,
+                  limit_s: float | None = None) -> RunRecord:
+        """One full run, cut off after ``limit_s`` seconds from the clock (stop reason
+        :data:`~serve.limits.TIME_LIMIT`; None: no limit). Raises: ClientGone between two iterations once
+        ``alive()`` is False."""
+        isolate = self._isolate(priority, alive, deadline=deadline_after(limit_s))
+        return cut_off(timed_run(self._adapter(model_ref, prompt_ids, config, isolate=isolate), prompt_ids, config,
+                                 schedule, isolate))
 
     def _cost(self, model_ref: tuple) -> CallCost:
         """The model's fitted per-call cost (:func:`packed_ss.cost.call_cost`: measured once per model, cached
@@ -163,3 +174,9 @@ class GpuTasks:
                 records = gated(decode(model.share(), list(prompt_ids), config, schedule), self.gate, 0.0)
                 out.append((b, list(records)))
         return out
+
+
+def kept_runs(runs: Sequence[RunRecord]) -> list[RunRecord]:
+    """A race lane's runs to report: its complete ones, else (every one cut off at the time limit) its first."""
+    complete = [run for run in runs if run.stop_reason != TIME_LIMIT]
+    return complete or list(runs[:1])

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, replace
 from packed_ss.divergence import Divergence, first_difference
 from packed_ss.records import RunRecord
 
+from serve.limits import TIME_LIMIT
+
 
 @dataclass(frozen=True)
 class Lane:
@@ -51,8 +53,14 @@ class Lane:
 
     @property
     def identical(self) -> bool:
-        """Whether the output equals the reference token for token."""
+        """Whether the output equals the reference token for token (over the shorter of the two when either was
+        cut off at the time limit)."""
         return self.first_difference is None
+
+    @property
+    def cut_off(self) -> bool:
+        """Whether the request's time limit stopped this lane's run before its end (its output is partial)."""
+        return self.metrics.get("stop_reason") == TIME_LIMIT
 
     @property
     def wall_range(self) -> tuple[float, float, float]:
@@ -65,8 +73,10 @@ class Lane:
         return bisect.bisect_right(self.wall_ms, clock_ms)
 
 
-def lane_from_run(run: RunRecord, title: str, reference: Sequence[int] | None, shown: bool = True) -> Lane:
-    """Build a lane from a finished run; ``reference`` is the AR output to compare with (or None)."""
+def lane_from_run(run: RunRecord, title: str, reference: Sequence[int] | None, shown: bool = True,
+                  partial_reference: bool = False) -> Lane:
+    """Build a lane from a finished run; ``reference`` is the AR output to compare with (or None). When the run or
+    the reference (``partial_reference``) was cut off at the time limit, only their common length is compared."""
     wall, nfe, tokens = [], [], []
     w = n = k = 0
     for record in run.records:
@@ -79,20 +89,23 @@ def lane_from_run(run: RunRecord, title: str, reference: Sequence[int] | None, s
     differs: tuple[bool, ...] = ()
     first = None
     if reference is not None:
-        ref = list(reference)
+        ref, ids = list(reference), list(run.token_ids)
+        if partial_reference or run.stop_reason == TIME_LIMIT:
+            ref, ids = ref[:len(ids)], ids[:len(ref)]
         differs = tuple(i >= len(ref) or t != ref[i] for i, t in enumerate(run.token_ids))
-        first = first_difference(ref, run.token_ids)
+        first = first_difference(ref, ids)
     return Lane(schedule=run.schedule, title=title, token_ids=tuple(run.token_ids), sources=tuple(run.sources),
                 wall_ms=tuple(wall), nfe=tuple(nfe), tokens=tuple(tokens), metrics=run.metrics(), differs=differs,
                 first_difference=first, shown=shown,
                 max_rows_per_call=run.max_rows_per_call or 0)
 
 
-def lane_from_runs(runs: Sequence[RunRecord], title: str, reference: Sequence[int] | None) -> Lane:
+def lane_from_runs(runs: Sequence[RunRecord], title: str, reference: Sequence[int] | None,
+                   partial_reference: bool = False) -> Lane:
     """A lane from repeated runs of one schedule: it replays the run of median wall time and keeps every
     run's wall time (the outputs of repeats are identical: same settings, same seed)."""
     ordered = sorted(runs, key=lambda run: run.wall_s)
-    lane = lane_from_run(ordered[(len(ordered) - 1) // 2], title, reference)
+    lane = lane_from_run(ordered[(len(ordered) - 1) // 2], title, reference, partial_reference=partial_reference)
     return replace(lane, wall_s_repeats=tuple(run.wall_s for run in runs))
 
 
@@ -150,7 +163,18 @@ def paper_comparisons(lanes: Sequence[Lane]) -> str:
 def verdict_text(lanes: Sequence[Lane]) -> str:
     """Ranking by median wall time and the winner's speed against each other lane, "tie" where the
     min-max ranges of the repeats overlap (speed ratio = the other lane's median / the winner's); then why the
-    winner won (:func:`why_text`) and Packed-SS against the paper's baselines (:func:`paper_comparisons`)."""
+    winner won (:func:`why_text`) and Packed-SS against the paper's baselines (:func:`paper_comparisons`).
+    Lanes cut off at the time limit are not ranked (their runs are partial); the verdict names them first."""
+    cut = [lane.title for lane in lanes if lane.cut_off]
+    ranked = verdict_of([lane for lane in lanes if not lane.cut_off])
+    if not cut:
+        return ranked
+    return (f"Cut off at the server's time limit, so not ranked (partial output): {', '.join(cut)}."
+            + (f" {ranked}" if ranked else ""))
+
+
+def verdict_of(lanes: Sequence[Lane]) -> str:
+    """:func:`verdict_text` over complete lanes only."""
     timed = sorted(lanes, key=lambda lane: lane.wall_range[0])
     if len(timed) < 2:
         return ""

@@ -5,7 +5,9 @@
 * :class:`ComputeGate` lets one model iteration run at a time in the process and serves waiting work
   smallest first, so a 4-token request is answered between two iterations of a long race instead of
   after it; every iteration still runs alone, so measured times stay honest.
-* :func:`gated` drives a decoding generator one iteration per turn and stops it when the client left.
+* :func:`gated` drives a decoding generator one iteration per turn, stops it when the client left, and ends it at
+  the request's time limit from the clock (:func:`cut_off` marks such a run; the prediction of
+  :func:`worst_case_seconds` refuses most requests that would reach it before they start).
 * :func:`release_memory` hands freed heap pages back to the system after a large request.
 
 No decoding logic lives here; the row bounds come from the schedules (``Schedule.max_rows``).
@@ -18,12 +20,15 @@ import ctypes.util
 import heapq
 import itertools
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 
 from packed_ss.any_order import ORDER_REGISTRY
 from packed_ss.config import DecodeConfig
+from packed_ss.models.static import CAPACITY_STEP
+from packed_ss.records import RunRecord
 from packed_ss.schedules import REGISTRY
 
 from serve.errors import ClientGone, UserError
@@ -78,13 +83,24 @@ def worst_case_seconds(schedules: Sequence[str], prompt_len: int, config: Decode
                        block_sizes: Mapping[str, int] | None = None, any_order: bool = False) -> float:
     """Upper estimate of the decoder seconds of one run of each schedule in ``schedules``: every iteration
     advancing one token (at most 1 + L iterations, Linear-SS two calls each), each call costing the model's
-    fitted ``tau + delta * rows`` (:func:`packed_ss.cost.call_cost`) plus :data:`NON_MODEL_MS`, over the
-    rows of :func:`worst_case_rows`."""
+    fitted ``tau + delta * rows + mu * keys + kappa * rows * keys`` (:func:`packed_ss.cost.call_cost`) plus
+    :data:`NON_MODEL_MS`, over the rows of :func:`worst_case_rows` and the keys of :func:`worst_case_keys`."""
     seconds = 0.0
     for schedule, _, rows in worst_case_rows(schedules, prompt_len, config, block_sizes, any_order):
         calls = 1 + config.max_new_tokens * CALLS_PER_ITERATION.get(schedule, 1)
-        seconds += (calls * (cost.tau_ms + NON_MODEL_MS) + rows * cost.delta_ms) / 1000
+        keys = worst_case_keys(prompt_len, config.max_new_tokens, rows, calls)
+        key_ms = keys * cost.kappa_ms + calls * (keys / max(1, rows)) * cost.mu_ms  # mu: per key of each call
+        seconds += (calls * (cost.tau_ms + NON_MODEL_MS) + rows * cost.delta_ms + key_ms) / 1000
     return seconds
+
+
+def worst_case_keys(prompt_len: int, new_tokens: int, rows: int, calls: int) -> int:
+    """Upper bound on the (row, attended key) pairs of one run of ``rows`` rows in ``calls`` calls: every row attends
+    to at most the whole sequence (the prompt, ``new_tokens`` and the rows of one later call, those spread evenly over
+    the later calls), rounded up to a static cache's capacity (whose calls attend over all of it)."""
+    per_call = -(-max(0, rows - prompt_len) // max(1, calls - 1))
+    capacity = -(-(prompt_len + new_tokens + per_call) // CAPACITY_STEP) * CAPACITY_STEP
+    return rows * capacity
 
 
 def check_time(schedules: Sequence[str], prompt_len: int, config: DecodeConfig, cost, limit_s: float | None,
@@ -157,23 +173,37 @@ class ComputeGate:
             return len(self._waiting)
 
 
+TIME_LIMIT = "time limit"  # stop reason of a run the server cut off at its request's time limit
+
+
+def deadline_after(limit_s: float | None) -> float | None:
+    """The ``time.monotonic()`` reading ``limit_s`` seconds from now (None: no limit)."""
+    return None if limit_s is None else time.monotonic() + limit_s
+
+
 def gated(records: Iterator, gate: ComputeGate | None, priority: float,
-          alive: Callable[[], bool] | None = None, owner: object = None) -> Iterator:
-    """Yield the items of ``records``, computing each one while holding ``gate`` (turns tagged ``owner``).
+          alive: Callable[[], bool] | None = None, owner: object = None, deadline: float | None = None) -> Iterator:
+    """Yield the items of ``records``, computing each one while holding ``gate`` (turns tagged ``owner``); stop
+    (without error) once ``time.monotonic()`` has passed ``deadline``: the request's time limit, from the clock.
 
     Raises: ClientGone before an iteration when ``alive()`` is False (the client disconnected).
     """
     while True:
         if alive is not None and not alive():
             raise ClientGone("the client disconnected; the run was stopped")
-        if gate is None:
+        with gate.turn(priority, owner) if gate is not None else nullcontext():
+            if deadline is not None and time.monotonic() >= deadline:
+                return
             item = next(records, StopIteration)
-        else:
-            with gate.turn(priority, owner):
-                item = next(records, StopIteration)
         if item is StopIteration:
             return
         yield item
+
+
+def cut_off(run: RunRecord) -> RunRecord:
+    """``run`` with the stop reason :data:`TIME_LIMIT` when it stopped before the engine ended it (a run that ends
+    always has a stop reason: EOS, the limit or a stop string)."""
+    return run if run.stop_reason is not None else replace(run, stop_reason=TIME_LIMIT)
 
 
 def release_memory() -> None:

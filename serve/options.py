@@ -10,7 +10,8 @@ from pathlib import Path
 
 from packed_ss.cli import add_model_flags, resolve_compile
 from packed_ss.inputs import threads_problem
-from packed_ss.models import device_dtype_problem
+from packed_ss.models import ModelLoadError, device_dtype_problem
+from packed_ss.models.errors import local_folder
 
 from serve.limits import MAX_ROWS_PER_REQUEST, MAX_SECONDS_PER_REQUEST
 from serve.models import ANY_ORDER_MODEL, DEFAULT_MODEL
@@ -59,12 +60,14 @@ def allowed_models(args: argparse.Namespace) -> list[str]:
 
 
 def options_problem(args: argparse.Namespace, allowed: list[str]) -> str | None:
-    """A one-line message for options that cannot work (counts below 1, device or dtype, a model folder
-    without config.json), else None."""
+    """A one-line message for options that cannot work (counts below 1, a port outside 1-65535, device or dtype, a
+    model name no folder can have or a model folder without config.json), else None."""
     for flag, value in (("--cap", args.cap), ("--models-held", args.models_held), ("--max-rows", args.max_rows),
                         ("--queue-size", args.queue_size)):
         if value < 1:
             return f"{flag} must be at least 1, got {value}"
+    if args.port is not None and not 1 <= args.port <= 65535:
+        return f"--port must be a port number from 1 to 65535, got {args.port}"
     if not args.max_seconds > 0 or args.max_seconds == float("inf"):
         return f"--max-seconds must be a positive number of seconds, got {args.max_seconds}"
     if threads_problem(args.threads):
@@ -79,7 +82,8 @@ def options_problem(args: argparse.Namespace, allowed: list[str]) -> str | None:
     if args.compile and args.cache != "static":
         return "--compile (or PACKED_SS_COMPILE=1) needs the static cache: leave out --cache dynamic"
     for name in [args.model, *allowed]:
-        local = Path(name).expanduser()
-        if (name.startswith((".", "/", "~")) or local.exists()) and not (local / "config.json").is_file():
-            return f"model folder {name!r} does not exist or has no config.json"
+        try:
+            local_folder(name)
+        except ModelLoadError as error:
+            return str(error)
     return None

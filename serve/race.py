@@ -16,7 +16,7 @@ from packed_ss.schedules import LOSSLESS, REGISTRY, SPECULATIVE
 from serve.block_sizes import BestBlockSizes
 from serve.gpu import GpuTasks
 from serve.lanes import Lane, cost_ratio, lane_from_runs, verdict_text
-from serve.limits import MAX_ROWS_PER_REQUEST, check_time, check_work, release_memory
+from serve.limits import MAX_ROWS_PER_REQUEST, TIME_LIMIT, check_time, check_work, release_memory
 from serve.notes import model_note
 from serve.runs import schedule_for
 from serve.settings import OPTIONAL_LANES, RunSettings, parse_lanes
@@ -57,6 +57,11 @@ class RaceResult:
     left_out: tuple[str, ...] = ()
     model_note: str = ""
 
+    @property
+    def cut_off(self) -> tuple[str, ...]:
+        """Schedules of the lanes the time limit cut off (partial output, not ranked)."""
+        return tuple(lane.schedule for lane in self.lanes if lane.cut_off)
+
     def lane(self, schedule: str) -> Lane | None:
         return next((lane for lane in self.lanes if lane.schedule == schedule), None)
 
@@ -82,6 +87,7 @@ class RaceResult:
                          "temperature": c.temperature, "top_k": c.top_k, "top_p": c.top_p, "seed": c.seed,
                          "max_new_tokens": c.max_new_tokens, "model": self.settings.model, "order": c.order},
             "left_out": list(self.left_out),
+            "cut_off": list(self.cut_off),
             "greedy": self.greedy,
             "reference": "ar",
             "lossless_identical_to_ar": all(lane.identical for lane in lossless),
@@ -111,7 +117,9 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
     allow, at least once); each lane replays its median-time run and reports the min-max of the repeats.
     With ``best``, each speculative lane runs at its own fastest B (:class:`BestBlockSizes`), else all at the
     settings' B. ``admit(predicted seconds)``: a context manager held while the race computes
-    (:class:`serve.admission.Admission`; used with ``max_seconds``, which gives the prediction).
+    (:class:`serve.admission.Admission`; used with ``max_seconds``, which gives the prediction). ``max_seconds``
+    is also a hard limit from the clock: a lane still running then is cut off with its partial output and not
+    ranked (:attr:`RaceResult.cut_off`).
     Raises: UserError for bad extra lanes, work beyond ``max_rows`` or a predicted time beyond
     ``max_seconds`` for one measurement (checked before any run), or a race not admitted; ModelLoadError;
     PromptError for empty / too long prompts; ClientGone when ``alive()`` turns False.
@@ -128,6 +136,7 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
                                         if lane in extra and (not any_order or lane in ORDER_REGISTRY)]
     left_out = tuple(REGISTRY[lane].title for lane in OPTIONAL_LANES if lane in extra and lane not in schedules)
     reference = ["ar"] if settings.scripted is not None else []  # a scripted drafter's AR reference run
+    begun = time.monotonic()  # the time limit counts from here: a best-B probe spends part of it
     sizes, source = best.choose(tasks, settings, ids, max_rows, max_seconds) if best is not None else (None, "")
     once = check_work(schedules + reference, len(ids), settings.config, max_rows, block_sizes=sizes,
                       any_order=any_order)
@@ -137,11 +146,12 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
         once_s = check_time(schedules + reference, len(ids), settings.config, tasks.cost(settings.model_ref),
                             max_seconds, block_sizes=sizes, any_order=any_order)
         repeats = max(1, min(repeats, int(max_seconds // max(once_s, 1e-9))))
+    left = None if max_seconds is None else max(0.0, max_seconds - (time.monotonic() - begun))
     start = time.perf_counter()
     try:
         with admit(once_s * repeats) if admit is not None else nullcontext():
             measured, interleaved = tasks.race(settings.model_ref, ids, settings.config, schedules,
-                                               float(once * repeats), alive, repeats, sizes)
+                                               float(once * repeats), alive, repeats, sizes, left)
     finally:
         release_memory()
     compute_s = time.perf_counter() - start
@@ -149,15 +159,16 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
         for runs in measured:
             for run in runs:
                 log.add(run.records, run.block_size)
-    reference = measured[0][0].token_ids
+    reference, partial = measured[0][0].token_ids, measured[0][0].stop_reason == TIME_LIMIT
     scripted = "" if settings.scripted is None else f" · scripted\u00a0drafter\u00a0q={settings.scripted:g}"
     order = f" · {settings.config.order} order" if any_order else ""
     titles = {s: get_schedule(s, model).title + (order if s in SPECULATIVE else "") for s in schedules}
     lanes = tuple(lane_from_runs(runs, titles[runs[0].schedule] + (scripted if runs[0].schedule != "ar" else ""),
-                                 reference) for runs in measured)
+                                 reference, partial) for runs in measured)
     if settings.config.greedy and not any_order:  # a lossless lane that left AR: near-tie (low precision) or bug?
         lanes = tuple(replace(lane, divergence=tasks.divergence(settings.model_ref, ids, reference, lane.token_ids))
-                      if lane.schedule in LOSSLESS and not lane.identical else lane for lane in lanes)
+                      if lane.schedule in LOSSLESS and not lane.identical and not lane.cut_off else lane
+                      for lane in lanes)
     return RaceResult(settings=settings, lanes=lanes, greedy=settings.config.greedy, compute_s=compute_s,
                       prompt_tokens=len(ids), repeats=repeats, block_size_source=source, interleaved=interleaved,
                       left_out=left_out, model_note=model_note(tasks.store, settings.model, model))

@@ -46,7 +46,9 @@ def run_generate(tasks: GpuTasks, settings: RunSettings, log: TimingLog | None =
     """One full run of ``settings`` (the ``generate`` API).
 
     ``admit(predicted seconds)``: a context manager held while the run computes
-    (:class:`serve.admission.Admission`; used with ``max_seconds``, which gives the prediction).
+    (:class:`serve.admission.Admission`; used with ``max_seconds``, which gives the prediction). ``max_seconds``
+    is also a hard limit from the clock: a run still going then ends with what it decoded, its stop reason
+    :data:`~serve.limits.TIME_LIMIT`.
     Raises: UserError (work beyond ``max_rows``, a predicted time beyond ``max_seconds``, or not admitted),
     ModelLoadError, PromptError, ClientGone.
     """
@@ -63,7 +65,8 @@ def run_generate(tasks: GpuTasks, settings: RunSettings, log: TimingLog | None =
                              tasks.cost(settings.model_ref), max_seconds, any_order=getattr(model, "any_order", False))
     try:
         with admit(seconds) if admit is not None else nullcontext():
-            run = tasks.generate(settings.model_ref, ids, settings.config, settings.schedule, float(work), alive)
+            run = tasks.generate(settings.model_ref, ids, settings.config, settings.schedule, float(work), alive,
+                                 max_seconds)
     finally:
         release_memory()
     if log is not None:

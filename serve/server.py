@@ -17,6 +17,7 @@ from serve.models import DEFAULT_MODEL, ModelStore
 from serve.sessions import Sessions, UserSession
 from serve.settings import NEW_TOKENS_CAP, RequestValues, RunSettings
 from serve.timing import TimingLog
+from serve.uploads import SessionFiles
 
 
 class Server:
@@ -29,7 +30,7 @@ class Server:
         max_seconds: predicted worst-case decoder seconds one request may take (None: no limit).
         cap: largest new-token limit a request may ask for.
     Attributes:
-        store, gate, tasks, sessions, best_sizes, log, admission: the shared parts (one each).
+        store, gate, tasks, sessions, best_sizes, log, admission, files: the shared parts (one each).
         eager: ZeroGPU (the ``spaces`` package): a step-through run is computed in one GPU call.
         blocks: the ``gr.Blocks`` once built (:meth:`alive` reads its queue); None before.
     """
@@ -45,7 +46,8 @@ class Server:
                                 base_model=base_model, cache=cache, compiled=compiled)
         self.gate = ComputeGate()  # one model iteration at a time, least work first
         self.tasks = GpuTasks(self.store, self.gate)  # the GPU work of each request (spaces.GPU on ZeroGPU)
-        self.sessions = Sessions()
+        self.files = SessionFiles()  # each session's uploads and outputs, removed when it ends
+        self.sessions = Sessions(on_forget=self.files.forget)
         self.best_sizes = BestBlockSizes()  # each schedule's best B per model, found once (race option)
         self.log = TimingLog()
         self.admission = Admission()  # at most a few heavy requests at once, one per visitor

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from serve.limits import release_memory
@@ -40,12 +41,15 @@ class UserSession:
 
 class Sessions:
     """Per-user state keyed by Gradio's session hash: at most ``capacity`` sessions (least recently used
-    forgotten), at most ``max_runs`` of them holding a step-through run, none idle over ``idle_s`` seconds."""
+    forgotten), at most ``max_runs`` of them holding a step-through run, none idle over ``idle_s`` seconds.
+    ``on_forget(key)`` runs for every session forgotten (idle, surplus or closed): its files go with it."""
 
-    def __init__(self, capacity: int = MAX_SESSIONS, max_runs: int = MAX_RUNS, idle_s: float = IDLE_S):
+    def __init__(self, capacity: int = MAX_SESSIONS, max_runs: int = MAX_RUNS, idle_s: float = IDLE_S,
+                 on_forget: Callable[[str], None] | None = None):
         self.capacity = capacity
         self.max_runs = max_runs
         self.idle_s = idle_s
+        self.on_forget = on_forget
         self._data: OrderedDict[str, UserSession] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -59,12 +63,16 @@ class Sessions:
             idle = [k for k, s in self._data.items() if now - s.used > self.idle_s]
             for k in idle:
                 del self._data[k]
-            surplus = max(0, len(self._data) - self.capacity)
-            for _ in range(surplus):
-                self._data.popitem(last=False)
+            surplus = [self._data.popitem(last=False)[0] for _ in range(max(0, len(self._data) - self.capacity))]
+        self._forgotten(idle + surplus)
         if idle or surplus:
             release_memory()
         return session
+
+    def _forgotten(self, keys: list[str]) -> None:
+        if self.on_forget is not None:
+            for key in keys:
+                self.on_forget(key)
 
     def hold_run(self, session: UserSession, run: StepRun) -> None:
         """Give ``session`` its new step-through run; beyond ``max_runs`` runs, drop the runs of the least
@@ -87,6 +95,7 @@ class Sessions:
         """Forget a session (its tab was closed) and hand its memory back."""
         with self._lock:
             dropped = self._data.pop(key, None)
+        self._forgotten([key])  # even a session that never stepped may hold files
         if dropped is not None and dropped.step is not None:
             release_memory()
 

@@ -55,6 +55,8 @@ class RunSettings:
 
 
 def _whole(value, name: str, low: int | None = None, high: int | None = None) -> int:
+    if isinstance(value, bool):  # JSON true is no number of tokens (Python would read it as 1)
+        raise UserError(f"{name} must be a whole number, got {shown(value)}")
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -70,6 +72,8 @@ def _whole(value, name: str, low: int | None = None, high: int | None = None) ->
 
 
 def _real(value, name: str) -> float:
+    if isinstance(value, bool):  # JSON true is no temperature (Python would read it as 1.0)
+        raise UserError(f"{name} must be a number, got {shown(value)}")
     try:
         number = float(value)
     except (TypeError, ValueError):

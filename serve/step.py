@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import itertools
 import threading
-from contextlib import nullcontext
+import time
 from dataclasses import replace
 
 from packed_ss.engine import decode, scripted_drafter
 from packed_ss.records import IterationRecord, RunRecord, summarize
 
+from serve.errors import UserError
 from serve.gpu import GpuTasks
-from serve.limits import MAX_ROWS_PER_REQUEST, ComputeGate, check_time, check_work, gated
+from serve.limits import (MAX_ROWS_PER_REQUEST, TIME_LIMIT, ComputeGate, check_time, check_work,
+                          deadline_after, gated)
 from serve.runs import schedule_for
 from serve.settings import RunSettings
 from serve.timing import TimingLog
@@ -33,7 +35,8 @@ class StepRun:
             call: the drafting call, before its verification).
         finished: the engine stopped (EOS, limit or stop string). lock: held by a handler using the run.
     Raises: PromptError (a ValueError) on creation for an empty or too long prompt; UserError when the whole
-        run's worst case exceeds ``max_rows`` or (with ``tasks``) ``max_seconds``.
+        run's worst case exceeds ``max_rows`` or (with ``tasks``) ``max_seconds``, or when a scripted drafter's
+        reference (computed at creation, one iteration per gate turn) runs past ``max_seconds`` from the clock.
     """
 
     def __init__(self, settings: RunSettings, model, tasks: "GpuTasks | None" = None, eager: bool = False,
@@ -57,10 +60,14 @@ class StepRun:
         self.priority = float(runner.max_rows(1, replace(settings.config, max_new_tokens=2)))
         if settings.scripted is None or eager:
             self.adapter = model.share()  # this run's own KV cache
-        else:
-            with gate.turn(self.priority) if gate is not None else nullcontext():
-                self.adapter = scripted_drafter(model, self.prompt_ids, settings.config, settings.scripted,
-                                                settings.config.seed)
+        else:  # the drafter's AR reference: one iteration per turn at the gate, within this request's time limit
+            deadline = deadline_after(max_seconds)
+            self.adapter = scripted_drafter(model, self.prompt_ids, settings.config, settings.scripted,
+                                            settings.config.seed,
+                                            lambda records: gated(records, gate, self.priority, deadline=deadline))
+            if deadline is not None and time.monotonic() >= deadline:
+                raise UserError(f"the scripted drafter's reference (AR's output) took past this server's time limit "
+                                f"of {max_seconds:g} s: lower the new-token limit or the prompt length")
         self.records: list[IterationRecord] = []
         self.position = 0
         self.first_call_only = False
@@ -70,6 +77,7 @@ class StepRun:
         self.lock = threading.Lock()
         self._iterator = decode(self.adapter, self.prompt_ids, settings.config, settings.schedule)  # validates
         self._tasks = tasks if eager else None
+        self.max_seconds = max_seconds  # an eager run's time limit from the clock (its records so far are kept)
 
     @property
     def done(self) -> int:
@@ -95,7 +103,10 @@ class StepRun:
             return False
         if self._tasks is not None:
             s = self.settings
-            new = self._tasks.records(s.model_ref, self.prompt_ids, s.config, s.schedule, self.priority)
+            new = self._tasks.records(s.model_ref, self.prompt_ids, s.config, s.schedule, self.priority,
+                                      self.max_seconds)
+            if new and new[-1].stop_reason is None:  # the time limit ended the run: say so where it stops
+                new[-1] = replace(new[-1], stop_reason=TIME_LIMIT)
             self.finished = True
         else:
             new = list(itertools.islice(gated(self._iterator, self.gate, self.priority), 1))

@@ -4,14 +4,17 @@
 wires their events. The work is done by two plain functions of :mod:`serve.benchmark` that the UI only
 calls: :func:`~serve.benchmark.load_report` (a saved ``summary.json`` -> markdown and figures) and
 :func:`~serve.benchmark.run_small_benchmark` (measure, write the files to a fresh temporary folder, return
-markdown, figures and file paths). User errors become ``gr.Error`` with a one-line message.
+markdown, figures and file paths). User errors become ``gr.Error`` with a one-line message. Files come only from
+the session's own uploads and go to it only (:class:`serve.uploads.SessionFiles`).
 """
 
 from __future__ import annotations
 
+import shutil
+import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager as ContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import gradio as gr
@@ -22,6 +25,8 @@ from packed_ss.inputs import model_name as report_model_name
 
 from serve.benchmark import (DEFAULT_REPORT, HUMANEVAL, MAX_NEW_TOKENS, MAX_PROMPTS, ROOT, UPLOAD, load_report,
                              read_summary_file, run_small_benchmark)
+from serve.errors import refused
+from serve.uploads import SessionFiles
 
 FIGURES = ("ratios", "decomposition", "block_size")
 
@@ -73,7 +78,12 @@ def panel_figure(figure):
 
 @dataclass(frozen=True)
 class BenchmarkHandlers:
-    """The tab's two events: show a saved report, run a small benchmark (see :func:`build_benchmark_tab`)."""
+    """The tab's two events: show a saved report, run a small benchmark (see :func:`build_benchmark_tab`).
+
+    Both take their values raw (the events have ``preprocess=False``) and no file: a file reaches them only through
+    the session's own upload event (:meth:`on_file`, a page event no API client can call), kept in ``files`` (this
+    session's uploads and outputs, never deleted on read). Every refusal is one line for the visitor and one for
+    the server log."""
 
     load_model: Callable[[str], object]
     models: Sequence[str]
@@ -81,61 +91,100 @@ class BenchmarkHandlers:
     turn: Callable[[], ContextManager]
     max_rows: int | None
     alive_for: Callable | None = None  # request -> "is its client still there?" (None: not checked)
-    max_seconds: float | None = None  # predicted seconds one benchmark may take (None: no limit)
+    max_seconds: float | None = None  # predicted seconds one benchmark may take (None: no limit; also its time limit)
+    files: SessionFiles = field(default_factory=SessionFiles)  # each session's uploads and outputs
+    touch: Callable | None = None  # request -> its session (keeps it known, so its files go when it ends)
 
-    def show(self, path, upload):
+    def session(self, request) -> str:
+        """The session key of ``request`` (noted with ``touch``); "" without a request (a direct call)."""
+        if request is not None and self.touch is not None:
+            self.touch(request)
+        return getattr(request, "session_hash", None) or ""
+
+    def on_file(self, slot: str) -> Callable:
+        """The handler of a file widget's upload and clear events: the session's file for ``slot`` ("summary" or
+        "prompts") becomes the upload, moved into the session's own folder (:meth:`SessionFiles.choose`)."""
+
+        def chosen(upload, request: gr.Request = None):
+            try:
+                self.files.choose(self.session(request), slot, upload)
+            except Exception as error:  # noqa: BLE001 - one line, never a traceback
+                raise gr.Error(refused(error, f"benchmark_{slot}"), print_exception=False) from None
+
+        return chosen
+
+    def on_clear(self, slot: str) -> Callable:
+        """The handler of a file widget's clear event: the session keeps no file for ``slot``."""
+        chosen = self.on_file(slot)
+
+        def cleared(request: gr.Request = None):
+            chosen(None, request)
+
+        return cleared
+
+    def show(self, path, request: gr.Request = None):
         try:
-            markdown, figs = read_summary_file(upload) if upload else load_report(path, self.root)
-        except BenchError as error:
-            raise gr.Error(str(error)) from None
-        finally:
-            forget_upload(upload)
-        return (f"Showing {'the uploaded summary' if upload else path}.", markdown,
-                *(panel_figure(figs.get(name)) for name in FIGURES))
+            target = self.files.chosen(self.session(request), "summary")
+            markdown, figs = (read_summary_file(target) if target is not None
+                              else load_report(path if path is not None else "", self.root))
+        except Exception as error:  # noqa: BLE001 - one line, never a traceback
+            raise gr.Error(refused(error, "benchmark_show"), print_exception=False) from None
+        shown = f"the uploaded {target.name}" if target is not None else str(path)
+        return (f"Showing {shown}.", markdown, *(panel_figure(figs.get(name)) for name in FIGURES))
 
-    def run(self, model_name, source, upload, n, chosen, blocks, length, temp, k, seed_value, order_value="ltr",
+    def run(self, model_name, source, n, chosen, blocks, length, temp, k, seed_value, order_value="ltr",
             request: gr.Request = None, progress=gr.Progress()):
         alive = self.alive_for(request) if self.alive_for is not None and request is not None else None
+        deadline = None if self.max_seconds is None else time.monotonic() + self.max_seconds
 
         def step(done, total, label):
             if alive is not None and not alive():  # the visitor left: free the queue for the next one
                 raise BenchError("the visitor left: the benchmark was stopped")
+            if deadline is not None and time.monotonic() > deadline and done < total:
+                raise BenchError(f"stopped at this server's time limit of {self.max_seconds:g} s after {done} of "
+                                 f"{total} runs: use fewer prompts, schedules or new tokens")
             progress((done, total), desc=label, unit="runs")
 
         try:
+            session = self.session(request)
             if model_name is not None and not isinstance(model_name, str):
                 raise BenchError(f"the model must be text, got {type(model_name).__name__}")
             name = (model_name or "").strip() or self.models[0]  # the report names the model actually used
-            markdown, figs, paths = run_small_benchmark(self.load_model, name, source, upload, n, chosen, blocks,
+            prompt_file = self.files.chosen(session, "prompts") if source == UPLOAD else None
+            markdown, figs, paths = run_small_benchmark(self.load_model, name, source,
+                                                        str(prompt_file) if prompt_file else None, n, chosen, blocks,
                                                         length, temp, k, seed_value, step, turn=self.turn,
                                                         max_rows=self.max_rows, order=order_value or "ltr",
                                                         max_seconds=self.max_seconds)
-        except BenchError as error:
-            raise gr.Error(str(error)) from None
-        finally:
-            forget_upload(upload)
+            paths = self.outputs(session, paths)
+        except Exception as error:  # noqa: BLE001 - one line, never a traceback
+            raise gr.Error(refused(error, "benchmark_run"), print_exception=False) from None
         note = ("Measured in the app (timings shared with other users are noisy); files below. "
                 "Each run's token ids are hashed for the lossless check.")
-        warning = few_prompts_warning(int(n or 0))
+        warning = few_prompts_warning(int(float(n)))  # a valid count by now (run_small_benchmark checked it)
         if warning:
             note = f"⚠ {warning} " + note
         return (note, markdown, *(panel_figure(figs.get(name)) for name in FIGURES), paths)
 
+    def outputs(self, session: str, paths: Sequence[str]) -> list[str]:
+        """The run's files copied where the page serves them from (Gradio's cache), registered as ``session``'s
+        (another session naming them is refused; they go when the session ends); the run's own folder removed."""
+        from gradio.processing_utils import save_file_to_cache
 
-def forget_upload(path) -> None:
-    """Delete a visitor's uploaded file once it has been read, so nobody else can fetch it by its path."""
-    if path:
-        try:
-            Path(str(path)).unlink(missing_ok=True)
-        except OSError:
-            pass
+        served = [save_file_to_cache(path, str(self.files.uploads)) for path in paths]
+        for path in served:
+            self.files.add_output(session, path)
+        for folder in {Path(path).parent for path in paths}:
+            shutil.rmtree(folder, ignore_errors=True)
+        return served
 
 
 def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[str],
                         default_report: str | Path | None = DEFAULT_REPORT, root: str | Path = ROOT,
                         concurrency_id: str = "benchmark", turn: Callable[[], ContextManager] = nullcontext,
                         max_rows: int | None = None, alive_for: Callable | None = None,
-                        max_seconds: float | None = None) -> BenchmarkTab:
+                        max_seconds: float | None = None, session_files: SessionFiles | None = None,
+                        touch: Callable | None = None) -> BenchmarkTab:
     """Create the Benchmark view's widgets in the enclosing ``gr.Blocks``/``gr.Tab`` and wire their events.
 
     Args:
@@ -147,7 +196,12 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
         turn: held around each timed run: the app's compute gate, so no other model work runs during one.
         max_rows: worst-case model rows one benchmark may need (None = no limit).
         alive_for: ``request -> alive()`` (the server's): a run stops once its visitor has left.
-        max_seconds: predicted worst-case decoder seconds one benchmark may take (None = no limit).
+        max_seconds: predicted worst-case decoder seconds one benchmark may take, and its time limit from the clock
+            (checked between runs; None = no limit).
+        session_files: the sessions' uploads and outputs (:class:`serve.uploads.SessionFiles`; default: the tab's
+            own).
+        touch: ``request -> session`` (the server's), so that a session that only used this tab is forgotten, its
+            files removed, like any other.
     Returns: a :class:`BenchmarkTab` with the component handles.
     """
     initial_md, initial_figs = "No report loaded yet.", {}
@@ -192,14 +246,21 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
     files = gr.File(label="report files", file_count="multiple", interactive=False)
     summary = gr.Markdown(initial_md, elem_classes=["bench-summary"])
 
-    handlers = BenchmarkHandlers(load_model, list(models), root, turn, max_rows, alive_for, max_seconds)
+    handlers = BenchmarkHandlers(load_model, list(models), root, turn, max_rows, alive_for, max_seconds,
+                                 session_files if session_files is not None else SessionFiles(), touch)
     # Page events, not part of the documented API (/generate and /race are): callable, but not listed.
-    load_button.click(handlers.show, [report_path, report_upload], [status, summary, *plots], api_name="benchmark_show",
-                      api_visibility="undocumented")
-    run_button.click(handlers.run, [model, prompt_source, prompt_file, limit, schedules, block_size, max_new_tokens,
+    # A file reaches the handlers only through the session's own upload (private page events: no API client can
+    # name a path, another visitor's file or anything else); clearing the widget clears the session's file.
+    for widget, slot in ((report_upload, "summary"), (prompt_file, "prompts")):
+        widget.upload(handlers.on_file(slot), [widget], None, api_visibility="private", show_progress="hidden")
+        widget.clear(handlers.on_clear(slot), None, None, api_visibility="private")
+    # preprocess=False: the values arrive raw and the handlers check them: a wrong type is one line, not a traceback.
+    load_button.click(handlers.show, [report_path], [status, summary, *plots], api_name="benchmark_show",
+                      api_visibility="undocumented", preprocess=False)
+    run_button.click(handlers.run, [model, prompt_source, limit, schedules, block_size, max_new_tokens,
                            temperature, samples, seed, order], [status, summary, *plots, files],
                      concurrency_limit=1, concurrency_id=concurrency_id, api_name="benchmark_run",
-                     api_visibility="undocumented")
+                     api_visibility="undocumented", preprocess=False)
     return BenchmarkTab(report_path, report_upload, load_button, model, prompt_source, prompt_file, limit, schedules,
                         block_size, max_new_tokens, temperature, samples, seed, run_button, status, summary, plots,
                         files)

@@ -9,7 +9,7 @@ from components.charts import (break_even_figure, break_even_summary, cost_figur
                                fit_summary)
 from components.paths import paths_figure, paths_summary
 from components.style import ASSETS, error_html
-from serve.errors import one_line
+from serve.errors import refused
 from serve.runs import calibrate
 from serve.server import Server
 from serve.settings import RequestValues
@@ -39,7 +39,7 @@ class ExplainHandlers:
         try:
             found = self.server.tasks.paths(self.server.settings(values).model_ref)
         except Exception as error:  # noqa: BLE001
-            message = one_line(error)
+            message = refused(error, "paths")
             gr.Warning(message)
             return gr.skip(), error_html(message)
         return (paths_figure(found["eager"], found["compiled"], found["roofline"]),
@@ -49,7 +49,7 @@ class ExplainHandlers:
         try:
             calibrate(self.server.tasks, self.server.settings(values), self.server.log)
         except Exception as error:  # noqa: BLE001
-            message = one_line(error)
+            message = refused(error, "measure")
             gr.Warning(message)
             return gr.skip(), error_html(message), gr.skip(), gr.skip()
         return self.on_explain(values.block_size)
@@ -73,7 +73,8 @@ def build_explain_tab(server: Server, panel: SettingsPanel, concurrency_limit: i
         paths_text = gr.Markdown("", elem_id="paths-text")
     outputs = [cost_plot, fit_text, even_plot, even_text]
     tab.select(handlers.on_explain, [panel.block], outputs, api_visibility="private")
-    measure_btn.click(panel.handler(handlers.on_measure), list(panel.components), outputs,
+    measure_btn.click(panel.handler(handlers.on_measure), list(panel.components), outputs, preprocess=False,
                       api_visibility="private", concurrency_id="compute", concurrency_limit=concurrency_limit)
     paths_btn.click(panel.handler(handlers.on_paths), list(panel.components), [paths_plot, paths_text],
-                    api_visibility="private", concurrency_id="compute", concurrency_limit=concurrency_limit)
+                    preprocess=False, api_visibility="private", concurrency_id="compute",
+                    concurrency_limit=concurrency_limit)

@@ -3,6 +3,7 @@ first (:func:`serve.race.run_race`), then replayed on one clock while the charts
 
 from __future__ import annotations
 
+import math
 import time
 
 import gradio as gr
@@ -10,7 +11,7 @@ import gradio as gr
 from components.race_panel import badge_html, lanes_html, race_figures, summary_html
 from components.style import error_html, model_note_html, note_html
 from serve.api import best_sizes_for
-from serve.errors import one_line
+from serve.errors import refused
 from serve.race import RaceResult, run_race
 from serve.server import Server
 from serve.settings import RequestValues, parse_lanes
@@ -29,6 +30,15 @@ LANE_CHOICES = [("Prompt-lookup lane (the peer: n-gram drafts, no drafter)", "lo
                 ("Block-diffusion lane", "diffusion")]
 
 
+def number_or(value, default: float) -> float:
+    """``value`` as a finite float, else ``default`` (a raw API value may be anything)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return default
+    return number if math.isfinite(number) else default
+
+
 def race_note(result: RaceResult) -> str:
     """What was measured, how often, where the block sizes came from, and whether the race ran alone."""
     times = "once" if result.repeats == 1 else f"{result.repeats} times in rotating order"
@@ -37,6 +47,10 @@ def race_note(result: RaceResult) -> str:
             f"the Benchmark tab gives intervals over many prompts.")
     if result.block_size_source:
         note += f" Block sizes: {result.block_size_source}."
+    if result.cut_off:
+        titles = [lane.title for lane in result.lanes if lane.cut_off]
+        note += (f" Cut off at this server's time limit: {', '.join(titles)} (partial output, not ranked; lower the "
+                 f"new-token limit, the lanes or the prompt length).")
     if result.left_out:
         note += f" Left out: {', '.join(result.left_out)} (no version for an any-order model)."
     return note + " " + result.isolation
@@ -53,12 +67,12 @@ class RaceHandlers:
         us = server.session(request)
         try:
             settings = server.settings(values)
-            result = run_race(server.tasks, settings, extra=parse_lanes(list(optional or ())), log=server.log,
+            result = run_race(server.tasks, settings, extra=parse_lanes(optional), log=server.log,
                               max_rows=server.max_rows, alive=server.alive(request),
                               best=best_sizes_for(server, sizes), max_seconds=server.max_seconds,
                               admit=server.admit(request))
         except Exception as error:  # noqa: BLE001
-            message = one_line(error)
+            message = refused(error, "ui_race")
             gr.Warning(message)
             us.race = None
             return error_html(message), gr.skip(), gr.skip()
@@ -74,7 +88,7 @@ class RaceHandlers:
             return
         store = self.server.store
         strings = store.strings_for(store.get(*result.settings.model_ref[:2]))
-        speed = max(0.05, float(speed or 1))
+        speed = max(0.05, number_or(speed, 1.0))
         total = max((lane.total_ms for lane in result.lanes if lane.shown), default=0.0)
         start = time.perf_counter()
         frame = 0
@@ -113,8 +127,9 @@ def build_race_tab(server: Server, panel: SettingsPanel, concurrency_limit: int)
                               elem_id="race-theorem")
         summary = gr.HTML("", elem_id="race-summary")
     race_btn.click(panel.handler(handlers.on_race, extra=2), [*panel.components, optional, sizes_box],
-                   [race_status, badge, lanes_view], api_name="ui_race", api_visibility="undocumented",
+                   [race_status, badge, lanes_view], api_name="ui_race", api_visibility="undocumented", preprocess=False,
                    concurrency_id="compute", concurrency_limit=concurrency_limit,
                    show_progress_on=[race_status]).then(  # one progress indicator, not one per output
         handlers.on_replay, [replay], [lanes_view, fig_nfe, fig_wall, fig_theorem, summary], api_name="replay",
-        api_visibility="undocumented", concurrency_id="replay", concurrency_limit=16, show_progress="hidden")
+        api_visibility="undocumented", concurrency_id="replay", concurrency_limit=16, show_progress="hidden",
+        preprocess=False)  # a speed that is no number replays at 1x (number_or), never a traceback

@@ -77,7 +77,9 @@ def build_settings(server: Server, prompts: Sequence[str], on_cuda: bool) -> Set
         gr.Markdown(f"{device_line(server, on_cuda)} · models load on first use; at most {server.store.capacity} "
                     f"stay loaded.", elem_classes=["device-line"])
         prompt = gr.Textbox(value=prompts[0], label="Prompt", lines=5, max_lines=20, elem_id="prompt")
-        gr.Examples([[p] for p in prompts], inputs=[prompt], label="Examples (short ones, then HumanEval)")
+        # private: the page loads an example; over the API /load_example [999] answered with a traceback
+        gr.Examples([[p] for p in prompts], inputs=[prompt], label="Examples (short ones, then HumanEval)",
+                    api_visibility="private")
         schedule = gr.Radio([(REGISTRY[n].title, n) for n in STEP_SCHEDULES], value="packed",
                             label="Schedule (Step through)", elem_id="schedule")
         block = gr.Slider(2, APP_MAX_BLOCK_SIZE, value=8, step=1, label="Block size B (draft width W = B − 1)")

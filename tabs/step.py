@@ -15,7 +15,8 @@ from components.mask_plot import empty_figure
 from components.step_view import step_view
 from components.style import error_html, model_note_html, note_html
 from components.token_grid import empty_grid_html, grid_legend_html
-from serve.errors import one_line
+from packed_ss.inputs import shown
+from serve.errors import UserError, refused
 from serve.notes import model_note
 from serve.server import Server
 from serve.sessions import UserSession
@@ -76,7 +77,7 @@ class StepHandlers:
                 with run.lock:
                     advanced = run.step(by_call=us.by_call)
             except Exception as error:  # noqa: BLE001 - every failure becomes a message, the session stays usable
-                message = one_line(error)
+                message = refused(error, "step")
                 gr.Warning(message)
                 return [gr.skip()] * 5 + [error_html(message)], False
             if not advanced:
@@ -105,7 +106,11 @@ class StepHandlers:
         return gr.Timer(value=play_interval(speed))
 
     def on_step_by(self, choice, request: gr.Request):
-        """Step one iteration or one call at a time (only Linear-SS has two calls per iteration)."""
+        """Step one iteration or one call at a time (only Linear-SS has two calls per iteration); the raw value
+        must be "iteration" or "call" (None: iteration)."""
+        if choice not in (None, "iteration", "call"):
+            error = UserError(f"step by must be 'iteration' or 'call', got {shown(choice)}")
+            raise gr.Error(refused(error, "step_by"), print_exception=False)
         self.server.session(request).by_call = choice == "call"
 
     def on_back(self, request: gr.Request):
@@ -160,14 +165,16 @@ def build_step_tab(server: Server, panel: SettingsPanel, concurrency_limit: int)
     outputs = [iteration, grid, text, stats, mask_plot, panel.status]
     kw = dict(concurrency_id="step", concurrency_limit=concurrency_limit, show_progress="hidden")
     settings = list(panel.components)
+    # preprocess=False: the settings arrive raw and RequestValues validates them (one message for any bad value,
+    # where Gradio's own checks answered a wrong type with a traceback or {"error": null}).
     step_btn.click(panel.handler(handlers.on_step), settings, outputs, api_name="step", api_visibility="undocumented",
-                   **kw)
+                   preprocess=False, **kw)
     timer.tick(panel.handler(handlers.on_tick), settings, outputs + [timer, play_btn], api_visibility="private",
-               trigger_mode="once", **kw)
+               trigger_mode="once", preprocess=False, **kw)
     play_btn.click(handlers.on_play, [speed], [timer, play_btn], api_visibility="private", queue=False)
     speed.release(handlers.on_speed, [speed], [timer], api_visibility="private", queue=False)
     step_by.change(handlers.on_step_by, [step_by], None, api_name="step_by", api_visibility="undocumented",
-                   queue=False)
+                   queue=False, preprocess=False)
     back_btn.click(handlers.on_back, None, outputs, api_name="back", api_visibility="undocumented", **kw)
     reset_btn.click(handlers.on_reset, None, outputs + [timer, play_btn], api_name="reset",
                     api_visibility="undocumented", **kw)

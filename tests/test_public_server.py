@@ -441,17 +441,20 @@ def _upload(url: str, size: int) -> tuple[int, str]:
     return answer.status, answer.read().decode(errors="replace")
 
 
-def test_uploads_are_bounded_in_size_and_deleted_once_read(server, client):
+def test_uploads_are_bounded_in_size_and_belong_to_the_session_that_used_them(server, client, tmp_path):
     code, text = _upload(server, 3 * 2**20)  # 30 MB went through in 0.2 s before
     assert code == 413, (code, text[:200])
     code, text = _upload(server, 1000)
     assert code == 200, (code, text[:200])
     path = json.loads(text)[0]
     assert Path(path).is_file()
-    from tabs.benchmark import forget_upload
+    from serve.uploads import SessionFiles
 
-    forget_upload(path)  # what the Benchmark tab does once it has read an upload
-    assert not Path(path).exists()
+    files = SessionFiles(root=tmp_path)
+    mine = files.open("a", {"path": path})  # what the Benchmark tab does with an upload: the session's own now
+    assert mine.is_file() and files.open("a", {"path": path}) == mine  # read again: nothing was deleted
+    files.forget("a")  # the session ended: its copy and the upload go
+    assert not mine.exists() and not Path(path).exists()
 
 
 def test_no_server_path_in_the_page_config(tiny_model_dir):

@@ -12,7 +12,9 @@ Shape legend: R rows of the call, C cached tokens, V vocabulary.
 
 from __future__ import annotations
 
+import operator
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +22,7 @@ import numpy as np
 import torch
 
 from packed_ss.layout import CallLayout
-from packed_ss.models.errors import ModelLoadError
+from packed_ss.models.errors import ModelLoadError, local_folder, quoted, some
 from packed_ss.models.families import pick_family, read_config
 from packed_ss.models.lora import DrafterLora, adapter_folder
 from packed_ss.models.static import StaticCalls, kernel_mask, static_cache_problem
@@ -78,6 +80,22 @@ def special_ids_problem(name: str, checkpoint, vocab_size: int) -> None:
         if value is not None and not (isinstance(value, int) and 0 <= value < vocab_size):
             raise ModelLoadError(f"{name!r}: {what} {value!r} is not a token id of its vocabulary of {vocab_size} "
                                  f"(0 to {vocab_size - 1})")
+
+
+def non_finite_problem(name: str, model) -> None:
+    """Refuse a checkpoint whose weights hold NaN or infinite values (every output would be meaningless).
+
+    Raises: ModelLoadError naming up to three such tensors."""
+    chunk = 1 << 24  # elements checked at once (a bounded temporary, even for a 262k-token embedding)
+
+    def finite(tensor) -> bool:
+        flat = tensor.detach().reshape(-1)
+        return all(bool(torch.isfinite(flat[i:i + chunk]).all()) for i in range(0, flat.numel(), chunk))
+
+    bad = [key for key, tensor in model.state_dict().items() if tensor.is_floating_point() and not finite(tensor)]
+    if bad:
+        raise ModelLoadError(f"refusing {quoted(name)}: {len(bad)} of its weight tensors hold NaN or infinite values "
+                             f"({some(bad, 3)}); the checkpoint is damaged or was saved from a diverged run")
 
 
 def hub_unreachable(name: str, timeout_s: float = 10.0) -> bool:
@@ -195,9 +213,7 @@ class DualModeModel:
             (keys named), no mask token id, or an adapter that does not load.
         """
         name = str(name_or_path)
-        local = Path(name).expanduser()
-        if (name.startswith((".", "/", "~")) or local.exists()) and not (local / "config.json").is_file():
-            raise ModelLoadError(f"model folder {name!r} does not exist or has no config.json")
+        local = local_folder(name)  # None: a hub id
         problem = device_dtype_problem(device, dtype if isinstance(dtype, str) else None)
         if problem:
             raise ModelLoadError(problem)
@@ -207,7 +223,7 @@ class DualModeModel:
             raise ModelLoadError("--compile (or PACKED_SS_COMPILE=1) needs the static cache: leave out --cache "
                                  "dynamic, or turn compiling off (--no-compile)")
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        local_only = not local.exists() and hub_unreachable(name)
+        local_only = local is None and hub_unreachable(name)
         offline = (f"cannot load model {name!r}: the Hugging Face hub cannot be reached from this machine and "
                    f"the model is not in the local cache (use a local folder, e.g. assets/model)")
         try:
@@ -221,6 +237,9 @@ class DualModeModel:
         options = {"base_model": base_model} if base_model and chosen.name == "setdlm" else {}
         if attention and chosen.name == "setdlm":
             options["attention"] = attention
+        if base_model and chosen.name != "setdlm":  # a server may pass one for every model it offers: a warning
+            warnings.warn(f"base_model {quoted(str(base_model))} applies to SetDLM checkpoints only; {quoted(name)} is a "
+                          f"{chosen.name} model, so it is ignored", stacklevel=2)
         try:
             checkpoint = chosen.load(name, config, dtype, str(device), local_only, **options)
         except ModelLoadError:
@@ -230,9 +249,10 @@ class DualModeModel:
                                  f"cannot load model {name!r}: {type(error).__name__}: {error}") from error
         model = checkpoint.model
         special_ids_problem(name, checkpoint, int(model.config.vocab_size))
+        non_finite_problem(name, model)
         lora, adapter_note = None, None
         if drafter_lora:
-            folder = adapter_folder(local if local.exists() else None, name, drafter_lora, local_only)
+            folder = adapter_folder(local, name, drafter_lora, local_only)
             try:
                 if folder is None:
                     raise ModelLoadError(f"drafter adapter {drafter_lora!r}: no adapter_config.json there or in "
@@ -293,14 +313,29 @@ class DualModeModel:
         return chat
 
     def decode(self, ids: list[int]) -> str:
-        """Text of ``ids``, special tokens kept."""
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
+        """Text of ``ids``, special tokens kept. Raises: ValueError for an id that is not an integer in
+        ``[0, vocab_size)``."""
+        return self.tokenizer.decode(self.checked_ids(ids), skip_special_tokens=False)
+
+    def checked_ids(self, ids) -> list[int]:
+        """``ids`` as a list of token ids of this model. Raises: ValueError for anything but integers in
+        ``[0, vocab_size)`` (the tokenizer would fail with an unrelated error, e.g. an OverflowError for -1)."""
+        out = []
+        for token in ids:
+            try:
+                value = None if isinstance(token, bool) else operator.index(token)
+            except TypeError:
+                value = None
+            if value is None or not 0 <= value < self.vocab_size:
+                raise ValueError(f"token ids are integers from 0 to {self.vocab_size - 1}, got {token!r:.40}")
+            out.append(value)
+        return out
 
     def token_strings(self, ids: list[int]) -> list[str]:
         """Readable text of each token on its own (for chips, hover text and the text view, which joins
         them). A SentencePiece word-start marker ("▁") becomes the leading space that decoding a token
-        alone drops, so joined pieces keep the spaces between words."""
-        ids = list(ids)
+        alone drops, so joined pieces keep the spaces between words. Raises: ValueError as :meth:`decode`."""
+        ids = self.checked_ids(ids)
         pieces = self.tokenizer.convert_ids_to_tokens(ids)
         out = []
         for i, piece in zip(ids, pieces):

@@ -48,10 +48,9 @@ paper's setting for SetDLM).
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 from packed_ss.models.checkpoint import Checkpoint, refuse_partial_load
-from packed_ss.models.errors import ModelLoadError
+from packed_ss.models.errors import ModelLoadError, local_folder
 
 DENOISER_TYPES = ("denoiser", "bd3lm")  # model_type of SetDLM's config classes (base class, SetDLM's own)
 ARCHITECTURE = "SetDLM"
@@ -142,10 +141,10 @@ def backbone_config(base: str, spec: dict, local_only: bool, attention: str = "s
     builds ``CustomQwen3ForCausalLM``, ``src/backbone/automodel.py``)."""
     from transformers import AutoConfig
 
-    folder = Path(base).expanduser()
-    if (base.startswith((".", "/", "~")) or folder.exists()) and not (folder / "config.json").is_file():
-        raise ModelLoadError(f"the SetDLM base model folder {base!r} does not exist or has no config.json "
-                             f"(--base-model takes a local copy of the base model's config.json)")
+    try:
+        local_folder(base, "the SetDLM base model")
+    except ModelLoadError as error:
+        raise ModelLoadError(f"{error} (--base-model takes a local copy of the base model's config.json)") from None
     try:
         mapped = AutoConfig.from_pretrained(base, local_files_only=local_only, trust_remote_code=False)
     except Exception as error:  # noqa: BLE001 - offline, unknown model_type, remote code: one message

@@ -1,0 +1,241 @@
+"""Files a visitor sends or gets (uploads, the Benchmark tab's outputs), tied to the session that made them.
+
+* :class:`SessionFiles` gives each session its own files: an upload is copied out of Gradio's shared upload folder
+  into a private folder of the first session that uses it, and the original becomes that session's too (Gradio
+  names an upload by its content, so another visitor given its path could name it); an output is registered to the session it was written for. Another session naming
+  either is refused, nothing is deleted on read, a session keeps at most :data:`FILES_PER_SESSION` files (its
+  oldest go first) and its files are removed when the session ends. The Benchmark tab takes a file only from
+  the session's own upload event (:meth:`SessionFiles.choose`), so its API endpoints take no file at all.
+* :class:`BoundUploads` (ASGI middleware) refuses an upload request of more than :data:`FILES_PER_UPLOAD` files.
+
+Messages name files as the visitor gave them (their own names), never by a server path.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import tempfile
+import threading
+import time
+from collections import OrderedDict, deque
+from pathlib import Path
+
+from serve.api_defaults import forward, reply
+from serve.errors import UserError
+
+FILES_PER_SESSION = 8  # uploads and outputs one session keeps (the oldest are removed first)
+FILES_PER_UPLOAD = 4  # files one upload request may carry
+UPLOAD_PATH = "/gradio_api/upload"
+MAX_UPLOAD_BYTES = 2 * 2**20  # one file (app.MAX_UPLOAD); a request may carry FILES_PER_UPLOAD of them
+
+
+def upload_folder() -> Path:
+    """Gradio's upload folder (``GRADIO_TEMP_DIR`` or the system temp folder's ``gradio``), where uploads land."""
+    from gradio.utils import get_upload_folder
+
+    return Path(get_upload_folder()).resolve()
+
+
+def given_path(value) -> str | None:
+    """The path a raw file value names: Gradio's file object ``{"path": ...}`` or a text (None: no file).
+
+    Raises: UserError for anything else (a number, a list, an object without a text ``path``)."""
+    if value is None or value == "":
+        return None
+    path = value.get("path") if isinstance(value, dict) else value
+    if not isinstance(path, str) or not path.strip():
+        raise UserError(f"a file must be sent through the page (an uploaded file), got {type(value).__name__}")
+    return path
+
+
+class SessionFiles:
+    """The files of each session (see the module docstring).
+
+    Args:
+        root: where sessions' private folders go (default: the system temp folder's ``packed-ss-sessions``).
+        uploads: the folder uploads arrive in (default: Gradio's, :func:`upload_folder`).
+        per_session: files one session keeps.
+    """
+
+    def __init__(self, root: str | Path | None = None, uploads: str | Path | None = None,
+                 per_session: int = FILES_PER_SESSION):
+        self.root = Path(root or Path(tempfile.gettempdir()) / "packed-ss-sessions")
+        self._uploads = Path(uploads).resolve() if uploads is not None else None
+        self.per_session = per_session
+        self._files: dict[str, OrderedDict[str, Path]] = {}  # session -> {path it names: file on disk}
+        self._owner: dict[str, str] = {}  # file on disk -> its session
+        self._folders: dict[str, Path] = {}
+        self._slots: dict[str, dict[str, Path]] = {}  # session -> {widget: its file}
+        self._originals: dict[str, list[Path]] = {}  # session -> the uploads in Gradio's folder it copied
+        self._numbers = itertools.count()
+        self._lock = threading.Lock()
+
+    @property
+    def uploads(self) -> Path:
+        return self._uploads or upload_folder()
+
+    def open(self, session: str, value) -> Path | None:
+        """The file ``value`` names for ``session``: its own earlier upload or output, or a new upload (copied into
+        the session's folder on first use). None when ``value`` names no file.
+
+        Raises: UserError for a value that is no file, a file of another session, or one that is neither an upload
+            nor one of the session's outputs (any other server path); the message names the file by its own name.
+        """
+        path = given_path(value)
+        if path is None:
+            return None
+        name = Path(path).name or "the file"
+        with self._lock:
+            mine = self._files.get(session, {})
+            if path in mine:
+                return mine[path]
+            key = self._key(path)
+            if key is not None and key in self._owner:
+                if self._owner[key] == session:
+                    return Path(key)
+                raise UserError(f"{name!r} belongs to another visitor's session: upload your own copy")
+            if key is None or not self._is_upload(Path(key)):
+                raise UserError(f"{name!r} is not a file you uploaded in this session: upload it again")
+            private = self._folder(session) / str(next(self._numbers)) / name  # its own name, for messages
+            try:
+                private.parent.mkdir()
+                shutil.copyfile(key, private)  # the page's widget still shows the original
+            except OSError:
+                raise UserError(f"{name!r} is no longer on the server: upload it again") from None
+            self._keep(session, path, private)
+            self._owner[key] = session  # nobody else may name the original either
+            self._originals.setdefault(session, []).append(Path(key))
+            return private
+
+    def choose(self, session: str, slot: str, value) -> Path | None:
+        """Open ``value`` for ``session`` (:meth:`open`) and keep it as the session's file for ``slot`` (the file a
+        widget holds: "summary", "prompts"); None clears the slot. Returns the file. Raises: UserError as open."""
+        path = self.open(session, value)
+        with self._lock:
+            slots = self._slots.setdefault(session, {})
+            if path is None:
+                slots.pop(slot, None)
+            else:
+                slots[slot] = path
+        return path
+
+    def chosen(self, session: str, slot: str) -> Path | None:
+        """The file ``session`` keeps for ``slot``, while it is still the session's (None: none, or removed)."""
+        with self._lock:
+            path = self._slots.get(session, {}).get(slot)
+            return path if path is not None and self._owner.get(str(path)) == session else None
+
+    def add_output(self, session: str, path: str | Path) -> None:
+        """Register ``path`` (a file written for ``session``, e.g. a benchmark report) as that session's."""
+        key = self._key(str(path)) or str(path)
+        with self._lock:
+            self._keep(session, key, Path(key))
+
+    def forget(self, session: str) -> None:
+        """Remove every file of ``session`` (its uploads, its outputs) and its folder: the session ended."""
+        with self._lock:
+            files = self._files.pop(session, {})
+            folder = self._folders.pop(session, None)
+            self._slots.pop(session, None)
+            originals = self._originals.pop(session, [])
+            for disk in [*files.values(), *originals]:
+                self._owner.pop(str(disk), None)
+        for disk in [*files.values(), *originals]:
+            disk.unlink(missing_ok=True)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def count(self, session: str) -> int:
+        """Files ``session`` holds now."""
+        with self._lock:
+            return len(self._files.get(session, {}))
+
+    # --- inside the lock ---------------------------------------------------------------------------------
+    def _keep(self, session: str, given: str, disk: Path) -> None:
+        files = self._files.setdefault(session, OrderedDict())
+        files[given] = disk
+        self._owner[str(disk)] = session
+        while len(files) > self.per_session:  # the oldest file goes first
+            _, old = files.popitem(last=False)
+            self._owner.pop(str(old), None)
+            old.unlink(missing_ok=True)
+
+    def _folder(self, session: str) -> Path:
+        if session not in self._folders:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._folders[session] = Path(tempfile.mkdtemp(prefix="session-", dir=self.root))
+        return self._folders[session]
+
+    def _key(self, path: str) -> str | None:
+        """The resolved file ``path`` names (None: no file there, or no name a file can have)."""
+        try:
+            resolved = Path(path).resolve()
+            return str(resolved) if resolved.is_file() else None
+        except (OSError, ValueError):
+            return None
+
+    def _is_upload(self, path: Path) -> bool:
+        return self.uploads in path.parents
+
+
+RECENT_UPLOAD_BYTES = 256 * 2**20  # bytes all visitors may upload within RECENT_S (uploads nobody uses stay that long)
+RECENT_S = 900.0  # seconds an unused upload stays on disk (app.UNUSED_FILES_S)
+
+
+class BoundUploads:
+    """ASGI middleware: an upload request (``POST /gradio_api/upload``) carrying more than ``max_files`` files, or
+    more bytes than that many files may have, is refused in one line (413) before Gradio stores any of them; so is
+    any upload once ``recent_bytes`` have been uploaded within ``recent_s`` seconds (429: the disk holds unused
+    uploads that long, so this bounds what they can fill)."""
+
+    def __init__(self, app, max_files: int = FILES_PER_UPLOAD, max_file_bytes: int = MAX_UPLOAD_BYTES,
+                 recent_bytes: int = RECENT_UPLOAD_BYTES, recent_s: float = RECENT_S):
+        self.app = app
+        self.max_files = max_files
+        self.max_bytes = max_files * max_file_bytes + 64 * 1024  # room for the parts' headers
+        self.recent_bytes, self.recent_s = recent_bytes, recent_s
+        self._recent: deque[tuple[float, int]] = deque()  # (monotonic time, bytes) of the recent uploads
+
+    async def __call__(self, scope, receive, send):
+        if scope.get("type") != "http" or scope.get("method") != "POST" or \
+                not scope.get("path", "").rstrip("/").endswith(UPLOAD_PATH):
+            await self.app(scope, receive, send)
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.max_bytes:
+                await reply(send, 413, {"error": f"an upload may carry at most {self.max_files} files of "
+                                                  f"{MAX_UPLOAD_BYTES // 2**20} MB"})
+                return
+        boundary = _boundary(scope)
+        parts = body.count(b"--" + boundary) - 1 if boundary else 0
+        if parts > self.max_files:
+            await reply(send, 413, {"error": f"an upload may carry at most {self.max_files} files, got {parts}"})
+            return
+        if not self._room(len(body)):
+            await reply(send, 429, {"error": f"the server holds {self.recent_bytes // 2**20} MB of recent uploads: "
+                                             f"try again in a few minutes"})
+            return
+        await forward(self.app, scope, body, receive, send)
+
+    def _room(self, size: int) -> bool:
+        """Whether ``size`` more bytes fit in the recent-upload budget (noting them when they do)."""
+        now = time.monotonic()
+        while self._recent and now - self._recent[0][0] > self.recent_s:
+            self._recent.popleft()
+        if sum(n for _, n in self._recent) + size > self.recent_bytes:
+            return False
+        self._recent.append((now, size))
+        return True
+
+
+def _boundary(scope) -> bytes | None:
+    """The multipart boundary of a request's Content-Type header (None: not multipart)."""
+    for key, value in scope.get("headers", []):
+        if key.lower() == b"content-type" and b"boundary=" in value:
+            return value.split(b"boundary=", 1)[1].split(b";", 1)[0].strip().strip(b'"')
+    return None

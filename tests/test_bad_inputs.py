@@ -1,0 +1,215 @@
+"""Inputs that got a traceback, an unrelated exception or no word at all (issue 31, item 5): each gets one clear
+line now, in the engine, the loader, the command lines and the serving layer's settings."""
+
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+from helpers import tiny_llama
+
+from packed_ss import DecodeConfig, generate
+from packed_ss.models import DualModeModel, ModelLoadError
+
+ROOT = Path(__file__).resolve().parents[1]
+LONG_NAME = "x" * 256  # longer than any file name may be
+
+
+# --- the engine ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("model", [None, "assets/model", 5])
+def test_generate_needs_a_loaded_model(model):
+    with pytest.raises(TypeError, match=r"^model must be a loaded model \(DualModeModel.from_pretrained"):
+        generate(model, [1, 2], DecodeConfig())
+
+
+def test_the_confidence_order_is_refused_on_a_left_to_right_model():
+    model = tiny_llama()
+    with pytest.raises(ValueError, match="order 'confidence' needs an any-order model"):
+        generate(model, [2, 3], DecodeConfig(order="confidence", max_new_tokens=2))
+
+
+@pytest.mark.parametrize("stops", [(5,), ("ok", None), "abc", ("",)])
+def test_stop_strings_must_be_non_empty_texts(stops):
+    with pytest.raises(ValueError, match="stop strings must be a tuple of non-empty texts"):
+        DecodeConfig(stop_strings=stops)
+
+
+@pytest.mark.parametrize("ids", [[-1], [10 ** 6], [True], ["3"], [1.5]])
+def test_decode_refuses_ids_outside_the_vocabulary(ids):
+    model = tiny_llama(vocab_size=20)
+    with pytest.raises(ValueError, match=r"^token ids are integers from 0 to 19, got"):
+        model.decode(ids)
+    with pytest.raises(ValueError, match=r"^token ids are integers from 0 to 19"):
+        model.token_strings(ids)
+    assert model.decode([2, 3]) == "w0 w1"
+
+
+# --- the loader and the command lines --------------------------------------------------------------------
+@pytest.mark.parametrize("name", [LONG_NAME, "a\x00b", "/" + LONG_NAME])
+def test_a_name_no_folder_can_have_is_a_load_error(name):
+    with pytest.raises(ModelLoadError) as refused:
+        DualModeModel.from_pretrained(name)
+    message = str(refused.value)
+    assert "\n" not in message and len(message) < 300  # one line, the name cut short
+    if len(name) > 255:
+        assert "is no folder or hub id this machine can open (File name too long)" in message
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("command", [
+    ["-m", "packed_ss", "generate", "--model", LONG_NAME, "--prompt", "a"],
+    ["-m", "packed_ss.bench", "--model", LONG_NAME, "--prompts", "humaneval", "--limit", "1", "--schedules", "ar"],
+    ["app.py", "--model", LONG_NAME],
+    ["app.py", "--port", "99999"],
+    ["app.py", "--port", "-1"],
+])
+def test_command_lines_refuse_impossible_names_and_ports_in_one_line(command):
+    done = _run(*command)
+    lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+    assert done.returncode != 0 and "Traceback" not in done.stderr and "please report it" not in done.stderr
+    assert "no folder or hub id this machine can open" in lines[-1] or "--port must be a port number" in lines[-1]
+
+
+def test_a_checkpoint_with_nan_weights_is_refused_at_load(tmp_path):
+    import torch
+
+    model = tiny_llama(vocab_size=20)
+    model.model.config.mask_token_id = 1
+    with torch.no_grad():
+        model.model.model.layers[0].mlp.up_proj.weight[0, 0] = float("nan")
+    model.model.float().save_pretrained(tmp_path)
+    model.tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(ModelLoadError, match=r"1 of its weight tensors hold NaN or infinite values "
+                                             r"\(model.layers.0.mlp.up_proj.weight\)"):
+        DualModeModel.from_pretrained(tmp_path, device="cpu")
+
+
+def test_a_base_model_for_a_checkpoint_that_is_not_setdlm_is_warned_about(tiny_model_dir):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        DualModeModel.from_pretrained(tiny_model_dir, device="cpu", base_model="Qwen/Qwen3-0.6B")
+    assert any("applies to SetDLM checkpoints only" in str(w.message) for w in caught)
+
+
+# --- the serving layer's settings (every endpoint validates through RequestValues) -----------------------
+@pytest.mark.parametrize("field, value, message", [
+    ("max_new_tokens", True, "new-token limit must be a whole number, got True"),
+    ("temperature", True, "temperature must be a number, got True"),
+    ("block_size", False, "block size must be a whole number, got False"),
+    ("block_size", "abc", "block size must be a whole number"),
+    ("block_size", None, "block size must be a whole number"),
+    ("max_new_tokens", "abc", "new-token limit must be a whole number"),
+    ("temperature", "NaN", "temperature must be a finite number"),
+    ("seed", "x", "seed must be a whole number"),
+    ("drafter_quality", "q", "drafter quality must be a number"),
+])
+def test_request_values_refuse_wrong_types_in_one_line(field, value, message):
+    from serve.errors import UserError
+    from serve.settings import RequestValues
+
+    with pytest.raises(UserError, match=message):
+        RequestValues(prompt="def f(x):", **{field: value}).settings()
+
+
+# --- the page's events over raw HTTP --------------------------------------------------------------------
+STEP_VALUES = ["", "w1 w2 w3", "packed", 4, 0, 0, 1, 0, 4, False, "", "model", 0.8, "ltr", False]
+FIELDS = {"block": 3, "temperature": 4, "seed": 7, "max_new": 8, "quality": 12}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir):
+    import app
+    from helpers import serve
+
+    yield from serve(app.build_demo(str(tiny_model_dir)))
+
+
+def _call(url: str, endpoint: str, data: list) -> tuple[int, str]:
+    from test_public_server import raw_call
+
+    return raw_call(url, endpoint, {"data": data})
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("block", "abc", "block size must be a whole number, got 'abc'"),
+    ("block", None, "block size must be a whole number, got None"),
+    ("max_new", "abc", "new-token limit must be a whole number, got 'abc'"),
+    ("temperature", "NaN", "temperature must be a finite number"),
+    ("seed", "x", "seed must be a whole number, got 'x'"),
+    ("quality", "q", "drafter quality must be a number, got 'q'"),
+    ("max_new", True, "new-token limit must be a whole number, got True"),
+])
+def test_a_raw_step_with_a_wrong_type_gets_one_line_and_the_log_one_line(server, capfd, field, value, message):
+    from test_public_server import stream_result
+
+    values = list(STEP_VALUES)
+    values[FIELDS[field]] = value
+    capfd.readouterr()
+    code, text = _call(server, "step", values)
+    kind, data = stream_result(text)
+    import html
+
+    assert code == 200 and kind == "complete" and message in html.unescape(data[-1]), text[:400]
+    log = capfd.readouterr().err
+    assert f"refused /step: " in log and message in log and "Traceback" not in log
+    code, text = _call(server, "step", STEP_VALUES)  # the session still steps
+    assert stream_result(text)[0] == "complete"
+
+
+def test_a_raw_replay_with_a_speed_that_is_no_number_ends_quietly(server):
+    from test_public_server import stream_result
+
+    code, text = _call(server, "replay", ["x"])
+    assert code == 200 and stream_result(text)[0] == "complete", text[:300]
+
+
+@pytest.mark.parametrize("data", [[999], ["x"]])
+def test_load_example_is_no_api_endpoint(server, data):
+    import json
+
+    code, text = _call(server, "load_example", data)
+    assert code == 404 and "no such endpoint" in json.loads(text)["error"]
+
+
+def test_a_refused_api_request_logs_one_line(server, capfd):
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    capfd.readouterr()
+    with pytest.raises(AppError, match="temperature must be a number, got True"):
+        Client(server, verbose=False).predict("w1", temperature=True, api_name="/generate")
+    log = capfd.readouterr().err
+    assert "refused /generate: temperature must be a number, got True" in log and "Traceback" not in log
+
+
+@pytest.mark.parametrize("value", [5, "x", {"a": 1}, [1, 2], True])
+def test_a_raw_step_by_with_another_value_gets_one_line(server, capfd, value):
+    from test_public_server import stream_result
+
+    capfd.readouterr()
+    code, text = _call(server, "step_by", [value])
+    kind, answer = stream_result(text)
+    assert kind == "error" and answer["error"].startswith("step by must be 'iteration' or 'call', got"), text[:300]
+    log = capfd.readouterr().err
+    assert "refused /step_by: step by must be" in log and "Traceback" not in log
+
+
+@pytest.mark.parametrize("index, value, message", [
+    (15, 5, "lanes must be text such as 'ar,diffusion', got int 5"),
+    (15, ["nope"], "optional race lanes are"),
+    (16, 7, "block_sizes must be text, got int 7"),
+])
+def test_a_raw_page_race_with_a_wrong_lane_or_size_choice_gets_one_line(server, index, value, message):
+    import html
+
+    from test_public_server import stream_result
+
+    values = list(STEP_VALUES) + [["lookup"], "same"]
+    values[index] = value
+    code, text = _call(server, "ui_race", values)
+    kind, data = stream_result(text)
+    assert kind == "complete" and message in html.unescape(data[0]), text[:300]

