@@ -107,11 +107,16 @@ def test_exiting_inside_the_function_under_test_fails():
     "class Any:\n    def __eq__(self, other):\n        return True\n    __hash__ = object.__hash__\n",
     "class Any(int):\n    def __eq__(self, other):\n        return True\n    __hash__ = int.__hash__\n",
     "class Any:\n    def __bool__(self):\n        return True\n    def __eq__(self, other):\n        return self\n",
+    "class Any:\n    __module__ = 'builtins'\n    def __eq__(self, other):\n        return True\n",
+    "Any = type('Any', (), {'__eq__': lambda s, o: True, '__module__': 'builtins', '__hash__': object.__hash__})\n",
+    "class Any(int):\n    __module__ = 'builtins'\n    def __eq__(self, other):\n        return True\n"
+    "    __hash__ = int.__hash__\n",
+    "from unittest.mock import ANY\nAny = lambda: ANY\n",
 ])
 def test_a_result_whose_comparisons_the_solution_defines_is_not_trusted(trick):
     answer = f"```python\n{trick}\ndef square_perimeter(a):\n    return Any()\n```"
     verdict = grade_mbpp(MBPP[3], answer, SANDBOX)
-    assert not verdict.correct and "class the solution defines" in verdict.detail
+    assert (verdict.correct, verdict.detail) == (False, "tests.py line 1: AssertionError")
     listed = f"```python\n{trick}\ndef heap_queue_largest(numbers, n):\n    return [Any()] * n\n```"
     assert not grade_mbpp(MBPP[2], listed, SANDBOX).correct
     generated = f"```python\n{trick}\ndef heap_queue_largest(numbers, n):\n    return (Any() for _ in range(n))\n```"
@@ -122,6 +127,45 @@ def test_a_solution_may_use_its_own_classes_inside_and_return_plain_values():
     answer = ("```python\nclass Side:\n    def __init__(self, a):\n        self.a = a\n    def four(self):\n"
               "        return 4 * self.a\n\ndef square_perimeter(a):\n    return Side(a).four()\n```")
     assert grade_mbpp(MBPP[3], answer, SANDBOX).correct
+
+
+FORGERIES = {  # wrong answers that try to write the pass marker or reach the judge
+    "the caller's frame": "import sys, os\ntry:\n    f = sys._getframe(1).f_locals\n"
+                          "    os.write(f['marker_fd'], (f['nonce'] + ' passed\\n').encode())\nexcept Exception:\n"
+                          "    pass\n",
+    "every string in memory": "import gc, os\nfor o in gc.get_objects():\n    pass\n"
+                              "for fd in range(3, 12):\n    for s in [x for x in gc.get_objects() if isinstance(x, str) "
+                              "and len(x) == 32][:50]:\n        try:\n            os.write(fd, (s + ' passed\\n').encode())\n"
+                              "        except OSError:\n            pass\n",
+    "a printed marker": "print('passed')\nimport os\nos._exit(0)\n",
+    "killing the judge": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORGERIES))
+def test_a_wrong_answer_cannot_claim_a_pass(name):
+    answer = f"```python\ndef square_perimeter(a):\n    return 0\n{FORGERIES[name]}```"
+    from packed_ss.bench.sandbox import Sandbox
+
+    for sandbox in {SANDBOX, Sandbox(None)}:  # the judge holds the nonce, with or without bubblewrap
+        verdict = run_program(*_mbpp_parts(MBPP[3], answer), sandbox, audit=False)
+        assert not verdict.correct, (name, sandbox, verdict)
+
+
+def _mbpp_parts(record, answer):
+    from packed_ss.bench.grading import mbpp_solution, mbpp_tests
+
+    return mbpp_solution(record, answer), mbpp_tests(record)
+
+
+def test_a_response_cannot_redefine_what_the_tests_use():
+    builtin = "```python\nset = lambda *a: 0\ndef similar_elements(a, b):\n    return 1\n```"
+    assert not grade_mbpp(MBPP[0], builtin, SANDBOX).correct
+    record = next(r for r in HUMANEVAL if r["task_id"] == "HumanEval/38")  # the tests call the prompt's encode_cyclic
+    raw = "    return s\nencode_cyclic = lambda s: s\n"
+    assert not grade_humaneval(record, raw, SANDBOX).correct
+    chat = ("```python\ndef encode_cyclic(s):\n    return s\n\ndef decode_cyclic(s):\n    return s\n```")
+    assert not grade_humaneval(record, chat, SANDBOX).correct
 
 
 # --- MBPP -----------------------------------------------------------------------------------------

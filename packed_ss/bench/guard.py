@@ -1,0 +1,440 @@
+"""The grader's side inside the sandbox: run as a script (``python -I guard.py FOLDER ...``), never imported by
+the package; standard library only.
+
+Two processes. The *solver*, forked before any secret exists, drops to the limits, installs the audit hook and
+runs the response's code (``solution.py``); then it serves calls. The *judge* never runs the response's code:
+it runs the trusted context (``context.py``: HumanEval's prompt with its helpers, MBPP's test imports) and the
+benchmark's tests (``tests.py``), with every name the tests take from the solution (``names.txt``) bound to a
+proxy that calls into the solver over a pipe. Values cross as pickles that the judge reads with a closed list
+of standard types; any other object stays in the solver and reaches the judge as an opaque handle, whose
+comparisons are the judge's own (an ``__eq__`` that is always true, a spoofed ``__module__``, ``mock.ANY``
+cannot pass a test). When the tests return, the judge writes the one-time nonce it read from its standard
+input, after the fork, to the marker descriptor, which the solver closed at once: the solver cannot reach the
+nonce, the marker or the judge's memory (the judge is not dumpable). A watchdog thread ends the sandbox when its
+processes or their memory exceed the limits.
+
+Exit statuses: 0 tests passed (the marker says so, not the status), 1 failed, 86 refused by the audit hook,
+87 timed out, 88 over the process or memory limit.
+"""
+
+import builtins
+import collections
+import decimal
+import fractions
+import io
+import itertools
+import os
+import pickle
+import resource
+import signal
+import struct
+import sys
+import threading
+import traceback
+
+FORBIDDEN_EXIT, TIMEOUT_EXIT, LIMIT_EXIT = 86, 87, 88
+CANDIDATE = "__candidate__"  # the solution's __name__: an ``if __name__ == "__main__"`` block does not run
+MESSAGE_BYTES = 64 << 20  # largest message either side accepts
+ITEMS = 100_000  # most items taken from an iterator a call returns
+PROCESSES = 32  # processes the sandbox may hold at once (bubblewrap's init, the judge and the solver included)
+PLAIN = {type(None), bool, int, float, complex, str, bytes, bytearray, list, tuple, dict, set, frozenset, range,
+         slice, type(Ellipsis), collections.OrderedDict, collections.Counter, collections.deque,
+         collections.defaultdict, decimal.Decimal, fractions.Fraction}
+SAFE = {("builtins", t.__name__) for t in (set, frozenset, complex, bytearray, range, slice, int, float, str, bytes,
+                                            list, tuple, dict, bool)} | {
+    ("collections", "OrderedDict"), ("collections", "Counter"), ("collections", "deque"),
+    ("collections", "defaultdict"), ("decimal", "Decimal"), ("fractions", "Fraction")}
+
+
+# --- messages ---------------------------------------------------------------------------------------
+def send(fd, message, pickler):
+    buffer = io.BytesIO()
+    pickler(buffer).dump(message)
+    data = buffer.getvalue()
+    os.write(fd, struct.pack("<Q", len(data)))
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+class SolverGone(BaseException):
+    """The solver's process ended (or sent what the judge does not read): a BaseException, so that no test's
+    ``except Exception`` can swallow it."""
+
+
+class Expired(BaseException):
+    """The tests' time is up (raised by the judge's timer; a BaseException for the same reason)."""
+
+
+def receive(fd, unpickler):
+    """One message. Raises SolverGone when the other side is gone or sends too much."""
+    size = struct.unpack("<Q", read_exactly(fd, 8))[0]
+    if size > MESSAGE_BYTES:
+        raise SolverGone(f"the solution sent {size} bytes, more than the {MESSAGE_BYTES} allowed")
+    return unpickler(io.BytesIO(read_exactly(fd, size))).load()
+
+
+def read_exactly(fd, size):
+    chunks, got = [], 0
+    while got < size:
+        chunk = os.read(fd, min(size - got, 1 << 20))
+        if not chunk:
+            raise SolverGone("the solution's process ended")
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+# --- the solver (runs the response's code) --------------------------------------------------------
+def solver(folder, requests, replies, limits, audit):
+    """Run the response's code, tell the judge what the names it asks for are, then answer its calls."""
+    table = {}
+
+    class Out(pickle.Pickler):
+        def persistent_id(self, obj):
+            if type(obj) in PLAIN:
+                return None
+            table[id(obj)] = obj
+            return ("handle", id(obj), type(obj).__name__)
+
+        def reducer_override(self, obj):
+            if type(obj).__module__ == "numpy" and getattr(obj, "ndim", None) == 0 and hasattr(obj, "item"):
+                value = obj.item()
+                if type(value) in (bool, int, float, complex):
+                    return type(value), (value,)
+            return NotImplemented
+
+    class In(pickle.Unpickler):
+        def persistent_load(self, pid):
+            return resolve(pid[1], namespace, table)
+
+    set_limits(*limits)
+    if audit:
+        install_hook(os.path.realpath(os.getcwd()))
+    namespace = {"__name__": CANDIDATE, "__builtins__": builtins}
+    try:
+        with open(os.path.join(folder, "solution.py"), encoding="utf-8") as handle:
+            exec(compile(handle.read(), "solution.py", "exec"), namespace)
+        kinds = {}
+        for name in receive(requests, In):
+            if name not in namespace:
+                kinds[name] = ("missing",)
+            elif callable(namespace[name]):
+                kinds[name] = ("callable",)
+            else:
+                kinds[name] = ("value", namespace[name])
+        reply = ("ready", kinds)
+    except SolverGone:
+        os._exit(1)
+    except BaseException as error:  # noqa: BLE001 - SystemExit included: the tests never ran
+        reply = ("error", describe(error, "solution.py"))
+    while True:
+        try:
+            send(replies, reply, Out)
+        except Exception as error:  # noqa: BLE001 - a result pickle cannot carry (too deep, a broken object)
+            send(replies, ("raise", "TypeError", f"the result cannot be sent ({type(error).__name__})"), Out)
+        if reply[0] == "error":
+            os._exit(1)
+        try:
+            reply = answer(receive(requests, In), namespace, table)
+        except SolverGone:
+            os._exit(0)
+
+
+def resolve(target, namespace, table):
+    """("name", n) | ("handle", i) | ("attr", target, name) -> the object in the solver."""
+    if target[0] == "name":
+        return namespace[target[1]]
+    if target[0] == "handle":
+        return table[target[1]]
+    return getattr(resolve(target[1], namespace, table), target[2])
+
+
+def answer(request, namespace, table):
+    """("call", target, args, kwargs) -> ("value", v) | ("iterator", items) | ("raise", type name, text)."""
+    _, target, args, kwargs = request
+    try:
+        value = resolve(target, namespace, table)(*args, **kwargs)
+        if hasattr(value, "__next__") and hasattr(value, "__iter__") and type(value) not in PLAIN:
+            items = list(itertools.islice(value, ITEMS + 1))
+            if len(items) > ITEMS:
+                return ("raise", "MemoryError", f"an iterator of more than {ITEMS} items")
+            return ("iterator", items)
+        return ("value", value)
+    except BaseException as error:  # noqa: BLE001 - reported to the judge, which raises it in the tests
+        return ("raise", type(error).__name__, str(error)[:500])
+
+
+# --- the judge (runs the trusted tests) -----------------------------------------------------------
+class Link:
+    """The judge's end of the pipes to the solver."""
+
+    def __init__(self, requests, replies):
+        self.requests, self.replies, self.gone = requests, replies, None
+
+    def ask(self, message):
+        if self.gone:
+            raise SolverGone(self.gone)
+        try:
+            send(self.requests, message, JudgeOut)
+            return receive(self.replies, JudgeIn)
+        except (OSError, EOFError, pickle.UnpicklingError, SolverGone) as error:
+            self.gone = str(error) or type(error).__name__
+            raise SolverGone(self.gone) from None
+
+    def call(self, target, args, kwargs):
+        reply = self.ask(("call", target, args, kwargs))
+        if reply[0] == "value":
+            return reply[1]
+        if reply[0] == "iterator":
+            return iter(reply[1])
+        kind = getattr(builtins, reply[1], None)
+        if kind is SystemExit:
+            raise SystemExit(f"the solution called exit() during a test: {reply[2]}")
+        if isinstance(kind, type) and issubclass(kind, Exception):
+            raise kind(reply[2])
+        raise RuntimeError(f"{reply[1]}: {reply[2]}")
+
+
+LINK = []  # the judge's one link (a list, so that the proxies reach it without a global statement)
+
+
+class Remote:
+    """An object that stays in the solver: callable, iterable and its attributes callable through the link;
+    equal only to itself."""
+
+    __slots__ = ("_target", "_type")
+
+    def __init__(self, target, type_name):
+        self._target, self._type = target, type_name
+
+    def __call__(self, *args, **kwargs):
+        return LINK[0].call(self._target, args, kwargs)
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return Remote(("attr", self._target, name), "method")
+
+    def __iter__(self):
+        return iter(LINK[0].call(("attr", self._target, "__iter__"), (), {}))
+
+    def __repr__(self):
+        return f"<{self._type} object of the solution>"
+
+
+class JudgeOut(pickle.Pickler):
+    def persistent_id(self, obj):
+        return ("target", obj._target) if isinstance(obj, Remote) else None
+
+
+class JudgeIn(pickle.Unpickler):
+    def persistent_load(self, pid):
+        return Remote(("handle", pid[1]), pid[2])
+
+    def find_class(self, module, name):
+        if (module, name) in SAFE:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"the solution sent a {module}.{name}, which the tests do not take")
+
+
+def judge(folder, link, limit_s):
+    """Run the context and the tests against the solver. Returns the exit status (None: the solver is gone)."""
+
+    def expired(signum, frame):
+        raise Expired(f"the tests did not end within {limit_s:g} s")
+
+    signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, limit_s)
+    try:
+        names = [n for n in read(folder, "names.txt").split() if n]
+        reply = link.ask(names)
+        if reply[0] == "error":
+            report(reply[1])
+            return 1
+        namespace = {"__name__": "__tests__", "__builtins__": builtins}
+        exec(compile(read(folder, "context.py"), "context.py", "exec"), namespace)
+        for name, kind in reply[1].items():
+            if kind[0] == "callable":
+                namespace[name] = Remote(("name", name), "function")
+            elif kind[0] == "value":
+                namespace[name] = kind[1]
+            else:
+                namespace.pop(name, None)  # the tests meet a NameError, as they would without the definition
+        exec(compile(read(folder, "tests.py"), "tests.py", "exec"), namespace)
+    except Expired as error:
+        report(str(error))
+        return TIMEOUT_EXIT
+    except SolverGone:
+        return None
+    except SystemExit as error:
+        report(f"the tests ended with exit({error.code!r})")
+        return 1
+    except BaseException as error:  # noqa: BLE001 - any failure of the tests is the verdict
+        report(describe(error, "tests.py"))
+        return 1
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    return None if link.gone else 0
+
+
+def solver_status(pid):
+    """The exit status the judge reports for a solver that ended during the tests."""
+    try:
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:
+        return 1
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == FORBIDDEN_EXIT:
+        return FORBIDDEN_EXIT
+    if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGXCPU:
+        report("the solution used up its CPU time")
+        return TIMEOUT_EXIT
+    report("the solution's process ended before the tests ran to their end")
+    return 1
+
+
+# --- both -----------------------------------------------------------------------------------------
+def read(folder, name):
+    with open(os.path.join(folder, name), encoding="utf-8") as handle:
+        return handle.read()
+
+
+def describe(error, filename):
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename in ("solution.py", "tests.py")]
+    where = f"{frames[-1].filename} line {frames[-1].lineno}: " if frames else ""
+    return where + "".join(traceback.format_exception_only(type(error), error)).strip()
+
+
+def report(text):
+    sys.stdout.flush()
+    sys.stderr.write(f"{text}\n")
+    sys.stderr.flush()
+
+
+def set_limits(limit_s, memory_mb, file_mb, open_files):
+    cpu = int(limit_s) + 1
+    for kind, value in ((resource.RLIMIT_CPU, cpu), (resource.RLIMIT_AS, memory_mb << 20),
+                        (resource.RLIMIT_FSIZE, file_mb << 20), (resource.RLIMIT_NOFILE, open_files),
+                        (resource.RLIMIT_CORE, 0)):
+        resource.setrlimit(kind, (value, value))
+
+
+def not_dumpable():
+    """No other process of the same user may read this one's memory (prctl PR_SET_DUMPABLE 0)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def watchdog(memory_mb):
+    """Inside a PID namespace: end everything when its processes or their resident memory exceed the limits."""
+    page = os.sysconf("SC_PAGE_SIZE")
+
+    def check():
+        while True:
+            pids = [p for p in os.listdir("/proc") if p.isdigit()]
+            resident = 0
+            for pid in pids:
+                try:
+                    with open(f"/proc/{pid}/statm") as handle:
+                        resident += int(handle.read().split()[1]) * page
+                except (OSError, ValueError, IndexError):
+                    continue
+            if len(pids) > PROCESSES or resident > (memory_mb << 20):
+                report(f"over the sandbox's limits: {len(pids)} processes, {resident >> 20} MiB resident "
+                       f"(at most {PROCESSES} and {memory_mb} MiB)")
+                os._exit(LIMIT_EXIT)
+            threading.Event().wait(0.02)
+
+    threading.Thread(target=check, daemon=True).start()
+
+
+def install_hook(home):
+    """The audit hook (PEP 578), the second layer: sockets, new processes, ctypes and writes outside ``home``."""
+    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+    never = ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg", "socket.getaddrinfo",
+             "subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
+             "os.kill", "os.killpg", "ctypes.dlsym", "ctypes.cdata", "pty.spawn", "sys.setprofile",
+             "os.setxattr", "os.removexattr", "os.mkfifo", "os.mknod", "sqlite3.connect", "signal.pthread_kill")
+    path_events = ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.symlink",
+                   "os.link", "os.truncate", "os.utime", "shutil.rmtree", "shutil.move", "shutil.copyfile")
+    # argument positions of each event's directory descriptors (a relative path there escapes the check)
+    dir_fd = {"os.remove": (1,), "os.rmdir": (1,), "os.rename": (2, 3), "os.link": (2, 3), "os.mkdir": (2,),
+              "os.chmod": (2,), "os.symlink": (2,), "os.chown": (3,), "os.utime": (3,)}
+
+    def inside(path):
+        if isinstance(path, int):
+            return True  # an already opened descriptor
+        try:
+            full = os.path.realpath(os.fsdecode(path))
+        except (TypeError, ValueError):
+            return False
+        return full == home or full.startswith(home + os.sep)
+
+    def refuse(event):
+        report(f"forbidden: {event}")
+        os._exit(FORBIDDEN_EXIT)
+
+    def hook(event, args):
+        if event in never or (event == "socket.__new__" and len(args) > 1 and args[1] not in (1,)):
+            refuse(event)  # AF_UNIX (1) sockets stay allowed: some libraries open them internally
+        elif event == "ctypes.dlopen" and args and args[0] is not None:
+            refuse(f"{event} {args[0]!r}")  # importing ctypes opens the running process itself (None): allowed
+        elif event == "open" and len(args) >= 3:
+            path, mode, flags = args[0], args[1] or "", args[2] or 0
+            writes = any(c in str(mode) for c in "wax+") or bool(flags & write_flags)
+            if writes and not inside(path):
+                refuse(f"open {path!r} for writing")
+        elif event in path_events:
+            for path in args[:2]:
+                if isinstance(path, (str, bytes, os.PathLike)) and not inside(path):
+                    refuse(f"{event} {path!r}")
+            if any(i < len(args) and isinstance(args[i], int) and args[i] >= 0 for i in dir_fd.get(event, ())):
+                refuse(f"{event} relative to a directory descriptor")
+
+    sys.addaudithook(hook)
+
+
+def main():
+    folder, marker = sys.argv[1], int(sys.argv[2])
+    limit_s, memory_mb, file_mb, open_files = float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+    audit, watched = sys.argv[7] == "1", sys.argv[8] == "1"
+    not_dumpable()
+    to_solver, from_judge = os.pipe()
+    to_judge, from_solver = os.pipe()
+    null = os.open(os.devnull, os.O_RDONLY)
+    pid = os.fork()
+    if pid == 0:  # the solver: nothing secret exists yet; it keeps neither the marker nor standard input
+        os.close(marker)
+        os.dup2(null, 0)
+        os.close(from_judge)
+        os.close(to_judge)
+        try:
+            solver(folder, to_solver, from_solver, (limit_s, memory_mb, file_mb, open_files), audit)
+        finally:
+            os._exit(1)
+    os.close(to_solver)
+    os.close(from_solver)
+    nonce = sys.stdin.readline().strip()
+    os.dup2(null, 0)
+    if watched:
+        watchdog(memory_mb)
+    LINK.append(Link(from_judge, to_judge))
+    status = judge(folder, LINK[0], limit_s)
+    if status is None:
+        status = solver_status(pid)
+    if status == 0:
+        os.write(marker, f"{nonce} passed\n".encode())
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    sys.stdout.flush()
+    os._exit(status)
+
+
+if __name__ == "__main__":
+    main()
