@@ -391,16 +391,3 @@ def test_a_runs_seed_depends_on_its_prompt_and_sample_alone_never_on_the_other_p
     assert len(seeds) == 12 and all(0 <= x <= 2**32 - 1 for x in seeds)
 
 
-def test_the_benchmark_tab_deletes_an_upload_once_it_has_read_it(tmp_path):
-    import shutil
-    from contextlib import nullcontext
-
-    from serve.benchmark import DEFAULT_REPORT, ROOT
-    from tabs.benchmark import BenchmarkHandlers
-
-    upload = tmp_path / "summary.json"
-    shutil.copy(ROOT / DEFAULT_REPORT / "summary.json", upload)
-    handlers = BenchmarkHandlers(lambda name: None, ["assets/model"], ROOT, nullcontext, None)
-    status, markdown, *_ = handlers.show("", str(upload))
-    assert status == "Showing the uploaded summary." and "Per schedule" in markdown
-    assert not upload.exists()  # nobody else can fetch it by its path now

@@ -43,7 +43,7 @@ WRITING = [{"index": 7, "domain1": "Literature", "domain2": "Poetry", "lang": "e
 
 
 def write_jsonl(path: Path, records: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8", errors="surrogatepass")
     return path
 
 
@@ -95,10 +95,19 @@ def test_writingbench_says_when_the_full_file_does_not_give_the_papers_555_engli
     ("humaneval", {**HUMANEVAL, "prompt": 5}, "'prompt' as text (int"),
     ("mbpp", {**MBPP, "test_list": "assert x"}, "'test_list' as a list of text"),
     ("mbpp", {**MBPP, "test_list": [1, 2]}, "'test_list' as a list of text"),
+    ("mbpp", {**MBPP, "test_list": []}, "an empty 'test_list'"),
+    ("mbpp", {**MBPP, "test_imports": [1]}, "'test_imports' that is not a list of text"),
+    ("mbpp", {**MBPP, "test_imports": "import math"}, "'test_imports' that is not a list of text"),
+    ("humaneval", {**HUMANEVAL, "task_id": "HumanEval/1", "test": "  "}, "an empty 'test'"),
+    ("humaneval", {**HUMANEVAL, "task_id": "HumanEval/1", "entry_point": "not valid!"}, "no Python name"),
+    ("gsm8k", {**GSM8K, "answer": "1234"}, "without GSM8K's '#### <final answer>'"),
+    ("gsm8k", {**GSM8K, "question": "\ud800"}, "not valid Unicode"),
+    ("humaneval", HUMANEVAL, "kept records 1 and 2 .* share the id 'HumanEval/0'"),
 ])
 def test_records_are_checked_whole_before_anything_is_decoded(tmp_path, name, record, message):
     path = write_jsonl(tmp_path / "data.jsonl", [TASK_RECORDS[name], record])  # the second record is the bad one
-    with pytest.raises(BenchError, match="record 2 of .*" + message.replace("(", r"\(").replace(")", r"\)")):
+    escaped = message.replace("(", r"\(").replace(")", r"\)")
+    with pytest.raises(BenchError, match=message if message.startswith("kept") else "record 2 of .*" + escaped):
         load_records(TASKS[name], str(path))
 
 
@@ -324,6 +333,44 @@ def test_resume_over_other_data_is_refused(tmp_path, capsys):
     assert settings["data"]["records"] == 2 and len(settings["data"]["sha256"]) == 64
     paper = json.loads((out / "paper.json").read_text())
     assert paper["tasks"][0]["data"]["source"] == str(first)
+
+
+def test_a_resume_refused_for_one_task_changes_nothing_and_rows_without_settings_are_refused(tmp_path, capsys):
+    out = tmp_path / "two-tasks"
+    gsm8k = str(ROOT / "docs" / "data" / "gsm8k-sample.jsonl")
+    mbpp = str(ROOT / "docs" / "data" / "mbpp-sample.jsonl")
+    argv = ["--model", str(EMBEDDED), "--task", "gsm8k,mbpp", "--data", f"gsm8k={gsm8k}", "--data", f"mbpp={mbpp}",
+            "--threads", "1", "--max-new-tokens", "4", "--resamples", "10", "--schedules", "ar", "--no-warmup",
+            "--limit", "1", "--out", str(out), *UNSAFE]
+    assert main(argv) == 0
+    (out / "runs" / "mbpp.settings.json").unlink()
+    before = (out / "runs" / "gsm8k.settings.json").read_text()
+    capsys.readouterr()
+    assert main(argv + ["--resume", "--temperature", "1"]) == 2
+    assert "made with other settings" in capsys.readouterr().err
+    assert (out / "runs" / "gsm8k.settings.json").read_text() == before  # nothing written before the refusal
+    assert main(argv + ["--resume"]) == 2
+    assert "have no settings file to match them to" in capsys.readouterr().err
+    import shutil
+
+    shutil.rmtree(out / "runs")
+    (out / "runs").write_text("x")
+    assert main(argv + ["--resume"]) == 2 and "is a file" in capsys.readouterr().err
+
+
+def test_the_last_boxed_answer_is_the_answer():
+    assert grade_math("27", "\\boxed{28} no, wait: \\boxed{27}").correct
+    assert not grade_math("28", "\\boxed{28} no, wait: \\boxed{27}").correct
+    assert grade_math("\\frac{1}{2}", "first \\boxed{3}, then \\boxed{\\frac{1}{2}}").correct
+
+
+def test_lists_with_an_empty_name_and_unknown_tasks_in_data_are_refused():
+    from packed_ss.bench.plan import parse_schedules
+
+    with pytest.raises(BenchError, match="empty name"):
+        parse_schedules("ar,")
+    with pytest.raises(BenchError, match="unknown task 'gsm8x'"):
+        parse_data(["gsm8x=a.jsonl"], parse_tasks("gsm8k"))
 
 
 @pytest.mark.parametrize("damage,message", [

@@ -5,7 +5,7 @@ responses, all of which stay together in every resample), with lm-eval-harness's
 sample standard deviation of the per-prompt scores over the square root of their count) and a percentile
 bootstrap interval over prompts. With several responses per prompt, pass@k for every k the samples allow
 uses the unbiased estimator of Chen et al. (2021), ``1 - C(n - c, k) / C(n, k)`` per prompt, averaged, with its
-standard error. Extra graded columns (GSM8K's ``strict_match`` and ``flexible_match``) get the same accuracy
+standard error (k in 1, 5, 10, 20, 50, 100 and the responses per prompt). Extra graded columns (GSM8K's ``strict_match`` and ``flexible_match``) get the same accuracy
 and standard error. Paired differences between schedules use the
 same prompt-level bootstrap as the speed statistics (:mod:`packed_ss.stats`). For greedy lossless
 schedules the count of responses whose correctness label differs from AR's is the paper's "identical
@@ -121,11 +121,11 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def pass_at_k_summary(correct: np.ndarray, responses: np.ndarray) -> dict:
-    """pass@k over prompts for every k of :data:`PASS_AT` up to the fewest responses of a prompt:
-    ``{k: {"estimate", "stderr"}}`` (keys as text, for JSON)."""
+    """pass@k over prompts for every k of :data:`PASS_AT` up to the fewest responses of a prompt, and that
+    number itself: ``{k: {"estimate", "stderr"}}`` (keys as text, for JSON)."""
     n_min = int(responses[responses > 0].min()) if (responses > 0).any() else 0
     out = {}
-    for k in (k for k in PASS_AT if k <= n_min):
+    for k in sorted({k for k in PASS_AT if k <= n_min} | ({n_min} if n_min else set())):
         scores = np.array([pass_at_k(int(n), int(c), k) for c, n in zip(correct, responses) if n > 0])
         stderr = float(np.std(scores, ddof=1) / math.sqrt(len(scores))) if len(scores) > 1 else math.nan
         out[str(k)] = {"estimate": float(scores.mean()), "stderr": stderr}

@@ -30,20 +30,37 @@ def math_gold(gold: str) -> str:
     return gold if "\\boxed" in gold else f"\\boxed{{{gold}}}"
 
 
+def last_boxed(text: str) -> str | None:
+    """The last ``\\boxed{...}`` (or ``\\fbox{...}``) of ``text`` with its braces balanced, or None."""
+    starts = [m.end() for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text)]
+    if not starts:
+        return None
+    depth, start = 1, starts[-1]
+    for position in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[position], 0)
+        if depth == 0:
+            return f"\\boxed{{{text[start:position]}}}"
+    return None  # cut short before its closing brace
+
+
 def grade_math(gold: str, response: str) -> Verdict:
     """Whether the response's final answer (its last ``\\boxed{}``, else its last expression) equals ``gold``
-    (math-verify: LaTeX and numbers, equal in value or form).
+    (math-verify: LaTeX and numbers, equal in value or form). A response that boxes several answers is judged
+    by its last one, not by the set of them.
 
     Args:
         gold: the record's answer (MATH-500 ``answer``; GSM8K: :func:`gsm8k_gold`).
         response: the cleaned response.
     """
+    import logging
+
     from math_verify import parse, verify
 
+    logging.getLogger("math_verify").setLevel(logging.ERROR)  # its timeout warnings print the whole response
     expected = parse(math_gold(gold))
     if not expected:
         return Verdict(False, "no gold", f"math-verify cannot parse the gold {gold!r}")
-    found = parse(response)
+    found = parse(last_boxed(response) or response)
     if not found:
         return Verdict(False, "no answer", f"gold {gold!r}")
     same = bool(verify(expected, found))

@@ -195,8 +195,9 @@ def _task_main(args) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"interrupted: the runs measured so far are in {args.out}/runs; --resume goes on from there",
-              file=sys.stderr)
+        runs = Path(args.out) / "runs"
+        print(f"interrupted: the runs measured so far are in {runs}; --resume goes on from there" if any(
+            runs.glob("*.rows.jsonl")) else "interrupted before any run was measured", file=sys.stderr)
         return 130
 
 

@@ -185,6 +185,8 @@ def check_resumable(out: Path, tasks) -> None:
     """Before the model loads: every settings, rows and meta file a ``--resume`` will read can be read.
 
     Raises: BenchError naming the first damaged file."""
+    if (out / RUNS).exists() and not (out / RUNS).is_dir():
+        raise BenchError(f"--resume: {out / RUNS} is a file, not the harness's runs folder; move it away")
     for task in tasks:
         path = out / RUNS / f"{task.name}.settings.json"
         if path.exists():
@@ -252,23 +254,35 @@ def run_settings(meta: dict, config: BenchConfig, chat: bool, data: TaskData) ->
                                   "decoding": decoding}))
 
 
-def keep_settings(out: Path, task: str, settings: dict, resume: bool, main: bool) -> None:
-    """A fresh run (main process): write the settings (the folder held no runs: the command line checked it, or
-    ``--overwrite`` set them aside). ``--resume``: refuse when the rows there were made with other settings
-    (they would be reported under the new ones).
+def check_settings(out: Path, task: str, settings: dict, resume: bool) -> None:
+    """``--resume``: refuse when the rows there were made with other settings (they would be reported under the
+    new ones), or when there are rows but no settings to match them to. Writes nothing.
 
     Raises: BenchError naming what differs, or a settings file that cannot be read."""
     path = out / RUNS / f"{task}.settings.json"
-    if resume and path.is_file():
-        old = _settings(path)
-        if old != settings:
-            flat_old, flat_new = _flat(old), _flat(settings)
-            changed = [f"{k} {flat_old.get(k)!r} -> {flat_new.get(k)!r}" for k in sorted(set(flat_old) | set(flat_new))
-                       if flat_old.get(k) != flat_new.get(k)]
-            raise BenchError(f"--resume: the {task} runs in {out / RUNS} were made with other settings "
-                             f"({'; '.join(changed[:4])}); repeat those settings, or give another --out")
+    if not resume:
         return
-    if not main:
+    if not path.is_file():
+        if any((out / RUNS).glob(f"{task}.rank*.rows.jsonl")):
+            raise BenchError(f"--resume: the {task} runs in {out / RUNS} have no settings file to match them to; move "
+                             f"them away, or give another --out")
+        return
+    old = _settings(path)
+    # the data's source path is shown, not compared: the same records by another path are the same data
+    old_data, new_data = (dict(s.get("data") or {}, source=None) for s in (old, settings))
+    if {**old, "data": old_data} != {**settings, "data": new_data}:
+        flat_old, flat_new = _flat({**old, "data": old_data}), _flat({**settings, "data": new_data})
+        changed = [f"{k} {flat_old.get(k)!r} -> {flat_new.get(k)!r}" for k in sorted(set(flat_old) | set(flat_new))
+                   if flat_old.get(k) != flat_new.get(k)]
+        raise BenchError(f"--resume: the {task} runs in {out / RUNS} were made with other settings "
+                         f"({'; '.join(changed[:4])}); repeat those settings, or give another --out")
+
+
+def keep_settings(out: Path, task: str, settings: dict, resume: bool, main: bool) -> None:
+    """Write a task's settings (main process) unless a resume keeps the ones there. Call it only after
+    :func:`check_settings` passed for every task, so a refusal changes nothing."""
+    path = out / RUNS / f"{task}.settings.json"
+    if not main or (resume and path.is_file()):
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text(path, json.dumps(settings, indent=2))
@@ -434,8 +448,12 @@ def run_harness(model, plan: HarnessPlan, out: Path, procs: Processes, meta: dic
     aside = set_aside(out) if plan.overwrite and procs.main else None
     if aside is not None:
         print(f"moved the earlier results in {out} to {aside}", file=sys.stderr)
-    for task, config, data, (chat, _) in zip(plan.tasks, plan.configs, plan.data, plan.chats):
-        keep_settings(out, task.name, run_settings(meta, config, chat, data), plan.resume, procs.main)
+    settings = [run_settings(meta, config, chat, data)
+                for config, data, (chat, _) in zip(plan.configs, plan.data, plan.chats)]
+    for task, wanted in zip(plan.tasks, settings):  # every task checked before any is written
+        check_settings(out, task.name, wanted, plan.resume)
+    for task, wanted in zip(plan.tasks, settings):
+        keep_settings(out, task.name, wanted, plan.resume, procs.main)
     procs.barrier()
     for task, config, prompts in zip(plan.tasks, plan.configs, loaded):
         measure_task(model, task, prompts, config, out, procs, plan.resume,

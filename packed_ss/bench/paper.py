@@ -53,7 +53,12 @@ def absolute_table(entry: dict) -> tuple[str, list[str], list[list[str]], str]:
     lossless = summary.get("lossless") or {}
     differing = ", ".join(f"{LABELS.get(n, n)} {c['differing']} of {c['compared']}"
                           for n, c in lossless.get("by_schedule", {}).items())
-    check = f" Outputs differing from AR's, token for token: {differing}." if lossless.get("applies") else ""
+    check = f" Outputs differing from AR's, token for token: {differing}." if lossless.get("applies") and differing else ""
+    skipped = summary["meta"].get("skipped_prompts") or []
+    if skipped:
+        check += (f" {len(skipped)} prompt{'s' if len(skipped) != 1 else ''} not measured: "
+                  + "; ".join(f"{s['prompt_id']} ({s['reason']})" for s in skipped[:5])
+                  + (f" and {len(skipped) - 5} more" if len(skipped) > 5 else "") + ".")
     return (f"{entry['task']}: absolute measurements ({summary['meta'].get('prompts_measured', 0)} prompts)",
             ["schedule", "tokens", "wall (s)", "NFE", "tokens/s", "tokens/NFE", "accuracy (%) ± s.e."], rows,
             "Tokens, wall time and NFE are means per response; tokens/s and tokens/NFE use aggregate totals; "
@@ -190,12 +195,14 @@ def _task_line(entry: dict) -> str:
     """One task's data identity, chat template use and grading sandbox."""
     data = entry.get("data") or {}
     revision = f", revision {data['revision']}" if data.get("revision") else ""
-    note = f" ({data['note']})" if data.get("note") else ""
+    note = f"; {data['note']}" if data.get("note") else ""
     digest = (data.get("sha256") or "")[:16]
     sandbox = f"; code graded in {entry['graded_in']}" if entry.get("graded_in") else ""
     used = entry["summary"]["meta"].get("prompts_given", data.get("records", "n/a"))
-    return (f"{entry['task']}: {used} of {data.get('records', 'n/a')} records from {data.get('source', 'n/a')}{revision} "
-            f"(sha256 {digest}){note}; chat template {entry.get('chat', 'n/a')}{sandbox}")
+    read = data.get("read", data.get("records"))
+    kept = "" if read == data.get("records") else f" (of {read} read, the paper's filter kept {data.get('records')})"
+    return (f"{entry['task']}: {used} of {data.get('records', 'n/a')} records{kept} from {data.get('source', 'n/a')}"
+            f"{revision}, records sha256 {digest}{note}; chat template {entry.get('chat', 'n/a')}{sandbox}")
 
 
 def paper_markdown(report: dict) -> str:

@@ -161,9 +161,11 @@ def parse_schedules(spec: str) -> tuple[str, ...]:
     """
     if not isinstance(spec, str):
         raise BenchError(f"--schedules must be text such as 'ar,packed', got {spec!r}")
-    names = tuple(part.strip() for part in spec.split(",") if part.strip())
-    if not names:
+    names = tuple(part.strip() for part in spec.split(","))
+    if not any(names):
         raise BenchError("--schedules is empty")
+    if "" in names:
+        raise BenchError(f"--schedules {spec!r} has an empty name (a comma too many?)")
     for name in names:
         if name not in KNOWN:
             raise BenchError(f"unknown schedule {name!r}; choose from {', '.join(KNOWN)}")

@@ -129,7 +129,7 @@ def _header(summary: dict) -> list[str]:
         + (f" (sha256 {meta['model_sha256']})" if meta.get("model_sha256") else "")
         + f" on {meta.get('device', '?')} ({meta.get('dtype', '?')}), "
         f"{meta.get('threads', '?')} CPU threads.",
-        f"Prompts: {meta.get('prompt_source', '?')}, {meta['prompts_measured']} measured "
+        f"Prompts: {meta.get('prompt_source') or meta.get('task') or '?'}, {meta['prompts_measured']} measured "
         f"({meta.get('prompts_given', '?')} given, {len(meta.get('skipped_prompts', []))} skipped, "
         f"{meta.get('prompts_incomplete', 0)} incomplete).",
         f"T = {config['temperature']}, samples per prompt = {config['samples']}, max new tokens = "

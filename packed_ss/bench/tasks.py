@@ -60,6 +60,7 @@ class Task:
         extract: (record, cleaned response) -> what the graders read from the response, for the log.
         samples_sampled: responses per prompt at T > 0 (E.4: 20 for HumanEval, 7 for MBPP, else 1).
         keep: record -> whether the paper used it (WritingBench: English prompts only).
+        check: record -> what is wrong with a record beyond its fields' types (None: nothing).
         chat_sampled: the paper sends the prompt in the chat template at T > 0 (E.3: WritingBench only).
         note: where to get the data when there is no hub copy.
     """
@@ -77,6 +78,7 @@ class Task:
     extract: Callable[[dict, str], dict] = lambda record, response: {}
     samples_sampled: int = 1
     keep: Callable[[dict], bool] = lambda record: True
+    check: Callable[[dict], str | None] = lambda record: None
     chat_sampled: bool = False
     revision: str | None = None
     note: str = ""
@@ -163,14 +165,36 @@ def _gsm8k_extract(record: dict, response: str) -> dict:
             "flexible": flexible, "flexible_match": gsm8k_exact_match(flexible, record["answer"])}
 
 
+def _humaneval_check(record: dict) -> str | None:
+    if not record["test"].strip():
+        return "an empty 'test'"
+    if not record["entry_point"].isidentifier():
+        return f"an 'entry_point' that is no Python name ({record['entry_point'][:40]!r})"
+    return None
+
+
+def _mbpp_check(record: dict) -> str | None:
+    if not record["test_list"]:
+        return "an empty 'test_list' (every answer would pass)"
+    imports = record.get("test_imports", [])
+    if imports is not None and (not isinstance(imports, list) or not all(isinstance(i, str) for i in imports)):
+        return "'test_imports' that is not a list of text"
+    return None
+
+
+def _gsm8k_check(record: dict) -> str | None:
+    return None if "####" in record["answer"] else "an 'answer' without GSM8K's '#### <final answer>'"
+
+
 TASKS = {t.name: t for t in (
     Task("humaneval", None, None, "test", 164, CODE_CAP, humaneval_prompt, grade_humaneval,
          fields=(("task_id", str), ("prompt", str), ("test", str), ("entry_point", str)),
          target=lambda r: r["test"], extract=lambda r, response: {"program": humaneval_solution(r, response)},
-         samples_sampled=20),
+         check=_humaneval_check, samples_sampled=20),
     Task("mbpp", "evalplus/mbppplus", None, "test", 378, CODE_CAP, mbpp_prompt, grade_mbpp,
          fields=(("prompt", str), ("test_list", list)), target=lambda r: "\n".join(r["test_list"]),
-         extract=lambda r, response: {"program": mbpp_solution(r, response)}, samples_sampled=7),
+         extract=lambda r, response: {"program": mbpp_solution(r, response)}, check=_mbpp_check,
+         samples_sampled=7),
     Task("math500", "HuggingFaceH4/MATH-500", None, "test", 500, MATH_CAP, math500_prompt,
          lambda record, response, sandbox: grade_math(record["answer"], response),
          fields=(("problem", str), ("answer", str)), target=lambda r: r["answer"],
@@ -178,7 +202,7 @@ TASKS = {t.name: t for t in (
     Task("gsm8k", "openai/gsm8k", "main", "test", 1319, MATH_CAP, gsm8k_prompt,
          lambda record, response, sandbox: grade_math(gsm8k_gold(record["answer"]), response),
          fields=(("question", str), ("answer", str)), target=lambda r: gsm8k_gold(r["answer"]),
-         extract=_gsm8k_extract, revision="740312add88f781978c0658806c59bc2815b9866"),
+         extract=_gsm8k_extract, check=_gsm8k_check, revision="740312add88f781978c0658806c59bc2815b9866"),
     Task("writingbench", "", None, "test", 555, CODE_CAP, writingbench_prompt, None, fields=(("query", str),),
          keep=english, chat_sampled=True,
          note="WritingBench has no hub dataset this harness knows: download benchmark_query/benchmark_all.jsonl "
@@ -214,6 +238,8 @@ def parse_data(values, tasks: tuple[Task, ...]) -> dict[str, str]:
     names = [t.name for t in tasks]
     for value in values or ():
         name, sep, path = value.partition("=")
+        if sep and name not in TASKS and name.isidentifier():
+            raise BenchError(f"--data {value!r}: unknown task {name!r}; choose from {', '.join(TASKS)}")
         if not sep or name not in TASKS:
             if len(tasks) != 1:
                 raise BenchError(f"--data {value!r}: with several tasks write TASK=PATH (e.g. gsm8k=test.jsonl)")
@@ -253,6 +279,12 @@ def load_task_data(task: Task, data: str | None = None) -> TaskData:
     kept = [r for r in records if task.keep(r)]
     if not kept:
         raise BenchError(f"{task.name}: no records" + (f" in {data!r}" if data else ""))
+    seen: dict[str, int] = {}
+    for number, ident in enumerate((record_id(task, r, i) for i, r in enumerate(kept)), 1):
+        if ident in seen:
+            raise BenchError(f"{task.name}: kept records {seen[ident]} and {number} of {source!r} share the id "
+                             f"{ident.split('/', 1)[1]!r}; each record needs its own")
+        seen[ident] = number
     note = ""
     if task.name == "writingbench" and len(records) == WRITINGBENCH_FULL:
         note = (f"{len(kept)} English queries of {len(records)}"
@@ -283,6 +315,15 @@ def check_records(task: Task, records: list, source: str) -> None:
                 found = "missing" if name not in record else f"{type(value).__name__} {str(value)[:40]!r}"
                 raise BenchError(f"{task.name}: record {number} of {source!r} needs the field {name!r} as {what} "
                                  f"({found}); is it the {task.name} dataset?")
+        problem = task.check(record)
+        if problem is None:
+            try:
+                json.dumps(record, ensure_ascii=False, default=str).encode("utf-8")
+            except UnicodeEncodeError:
+                problem = "text that is not valid Unicode (a lone surrogate)"
+        if problem:
+            raise BenchError(f"{task.name}: record {number} of {source!r} has {problem}")
+
 
 
 def _read_local(path: Path) -> list:
@@ -294,7 +335,7 @@ def _read_local(path: Path) -> list:
 
             return pq.read_table(path).to_pylist()  # plain lists, not numpy arrays
         opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt", encoding="utf-8") as handle:
+        with opener(path, "rt", encoding="utf-8-sig") as handle:  # a byte-order mark is allowed
             text = handle.read()
     except (OSError, UnicodeDecodeError, ValueError) as error:
         raise BenchError(f"cannot read --data {str(path)!r}: {error}") from None
