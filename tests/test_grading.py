@@ -123,6 +123,26 @@ def test_a_result_whose_comparisons_the_solution_defines_is_not_trusted(trick):
     assert not grade_mbpp(MBPP[2], generated, SANDBOX).correct
 
 
+def test_an_object_of_the_solution_has_no_truth_value_and_plain_results_keep_theirs():
+    verdict = run_program("class Yes:\n    def __bool__(self):\n        return True\ndef f():\n    return Yes()\n",
+                          "assert f()\n", SANDBOX)
+    assert not verdict.correct and "no truth value" in verdict.detail
+    assert run_program("def f():\n    return [1]\n", "assert f()\nassert not f()[1:]\n", SANDBOX).correct
+
+
+def test_results_of_the_standard_types_cross_as_they_are():
+    solution = ("import collections, fractions, decimal\ndef f():\n    return (collections.Counter('aab'), {1, 2}, "
+                "frozenset([3]), 2j, b'x', range(3), fractions.Fraction(1, 3), decimal.Decimal('0.1'), "
+                "collections.OrderedDict(a=1), collections.deque([1]), None, float('inf'))\n"
+                "def g():\n    return (x * x for x in range(4))\n")
+    tests = ("import collections, fractions, decimal\nc, s, fs, z, b, r, q, d, o, dq, n, inf = f()\n"
+             "assert c == {'a': 2, 'b': 1} and isinstance(c, collections.Counter) and s == {1, 2} and fs == {3}\n"
+             "assert z == 2j and b == b'x' and list(r) == [0, 1, 2] and q == fractions.Fraction(1, 3)\n"
+             "assert d == decimal.Decimal('0.1') and o == {'a': 1} and list(dq) == [1] and n is None\n"
+             "assert inf == float('inf') and list(g()) == [0, 1, 4, 9] and g() != [0, 1, 4, 9]\n")
+    assert run_program(solution, tests, SANDBOX).correct
+
+
 def test_a_solution_may_use_its_own_classes_inside_and_return_plain_values():
     answer = ("```python\nclass Side:\n    def __init__(self, a):\n        self.a = a\n    def four(self):\n"
               "        return 4 * self.a\n\ndef square_perimeter(a):\n    return Side(a).four()\n```")

@@ -130,13 +130,13 @@ def main(argv: list[str] | None = None) -> int:
             raise BenchError(threads_problem(args.threads))
         if EAGER_AR in config.schedules and not args.compile:
             raise BenchError(f"{EAGER_AR} times AR on eager calls beside --compile's AR: add --compile, or use ar")
-        check_out_folder(args.out, overwrite=args.overwrite)  # found now, not after the measurements
         from packed_ss.models import device_dtype_problem
 
         problem = device_dtype_problem(args.device, args.dtype)
         if problem:
             raise BenchError(problem)
         prompts = load_prompts(args.prompts or "humaneval", args.limit)
+        check_out_folder(args.out, overwrite=args.overwrite)  # found now, not after the measurements
     except BenchError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -173,12 +173,12 @@ def _task_main(args) -> int:
         if problem:
             raise BenchError(problem)
         configs = tuple(config_from_args(args, task) for task in tasks)
+        data = tuple(_limited(load_task_data(task, paths.get(task.name)), args.limit) for task in tasks)
         check_out_folder(args.out, keep=args.resume, overwrite=args.overwrite, resumable=True)
         if args.resume:
             from packed_ss.bench.harness import check_resumable
 
             check_resumable(Path(args.out), tasks)
-        data = tuple(_limited(load_task_data(task, paths.get(task.name)), args.limit) for task in tasks)
         sandbox = None
         if any(task.runs_code for task in tasks):  # before the model loads: grading must be possible
             try:

@@ -38,7 +38,7 @@ MESSAGE_BYTES = 64 << 20  # largest message either side accepts
 ITEMS = 100_000  # most items taken from an iterator a call returns
 PROCESSES = 32  # processes the sandbox may hold at once (bubblewrap's init, the judge and the solver included)
 PLAIN = {type(None), bool, int, float, complex, str, bytes, bytearray, list, tuple, dict, set, frozenset, range,
-         slice, type(Ellipsis), collections.OrderedDict, collections.Counter, collections.deque,
+         slice, collections.OrderedDict, collections.Counter, collections.deque,
          collections.defaultdict, decimal.Decimal, fractions.Fraction}
 SAFE = {("builtins", t.__name__) for t in (set, frozenset, complex, bytearray, range, slice, int, float, str, bytes,
                                             list, tuple, dict, bool)} | {
@@ -92,8 +92,8 @@ def solver(folder, requests, replies, limits, audit):
 
     class Out(pickle.Pickler):
         def persistent_id(self, obj):
-            if type(obj) in PLAIN:
-                return None
+            if type(obj) in PLAIN or (isinstance(obj, type) and obj in PLAIN):  # values, and the classes
+                return None  # that rebuild them (Counter, deque...), go as they are
             table[id(obj)] = obj
             return ("handle", id(obj), type(obj).__name__)
 
@@ -201,7 +201,7 @@ LINK = []  # the judge's one link (a list, so that the proxies reach it without 
 
 class Remote:
     """An object that stays in the solver: callable, iterable and its attributes callable through the link;
-    equal only to itself."""
+    equal only to itself, with no truth value."""
 
     __slots__ = ("_target", "_type")
 
@@ -212,7 +212,7 @@ class Remote:
         return LINK[0].call(self._target, args, kwargs)
 
     def __getattr__(self, name):
-        if name.startswith("__"):
+        if name.startswith("__") or name in self.__slots__:
             raise AttributeError(name)
         return Remote(("attr", self._target, name), "method")
 
@@ -221,6 +221,9 @@ class Remote:
 
     def __repr__(self):
         return f"<{self._type} object of the solution>"
+
+    def __bool__(self):
+        raise TypeError(f"a {self._type} object of the solution has no truth value the tests can trust")
 
 
 class JudgeOut(pickle.Pickler):
@@ -238,8 +241,9 @@ class JudgeIn(pickle.Unpickler):
         raise pickle.UnpicklingError(f"the solution sent a {module}.{name}, which the tests do not take")
 
 
-def judge(folder, link, limit_s):
-    """Run the context and the tests against the solver. Returns the exit status (None: the solver is gone)."""
+def judge(files, link, limit_s):
+    """Run the context and the tests (their texts in ``files``, read before the fork) against the solver.
+    Returns the exit status (None: the solver is gone)."""
 
     def expired(signum, frame):
         raise Expired(f"the tests did not end within {limit_s:g} s")
@@ -247,13 +251,12 @@ def judge(folder, link, limit_s):
     signal.signal(signal.SIGALRM, expired)
     signal.setitimer(signal.ITIMER_REAL, limit_s)
     try:
-        names = [n for n in read(folder, "names.txt").split() if n]
-        reply = link.ask(names)
+        reply = link.ask([n for n in files["names.txt"].split() if n])
         if reply[0] == "error":
             report(reply[1])
             return 1
         namespace = {"__name__": "__tests__", "__builtins__": builtins}
-        exec(compile(read(folder, "context.py"), "context.py", "exec"), namespace)
+        exec(compile(files["context.py"], "context.py", "exec"), namespace)
         for name, kind in reply[1].items():
             if kind[0] == "callable":
                 namespace[name] = Remote(("name", name), "function")
@@ -261,7 +264,7 @@ def judge(folder, link, limit_s):
                 namespace[name] = kind[1]
             else:
                 namespace.pop(name, None)  # the tests meet a NameError, as they would without the definition
-        exec(compile(read(folder, "tests.py"), "tests.py", "exec"), namespace)
+        exec(compile(files["tests.py"], "tests.py", "exec"), namespace)
     except Expired as error:
         report(str(error))
         return TIMEOUT_EXIT
@@ -403,6 +406,7 @@ def main():
     limit_s, memory_mb, file_mb, open_files = float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
     audit, watched = sys.argv[7] == "1", sys.argv[8] == "1"
     not_dumpable()
+    files = {name: read(folder, name) for name in ("names.txt", "context.py", "tests.py")}  # before the solver runs
     to_solver, from_judge = os.pipe()
     to_judge, from_solver = os.pipe()
     null = os.open(os.devnull, os.O_RDONLY)
@@ -423,7 +427,7 @@ def main():
     if watched:
         watchdog(memory_mb)
     LINK.append(Link(from_judge, to_judge))
-    status = judge(folder, LINK[0], limit_s)
+    status = judge(files, LINK[0], limit_s)
     if status is None:
         status = solver_status(pid)
     if status == 0:
