@@ -121,12 +121,30 @@ def cost_ratio(lane: Lane, ar: Lane | None) -> float | None:
     return lane.metrics["time_per_nfe_ms"] / ar_ms if ar_ms > 0 else None
 
 
+MIN_REPEATS = 3  # runs per lane below which no winner is named: one or two runs show no spread to judge noise by
+
+
+def noise_note(lane: Lane, ar: Lane | None) -> str:
+    """A sentence when a lane's multi-row calls cost less than AR's one-row calls: more rows cannot be cheaper
+    than one, so the measured ratio is the machine's load, not a property of the schedule (empty otherwise)."""
+    cost = cost_ratio(lane, ar)
+    if cost is None or cost >= 1 or lane is ar or lane.max_rows_per_call <= 1:
+        return ""
+    return (f"Noise, not a reason: {lane.title}'s calls of up to {lane.max_rows_per_call} rows measured "
+            f"{cost:.2f}x AR's one-row calls, and a call of more rows cannot cost less than one of a single row; "
+            f"the machine's load changed between the runs.")
+
+
 def why_text(lanes: Sequence[Lane], winner: Lane) -> str:
     """One sentence on why the winner won: speed against AR = tokens per call / cost per call (both against
-    AR's, whose tokens per call is 1). Empty without an AR lane."""
+    AR's, whose tokens per call is 1). Empty without an AR lane; a cost ratio that can only be noise is said
+    to be noise (:func:`noise_note`) instead of being given as the reason."""
     ar = next((lane for lane in lanes if lane.schedule == "ar"), None)
     if cost_ratio(winner, ar) is None:
         return ""
+    noisy = next((note for note in (noise_note(lane, ar) for lane in lanes) if note), "")
+    if noisy:
+        return noisy
     if winner is not ar:
         tpn, cost = winner.metrics["tokens_per_nfe"], cost_ratio(winner, ar)
         return (f"Why: {winner.title} accepted {tpn:.2f} tokens per call and its calls (up to "
@@ -189,12 +207,22 @@ def verdict_of(lanes: Sequence[Lane]) -> str:
         parts.append(f"{med / b_med:.2f}x {lane.title}{' (tie: ranges overlap)' if tie else ''}" if b_med > 0
                      else lane.title)
     ranking = ", ".join(f"{i}. {lane.title} {lane.wall_range[0]:.3f} s" for i, lane in enumerate(timed, 1))
-    noun = "median of {} runs each".format(repeats) if repeats > 1 else "one run each: no range to judge noise by"
-    if ties:
+    fewest = min(len(lane.wall_s_repeats) or 1 for lane in timed)
+    noun = f"median of {repeats} runs each" if repeats > 1 else "one run each"
+    if fewest < MIN_REPEATS:
+        head = (f"No winner can be judged: {fewest} run{'s' if fewest != 1 else ''} per lane show no spread to tell "
+                f"a difference from noise (it takes {MIN_REPEATS}); {best.title} had the lowest time")
+        parts = [f"{lane.wall_range[0] / b_med:.2f}x {lane.title}" if b_med > 0 else lane.title for lane in timed[1:]]
+    elif ties:
         head = (f"No clear winner: {best.title} has the lowest median but ties with {', '.join(ties)} "
                 f"(their min-max ranges overlap)")
     else:
         head = f"Fastest: {best.title}, beyond the spread of the repeats"
-    extra = " ".join(s for s in (why_text(lanes, best), paper_comparisons(lanes)) if s)
+    if fewest < MIN_REPEATS:  # no winner, so no reason why it won; a ratio that can only be noise is still said
+        ar = next((lane for lane in lanes if lane.schedule == "ar"), None)
+        why = next((note for note in (noise_note(lane, ar) for lane in lanes) if note), "")
+    else:
+        why = why_text(lanes, best)
+    extra = " ".join(s for s in (why, paper_comparisons(lanes)) if s)
     return (f"{head}. By median: {', '.join(parts)}. Ranking by decoder wall time ({noun}): {ranking}."
             + (f" {extra}" if extra else ""))

@@ -93,3 +93,24 @@ def test_the_model_note_of_the_embedded_model_and_of_any_other(tiny_model_dir):
     other = model_note(store, str(tiny_model_dir), store.get(str(tiny_model_dir)))
     assert "dual-mode plain-family model" in other and "float32 on cpu" in other and "parameters" in other
     assert [count_text(n) for n in (900, 5_512_000, 3_000_000_000)] == ["900", "5.5M", "3.0B"]
+
+
+def test_with_fewer_than_three_runs_per_lane_no_winner_is_named_and_no_reason_given():
+    once = [lane("ar", "Autoregressive", 1.0, 1.6, (0.10,)), lane("lookup", "Prompt lookup", 1.9, 0.53, (0.05,), rows=8)]
+    text = verdict_text(once)
+    assert text.startswith("No winner can be judged: 1 run per lane show no spread")
+    assert "beyond the spread" not in text and "Why:" not in text and "Fastest" not in text
+    twice = [lane("ar", "Autoregressive", 1.0, 1.6, (0.10, 0.11)), lane("packed", "Packed-SS", 2.0, 3.0, (0.2, 0.21),
+                                                                       rows=16)]
+    assert verdict_text(twice).startswith("No winner can be judged: 2 runs per lane")
+
+
+def test_multi_row_calls_cheaper_than_ars_one_row_calls_are_called_noise_not_a_reason():
+    cheap = lane("lookup", "Prompt lookup", 1.9, 0.53, (0.05, 0.051, 0.049), rows=8)
+    why = why_text([AR, cheap], cheap)
+    assert why.startswith("Noise, not a reason: Prompt lookup's calls of up to 8 rows measured 0.33x AR's one-row")
+    assert "runs at about" not in why
+    single = lane("lookup", "Prompt lookup", 1.0, 1.5, (0.09, 0.091, 0.089), rows=1)
+    assert not why_text([AR, single], single).startswith("Noise")  # one-row calls may cost less: no claim
+    once = [lane("ar", "Autoregressive", 1.0, 1.6, (0.10,)), lane("lookup", "Prompt lookup", 1.9, 0.53, (0.05,), rows=8)]
+    assert "Noise, not a reason" in verdict_text(once)
