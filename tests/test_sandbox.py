@@ -161,3 +161,11 @@ def test_shared_memory_is_as_small_as_the_rest():
     verdict = run_program("with open('/dev/shm/big', 'wb') as f:\n    f.write(b'x' * (20 << 20))\n", "", SANDBOX,
                           audit=False)
     assert not verdict.correct and "No space left" in verdict.detail
+
+
+@needs_bwrap
+def test_a_stopped_judge_does_not_stop_the_watch_from_outside():
+    body = ("import time, _posixsubprocess\nos.kill(os.getppid(), signal.SIGSTOP)\n"
+            "for _ in range(60):\n    if os.fork() == 0:\n        time.sleep(30)\n        os._exit(0)\ntime.sleep(30)")
+    verdict = probe(body, SANDBOX, timeout_s=10.0)
+    assert (verdict.correct, verdict.status) == (False, "limit") and "processes" in verdict.detail

@@ -10,11 +10,13 @@ of standard types; any other object stays in the solver and reaches the judge as
 comparisons are the judge's own (an ``__eq__`` that is always true, a spoofed ``__module__``, ``mock.ANY``
 cannot pass a test). When the tests return, the judge writes the one-time nonce it read from its standard
 input, after the fork, to the marker descriptor, which the solver closed at once: the solver cannot reach the
-nonce, the marker or the judge's memory (the judge is not dumpable). A watchdog thread ends the sandbox when its
-processes or their memory exceed the limits.
+nonce, the marker or the judge's memory (the judge is not dumpable). The tests and the nonce come on the judge's
+standard input, which it reads to the end before the solver starts: they are never on disk, where the solver
+could read them. The host watches the sandbox's processes and memory from outside (a stopped judge cannot stop
+that watch).
 
 Exit statuses: 0 tests passed (the marker says so, not the status), 1 failed, 86 refused by the audit hook,
-87 timed out, 88 over the process or memory limit.
+87 timed out.
 """
 
 import builtins
@@ -23,20 +25,19 @@ import decimal
 import fractions
 import io
 import itertools
+import json
 import os
 import pickle
 import resource
 import signal
 import struct
 import sys
-import threading
 import traceback
 
-FORBIDDEN_EXIT, TIMEOUT_EXIT, LIMIT_EXIT = 86, 87, 88
+FORBIDDEN_EXIT, TIMEOUT_EXIT = 86, 87
 CANDIDATE = "__candidate__"  # the solution's __name__: an ``if __name__ == "__main__"`` block does not run
 MESSAGE_BYTES = 64 << 20  # largest message either side accepts
 ITEMS = 100_000  # most items taken from an iterator a call returns
-PROCESSES = 32  # processes the sandbox may hold at once (bubblewrap's init, the judge and the solver included)
 PLAIN = {type(None), bool, int, float, complex, str, bytes, bytearray, list, tuple, dict, set, frozenset, range,
          slice, collections.OrderedDict, collections.Counter, collections.deque,
          collections.defaultdict, decimal.Decimal, fractions.Fraction}
@@ -94,14 +95,18 @@ def solver(folder, requests, replies, limits, audit):
         def persistent_id(self, obj):
             if type(obj) in PLAIN or (isinstance(obj, type) and obj in PLAIN):  # values, and the classes
                 return None  # that rebuild them (Counter, deque...), go as they are
+            if plain_base(obj) is not None or numpy_scalar(obj) is not None:
+                return None  # sent as the plain value it stands for (reducer_override)
             table[id(obj)] = obj
             return ("handle", id(obj), type(obj).__name__)
 
         def reducer_override(self, obj):
-            if type(obj).__module__ == "numpy" and getattr(obj, "ndim", None) == 0 and hasattr(obj, "item"):
-                value = obj.item()
-                if type(value) in (bool, int, float, complex):
-                    return type(value), (value,)
+            value = numpy_scalar(obj)
+            if value is not None:
+                return type(value), (value,)
+            base = plain_base(obj)
+            if base is not None:  # a namedtuple, an IntEnum, a str subclass: the plain value, built by its base
+                return base, (base(obj),)
             return NotImplemented
 
     class In(pickle.Unpickler):
@@ -141,6 +146,29 @@ def solver(folder, requests, replies, limits, audit):
             os._exit(0)
 
 
+CONVERTIBLE = (bool, int, float, complex, str, bytes, tuple, list, dict, set, frozenset)
+
+
+def plain_base(obj):
+    """The plain type an instance of a subclass of one stands for (None for plain values and other objects)."""
+    kind = type(obj)
+    if kind in PLAIN or isinstance(obj, type):
+        return None
+    return next((base for base in kind.__mro__[1:] if base in CONVERTIBLE), None)
+
+
+def numpy_scalar(obj):
+    """A numpy scalar's Python value (None for anything else)."""
+    if type(obj).__module__ != "numpy" or getattr(obj, "ndim", None) != 0 or not hasattr(obj, "item"):
+        return None
+    value = obj.item()
+    return value if type(value) in (bool, int, float, complex) else None
+
+
+MUTABLE = (list, dict, set, bytearray, collections.deque, collections.OrderedDict, collections.Counter,
+           collections.defaultdict)
+
+
 def resolve(target, namespace, table):
     """("name", n) | ("handle", i) | ("attr", target, name) -> the object in the solver."""
     if target[0] == "name":
@@ -152,17 +180,20 @@ def resolve(target, namespace, table):
 
 def answer(request, namespace, table):
     """("call", target, args, kwargs) -> ("value", v) | ("iterator", items) | ("raise", type name, text)."""
-    _, target, args, kwargs = request
+    kind, target, args, kwargs = request
     try:
+        if kind == "get":
+            return ("value", getattr(resolve(target, namespace, table), args[0]), [])
         value = resolve(target, namespace, table)(*args, **kwargs)
+        changed = [(i, a) for i, a in enumerate(args) if type(a) in MUTABLE]  # in-place changes go back too
         if hasattr(value, "__next__") and hasattr(value, "__iter__") and type(value) not in PLAIN:
             items = list(itertools.islice(value, ITEMS + 1))
             if len(items) > ITEMS:
-                return ("raise", "MemoryError", f"an iterator of more than {ITEMS} items")
-            return ("iterator", items)
-        return ("value", value)
+                return ("raise", ["MemoryError"], f"an iterator of more than {ITEMS} items")
+            return ("iterator", items, changed)
+        return ("value", value, changed)
     except BaseException as error:  # noqa: BLE001 - reported to the judge, which raises it in the tests
-        return ("raise", type(error).__name__, str(error)[:500])
+        return ("raise", [k.__name__ for k in type(error).__mro__], str(error)[:500])
 
 
 # --- the judge (runs the trusted tests) -----------------------------------------------------------
@@ -182,18 +213,32 @@ class Link:
             self.gone = str(error) or type(error).__name__
             raise SolverGone(self.gone) from None
 
-    def call(self, target, args, kwargs):
-        reply = self.ask(("call", target, args, kwargs))
-        if reply[0] == "value":
-            return reply[1]
-        if reply[0] == "iterator":
-            return iter(reply[1])
-        kind = getattr(builtins, reply[1], None)
-        if kind is SystemExit:
+    def call(self, target, args, kwargs, kind="call"):
+        reply = self.ask((kind, target, args, kwargs))
+        if not isinstance(reply, tuple) or len(reply) != 3:
+            raise SolverGone("the solution's process answered out of turn")
+        if reply[0] in ("value", "iterator"):
+            write_back(args, reply[2])
+            return reply[1] if reply[0] == "value" else iter(reply[1])
+        names = [str(n) for n in reply[1]] if isinstance(reply[1], list) else []
+        if "SystemExit" in names:
             raise SystemExit(f"the solution called exit() during a test: {reply[2]}")
-        if isinstance(kind, type) and issubclass(kind, Exception):
-            raise kind(reply[2])
-        raise RuntimeError(f"{reply[1]}: {reply[2]}")
+        kind = next((getattr(builtins, n) for n in names if isinstance(getattr(builtins, n, None), type)
+                     and issubclass(getattr(builtins, n), Exception)), None)  # the nearest builtin class
+        raise (kind or RuntimeError)(f"{names[0] if names else 'error'}: {reply[2]}" if kind is None else reply[2])
+
+
+def write_back(args, changed):
+    """Apply the solver's in-place changes of mutable arguments to the judge's own objects."""
+    for index, new in changed if isinstance(changed, list) else []:
+        old = args[index] if isinstance(index, int) and 0 <= index < len(args) else None
+        if type(old) is not type(new):
+            continue
+        if isinstance(old, (list, bytearray)):
+            old[:] = new
+        elif isinstance(old, (dict, set, collections.deque)):
+            old.clear()
+            (old.update if isinstance(old, (dict, set)) else old.extend)(new)
 
 
 LINK = []  # the judge's one link (a list, so that the proxies reach it without a global statement)
@@ -214,7 +259,7 @@ class Remote:
     def __getattr__(self, name):
         if name.startswith("__") or name in self.__slots__:
             raise AttributeError(name)
-        return Remote(("attr", self._target, name), "method")
+        return LINK[0].call(self._target, (name,), {}, kind="get")  # a value, or a handle (a bound method...)
 
     def __iter__(self):
         return iter(LINK[0].call(("attr", self._target, "__iter__"), (), {}))
@@ -242,7 +287,8 @@ class JudgeIn(pickle.Unpickler):
 
 
 def judge(files, link, limit_s):
-    """Run the context and the tests (their texts in ``files``, read before the fork) against the solver.
+    """Run the context and the tests (``files``: names, context and tests, read from standard input, which the
+    solver never sees) against the solver.
     Returns the exit status (None: the solver is gone)."""
 
     def expired(signum, frame):
@@ -251,20 +297,25 @@ def judge(files, link, limit_s):
     signal.signal(signal.SIGALRM, expired)
     signal.setitimer(signal.ITIMER_REAL, limit_s)
     try:
-        reply = link.ask([n for n in files["names.txt"].split() if n])
+        names = [str(n) for n in files["names"]]
+        reply = link.ask(names)
+        if not isinstance(reply, tuple) or not reply or reply[0] not in ("ready", "error"):
+            raise SolverGone("the solution's process answered out of turn")
         if reply[0] == "error":
-            report(reply[1])
+            report(str(reply[1])[:2000])
             return 1
+        kinds = reply[1] if isinstance(reply[1], dict) else {}
         namespace = {"__name__": "__tests__", "__builtins__": builtins}
-        exec(compile(files["context.py"], "context.py", "exec"), namespace)
-        for name, kind in reply[1].items():
-            if kind[0] == "callable":
+        exec(compile(files["context"], "context.py", "exec"), namespace)
+        for name in names:  # only the names asked for: the solver's reply cannot bind anything else
+            kind = kinds.get(name)
+            if kind == ("callable",):
                 namespace[name] = Remote(("name", name), "function")
-            elif kind[0] == "value":
+            elif isinstance(kind, tuple) and len(kind) == 2 and kind[0] == "value":
                 namespace[name] = kind[1]
             else:
                 namespace.pop(name, None)  # the tests meet a NameError, as they would without the definition
-        exec(compile(files["tests.py"], "tests.py", "exec"), namespace)
+        exec(compile(files["tests"], "tests.py", "exec"), namespace)
     except Expired as error:
         report(str(error))
         return TIMEOUT_EXIT
@@ -332,29 +383,6 @@ def not_dumpable():
         pass
 
 
-def watchdog(memory_mb):
-    """Inside a PID namespace: end everything when its processes or their resident memory exceed the limits."""
-    page = os.sysconf("SC_PAGE_SIZE")
-
-    def check():
-        while True:
-            pids = [p for p in os.listdir("/proc") if p.isdigit()]
-            resident = 0
-            for pid in pids:
-                try:
-                    with open(f"/proc/{pid}/statm") as handle:
-                        resident += int(handle.read().split()[1]) * page
-                except (OSError, ValueError, IndexError):
-                    continue
-            if len(pids) > PROCESSES or resident > (memory_mb << 20):
-                report(f"over the sandbox's limits: {len(pids)} processes, {resident >> 20} MiB resident "
-                       f"(at most {PROCESSES} and {memory_mb} MiB)")
-                os._exit(LIMIT_EXIT)
-            threading.Event().wait(0.02)
-
-    threading.Thread(target=check, daemon=True).start()
-
-
 def install_hook(home):
     """The audit hook (PEP 578), the second layer: sockets, new processes, ctypes and writes outside ``home``."""
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
@@ -404,34 +432,36 @@ def install_hook(home):
 def main():
     folder, marker = sys.argv[1], int(sys.argv[2])
     limit_s, memory_mb, file_mb, open_files = float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
-    audit, watched = sys.argv[7] == "1", sys.argv[8] == "1"
+    audit = sys.argv[7] == "1"
     not_dumpable()
-    files = {name: read(folder, name) for name in ("names.txt", "context.py", "tests.py")}  # before the solver runs
     to_solver, from_judge = os.pipe()
     to_judge, from_solver = os.pipe()
+    go_read, go_write = os.pipe()
     null = os.open(os.devnull, os.O_RDONLY)
     pid = os.fork()
     if pid == 0:  # the solver: nothing secret exists yet; it keeps neither the marker nor standard input
         os.close(marker)
         os.dup2(null, 0)
-        os.close(from_judge)
-        os.close(to_judge)
+        for fd in (from_judge, to_judge, go_write):
+            os.close(fd)
+        os.read(go_read, 1)  # wait until the judge has read its standard input to the end
+        os.close(go_read)
         try:
             solver(folder, to_solver, from_solver, (limit_s, memory_mb, file_mb, open_files), audit)
         finally:
             os._exit(1)
-    os.close(to_solver)
-    os.close(from_solver)
-    nonce = sys.stdin.readline().strip()
+    for fd in (to_solver, from_solver, go_read):
+        os.close(fd)
+    given = json.loads(sys.stdin.buffer.read().decode("utf-8"))  # the nonce and the tests: never on disk
     os.dup2(null, 0)
-    if watched:
-        watchdog(memory_mb)
+    os.write(go_write, b"1")
+    os.close(go_write)
     LINK.append(Link(from_judge, to_judge))
-    status = judge(files, LINK[0], limit_s)
+    status = judge(given, LINK[0], limit_s)
     if status is None:
         status = solver_status(pid)
     if status == 0:
-        os.write(marker, f"{nonce} passed\n".encode())
+        os.write(marker, f"{given['nonce']} passed\n".encode())
     try:
         os.kill(pid, signal.SIGKILL)
     except OSError:

@@ -5,7 +5,8 @@ the system's libraries and nothing else of the file system, a private size-limit
 place (and its working folder), no network (a network namespace of its own, loopback included), a PID
 namespace of its own (every process it starts dies when it ends or is killed), no capabilities, a new session
 (no terminal to write into) and a cleared environment; a watchdog ends it when its processes or their memory
-pass the limits. Inside, resource limits (CPU time, address space, file size, open files) and an audit hook
+pass the limits (watched from the host, outside it). Inside, resource limits (CPU time, address space, file size,
+open files) and an audit hook
 (PEP 578) that refuses sockets, new processes, ``ctypes`` and writes outside the working folder are a second
 layer, not the boundary: an audit hook cannot be made tight. Without ``bwrap`` grading is refused unless asked
 for explicitly (``unsafe``: the second layer alone).
@@ -22,6 +23,7 @@ Shape legend: none (strings in, :class:`Verdict` out).
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -29,6 +31,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -205,16 +209,15 @@ def run_program(solution: str, tests: str, sandbox: Sandbox, context: str = "", 
     nonce = secrets.token_hex(16)
     with tempfile.TemporaryDirectory(prefix="packed-ss-grade-") as folder:
         host = Path(folder)
-        for name, text in (("solution.py", solution), ("tests.py", tests), ("context.py", context),
-                           ("names.txt", "\n".join(names)), ("guard.py", GUARD.read_text(encoding="utf-8"))):
-            (host / name).write_text(text, encoding="utf-8")
+        for name, text in (("solution.py", solution), ("guard.py", GUARD.read_text(encoding="utf-8"))):
+            (host / name).write_text(text, encoding="utf-8")  # the tests go to the judge's standard input only
+        given = json.dumps({"nonce": nonce, "names": list(names), "context": context, "tests": tests})
         work = host / "work"  # the working folder without a sandbox (inside one: its tmpfs)
         work.mkdir()
         marker_read, marker_write = os.pipe()
         grade_dir = "/grade" if sandbox.bwrap else folder
         command = [sys.executable, "-I", f"{grade_dir}/guard.py", grade_dir, str(marker_write), str(timeout_s),
-                   str(memory_mb), str(FILE_MB), str(OPEN_FILES), "1" if audit else "0",
-                   "1" if sandbox.bwrap else "0"]
+                   str(memory_mb), str(FILE_MB), str(OPEN_FILES), "1" if audit else "0"]
         if sandbox.bwrap:
             command = bwrap_argv(sandbox.bwrap, host) + command
         try:
@@ -224,33 +227,75 @@ def run_program(solution: str, tests: str, sandbox: Sandbox, context: str = "", 
                     stderr=subprocess.STDOUT, pass_fds=(marker_write,), start_new_session=True)
             os.close(marker_write)
             marker_write = -1
-            timed_out = _feed_and_wait(process, nonce, timeout_s + STARTUP_S)
+            timed_out, over = _feed_and_wait(process, given, timeout_s + STARTUP_S, memory_mb)
             marker = _read_all(marker_read)
         finally:
             os.close(marker_read)
             if marker_write >= 0:
                 os.close(marker_write)
         tail = (host / "output.txt").read_bytes()[-OUTPUT_CHARS:].decode("utf-8", "replace").strip()
+    if over:
+        return Verdict(False, "limit", over)
     return _verdict(marker == f"{nonce} passed", timed_out, process.returncode, tail, timeout_s)
 
 
-def _feed_and_wait(process: subprocess.Popen, nonce: str, limit_s: float) -> bool:
-    """Give the guard its nonce, wait up to ``limit_s``; kill the whole group past it. Returns: timed out."""
-    try:
-        process.stdin.write(f"{nonce}\n".encode())
-        process.stdin.close()
-    except (BrokenPipeError, OSError):
-        pass
-    try:
-        process.wait(timeout=limit_s)
-        return False
-    except subprocess.TimeoutExpired:
+def _feed_and_wait(process: subprocess.Popen, given: str, limit_s: float, memory_mb: int) -> tuple[bool, str]:
+    """Give the judge its input, wait up to ``limit_s`` while watching the sandbox's processes from outside;
+    kill the whole group past the time or the limits. Returns: (timed out, why it was over a limit or "")."""
+    feeder = threading.Thread(target=_feed, args=(process, given), daemon=True)
+    feeder.start()
+    deadline = time.monotonic() + limit_s
+    over = ""
+    while process.poll() is None:
+        if time.monotonic() > deadline:
+            break
+        count, resident = _tree_usage(process.pid)
+        if count > PROCESSES or resident > (memory_mb << 20):
+            over = (f"over the sandbox's limits: {count} processes, {resident >> 20} MiB resident (at most "
+                    f"{PROCESSES} and {memory_mb} MiB)")
+            break
+        time.sleep(WATCH_S)
+    timed_out = process.poll() is None and not over
+    if process.poll() is None:
         try:
             os.killpg(process.pid, signal.SIGKILL)  # bwrap and, through its namespace, everything inside
         except (ProcessLookupError, PermissionError):
             pass
-        process.wait()
-        return True
+    process.wait()
+    feeder.join(timeout=1)
+    return timed_out, over
+
+
+def _feed(process: subprocess.Popen, given: str) -> None:
+    try:
+        process.stdin.write(given.encode("utf-8"))
+        process.stdin.close()
+    except (BrokenPipeError, OSError, ValueError):
+        pass
+
+
+def _tree_usage(root: int) -> tuple[int, int]:
+    """Processes below ``root`` (itself excluded) and their resident bytes, read from the host's /proc."""
+    children: dict[int, list[int]] = {}
+    resident: dict[int, int] = {}
+    page = os.sysconf("SC_PAGE_SIZE")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(entry))
+            resident[int(entry)] = int(fields[21]) * page
+        except (OSError, ValueError, IndexError):
+            continue
+    stack, count, total = list(children.get(root, [])), 0, 0
+    while stack:
+        pid = stack.pop()
+        count += 1
+        total += resident.get(pid, 0)
+        stack.extend(children.get(pid, []))
+    return count, total
 
 
 def _read_all(fd: int, limit: int = 4096) -> str:
@@ -272,15 +317,15 @@ def _verdict(marked: bool, timed_out: bool, code: int | None, tail: str, timeout
         return Verdict(False, "timeout", f"no result after {timeout_s:g} s")
     if code == FORBIDDEN_EXIT:
         return Verdict(False, "forbidden", lines[-1] if lines else "")
-    if code == LIMIT_EXIT:
-        return Verdict(False, "limit", lines[-1] if lines else "")
     if code == 0 or not lines:
         detail = f"the program ended (exit status {code}) before the tests ran to their end"
         return Verdict(False, "failed", " | ".join(lines[-2:] + [detail])[-300:])
     return Verdict(False, "failed", " | ".join(lines[-3:])[-300:])
 
 
-FORBIDDEN_EXIT, TIMEOUT_EXIT, LIMIT_EXIT = 86, 87, 88  # the guard's exit statuses (packed_ss/bench/guard.py)
+FORBIDDEN_EXIT, TIMEOUT_EXIT = 86, 87  # the guard's exit statuses (packed_ss/bench/guard.py)
+PROCESSES = 32  # processes below bwrap at once (its init, the judge and the solver included)
+WATCH_S = 0.02  # how often the host looks at the sandbox's processes
 GUARD = Path(__file__).with_name("guard.py")
 
 
