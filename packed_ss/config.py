@@ -12,6 +12,8 @@ ORDERS = ("ltr", "confidence")  # any-order verification policies (Appendix C, E
 # repeat 0 and -1 would repeat 2^32 - 1; anything outside this range is refused rather than silently aliased.
 SEED_RANGE = (0, 2**32 - 1)
 MAX_BLOCK_SIZE = 64  # Quadratic-SS evaluates B(B+1) rows; beyond this a call gets impractically large
+MAX_TEMPERATURE = 100.0  # far past any use (T = 100 is already close to uniform sampling); bounds what a request sends
+MAX_TOP_K = 2**31 - 1  # larger than any vocabulary; a larger k means the same as this one, and breaks JSON replies
 
 
 @dataclass(frozen=True)
@@ -55,10 +57,11 @@ class DecodeConfig:
     def __post_init__(self):
         if not isinstance(self.block_size, int) or not 2 <= self.block_size <= MAX_BLOCK_SIZE:
             raise ValueError(f"block size must be an integer in [2, {MAX_BLOCK_SIZE}], got {shown(self.block_size)}")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):  # rejects NaN and inf too
-            raise ValueError(f"temperature must be a finite number >= 0, got {shown(self.temperature)}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top-k must be an integer >= 0 (0 = off), got {shown(self.top_k)}")
+        if not (math.isfinite(self.temperature) and 0 <= self.temperature <= MAX_TEMPERATURE):  # NaN and inf too
+            raise ValueError(f"temperature must be a finite number from 0 to {MAX_TEMPERATURE:g}, got "
+                             f"{shown(self.temperature)}")
+        if not isinstance(self.top_k, int) or not 0 <= self.top_k <= MAX_TOP_K:
+            raise ValueError(f"top-k must be an integer from 0 (off) to {MAX_TOP_K}, got {shown(self.top_k)}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top-p must be in (0, 1], got {shown(self.top_p)}")
         if not isinstance(self.seed, int) or not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:

@@ -213,3 +213,16 @@ def test_a_raw_page_race_with_a_wrong_lane_or_size_choice_gets_one_line(server, 
     code, text = _call(server, "ui_race", values)
     kind, data = stream_result(text)
     assert kind == "complete" and message in html.unescape(data[0]), text[:300]
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("top_k", 10**30, "top-k must be an integer from 0 \\(off\\) to 2147483647"),
+    ("top_k", 2**64, "top-k must be an integer from 0 \\(off\\) to 2147483647"),
+    ("temperature", 1e30, "temperature must be a finite number from 0 to 100"),
+])
+def test_values_past_any_use_are_refused_before_they_reach_a_json_reply(field, value, message):
+    """A race with top_k 2**64 ran whole and then broke the reply's JSON encoder (load test, issue 31)."""
+    from packed_ss.config import DecodeConfig
+
+    with pytest.raises(ValueError, match=message):
+        DecodeConfig(**{field: value})
