@@ -147,14 +147,10 @@ class FillApiDefaults:
             await reply(send, 404, {"error": f"/{endpoint}: no such endpoint; the documented ones are "
                                               f"{', '.join('/' + name for name in self.endpoints)}"})
             return
-        body, more = b"", True
-        while more:
-            message = await receive()
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-            if len(body) > MAX_BODY_BYTES:
-                await reply(send, 413, {"error": f"/{endpoint}: request body over {MAX_BODY_BYTES:,} bytes"})
-                return
+        body = await read_body(receive, MAX_BODY_BYTES)
+        if body is None:
+            await reply(send, 413, {"error": f"/{endpoint}: request body over {MAX_BODY_BYTES:,} bytes"})
+            return
         too_deep = False
         try:
             payload = json.loads(body)
@@ -188,14 +184,10 @@ class FillApiDefaults:
 
     async def _check_join(self, scope, receive, send) -> None:
         """Pass a queue join on unless it sends a file object to an event that takes no file (422)."""
-        body, more = b"", True
-        while more:
-            message = await receive()
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-            if len(body) > MAX_BODY_BYTES:
-                await reply(send, 413, {"error": f"request body over {MAX_BODY_BYTES:,} bytes"})
-                return
+        body = await read_body(receive, MAX_BODY_BYTES)
+        if body is None:
+            await reply(send, 413, {"error": f"request body over {MAX_BODY_BYTES:,} bytes"})
+            return
         try:
             payload = json.loads(body)
         except (ValueError, UnicodeDecodeError, RecursionError):
@@ -252,6 +244,18 @@ async def forward(app, scope, body: bytes, receive, send) -> None:
         return await receive()
 
     await app(scope, replay, send)
+
+
+async def read_body(receive, limit: int) -> bytes | None:
+    """An ASGI request's whole body, or None as soon as it passes ``limit`` bytes."""
+    body, more = b"", True
+    while more:
+        message = await receive()
+        body += message.get("body", b"")
+        more = message.get("more_body", False)
+        if len(body) > limit:
+            return None
+    return body
 
 
 async def reply(send, status: int, content: dict) -> None:

@@ -21,7 +21,7 @@ import time
 from collections import OrderedDict, deque
 from pathlib import Path
 
-from serve.api_defaults import forward, reply
+from serve.api_defaults import forward, read_body, reply
 from serve.errors import UserError
 
 FILES_PER_SESSION = 8  # uploads and outputs one session keeps (the oldest are removed first)
@@ -202,15 +202,11 @@ class BoundUploads:
                 not scope.get("path", "").rstrip("/").endswith(UPLOAD_PATH):
             await self.app(scope, receive, send)
             return
-        body, more = b"", True
-        while more:
-            message = await receive()
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-            if len(body) > self.max_bytes:
-                await reply(send, 413, {"error": f"an upload may carry at most {self.max_files} files of "
-                                                  f"{MAX_UPLOAD_BYTES // 2**20} MB"})
-                return
+        body = await read_body(receive, self.max_bytes)
+        if body is None:
+            await reply(send, 413, {"error": f"an upload may carry at most {self.max_files} files of "
+                                              f"{MAX_UPLOAD_BYTES // 2**20} MB"})
+            return
         boundary = _boundary(scope)
         parts = body.count(b"--" + boundary) - 1 if boundary else 0
         if parts > self.max_files:
