@@ -1,19 +1,18 @@
 """The grader's side inside the sandbox: run as a script (``python -I guard.py FOLDER ...``), never imported by
 the package; standard library only.
 
-Two processes. The *solver*, forked before any secret exists, drops to the limits, installs the audit hook and
-runs the response's code (``solution.py``); then it serves calls. The *judge* never runs the response's code:
-it runs the trusted context (``context.py``: HumanEval's prompt with its helpers, MBPP's test imports) and the
-benchmark's tests (``tests.py``), with every name the tests take from the solution (``names.txt``) bound to a
-proxy that calls into the solver over a pipe. Values cross as pickles that the judge reads with a closed list
-of standard types; any other object stays in the solver and reaches the judge as an opaque handle, whose
-comparisons are the judge's own (an ``__eq__`` that is always true, a spoofed ``__module__``, ``mock.ANY``
-cannot pass a test). When the tests return, the judge writes the one-time nonce it read from its standard
-input, after the fork, to the marker descriptor, which the solver closed at once: the solver cannot reach the
-nonce, the marker or the judge's memory (the judge is not dumpable). The tests and the nonce come on the judge's
-standard input, which it reads to the end before the solver starts: they are never on disk, where the solver
-could read them. The host watches the sandbox's processes and memory from outside (a stopped judge cannot stop
-that watch).
+Two processes. The *judge* reads its standard input to the end first: a JSON object with the one-time nonce,
+the names the tests take from the solution, the trusted context (HumanEval's prompt with its helpers, MBPP's
+test imports) and the benchmark's tests; they are never on disk, where the solution could read them. The
+*solver*, forked before that (it holds no secret, closes the marker descriptor and its standard input, and
+waits until the judge has read), drops to the limits, installs the audit hook, runs the response's code
+(``FOLDER/solution.py``) and then serves calls. The judge never runs the response's code: it runs the context
+and the tests with each name bound to a proxy that calls into the solver over a pipe. Values cross as pickles
+that the judge reads with a closed list of standard types; any other object stays in the solver and reaches the
+judge as an opaque handle, equal only to itself and without a truth value (an ``__eq__`` that is always true, a
+spoofed ``__module__``, ``mock.ANY`` cannot pass a test). When the tests return, the judge writes the nonce to
+the marker descriptor; the solver cannot reach the nonce, the marker or the judge's memory (the judge is not
+dumpable). The host watches the sandbox's processes and memory from outside (a stopped judge cannot stop that).
 
 Exit statuses: 0 tests passed (the marker says so, not the status), 1 failed, 86 refused by the audit hook,
 87 timed out.
