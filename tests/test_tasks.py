@@ -112,7 +112,7 @@ def test_records_are_checked_whole_before_anything_is_decoded(tmp_path, name, re
 
 
 def test_bad_task_lists_and_deep_json_get_one_line(tmp_path):
-    for spec, message in (("humaneval,", "empty name"), (None, "must be text"), (5, "must be text"),
+    for spec, message in (("humaneval,", "empty entry"), (None, "must be text"), (5, "must be text"),
                           (" , ", "is empty")):
         with pytest.raises(BenchError, match=message):
             parse_tasks(spec)
@@ -367,8 +367,11 @@ def test_the_last_boxed_answer_is_the_answer():
 def test_lists_with_an_empty_name_and_unknown_tasks_in_data_are_refused():
     from packed_ss.bench.plan import parse_schedules
 
-    with pytest.raises(BenchError, match="empty name"):
-        parse_schedules("ar,")
+    from packed_ss.bench.plan import parse_block_sizes, parse_probe_block_sizes
+
+    for parse, spec in ((parse_schedules, "ar,"), (parse_block_sizes, "8,"), (parse_probe_block_sizes, "4,,8")):
+        with pytest.raises(BenchError, match="empty entry"):
+            parse(spec)
     with pytest.raises(BenchError, match="unknown task 'gsm8x'"):
         parse_data(["gsm8x=a.jsonl"], parse_tasks("gsm8k"))
 
@@ -455,7 +458,7 @@ def test_the_decomposition_averages_gsm8k_and_math500_over_linear_ss():
 def test_task_flags_that_cannot_work_are_refused_in_one_line(tmp_path, capsys):
     for argv, message in ((["--task", "humaneval", "--prompts", "x.jsonl"], "exclude each other"),
                           (["--task", "humaneval,gsm8k", "--data", "x.jsonl"], "TASK=PATH"),
-                          (["--task", "humaneval,"], "empty name"),
+                          (["--task", "humaneval,"], "empty entry"),
                           (["--task", "gsm8k", "--resamples", "1000000000"], "--resamples must be an integer from 1"),
                           (["--unsafe-grading"], "applies to --task runs only"),
                           (["--resume"], "applies to --task runs only"),

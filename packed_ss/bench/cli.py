@@ -4,6 +4,7 @@ exit 2; 130 on an interrupt)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -203,14 +204,10 @@ def _task_main(args) -> int:
 
 def _limited(data, limit):
     """``data`` with its first ``limit`` records (all of them for None); its identity stays the whole data's."""
-    import dataclasses
-
     return data if limit is None else dataclasses.replace(data, records=data.records[:limit])
 
 
 def _run_tasks(args, plan) -> int:
-    import dataclasses
-
     import torch
     import transformers
 

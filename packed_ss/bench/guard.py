@@ -117,8 +117,7 @@ def solver(folder, requests, replies, limits, audit):
         install_hook(os.path.realpath(os.getcwd()))
     namespace = {"__name__": CANDIDATE, "__builtins__": builtins}
     try:
-        with open(os.path.join(folder, "solution.py"), encoding="utf-8") as handle:
-            exec(compile(handle.read(), "solution.py", "exec"), namespace)
+        exec(compile(read(folder, "solution.py"), "solution.py", "exec"), namespace)
         kinds = {}
         for name in receive(requests, In):
             if name not in namespace:

@@ -165,11 +165,7 @@ def read_rows(out: Path, task: str) -> list[dict]:
 
 
 def _lines(path: Path) -> list[str]:
-    try:
-        return [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    except (OSError, UnicodeDecodeError) as error:
-        reason = error.strerror if isinstance(error, OSError) and error.strerror else type(error).__name__
-        raise BenchError(f"cannot read {path} as text ({reason}); move it away, or give another --out") from None
+    return [line for line in _text(path).splitlines() if line.strip()]
 
 
 def _checked_row(row, path: Path, number: int) -> dict:
@@ -289,10 +285,12 @@ def keep_settings(out: Path, task: str, settings: dict, resume: bool, main: bool
 
 
 def _text(path: Path) -> str:
+    """A run file's text. Raises: BenchError for one that is a folder, unreadable or not UTF-8."""
     try:
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
-        raise BenchError(f"cannot read {path} as text ({type(error).__name__}); move it away") from None
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else type(error).__name__
+        raise BenchError(f"cannot read {path} as text ({reason}); move it away, or give another --out") from None
 
 
 def _flat(settings: dict) -> dict:

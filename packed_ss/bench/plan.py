@@ -159,13 +159,7 @@ def parse_schedules(spec: str) -> tuple[str, ...]:
 
     Raises: BenchError for a value that is not text, an empty list, an unknown name or a repeated name.
     """
-    if not isinstance(spec, str):
-        raise BenchError(f"--schedules must be text such as 'ar,packed', got {spec!r}")
-    names = tuple(part.strip() for part in spec.split(","))
-    if not any(names):
-        raise BenchError("--schedules is empty")
-    if "" in names:
-        raise BenchError(f"--schedules {spec!r} has an empty name (a comma too many?)")
+    names = tuple(comma_list(spec, "--schedules", "'ar,packed'"))
     for name in names:
         if name not in KNOWN:
             raise BenchError(f"unknown schedule {name!r}; choose from {', '.join(KNOWN)}")
@@ -180,13 +174,9 @@ def parse_block_sizes(spec: str, default: int = 8) -> tuple[int, tuple[tuple[str
     Returns: ``(default B, ((schedule, B), ...))``.
     Raises: BenchError naming the bad entry (unknown schedule, not an integer, outside [2, 64], repeated).
     """
-    if not isinstance(spec, str):
-        raise BenchError(f"--block-size must be text such as '8' or 'linear=8,quadratic=4', got {spec!r}")
     overrides: dict[str, int] = {}
     plain = None
-    parts = [part.strip() for part in spec.split(",") if part.strip()]
-    if not parts:
-        raise BenchError("--block-size is empty; give a number or name=number pairs such as linear=8,quadratic=4")
+    parts = comma_list(spec, "--block-size", "'8' or 'linear=8,quadratic=4'")
     for part in parts:
         name, sep, value = part.partition("=")
         name, value = name.strip(), value.strip()
@@ -207,15 +197,27 @@ def parse_block_sizes(spec: str, default: int = 8) -> tuple[int, tuple[tuple[str
 
 def parse_probe_block_sizes(spec: str) -> tuple[int, ...]:
     """``"4,8,16,32"`` -> ``(4, 8, 16, 32)`` (sorted, unique). Raises: BenchError on a bad entry."""
-    parts = [part.strip() for part in spec.split(",") if part.strip()]
-    if not parts:
-        raise BenchError("--probe-block-sizes is empty")
+    parts = comma_list(spec, "--probe-block-sizes", "'4,8,16,32'")
     sizes = []
     for part in parts:
         number = _parse_int(part, f"probe block size {part!r}")
         _check_block_size(number)
         sizes.append(number)
     return tuple(sorted(set(sizes)))
+
+
+def comma_list(spec, flag: str, example: str) -> list[str]:
+    """The entries of a comma-separated flag value, stripped (every list flag of the benchmark reads this way).
+
+    Raises: BenchError for a value that is not text, an empty list, or an empty entry (``"ar,"``)."""
+    if not isinstance(spec, str):
+        raise BenchError(f"{flag} must be text such as {example}, got {spec!r}")
+    parts = [part.strip() for part in spec.split(",")]
+    if not any(parts):
+        raise BenchError(f"{flag} is empty; give for example {example}")
+    if "" in parts:
+        raise BenchError(f"{flag} {spec!r} has an empty entry (a comma too many?)")
+    return parts
 
 
 def _parse_int(text: str, what: str) -> int:

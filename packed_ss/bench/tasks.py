@@ -30,7 +30,7 @@ from pathlib import Path
 
 from packed_ss.bench.answers import (gsm8k_exact_match, gsm8k_flexible, gsm8k_gold, gsm8k_strict, grade_math)
 from packed_ss.bench.grading import grade_humaneval, grade_mbpp, humaneval_solution, mbpp_solution
-from packed_ss.bench.plan import BenchError, Prompt, humaneval_prompts
+from packed_ss.bench.plan import BenchError, Prompt, comma_list, humaneval_prompts
 from packed_ss.bench.sandbox import Sandbox, Verdict
 
 CODE_CAP, MATH_CAP = 512, 1024  # output caps (E.2)
@@ -215,13 +215,7 @@ def parse_tasks(spec) -> tuple[Task, ...]:
 
     Raises: BenchError for a value that is not text, an empty list or an empty name (``"humaneval,"``),
         unknown or repeated names."""
-    if not isinstance(spec, str):
-        raise BenchError(f"--task must be text such as 'humaneval,gsm8k', got {spec!r}")
-    names = [part.strip() for part in spec.split(",")]
-    if not any(names):
-        raise BenchError("--task is empty")
-    if "" in names:
-        raise BenchError(f"--task {spec!r} has an empty name (a comma too many?)")
+    names = comma_list(spec, "--task", "'humaneval,gsm8k'")
     for name in names:
         if name not in TASKS:
             raise BenchError(f"unknown task {name!r}; choose from {', '.join(TASKS)}")
