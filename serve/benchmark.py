@@ -17,7 +17,7 @@ from packed_ss.bench.plan import ALL_SCHEDULES, BenchConfig, BenchError, load_pr
 from packed_ss.bench.report import figures, summary_markdown, write_outputs
 from packed_ss.bench.run import any_order_problem, run_benchmark
 from packed_ss.cost import call_cost
-from packed_ss.inputs import model_fingerprint, model_name as report_model_name
+from packed_ss.inputs import model_fingerprint, model_name as report_model_name, shown
 
 from serve.limits import worst_case_rows, worst_case_seconds
 
@@ -141,6 +141,11 @@ def run_small_benchmark(load_model: Callable[[str], object], model_name: str, pr
         raise BenchError(f"max new tokens must be in [1, {MAX_NEW_TOKENS}] here")
     if not schedules:
         raise BenchError("select at least one schedule")
+    unknown = [s for s in schedules if s not in ALL_SCHEDULES]
+    if unknown:
+        raise BenchError(f"unknown schedule {shown(unknown[0])}; choose from: {', '.join(ALL_SCHEDULES)}")
+    if prompt_source not in (None, HUMANEVAL, UPLOAD):
+        raise BenchError(f"the prompts come from {HUMANEVAL!r} or {UPLOAD!r}, got {shown(prompt_source)}")
     default, overrides = parse_block_sizes(block_size or "8")
     chosen = tuple(s for s in ALL_SCHEDULES if s in schedules)
     config = BenchConfig(schedules=chosen, block_sizes=overrides, default_block_size=default,

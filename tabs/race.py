@@ -3,7 +3,6 @@ first (:func:`serve.race.run_race`), then replayed on one clock while the charts
 
 from __future__ import annotations
 
-import math
 import time
 
 import gradio as gr
@@ -11,10 +10,10 @@ import gradio as gr
 from components.race_panel import badge_html, lanes_html, race_figures, summary_html
 from components.style import error_html, model_note_html, note_html
 from serve.api import best_sizes_for
-from serve.errors import refused
+from serve.errors import UserError, refused
 from serve.race import RaceResult, run_race
 from serve.server import Server
-from serve.settings import RequestValues, parse_lanes
+from serve.settings import RequestValues, real_number, parse_lanes
 from tabs.settings import SettingsPanel
 
 REPLAY_FRAME_S = 0.25  # seconds between replay frames (a few updates a second is enough)
@@ -30,13 +29,6 @@ LANE_CHOICES = [("Prompt-lookup lane (the peer: n-gram drafts, no drafter)", "lo
                 ("Block-diffusion lane", "diffusion")]
 
 
-def number_or(value, default: float) -> float:
-    """``value`` as a finite float, else ``default`` (a raw API value may be anything)."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError, OverflowError):
-        return default
-    return number if math.isfinite(number) else default
 
 
 def race_note(result: RaceResult) -> str:
@@ -81,14 +73,21 @@ class RaceHandlers:
                 '<div class="race-lanes"></div>')
 
     def on_replay(self, speed, request: gr.Request):
+        """Replay this session's last race at ``speed`` times real time (a raw value: a finite number, at least
+        0.05); nothing when the session has no race. Raises: gr.Error (one line, also logged) for a speed that is
+        no number."""
+        try:
+            given = real_number(speed, "the replay speed")
+        except UserError as error:
+            raise gr.Error(refused(error, "replay"), print_exception=False) from None
         us = self.server.session(request)
         result = us.race
-        if result is None:
+        if result is None:  # the race it follows was refused and said so in its own result area: nothing to add
             yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
             return
         store = self.server.store
         strings = store.strings_for(store.get(*result.settings.model_ref[:2]))
-        speed = max(0.05, number_or(speed, 1.0))
+        speed = max(0.05, given)
         total = max((lane.total_ms for lane in result.lanes if lane.shown), default=0.0)
         start = time.perf_counter()
         frame = 0
@@ -132,4 +131,4 @@ def build_race_tab(server: Server, panel: SettingsPanel, concurrency_limit: int)
                    show_progress_on=[race_status]).then(  # one progress indicator, not one per output
         handlers.on_replay, [replay], [lanes_view, fig_nfe, fig_wall, fig_theorem, summary], api_name="replay",
         api_visibility="undocumented", concurrency_id="replay", concurrency_limit=16, show_progress="hidden",
-        preprocess=False)  # a speed that is no number replays at 1x (number_or), never a traceback
+        preprocess=False)  # on_replay checks the raw speed: one line for one that is no number

