@@ -21,6 +21,7 @@ import gradio as gr
 
 from packed_ss.bench.plan import ALL_SCHEDULES, BenchError
 from packed_ss.bench.report import few_prompts_warning
+from packed_ss.bench.run import RunsStopped
 from packed_ss.inputs import model_name as report_model_name
 
 from serve.benchmark import (DEFAULT_REPORT, HUMANEVAL, MAX_NEW_TOKENS, MAX_PROMPTS, ROOT, UPLOAD, load_report,
@@ -136,13 +137,16 @@ class BenchmarkHandlers:
             request: gr.Request = None, progress=gr.Progress()):
         alive = self.alive_for(request) if self.alive_for is not None and request is not None else None
         deadline = None if self.max_seconds is None else time.monotonic() + self.max_seconds
+        stopped = []  # the time limit's note, once it ended the runs
 
         def step(done, total, label):
             if alive is not None and not alive():  # the visitor left: free the queue for the next one
                 raise BenchError("the visitor left: the benchmark was stopped")
             if deadline is not None and time.monotonic() > deadline and done < total:
-                raise BenchError(f"stopped at this server's time limit of {self.max_seconds:g} s after {done} of "
-                                 f"{total} runs: use fewer prompts, schedules or new tokens")
+                stopped.append(f"Stopped at this server's time limit of {self.max_seconds:g} s after {done} of "
+                               f"{total} runs: the report covers those (use fewer prompts, schedules or new "
+                               f"tokens for a whole one).")
+                raise RunsStopped(stopped[-1])
             progress((done, total), desc=label, unit="runs")
 
         try:
@@ -154,8 +158,7 @@ class BenchmarkHandlers:
             markdown, figs, paths = run_small_benchmark(self.load_model, name, source,
                                                         str(prompt_file) if prompt_file else None, n, chosen, blocks,
                                                         length, temp, k, seed_value, step, turn=self.turn,
-                                                        max_rows=self.max_rows, order=order_value or "ltr",
-                                                        max_seconds=self.max_seconds)
+                                                        max_rows=self.max_rows, order=order_value or "ltr")
             paths = self.outputs(session, paths)
         except Exception as error:  # noqa: BLE001 - one line, never a traceback
             raise gr.Error(refused(error, "benchmark_run"), print_exception=False) from None
@@ -164,6 +167,8 @@ class BenchmarkHandlers:
         warning = few_prompts_warning(int(float(n)))  # a valid count by now (run_small_benchmark checked it)
         if warning:
             note = f"⚠ {warning} " + note
+        if stopped:
+            note = f"⚠ {stopped[-1]} " + note
         return (note, markdown, *(panel_figure(figs.get(name)) for name in FIGURES), paths)
 
     def outputs(self, session: str, paths: Sequence[str]) -> list[str]:

@@ -9,13 +9,15 @@ import gradio as gr
 
 from components.race_panel import badge_html, lanes_html, race_figures, summary_html
 from components.style import error_html, model_note_html, note_html
+from packed_ss.inputs import shown
 from serve.api import best_sizes_for
 from serve.errors import UserError, refused
 from serve.race import RaceResult, run_race
 from serve.server import Server
-from serve.settings import RequestValues, real_number, parse_lanes
+from serve.settings import RequestValues, parse_lanes, real_number
 from tabs.settings import SettingsPanel
 
+MAX_REPLAY_SPEED = 100.0  # times real time; the page's slider goes to 4
 REPLAY_FRAME_S = 0.25  # seconds between replay frames (a few updates a second is enough)
 CHART_EVERY = 2  # the race charts fill in every second frame (a new figure remounts the plot)
 INTRO = ("AR (the baseline), Linear-SS, Quadratic-SS and Packed-SS, and the optional lanes ticked below, decode the "
@@ -73,11 +75,14 @@ class RaceHandlers:
                 '<div class="race-lanes"></div>')
 
     def on_replay(self, speed, request: gr.Request):
-        """Replay this session's last race at ``speed`` times real time (a raw value: a finite number, at least
-        0.05); nothing when the session has no race. Raises: gr.Error (one line, also logged) for a speed that is
-        no number."""
+        """Replay this session's last race at ``speed`` times real time (a raw value: a number in (0, 100], at least
+        0.05 used); nothing when the session has no race. Raises: gr.Error (one line, also logged) for any other
+        speed."""
         try:
             given = real_number(speed, "the replay speed")
+            if not 0 < given <= MAX_REPLAY_SPEED:
+                raise UserError(f"the replay speed must be above 0 and at most {MAX_REPLAY_SPEED:g} (times real "
+                                f"time), got {shown(speed)}")
         except UserError as error:
             raise gr.Error(refused(error, "replay"), print_exception=False) from None
         us = self.server.session(request)

@@ -195,6 +195,9 @@ def _upload(path):
     ("on_speed", "x", "Play speed (steps per second) cannot take 'x': not a value of the kind this control holds"),
     ("on_play", "x", "cannot take 'x'"),
     ("on_explain", "x", "cannot take 'x'"),
+    ("replay", -1, "the replay speed must be above 0 and at most 100 (times real time), got -1"),
+    ("replay", 0, "the replay speed must be above 0"),
+    ("replay", 1e308, "the replay speed must be above 0"),
     ("scrub", "x", "the iteration must be a number, got 'x'"),  # showed iteration 0 without a word
     ("scrub", None, "the iteration must be a number, got None"),
     ("chosen", _upload("/etc/passwd"), "only a file uploaded through this page is taken"),
