@@ -19,6 +19,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from components.style import error_html
 from packed_ss.bench.plan import ALL_SCHEDULES, BenchError
 from packed_ss.bench.report import few_prompts_warning
 from packed_ss.bench.run import RunsStopped
@@ -77,14 +78,20 @@ def panel_figure(figure):
     return fitted
 
 
+def refusal(message: str, others: int) -> tuple:
+    """The outputs of a refused event: the one-line message in the tab's status (its result area), and the
+    ``others`` outputs (summary, charts, files) left as they were."""
+    return (error_html(message), *(gr.skip() for _ in range(others)))
+
+
 @dataclass(frozen=True)
 class BenchmarkHandlers:
     """The tab's two events: show a saved report, run a small benchmark (see :func:`build_benchmark_tab`).
 
     Both take their values raw (the events have ``preprocess=False``) and no file: a file reaches them only through
     the session's own upload event (:meth:`on_file`, a page event no API client can call), kept in ``files`` (this
-    session's uploads and outputs, never deleted on read). Every refusal is one line for the visitor and one for
-    the server log."""
+    session's uploads and outputs, never deleted on read). Every refusal is one line in the tab's status
+    (:func:`refusal`; the rest of the page keeps what it showed) and one in the server log."""
 
     load_model: Callable[[str], object]
     models: Sequence[str]
@@ -128,8 +135,8 @@ class BenchmarkHandlers:
             target = self.files.chosen(self.session(request), "summary")
             markdown, figs = (read_summary_file(target) if target is not None
                               else load_report(path if path is not None else "", self.root))
-        except Exception as error:  # noqa: BLE001 - one line, never a traceback
-            raise gr.Error(refused(error, "benchmark_show"), print_exception=False) from None
+        except Exception as error:  # noqa: BLE001 - one line in the status, never a traceback
+            return refusal(refused(error, "benchmark_show"), 1 + len(FIGURES))
         shown = f"the uploaded {target.name}" if target is not None else str(path)
         return (f"Showing {shown}.", markdown, *(panel_figure(figs.get(name)) for name in FIGURES))
 
@@ -160,8 +167,8 @@ class BenchmarkHandlers:
                                                         length, temp, k, seed_value, step, turn=self.turn,
                                                         max_rows=self.max_rows, order=order_value or "ltr")
             paths = self.outputs(session, paths)
-        except Exception as error:  # noqa: BLE001 - one line, never a traceback
-            raise gr.Error(refused(error, "benchmark_run"), print_exception=False) from None
+        except Exception as error:  # noqa: BLE001 - one line in the status, never a traceback
+            return refusal(refused(error, "benchmark_run"), 2 + len(FIGURES))
         note = ("Measured in the app (timings shared with other users are noisy); files below. "
                 "Each run's token ids are hashed for the lossless check.")
         warning = few_prompts_warning(int(float(n)))  # a valid count by now (run_small_benchmark checked it)

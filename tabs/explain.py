@@ -43,7 +43,6 @@ class ExplainHandlers:
             found = self.server.tasks.paths(self.server.settings(values).model_ref)
         except Exception as error:  # noqa: BLE001
             message = refused(error, "paths")
-            gr.Warning(message)
             return gr.skip(), error_html(message)
         return (paths_figure(found["eager"], found["compiled"], found["roofline"]),
                 paths_summary(found["eager"], found["compiled"], found["roofline"], found["note"]))
@@ -53,7 +52,6 @@ class ExplainHandlers:
             calibrate(self.server.tasks, self.server.settings(values), self.server.log)
         except Exception as error:  # noqa: BLE001
             message = refused(error, "measure")
-            gr.Warning(message)
             return gr.skip(), error_html(message), gr.skip(), gr.skip()
         return self.on_explain(values.block_size)
 

@@ -67,7 +67,6 @@ class RaceHandlers:
                               admit=server.admit(request))
         except Exception as error:  # noqa: BLE001
             message = refused(error, "ui_race")
-            gr.Warning(message)
             us.race = None
             return error_html(message), gr.skip(), gr.skip()
         us.race = result

@@ -83,7 +83,6 @@ class StepHandlers:
                     advanced = run.step(by_call=us.by_call)
             except Exception as error:  # noqa: BLE001 - every failure becomes a message, the session stays usable
                 message = refused(error, "step")
-                gr.Warning(message)
                 return [gr.skip()] * 5 + [error_html(message)], False
             if not advanced:
                 reason = run.records[-1].stop_reason if run.records else None
