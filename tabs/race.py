@@ -17,6 +17,7 @@ from serve.server import Server
 from serve.settings import RequestValues, parse_lanes, real_number
 from tabs.settings import SettingsPanel
 
+RACE_LIGHTER = "the new-token limit, the optional lanes or the prompt length"  # named when the server is busy
 MAX_REPLAY_SPEED = 100.0  # times real time; the page's slider goes to 4
 REPLAY_FRAME_S = 0.25  # seconds between replay frames (a few updates a second is enough)
 CHART_EVERY = 2  # the race charts fill in every second frame (a new figure remounts the plot)
@@ -64,7 +65,7 @@ class RaceHandlers:
             result = run_race(server.tasks, settings, extra=parse_lanes(optional), log=server.log,
                               max_rows=server.max_rows, alive=server.alive(request),
                               best=best_sizes_for(server, sizes), max_seconds=server.max_seconds,
-                              admit=server.admit(request))
+                              admit=server.admit(request, RACE_LIGHTER))
         except Exception as error:  # noqa: BLE001
             message = refused(error, "ui_race")
             us.race = None
