@@ -242,7 +242,8 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
         with gr.Row():
             limit = gr.Slider(1, MAX_PROMPTS, value=2, step=1, label="prompts")
             schedules = gr.CheckboxGroup(list(ALL_SCHEDULES), value=list(ALL_SCHEDULES), label="schedules")
-            block_size = gr.Textbox(value="8", label="block size B (8, or linear=8,quadratic=4,packed=8)")
+            block_size = gr.Textbox(value="8", label="block size B (8, or linear=8,quadratic=4,packed=8)",
+                                    elem_id="bench-block-size")
         with gr.Row():
             max_new_tokens = gr.Slider(1, MAX_NEW_TOKENS, value=32, step=1, label="max new tokens")
             temperature = gr.Number(value=0.0, minimum=0, label="temperature (0 = greedy)")
@@ -250,8 +251,8 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
             seed = gr.Number(value=0, precision=0, label="seed")
             order = gr.Radio([("left to right", "ltr"), ("by confidence", "confidence")], value="ltr",
                              label="verification order (any-order model)")
-        run_button = gr.Button("Run benchmark", variant="primary")
-    status = gr.Markdown()
+        run_button = gr.Button("Run benchmark", variant="primary", elem_id="bench-run")
+    status = gr.Markdown(elem_id="bench-status")
     with gr.Row():
         plots = tuple(gr.Plot(value=panel_figure(initial_figs.get(name)), label=name.replace("_", " "))
                       for name in FIGURES)

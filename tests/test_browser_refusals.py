@@ -85,12 +85,13 @@ def test_a_refused_benchmark_says_so_in_its_status_and_keeps_its_charts(page):
     charts = "document.querySelectorAll('.tabitem:not([style*=\"display: none\"]) .js-plotly-plot').length"
     page.wait_for_function(f"{charts} > 0", timeout=60_000)
     before = page.evaluate(charts)
-    block = page.get_by_label("block size B (8, or linear=8,quadratic=4,packed=8)")
+    page.get_by_text("Run a small benchmark").click()  # its accordion starts closed
+    block = page.locator("#bench-block-size textarea, #bench-block-size input").first
     block.fill("bogus=8")
     block.press("Tab")
     for _ in range(2):
-        page.get_by_role("button", name="Run benchmark").click()
-        page.wait_for_function("[...document.querySelectorAll('.pss-error')].length > 0", timeout=60_000)
+        page.locator("#bench-run").click()
+        page.wait_for_function("document.querySelectorAll('#bench-status .pss-error').length > 0", timeout=60_000)
         page.wait_for_timeout(700)
         shown = _messages(page)
         assert shown["everywhere"] == 1 and shown["toasts"] == 0, shown
