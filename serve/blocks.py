@@ -20,6 +20,8 @@ def input_problem(label: str, value, error: BaseException) -> str:
     cause = error.__cause__ or error
     if isinstance(cause, InvalidPathError):
         reason = "only a file uploaded through this page is taken"
+    elif isinstance(cause, gr.Error):  # the component's own check, e.g. a slider's range or a file's type
+        reason = str(cause.message).strip().splitlines()[0] if str(cause.message).strip() else "refused"
     elif isinstance(cause, ValueError) and type(cause).__name__ != "ValidationError":
         reason = one_line(cause)  # the component's own words, e.g. a value outside a slider's range
     else:  # pydantic's ValidationError (not the shape of a file), a TypeError from a comparison, ...
@@ -33,8 +35,6 @@ class PageBlocks(gr.Blocks):
     async def preprocess_data(self, block_fn, inputs, state, explicit_call=False):
         try:
             return await super().preprocess_data(block_fn, inputs, state, explicit_call)
-        except gr.Error:
-            raise
         except Exception as error:  # noqa: BLE001 - any value Gradio's checks refuse: one line
             where = block_fn.api_name or block_fn.name or "event"
             blocks = list(block_fn.inputs)

@@ -195,6 +195,9 @@ def _upload(path):
     ("on_speed", "x", "Play speed (steps per second) cannot take 'x': not a value of the kind this control holds"),
     ("on_play", "x", "cannot take 'x'"),
     ("on_explain", "x", "cannot take 'x'"),
+    ("on_explain", 10 ** 30, "cannot take 1e+30 (a 31-digit number): Value 1000000000000000000000000000000 is "
+                             "greater than maximum value 32."),  # Gradio's own check: its words, no traceback
+    ("on_speed", -1, "cannot take -1: Value -1 is less than minimum value 0.5."),
     ("replay", -1, "the replay speed must be above 0 and at most 100 (times real time), got -1"),
     ("replay", 0, "the replay speed must be above 0"),
     ("replay", 1e308, "the replay speed must be above 0"),
