@@ -147,12 +147,15 @@ class GpuTasks:
         with self.gate.turn(0.0) if self.gate is not None else nullcontext():
             return call_cost(model.share(), fresh=fresh)
 
-    def _paths(self, model_ref: tuple) -> dict:
+    def _paths(self, model_ref: tuple, stage: Callable[[int, str], None] | None = None) -> dict:
         """The per-call cost fits of eager and compiled calls and the machine's limits for the model (each measured
         once per network and cached on it), at the gate. Returns ``eager``, ``compiled`` (None when the model
-        cannot compile: ``note`` says why) and ``roofline``."""
+        cannot compile: ``note`` says why) and ``roofline``. ``stage(done, label)``: told before each of the 3
+        stages (not across processes: None on ZeroGPU)."""
+        stage = stage or (lambda done, label: None)
         model = self.store.get(*model_ref[:2])
         with self.gate.turn(0.0) if self.gate is not None else nullcontext():
+            stage(0, "fitting eager calls (about 50 calls of 1-32 rows)")
             eager = call_cost(model.share(compiled=False))
             compiled, note = None, None
             try:
@@ -160,8 +163,11 @@ class GpuTasks:
             except ModelLoadError as error:
                 note = str(error)
             else:
+                stage(1, "compiling the probe's call shapes with torch.compile, then fitting them (the slow part: "
+                         "minutes on a CPU the first time; inductor reuses its cache afterwards)")
                 fit = call_cost(adapter)
                 compiled, note = (fit, None) if adapter.compiled else (None, adapter.compile_note)
+            stage(2, "measuring the machine's compute and weight-read limits")
             return {"eager": eager, "compiled": compiled, "note": note, "roofline": roofline(model)}
 
     def _divergence(self, model_ref: tuple, prompt_ids: Sequence[int], reference: Sequence[int],

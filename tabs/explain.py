@@ -37,10 +37,12 @@ class ExplainHandlers:
         return (cost_figure(fitted, iterations, w_max), fit_summary(fitted, error),
                 break_even_figure(fitted, measured, w_max), break_even_summary(fitted, measured))
 
-    def on_paths(self, values: RequestValues, request: gr.Request):
-        """Fit eager and compiled calls of the chosen model and measure the machine's limits (once per model)."""
+    def on_paths(self, values: RequestValues, request: gr.Request, progress=gr.Progress()):
+        """Fit eager and compiled calls of the chosen model and measure the machine's limits (once per model),
+        saying which stage it is at."""
+        stage = None if self.server.eager else (lambda done, label: progress((done, 3), desc=label, unit="stages"))
         try:
-            found = self.server.tasks.paths(self.server.settings(values).model_ref)
+            found = self.server.tasks.paths(self.server.settings(values).model_ref, stage)
         except Exception as error:  # noqa: BLE001
             message = refused(error, "paths")
             return gr.skip(), error_html(message)
@@ -69,13 +71,14 @@ def build_explain_tab(server: Server, panel: SettingsPanel, concurrency_limit: i
         even_plot = gr.Plot(label="Break-even against AR", elem_id="break-even-plot")
         even_text = gr.Markdown("", elem_id="break-even-text")
         gr.Markdown("### Eager and compiled calls, and the machine's limits")
-        paths_btn = gr.Button("Fit eager and compiled calls of this model (compiles a few shapes: seconds to a minute)")
+        paths_btn = gr.Button("Fit eager and compiled calls of this model (compiles a few shapes first: minutes on a "
+                              "CPU, once per model and server)")
         paths_plot = gr.Plot(label="Call cost against rows", elem_id="paths-plot")
         paths_text = gr.Markdown("", elem_id="paths-text")
     outputs = [cost_plot, fit_text, even_plot, even_text]
     tab.select(handlers.on_explain, [panel.block], outputs, api_visibility="private")
     measure_btn.click(panel.handler(handlers.on_measure), list(panel.components), outputs, preprocess=False,
                       api_visibility="private", concurrency_id="compute", concurrency_limit=concurrency_limit)
-    paths_btn.click(panel.handler(handlers.on_paths), list(panel.components), [paths_plot, paths_text],
+    paths_btn.click(panel.handler(handlers.on_paths, progress=True), list(panel.components), [paths_plot, paths_text],
                     preprocess=False, api_visibility="private", concurrency_id="compute",
                     concurrency_limit=concurrency_limit)

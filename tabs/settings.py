@@ -38,14 +38,19 @@ class SettingsPanel:
     block: gr.Slider
     status: gr.HTML
 
-    def handler(self, fn: Callable, extra: int = 0) -> Callable:
+    def handler(self, fn: Callable, extra: int = 0, progress: bool = False) -> Callable:
         """A Gradio handler for inputs ``[*self.components, *extra inputs]`` that calls
-        ``fn(values, *extra_values, request)`` with the settings as one :class:`RequestValues`."""
+        ``fn(values, *extra_values, request)`` with the settings as one :class:`RequestValues`
+        (``progress``: also ``progress=`` Gradio's progress tracker)."""
         count = len(self.components)
 
-        # Gradio reads this signature: the request first (it fills it in), then the inputs' values.
-        def wrapped(request: gr.Request, *raw):
-            return fn(RequestValues(*raw[:count]), *raw[count:count + extra], request)
+        # Gradio reads this signature: the request (and the tracker) first, filled in by Gradio, then the values.
+        if progress:
+            def wrapped(request: gr.Request, tracker=gr.Progress(), *raw):
+                return fn(RequestValues(*raw[:count]), *raw[count:count + extra], request, progress=tracker)
+        else:
+            def wrapped(request: gr.Request, *raw):
+                return fn(RequestValues(*raw[:count]), *raw[count:count + extra], request)
 
         wrapped.__name__, wrapped.__doc__ = fn.__name__, fn.__doc__
         return wrapped

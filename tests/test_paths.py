@@ -48,3 +48,30 @@ def test_the_explain_task_fits_eager_calls_and_says_why_compiled_ones_failed(tin
         found = tasks.paths((str(tiny_model_dir), "float32"))
     assert isinstance(found["eager"], CallCost) and found["compiled"] is None
     assert "no C++ compiler" in found["note"] and found["roofline"].gflops > 0
+
+
+def test_the_explain_fit_says_which_stage_it_is_at_on_the_page(tiny_model_dir, monkeypatch):
+    """The button took 343 s with only an elapsed-time counter (issue 30): each stage is named as it starts, and
+    the page's event (which takes Gradio's progress tracker beside the settings) answers with both fits."""
+    import app
+    from helpers import page_event, serve
+
+    def broken(fn, **options):
+        def run(*args, **kwargs):
+            raise RuntimeError("no C++ compiler")
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken)
+    tasks = GpuTasks(ModelStore(str(tiny_model_dir), device="cpu"))
+    stages = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tasks.paths((str(tiny_model_dir), "float32"), lambda done, label: stages.append((done, label)))
+    assert [done for done, _ in stages] == [0, 1, 2]
+    assert "eager" in stages[0][1] and "compiling" in stages[1][1] and "limits" in stages[2][1]
+    for url in serve(app.build_demo(str(tiny_model_dir))):
+        values = ["", "w1 w2 w3", "packed", 4, 0, 0, 1, 0, 8, False, "", "model", 0.8, "ltr", False]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            kind, outputs = page_event(url, "on_paths", values)
+        assert kind == "complete" and "no C++ compiler" in str(outputs[1]), outputs
