@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from packed_ss.bench import palette
 from packed_ss.records import (SOURCE_AR, SOURCE_BONUS, SOURCE_CORRECTION, SOURCE_DIFFUSION, SOURCE_DRAFT,
                                SOURCE_PREFILL)
 
@@ -37,10 +38,10 @@ SOURCE_STYLES: dict[str, SourceStyle] = {
     SOURCE_DIFFUSION: SourceStyle("diffusion", "#fef08a", "diffusion (unverified)"),
 }
 
-# Line colours of the schedules in charts (distinct from the token-source colours).
-SCHEDULE_COLORS = {"ar": "#7c3aed", "linear": "#0891b2", "quadratic": "#ea580c", "packed": "#16a34a",
-                   "diffusion": "#ca8a04", "lookup": "#db2777", "packed-mixed": "#0f766e",
-                   "partial": "#92400e"}
+# Line colours and marker symbols of the schedules in charts: the benchmark reports' own (one colour per schedule
+# everywhere), distinct from the token-source colours.
+SCHEDULE_COLORS = palette.SCHEDULE_COLORS
+SCHEDULE_SYMBOLS = palette.SCHEDULE_SYMBOLS
 
 
 def source_class(source: str) -> str:
