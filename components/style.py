@@ -44,6 +44,14 @@ SCHEDULE_COLORS = palette.SCHEDULE_COLORS
 SCHEDULE_SYMBOLS = palette.SCHEDULE_SYMBOLS
 
 
+def legend_below() -> dict:
+    """A plotly ``layout.legend`` under the whole chart: placed against the figure's bottom edge (``yref``
+    "container"), so plotly reserves its height first and lays the axes, their tick labels and titles out above it;
+    a legend placed by a fraction of the plot (``y=-0.25``) sat over the x-axis title whenever the plot was short.
+    Horizontal: the entries wrap onto more rows on a narrow screen."""
+    return dict(orientation="h", yref="container", y=0, yanchor="bottom", x=0, xanchor="left")
+
+
 def source_class(source: str) -> str:
     """CSS class of a token source (``"src-draft"``...); unknown sources get ``"src-prompt"``."""
     style = SOURCE_STYLES.get(source, SOURCE_STYLES[PROMPT])

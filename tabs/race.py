@@ -89,6 +89,7 @@ class RaceHandlers:
         store = self.server.store
         strings = store.strings_for(store.get(*result.settings.model_ref[:2]))
         speed = max(0.05, number_or(speed, 1.0))
+        order = result.settings.config.order
         total = max((lane.total_ms for lane in result.lanes if lane.shown), default=0.0)
         start = time.perf_counter()
         frame = 0
@@ -97,12 +98,12 @@ class RaceHandlers:
             if clock_ms >= total or us.race is not result:
                 break
             charts = race_figures(result.lanes, clock_ms) if frame % CHART_EVERY == 0 else (gr.skip(),) * 3
-            yield lanes_html(result.lanes, clock_ms, strings, result.greedy), *charts, gr.skip()
+            yield lanes_html(result.lanes, clock_ms, strings, result.greedy, order), *charts, gr.skip()
             frame += 1
             time.sleep(REPLAY_FRAME_S)
         if us.race is not result:  # a newer race replaced this one
             return
-        yield (lanes_html(result.lanes, float("inf"), strings, result.greedy), *race_figures(result.lanes),
+        yield (lanes_html(result.lanes, float("inf"), strings, result.greedy, order), *race_figures(result.lanes),
                summary_html(result.lanes))
 
 
