@@ -19,7 +19,7 @@ from components.style import legend_below, legend_html, source_class
 from serve.lanes import Lane, cost_ratio, verdict_text
 
 TokenStrings = Callable[[Sequence[int]], list[str]]
-CHART_HEIGHT = 340  # px
+CHART_HEIGHT = 400  # px (the legend under the chart takes its own rows)
 
 
 def lane_counters(lane: Lane, clock_ms: float) -> dict[str, float]:
