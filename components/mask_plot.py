@@ -116,7 +116,7 @@ def _call_spec(layout: CallLayout, strings: TokenStrings, i: int, domain: tuple[
                             tickvals=([key_labels[0]] if folded else []) + key_ticks,
                             ticktext=([f"cache ×{layout.cached}"] if folded else []) + key_text,
                             showgrid=False, zeroline=False, tickangle=-30,
-                            title=dict(text="keys<br>(cached prefix, then this call's rows)")),  # fits a phone
+                            title=dict(text="keys (cached prefix,<br>then this call's rows)")),  # two lines: fits a phone
         f"yaxis{sfx}": dict(anchor=xref, type="category", autorange="reversed", showgrid=False, zeroline=False,
                             tickvals=row_ticks, ticktext=row_text, tickfont=dict(size=11),
                             title=dict(text="query rows (role · token @ position)" if i == 0 else "")),

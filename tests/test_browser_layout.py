@@ -189,6 +189,16 @@ def test_controls_show_only_where_they_apply(page):
     _shot(page, "bench-order")
 
 
+def _readable(page, theme: str, selectors) -> None:
+    """Each selector's first elements: text against what lies behind it at least :data:`MIN_CONTRAST`."""
+    for selector in selectors:
+        found = page.evaluate(COLOURS, selector)
+        assert found, selector
+        for colours in found:
+            ratio = _contrast(colours)
+            assert ratio >= MIN_CONTRAST, (theme, selector, round(ratio, 2), colours)
+
+
 @pytest.mark.parametrize("theme", ["dark", "light"])
 def test_narration_and_grid_labels_read_in_either_theme(browser, both_url, theme):  # noqa: F811
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
@@ -198,14 +208,17 @@ def test_narration_and_grid_labels_read_in_either_theme(browser, both_url, theme
         assert page.evaluate("document.body.classList.contains('dark')") == (theme == "dark")
         _step(page, 2)
         page.locator("#token-grid p.narration").wait_for(timeout=STEP_MS)
-        for selector in ("#token-grid p.narration", "#token-grid table.token-grid th",
-                         "#token-grid td.row-label", "#token-grid .token-grid-head", ".legend", ".stats-title"):
-            found = page.evaluate(COLOURS, selector)
-            assert found, selector
-            for colours in found:
-                ratio = _contrast(colours)
-                assert ratio >= MIN_CONTRAST, (theme, selector, round(ratio, 2), colours)
+        _readable(page, theme, ("#token-grid p.narration", "#token-grid table.token-grid th",
+                                "#token-grid td.row-label", "#token-grid .token-grid-head", ".legend",
+                                ".stats-title", "#token-text span.tok"))
         _shot(page, f"{theme}-step")
+        if theme == "dark":  # the race lanes too: light cards whose text must stay dark
+            page.locator("#limit input").fill(str(TOKENS))
+            page.locator("#limit input").press("Tab")
+            _race(page)
+            _readable(page, theme, ("#race-lanes .lane h4", "#race-lanes .lane-b", "#race-lanes .token-text span.tok",
+                                    "#race-lanes .lane .badge", "#race-badge .race-verdict", "#race-status .pss-note"))
+            _shot(page, f"{theme}-race")
     finally:
         page.context.close()
 
