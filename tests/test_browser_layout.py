@@ -269,3 +269,22 @@ def test_a_step_runs_records_download_as_json(page):
     stats = page.locator('#step-stats [data-stat="nfe"] .v').last.inner_text()
     assert re.fullmatch(r"\d+", stats) and int(stats) == records["metrics"]["nfe"]
     _shot(page, "step-download")
+
+
+def test_benchmark_panels_draw_every_legend_entry_whole(page):
+    page.get_by_role("tab", name="Benchmark").click()
+    page.wait_for_function("document.querySelectorAll('.bench-summary table').length > 0", timeout=30_000)
+    panels = page.evaluate(f"""() => [...document.querySelectorAll('.js-plotly-plot')].filter(gd => gd.layout &&
+        gd.layout.title && /^(Paired ratios|Timing decomposition|Tokens\\/NFE)/.test(String(gd.layout.title.text)))
+        .map(gd => {{ const box = {BOX};
+            return {{title: String(gd.layout.title.text), frame: box(gd.querySelector('.main-svg')),
+                     items: [...gd.querySelectorAll('g.legend .traces')].map(e => ({{...box(e),
+                         text: [...e.querySelectorAll('text')].map(t => t.textContent).join(' ')}}))}}; }})""")
+    assert len(panels) == 3, panels
+    names = [item["text"] for panel in panels for item in panel["items"]]
+    assert any("transformers prompt lookup" in name for name in names), names  # written out in full
+    for panel in panels:
+        for item in panel["items"]:
+            assert panel["frame"]["left"] - 0.5 <= item["left"] and item["right"] <= panel["frame"]["right"] + 0.5, \
+                (panel["title"], item)
+    _shot(page, "benchmark")
