@@ -30,7 +30,10 @@ from serve.errors import refused
 from serve.uploads import SessionFiles
 
 FIGURES = ("ratios", "decomposition", "block_size")
-LEGEND_WIDTH = 26  # characters per line of a legend entry in a third of the page
+LEGEND_WIDTH = 30  # characters per line of a legend entry in a third of the page
+PANEL_HEIGHT = 640  # px: a panel's least height
+LEGEND_LINE_PX = 19  # px per line of a legend entry
+PANEL_FRAME_PX = 140  # px of a panel outside its plot and legend (title, tilted tick labels)
 
 
 @dataclass(frozen=True)
@@ -85,9 +88,12 @@ def panel_figure(figure):
 
     fitted = go.Figure(figure)
     title = fitted.layout.title.text or ""
-    fitted.update_layout(title=dict(text=title.replace(" (", "<br>(", 1), font=dict(size=14)), height=640,
-                         legend=legend_below(), margin=dict(l=50, r=10, t=70))
     fitted.for_each_trace(lambda trace: trace.update(name=wrap_label(trace.name)) if trace.name else None)
+    # Plotly scrolls a legend taller than the plot: many comparisons make the panel tall enough for both.
+    lines = sum(trace.name.count("<br>") + 1 for trace in fitted.data if trace.name and trace.showlegend is not False)
+    height = max(PANEL_HEIGHT, PANEL_FRAME_PX + 2 * LEGEND_LINE_PX * lines)
+    fitted.update_layout(title=dict(text=title.replace(" (", "<br>(", 1), font=dict(size=14)), height=height,
+                         legend=legend_below(), margin=dict(l=50, r=10, t=70))
     fitted.update_xaxes(automargin=True, tickangle=-35)
     fitted.update_yaxes(automargin=True)
     return fitted

@@ -78,7 +78,9 @@ def test_block_size_chart_keeps_coinciding_points_visible():
     by_name = {t.name: t for t in chart.data}
     quadratic, packed = by_name["Quadratic-SS"], by_name["Packed-SS"]
     assert list(quadratic.y) == list(packed.y) and list(quadratic.customdata) == list(packed.customdata) == [6]
-    assert abs(quadratic.x[0] - packed.x[0]) >= 0.05  # dodged sideways
+    span = max(t.customdata[0] for t in chart.data) - min(t.customdata[0] for t in chart.data)
+    assert abs(quadratic.x[0] - packed.x[0]) >= 0.02 * span  # dodged sideways, a visible step on the axis
+    assert by_name["Packed-SS + n-gram"].x[0] == by_name["Packed-SS + n-gram"].customdata[0]  # alone at its B
     assert quadratic.marker.symbol != packed.marker.symbol
     xs = [t.x[0] for t in chart.data]
     assert len(set(xs)) == len(xs)

@@ -218,9 +218,10 @@ def figures(summary: dict) -> dict[str, go.Figure]:
                   for name in shown}
         mode = "markers"
         title = "Tokens/NFE at the measured block sizes (run with --probe-block-sizes for a sweep)"
-    for i, schedule in enumerate(shown):  # each schedule a little to the side: coinciding points stay visible
-        offset = dodge(i, len(shown))
-        block.add_trace(go.Scatter(x=[b + offset for b, _ in points[schedule]], y=[t for _, t in points[schedule]],
+    offsets = dodges(points)  # schedules at the same B a little to the side: coinciding points stay visible
+    for schedule in shown:
+        block.add_trace(go.Scatter(x=[b + offsets[schedule, b] for b, _ in points[schedule]],
+                                   y=[t for _, t in points[schedule]],
                                    customdata=[b for b, _ in points[schedule]], mode=mode, name=_label(schedule),
                                    line_color=schedule_color(schedule),
                                    marker=dict(size=11, color=schedule_color(schedule),
@@ -235,10 +236,20 @@ def figures(summary: dict) -> dict[str, go.Figure]:
     return out
 
 
-def dodge(index: int, count: int, width: float = 0.5) -> float:
-    """The horizontal offset (in block sizes) of the ``index``-th of ``count`` schedules drawn at the same B:
-    spread evenly over ``width`` around it (0 for a single schedule), so that equal values do not hide each other."""
-    return 0.0 if count <= 1 else width * (index / (count - 1) - 0.5)
+DODGE = 0.06  # sideways step between points at the same B, as a fraction of the axis' span of B
+
+
+def dodges(points: dict[str, list[tuple[int, float]]]) -> dict[tuple[str, int], float]:
+    """The sideways offset (in block sizes) of each schedule's point at each B, ``(schedule, B) -> offset``: the
+    schedules measured at one B spread evenly around it (in the order given), one step of :data:`DODGE` times the
+    span of B apart (at least 0.15), so equal values do not hide each other; a schedule alone at its B stays on it."""
+    sizes = sorted({b for pairs in points.values() for b, _ in pairs})
+    step = max(0.15, DODGE * (sizes[-1] - sizes[0])) if sizes else 0.0
+    at: dict[int, list[str]] = {}
+    for name, pairs in points.items():
+        for b, _ in pairs:
+            at.setdefault(b, []).append(name)
+    return {(name, b): step * (j - (len(names) - 1) / 2) for b, names in at.items() for j, name in enumerate(names)}
 
 
 def _gap(a, b) -> float:
