@@ -21,6 +21,7 @@ from packed_ss.cli import one_line_warnings, quiet_loaders
 from components.style import ASSETS, page_script
 from serve.api import add_api
 from serve.api_defaults import FillApiDefaults
+from serve.blocks import PageBlocks
 from serve.limits import MAX_ROWS_PER_REQUEST, MAX_SECONDS_PER_REQUEST
 from serve.models import DEFAULT_MODEL
 from serve.options import allowed_models, app_parser, options_problem
@@ -92,7 +93,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
     on_cuda = torch.cuda.is_available() and not str(device or "").startswith("cpu")
     # delete_cache: Gradio removes files in its upload folder older than UNUSED_FILES_S (checked every minute), so an
     # upload no session used does not stay on disk; a session's own files go when it ends (serve.uploads).
-    with gr.Blocks(title=TITLE, delete_cache=(60, UNUSED_FILES_S)) as demo:
+    with PageBlocks(title=TITLE, delete_cache=(60, UNUSED_FILES_S)) as demo:
         server.blocks = demo
         gr.Markdown(INTRO)
         panel = build_settings(server, example_prompts(), on_cuda)

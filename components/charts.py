@@ -191,10 +191,13 @@ def break_even_summary(model: CostModel | None, measured: Sequence[tuple[str, in
             f"ratio (with non-model time and the prefill), which decides a race, and can differ from the line. The "
             f"markers pool every run of this process at that W, so they can differ a little from one race's lane.")
     lines = []
+    noisy = model.rmse_ms > POOR_FIT * model.tau_ms  # the fit's own warning (fit_summary): no verdict on it
     for schedule, w, tpn, _ in measured:
         if schedule in ("linear", "quadratic", "packed"):
             need = break_even(schedule, w + 1, model)
-            verdict = "beats AR" if tpn > need else "loses to AR"
+            verdict = ("too noisy to judge (the fit's residual is "
+                       f"{model.rmse_ms / max(model.tau_ms, 1e-9):.1f}× τ: measure again)" if noisy
+                       else "beats AR" if tpn > need else "loses to AR")
             lines.append(f"- {TITLES[schedule]} at W = {w}: {tpn:.2f} tokens/NFE measured, {need:.2f} needed: "
                          f"{verdict} here.")
     return text + ("\n\n" + "\n".join(lines) if lines else "")

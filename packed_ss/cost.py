@@ -39,7 +39,7 @@ class CallCost:
         return self.tau_ms + self.delta_ms * rows + self.mu_ms * keys + self.kappa_ms * rows * keys
 
 
-def call_cost(model) -> CallCost:
+def call_cost(model, fresh: bool = False) -> CallCost:
     """The model's :class:`CallCost`, measured on first use and cached on the network (``model.model``, so every
     :meth:`share` of it reuses the fit; on ``model`` itself when it has none) as ``call_cost_fit``
     (``call_cost_fit_compiled`` for compiled calls, whose fit differs). Leaves the model's cache empty.
@@ -49,11 +49,12 @@ def call_cost(model) -> CallCost:
     Compiled calls: tau and delta from :data:`PROBE_ROWS` after :data:`PROBE_PREFIX` (the shapes a run meets), the
     cost of keys from the eager fit (the same arithmetic; no further shapes compiled).
     A model without real timings (all model times 0, as scripted test models) gets tau = 1 ms, delta = 0.
+    ``fresh``: measure again even when a fit is cached (and cache the new one).
     """
     holder = getattr(model, "model", None) or model
     compiled = getattr(model, "compiled", False)
     key = "call_cost_fit_compiled" if compiled else "call_cost_fit"  # one fit per path
-    found = getattr(holder, key, None)
+    found = None if fresh else getattr(holder, key, None)
     if found is not None:
         return found
     points = _probe(model, PROBE_PREFIX, PROBE_ROWS)  # (rows, keys, median ms)

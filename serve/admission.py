@@ -30,9 +30,11 @@ class Admission:
         self._lock = threading.Lock()
 
     @contextmanager
-    def admit(self, visitor: str | None, predicted_s: float) -> Iterator[None]:
+    def admit(self, visitor: str | None, predicted_s: float,
+              lower: str = "the new-token limit or the prompt length") -> Iterator[None]:
         """Hold a heavy slot for the body of the ``with`` block (a light request holds none).
 
+        ``lower``: the settings of the asking tab or endpoint that make a request lighter (named in the refusal).
         Raises: UserError when ``visitor`` already runs a heavy request, or every heavy slot is taken.
         """
         if predicted_s <= self.light_s:
@@ -46,8 +48,7 @@ class Admission:
             if len(self._running) >= self.heavy_limit:
                 raise UserError(f"the server is busy with {len(self._running)} heavy requests (up to "
                                 f"{sum(self._running.values()):.0f} s of predicted work): try again in a minute, or "
-                                f"lower the new-token limit, the lanes or the prompt length (a request predicted "
-                                f"under {self.light_s:g} s is served at once)")
+                                f"lower {lower} (a request predicted under {self.light_s:g} s is served at once)")
             self._running[ticket] = predicted_s
             if visitor is not None:
                 self._visitors.add(visitor)

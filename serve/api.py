@@ -57,7 +57,7 @@ def add_api(server: Server, concurrency_limit: int) -> dict[str, list[tuple[str,
                                                      drafter_quality, order, chat))
             run = run_generate(server.tasks, settings, log=server.log, max_rows=server.max_rows,
                                alive=server.alive(request), max_seconds=server.max_seconds,
-                               admit=server.admit(request))
+                               admit=server.admit(request, "max_new_tokens or the prompt"))
             model = server.store.get(*settings.model_ref[:2])
             return {**run.metrics(), **time_limit_note(run, server.max_seconds),
                     "model_note": model_note(server.store, settings.model, model)}
@@ -85,7 +85,7 @@ def add_api(server: Server, concurrency_limit: int) -> dict[str, list[tuple[str,
             return run_race(server.tasks, settings, extra=parse_lanes(lanes), log=server.log,
                             max_rows=server.max_rows, best=best_sizes_for(server, block_sizes),
                             alive=server.alive(request), max_seconds=server.max_seconds,
-                            admit=server.admit(request)).to_json()
+                            admit=server.admit(request, "max_new_tokens, the lanes or the prompt")).to_json()
         except Exception as error:  # noqa: BLE001
             raise gr.Error(refused(error, "race"), print_exception=False) from None
 

@@ -16,10 +16,9 @@ from pathlib import Path
 from packed_ss.bench.plan import ALL_SCHEDULES, BenchConfig, BenchError, load_prompts, parse_block_sizes
 from packed_ss.bench.report import figures, summary_markdown, write_outputs
 from packed_ss.bench.run import any_order_problem, run_benchmark
-from packed_ss.cost import call_cost
-from packed_ss.inputs import model_fingerprint, model_name as report_model_name
+from packed_ss.inputs import model_fingerprint, model_name as report_model_name, shown
 
-from serve.limits import worst_case_rows, worst_case_seconds
+from serve.limits import worst_case_rows
 
 DEFAULT_REPORT = "docs/bench-humaneval"  # committed summary of the 164-prompt benchmark
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,8 +105,7 @@ def run_small_benchmark(load_model: Callable[[str], object], model_name: str, pr
                         max_new_tokens: int, temperature: float, samples: int, seed: int,
                         progress: Callable[[int, int, str], None] | None = None,
                         resamples: int = APP_RESAMPLES, turn: Callable[[], ContextManager] = nullcontext,
-                        max_rows: int | None = None, order: str = "ltr",
-                        max_seconds: float | None = None) -> tuple[str, dict, list[str]]:
+                        max_rows: int | None = None, order: str = "ltr") -> tuple[str, dict, list[str]]:
     """Run a benchmark of at most :data:`MAX_PROMPTS` prompts and write its files to a new temporary folder.
 
     Args:
@@ -116,11 +114,10 @@ def run_small_benchmark(load_model: Callable[[str], object], model_name: str, pr
         prompt_source: :data:`HUMANEVAL` or :data:`UPLOAD`; prompt_file: the uploaded JSONL path.
         limit: prompts (1..MAX_PROMPTS); block_size: ``"8"`` or ``"linear=8,quadratic=4"``.
         max_new_tokens, temperature, samples, seed: as on the command line.
-        progress: ``progress(done, total, label)``.
+        progress: ``progress(done, total, label)``; it may raise :class:`~packed_ss.bench.run.RunsStopped` to end
+            the runs there (a server's time limit): the report then covers the runs done.
         turn: held around each run (the app's compute gate), see :func:`packed_ss.bench.run.run_benchmark`.
         max_rows: worst-case model rows the whole benchmark may need (None = no limit).
-        max_seconds: its predicted worst-case decoder seconds (:func:`serve.limits.worst_case_seconds` at the
-            model's fitted call cost; None = no limit).
         order: an any-order model's verification order, "ltr" or "confidence" (paper Appendix C).
     Returns: ``(markdown, {name: figure}, [report.html, examples.csv, summary.json, ...])``.
     Raises: BenchError with a one-line message for any user error or model loading failure.
@@ -141,6 +138,11 @@ def run_small_benchmark(load_model: Callable[[str], object], model_name: str, pr
         raise BenchError(f"max new tokens must be in [1, {MAX_NEW_TOKENS}] here")
     if not schedules:
         raise BenchError("select at least one schedule")
+    unknown = [s for s in schedules if s not in ALL_SCHEDULES]
+    if unknown:
+        raise BenchError(f"unknown schedule {shown(unknown[0])}; choose from: {', '.join(ALL_SCHEDULES)}")
+    if prompt_source not in (None, HUMANEVAL, UPLOAD):
+        raise BenchError(f"the prompts come from {HUMANEVAL!r} or {UPLOAD!r}, got {shown(prompt_source)}")
     default, overrides = parse_block_sizes(block_size or "8")
     chosen = tuple(s for s in ALL_SCHEDULES if s in schedules)
     config = BenchConfig(schedules=chosen, block_sizes=overrides, default_block_size=default,
@@ -175,17 +177,13 @@ def run_small_benchmark(load_model: Callable[[str], object], model_name: str, pr
         if worst > max_rows:
             raise BenchError(f"this benchmark could evaluate up to {worst:,} model rows; this server allows "
                              f"{max_rows:,} per request: use fewer prompts, schedules or new tokens, or a smaller B")
-    if max_seconds is not None:
-        with turn():  # measured alone, like the runs
-            cost = call_cost(model)
-        seconds = runs * sum(worst_case_seconds(chosen, n, base, cost, sizes, any_order) for n in lengths)
-        if seconds > max_seconds:
-            raise BenchError(f"this benchmark could take up to {seconds:.0f} s on this server; it allows "
-                             f"{max_seconds:g} s per request: use fewer prompts, schedules or new tokens")
     meta = {"model": report_model_name(model_name), "model_sha256": model_fingerprint(model_name),
             "prompt_source": source, "limit": limit, "threads": _threads(), "origin": "app",
             "any_order": bool(getattr(model, "any_order", False))}
     result = run_benchmark(model, prompts, config, progress, meta, turn=turn)
+    if result.interrupted and result.examples.empty:
+        raise BenchError("stopped at this server's time limit before any run finished: use fewer prompts, "
+                         "schedules or new tokens")
     paths = write_outputs(result, _fresh_folder())
     files = [str(paths[k]) for k in ("report", "examples", "summary_json", "summary_md", "probe") if k in paths]
     return summary_markdown(result.summary), figures(result.summary), files

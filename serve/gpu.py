@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import replace
@@ -16,6 +17,7 @@ from packed_ss.models.scripted import ScriptedDrafter
 from packed_ss.records import IterationRecord, RunRecord
 from packed_ss.schedules import SPECULATIVE
 
+from serve.costs import CostBook
 from serve.limits import TIME_LIMIT, ComputeGate, cut_off, deadline_after, gated
 from serve.models import ModelStore
 
@@ -60,7 +62,7 @@ class GpuTasks:
         self.generate = gpu_task(self._generate)
         self.calibration = gpu_task(self._calibration)
         self.divergence = gpu_task(self._divergence)
-        self.cost = gpu_task(self._cost)
+        self.costs = CostBook(gpu_task(self._cost))  # the latest fit of each model (serve.costs)
         self.paths = gpu_task(self._paths)
 
     def _adapter(self, model_ref: tuple, prompt_ids: Sequence[int], config: DecodeConfig,
@@ -100,23 +102,27 @@ class GpuTasks:
         in ``schedules`` order, and how many iterations of other requests ran between this race's ones.
 
         A two-token AR warm-up runs first so that the first lane does not pay one-off start-up costs.
-        ``limit_s``: the race's time limit from the clock (None: none); a run it cuts off, or one it leaves no
-        time for, ends with the stop reason :data:`~serve.limits.TIME_LIMIT` (:func:`kept_runs`).
+        ``limit_s``: the race's time limit from the clock (None: none), shared fairly: each run may take the time
+        left divided by the runs left (:func:`fair_share`), so a slow lane cannot starve the lanes after it; a run
+        cut off ends with the stop reason :data:`~serve.limits.TIME_LIMIT` (:func:`kept_runs`).
         Raises: ClientGone between two iterations once ``alive()`` is False.
         """
         model = self.store.get(*model_ref[:2])
         owner = object()  # this race's turns at the gate
-        isolate = self._isolate(priority, alive, owner, deadline_after(limit_s))
+        deadline = deadline_after(limit_s)
+        isolate = self._isolate(priority, alive, owner, deadline)
         with self.gate.watch(owner) if self.gate is not None else nullcontext(lambda: 0) as others:
             warm_up(model.share(), prompt_ids, [("ar", DecodeConfig(block_size=config.block_size, max_new_tokens=2))],
                     isolate)
             # A scripted drafter follows AR's output: computed once for every lane and repeat.
             reference = getattr(self._adapter(model_ref, prompt_ids, config, isolate=isolate), "reference", None)
             runs: dict[str, list[RunRecord]] = {s: [] for s in schedules}
-            for _, _, schedule in rotation(list(schedules), repeats):
+            order = list(rotation(list(schedules), repeats))
+            for done, (_, _, schedule) in enumerate(order):
                 own = replace(config, block_size=(block_sizes or {}).get(schedule, config.block_size))
                 adapter = self._adapter(model_ref, prompt_ids, own, reference)
-                runs[schedule].append(cut_off(timed_run(adapter, prompt_ids, own, schedule, isolate)))
+                share = self._isolate(priority, alive, owner, fair_share(deadline, len(order) - done))
+                runs[schedule].append(cut_off(timed_run(adapter, prompt_ids, own, schedule, share)))
             interleaved = others()
         return [kept_runs(runs[s]) for s in schedules], interleaved
 
@@ -130,12 +136,16 @@ class GpuTasks:
         return cut_off(timed_run(self._adapter(model_ref, prompt_ids, config, isolate=isolate), prompt_ids, config,
                                  schedule, isolate))
 
-    def _cost(self, model_ref: tuple) -> CallCost:
-        """The model's fitted per-call cost (:func:`packed_ss.cost.call_cost`: measured once per model, cached
-        on its network), measured at the gate so that nothing else computes meanwhile."""
+    def cost(self, model_ref: tuple) -> CallCost:
+        """The model's latest per-call cost fit (:class:`serve.costs.CostBook`; measured at first use)."""
+        return self.costs.fit(model_ref)
+
+    def _cost(self, model_ref: tuple, fresh: bool = False) -> CallCost:
+        """The model's fitted per-call cost (:func:`packed_ss.cost.call_cost`, cached on its network; ``fresh``:
+        measured again), measured at the gate so that nothing else computes meanwhile."""
         model = self.store.get(*model_ref[:2])
         with self.gate.turn(0.0) if self.gate is not None else nullcontext():
-            return call_cost(model.share())
+            return call_cost(model.share(), fresh=fresh)
 
     def _paths(self, model_ref: tuple) -> dict:
         """The per-call cost fits of eager and compiled calls and the machine's limits for the model (each measured
@@ -174,6 +184,16 @@ class GpuTasks:
                 records = gated(decode(model.share(), list(prompt_ids), config, schedule), self.gate, 0.0)
                 out.append((b, list(records)))
         return out
+
+
+def fair_share(deadline: float | None, runs_left: int) -> float | None:
+    """The ``time.monotonic()`` deadline of the next of ``runs_left`` runs that share the time until ``deadline``
+    (None: no limit): now plus the time left over the runs left (a run that ends early leaves its rest to the
+    others)."""
+    if deadline is None:
+        return None
+    now = time.monotonic()
+    return now + max(0.0, deadline - now) / max(1, runs_left)
 
 
 def kept_runs(runs: Sequence[RunRecord]) -> list[RunRecord]:

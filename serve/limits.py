@@ -6,8 +6,9 @@
   smallest first, so a 4-token request is answered between two iterations of a long race instead of
   after it; every iteration still runs alone, so measured times stay honest.
 * :func:`gated` drives a decoding generator one iteration per turn, stops it when the client left, and ends it at
-  the request's time limit from the clock (:func:`cut_off` marks such a run; the prediction of
-  :func:`worst_case_seconds` refuses most requests that would reach it before they start).
+  the request's time limit from the clock (:func:`cut_off` marks such a run). The prediction of
+  :func:`worst_case_seconds` refuses nothing: it sorts requests as light or heavy (:mod:`serve.admission`) and
+  sets a race's repeats; the clock bounds every request.
 * :func:`release_memory` hands freed heap pages back to the system after a large request.
 
 No decoding logic lives here; the row bounds come from the schedules (``Schedule.max_rows``).
@@ -101,22 +102,6 @@ def worst_case_keys(prompt_len: int, new_tokens: int, rows: int, calls: int) -> 
     per_call = -(-max(0, rows - prompt_len) // max(1, calls - 1))
     capacity = -(-(prompt_len + new_tokens + per_call) // CAPACITY_STEP) * CAPACITY_STEP
     return rows * capacity
-
-
-def check_time(schedules: Sequence[str], prompt_len: int, config: DecodeConfig, cost, limit_s: float | None,
-               block_sizes: Mapping[str, int] | None = None, any_order: bool = False) -> float:
-    """Refuse a request whose predicted worst case (:func:`worst_case_seconds`) exceeds ``limit_s`` seconds
-    (None: no limit); return the prediction.
-
-    Raises: UserError naming the prediction, the limit and the settings to lower.
-    """
-    seconds = worst_case_seconds(schedules, prompt_len, config, cost, block_sizes, any_order)
-    if limit_s is not None and seconds > limit_s:
-        raise UserError(f"this request could take up to {seconds:.0f} s on this server ({len(schedules)} run"
-                        f"{'s' if len(schedules) != 1 else ''} of up to {config.max_new_tokens} new tokens at B = "
-                        f"{config.block_size}, a {prompt_len}-token prompt); it allows {limit_s:g} s per request: "
-                        f"lower the new-token limit, the number of lanes or the prompt length, or raise B")
-    return seconds
 
 
 class ComputeGate:

@@ -16,7 +16,7 @@ from packed_ss.schedules import LOSSLESS, REGISTRY, SPECULATIVE
 from serve.block_sizes import BestBlockSizes
 from serve.gpu import GpuTasks
 from serve.lanes import Lane, cost_ratio, lane_from_runs, verdict_text
-from serve.limits import MAX_ROWS_PER_REQUEST, TIME_LIMIT, check_time, check_work, release_memory
+from serve.limits import MAX_ROWS_PER_REQUEST, TIME_LIMIT, check_work, release_memory, worst_case_seconds
 from serve.notes import model_note
 from serve.runs import schedule_for
 from serve.settings import OPTIONAL_LANES, RunSettings, parse_lanes
@@ -118,10 +118,11 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
     With ``best``, each speculative lane runs at its own fastest B (:class:`BestBlockSizes`), else all at the
     settings' B. ``admit(predicted seconds)``: a context manager held while the race computes
     (:class:`serve.admission.Admission`; used with ``max_seconds``, which gives the prediction). ``max_seconds``
-    is also a hard limit from the clock: a lane still running then is cut off with its partial output and not
-    ranked (:attr:`RaceResult.cut_off`).
-    Raises: UserError for bad extra lanes, work beyond ``max_rows`` or a predicted time beyond
-    ``max_seconds`` for one measurement (checked before any run), or a race not admitted; ModelLoadError;
+    is also a hard limit from the clock, shared fairly: each run may take the time left over the runs left, so
+    every lane runs; a lane still running at its share's end is cut off with its partial output and not ranked
+    (:attr:`RaceResult.cut_off`). A predicted time beyond ``max_seconds`` is no refusal: it lowers the repeats.
+    Raises: UserError for bad extra lanes, work beyond ``max_rows`` (checked before any run), or a race not
+    admitted; ModelLoadError;
     PromptError for empty / too long prompts; ClientGone when ``alive()`` turns False.
     """
     extra = parse_lanes(list(extra))
@@ -141,10 +142,10 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
     once = check_work(schedules + reference, len(ids), settings.config, max_rows, block_sizes=sizes,
                       any_order=any_order)
     repeats = max(1, min(repeats, max_rows // max(1, once)))
-    once_s = 0.0
+    once_s = 0.0  # predicted worst case of one measurement of every lane: fewer repeats when it is long
     if max_seconds is not None:
-        once_s = check_time(schedules + reference, len(ids), settings.config, tasks.cost(settings.model_ref),
-                            max_seconds, block_sizes=sizes, any_order=any_order)
+        once_s = worst_case_seconds(schedules + reference, len(ids), settings.config, tasks.cost(settings.model_ref),
+                                    block_sizes=sizes, any_order=any_order)
         repeats = max(1, min(repeats, int(max_seconds // max(once_s, 1e-9))))
     left = None if max_seconds is None else max(0.0, max_seconds - (time.monotonic() - begun))
     start = time.perf_counter()
@@ -155,10 +156,11 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
     finally:
         release_memory()
     compute_s = time.perf_counter() - start
-    if log is not None:
-        for runs in measured:
-            for run in runs:
+    for runs in measured:
+        for run in runs:
+            if log is not None:
                 log.add(run.records, run.block_size)
+    tasks.costs.observe(settings.model_ref, [r for runs in measured for run in runs for r in run.records])
     reference, partial = measured[0][0].token_ids, measured[0][0].stop_reason == TIME_LIMIT
     scripted = "" if settings.scripted is None else f" · scripted\u00a0drafter\u00a0q={settings.scripted:g}"
     order = f" · {settings.config.order} order" if any_order else ""

@@ -15,7 +15,7 @@ from packed_ss.schedules import REGISTRY
 
 from serve.errors import UserError
 from serve.gpu import GpuTasks
-from serve.limits import MAX_ROWS_PER_REQUEST, check_time, check_work, release_memory
+from serve.limits import MAX_ROWS_PER_REQUEST, check_work, release_memory, worst_case_seconds
 from serve.settings import RunSettings
 from serve.timing import TimingLog
 
@@ -49,8 +49,7 @@ def run_generate(tasks: GpuTasks, settings: RunSettings, log: TimingLog | None =
     (:class:`serve.admission.Admission`; used with ``max_seconds``, which gives the prediction). ``max_seconds``
     is also a hard limit from the clock: a run still going then ends with what it decoded, its stop reason
     :data:`~serve.limits.TIME_LIMIT`.
-    Raises: UserError (work beyond ``max_rows``, a predicted time beyond ``max_seconds``, or not admitted),
-    ModelLoadError, PromptError, ClientGone.
+    Raises: UserError (work beyond ``max_rows``, or not admitted), ModelLoadError, PromptError, ClientGone.
     """
     model = tasks.store.get(*settings.model_ref[:2])
     schedule_for(model, settings)
@@ -59,10 +58,10 @@ def run_generate(tasks: GpuTasks, settings: RunSettings, log: TimingLog | None =
     reference = ["ar"] if settings.scripted is not None else []  # a scripted drafter's AR reference run
     work = check_work([settings.schedule, *reference], len(ids), settings.config, max_rows,
                       any_order=getattr(model, "any_order", False))
-    seconds = 0.0
+    seconds = 0.0  # the predicted worst case sorts the request as light or heavy (admit); the clock bounds it
     if max_seconds is not None:
-        seconds = check_time([settings.schedule, *reference], len(ids), settings.config,
-                             tasks.cost(settings.model_ref), max_seconds, any_order=getattr(model, "any_order", False))
+        seconds = worst_case_seconds([settings.schedule, *reference], len(ids), settings.config,
+                                     tasks.cost(settings.model_ref), any_order=getattr(model, "any_order", False))
     try:
         with admit(seconds) if admit is not None else nullcontext():
             run = tasks.generate(settings.model_ref, ids, settings.config, settings.schedule, float(work), alive,
@@ -71,12 +70,14 @@ def run_generate(tasks: GpuTasks, settings: RunSettings, log: TimingLog | None =
         release_memory()
     if log is not None:
         log.add(run.records, settings.config.block_size)
+    tasks.costs.observe(settings.model_ref, run.records)  # a run much slower or faster than the fit moves it
     return run
 
 
 def calibrate(tasks: GpuTasks, settings: RunSettings, log: TimingLog, block_sizes: Sequence[int] = (4, 8, 16),
               new_tokens: int = 16) -> int:
-    """Feed the cost fit: short runs of AR, Linear, Quadratic and Packed at several block sizes.
+    """Feed the cost fit: short runs of AR, Linear, Quadratic and Packed at several block sizes; then measure the
+    model's per-call cost again, which the server's time estimates use from then on (:class:`serve.costs.CostBook`).
 
     Returns: number of calls measured. Raises: ModelLoadError, PromptError.
     """
@@ -87,4 +88,5 @@ def calibrate(tasks: GpuTasks, settings: RunSettings, log: TimingLog, block_size
     for b, records in tasks.calibration(settings.model_ref, ids, tuple(block_sizes), new_tokens):
         log.add(records, b)
         calls += sum(len(r.calls) for r in records)
+    tasks.costs.remeasure(settings.model_ref, "re-measured by Explain's Measure")  # the estimates follow it
     return calls

@@ -67,10 +67,11 @@ class Server:
         """The state of the browser tab (or API client) behind a Gradio ``request``."""
         return self.sessions.get(request.session_hash)
 
-    def admit(self, request) -> Callable:
-        """``predicted seconds -> context manager``: this request's heavy slot (:class:`Admission`)."""
+    def admit(self, request, lower: str = "the new-token limit or the prompt length") -> Callable:
+        """``predicted seconds -> context manager``: this request's heavy slot (:class:`Admission`); ``lower``
+        names the settings of the asking tab that make a request lighter."""
         visitor = getattr(request, "session_hash", None)
-        return lambda seconds: self.admission.admit(visitor, seconds)
+        return lambda seconds: self.admission.admit(visitor, seconds, lower)
 
     def alive(self, request) -> Callable[[], bool] | None:
         """A check that ``request``'s client is still connected (None: cannot tell, or ZeroGPU, where the

@@ -54,12 +54,13 @@ class RunSettings:
         return self.model, self.precision, self.scripted
 
 
-def _whole(value, name: str, low: int | None = None, high: int | None = None) -> int:
+def whole_number(value, name: str, low: int | None = None, high: int | None = None) -> int:
+    """``value`` (any raw value) as an int in ``[low, high]``. Raises: UserError naming ``name``."""
     if isinstance(value, bool):  # JSON true is no number of tokens (Python would read it as 1)
         raise UserError(f"{name} must be a whole number, got {shown(value)}")
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise UserError(f"{name} must be a whole number, got {shown(value)}") from None
     if not math.isfinite(number) or number != int(number):
         raise UserError(f"{name} must be a whole number, got {shown(value)}")
@@ -71,12 +72,13 @@ def _whole(value, name: str, low: int | None = None, high: int | None = None) ->
     return number
 
 
-def _real(value, name: str) -> float:
+def real_number(value, name: str) -> float:
+    """``value`` (any raw value) as a finite float. Raises: UserError naming ``name``."""
     if isinstance(value, bool):  # JSON true is no temperature (Python would read it as 1.0)
         raise UserError(f"{name} must be a number, got {shown(value)}")
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise UserError(f"{name} must be a number, got {shown(value)}") from None
     if not math.isfinite(number):
         raise UserError(f"{name} must be a finite number, got {shown(value)}")
@@ -127,8 +129,8 @@ class RequestValues:
         schedule = self.schedule
         if not isinstance(schedule, str) or schedule not in REGISTRY:
             raise UserError(f"unknown schedule {shown(schedule)}; choose one of {', '.join(REGISTRY)}")
-        block = _whole(self.block_size, "block size", 2, APP_MAX_BLOCK_SIZE)
-        temp = _real(self.temperature, "temperature")
+        block = whole_number(self.block_size, "block size", 2, APP_MAX_BLOCK_SIZE)
+        temp = real_number(self.temperature, "temperature")
         if temp < 0:
             raise UserError(f"temperature must be >= 0 (0 = greedy), got {temp}")
         drafter_lora = False if self.drafter_lora is None else self.drafter_lora
@@ -143,16 +145,16 @@ class RequestValues:
         drafter = text_value(self.drafter, "drafter").strip() or "model"
         if drafter not in DRAFTERS:
             raise UserError(f"drafter must be 'model' (the model's own) or 'scripted', got {shown(drafter)}")
-        quality = _real(0.8 if self.drafter_quality is None else self.drafter_quality, "drafter quality")
+        quality = real_number(0.8 if self.drafter_quality is None else self.drafter_quality, "drafter quality")
         if not 0 <= quality <= 1:
             raise UserError(f"drafter quality must be from 0 to 1, got {quality}")
-        limit = _whole(self.max_new_tokens, "new-token limit")
+        limit = whole_number(self.max_new_tokens, "new-token limit")
         if not 1 <= limit <= cap:
             raise UserError(f"the new-token limit must be from 1 to {cap} (the app's cap), got {limit}")
         try:
-            config = DecodeConfig(block_size=block, temperature=temp, top_k=_whole(self.top_k, "top-k", 0),
-                                  top_p=_real(self.top_p, "top-p"), max_new_tokens=limit,
-                                  seed=_whole(self.seed, "seed", 0, MAX_SEED), drafter_lora=drafter_lora,
+            config = DecodeConfig(block_size=block, temperature=temp, top_k=whole_number(self.top_k, "top-k", 0),
+                                  top_p=real_number(self.top_p, "top-p"), max_new_tokens=limit,
+                                  seed=whole_number(self.seed, "seed", 0, MAX_SEED), drafter_lora=drafter_lora,
                                   order=text_value(self.order, "order").strip() or "ltr")
         except ValueError as error:
             raise UserError(str(error)) from None

@@ -12,8 +12,7 @@ from packed_ss.records import IterationRecord, RunRecord, summarize
 
 from serve.errors import UserError
 from serve.gpu import GpuTasks
-from serve.limits import (MAX_ROWS_PER_REQUEST, TIME_LIMIT, ComputeGate, check_time, check_work,
-                          deadline_after, gated)
+from serve.limits import MAX_ROWS_PER_REQUEST, TIME_LIMIT, ComputeGate, check_work, deadline_after, gated
 from serve.runs import schedule_for
 from serve.settings import RunSettings
 from serve.timing import TimingLog
@@ -35,8 +34,8 @@ class StepRun:
             call: the drafting call, before its verification).
         finished: the engine stopped (EOS, limit or stop string). lock: held by a handler using the run.
     Raises: PromptError (a ValueError) on creation for an empty or too long prompt; UserError when the whole
-        run's worst case exceeds ``max_rows`` or (with ``tasks``) ``max_seconds``, or when a scripted drafter's
-        reference (computed at creation, one iteration per gate turn) runs past ``max_seconds`` from the clock.
+        run's worst case exceeds ``max_rows``, or when a scripted drafter's reference (computed at creation, one
+        iteration per gate turn) runs past ``max_seconds`` from the clock.
     """
 
     def __init__(self, settings: RunSettings, model, tasks: "GpuTasks | None" = None, eager: bool = False,
@@ -53,9 +52,8 @@ class StepRun:
         runner = schedule_for(model, settings)
         check_work([settings.schedule, *reference], len(self.prompt_ids), settings.config, max_rows,
                    any_order=getattr(model, "any_order", False))
-        if max_seconds is not None and tasks is not None:
-            check_time([settings.schedule, *reference], len(self.prompt_ids), settings.config,
-                       tasks.cost(settings.model_ref), max_seconds, any_order=getattr(model, "any_order", False))
+        # No refusal on predicted time: a local Step computes one iteration per click, and an eager run computes
+        # the iterations that fit in the time limit and says where it stopped (TIME_LIMIT).
         self.gate = gate
         self.priority = float(runner.max_rows(1, replace(settings.config, max_new_tokens=2)))
         if settings.scripted is None or eager:

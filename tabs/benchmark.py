@@ -19,11 +19,12 @@ from pathlib import Path
 
 import gradio as gr
 
+from components.style import error_html, legend_below
 from packed_ss.bench.plan import ALL_SCHEDULES, BenchError
 from packed_ss.bench.report import few_prompts_warning
+from packed_ss.bench.run import RunsStopped
 from packed_ss.inputs import model_name as report_model_name
 
-from components.style import legend_below
 from serve.benchmark import (DEFAULT_REPORT, HUMANEVAL, MAX_NEW_TOKENS, MAX_PROMPTS, ROOT, UPLOAD, load_report,
                              read_summary_file, run_small_benchmark)
 from serve.errors import refused
@@ -99,14 +100,20 @@ def panel_figure(figure):
     return fitted
 
 
+def refusal(message: str, others: int) -> tuple:
+    """The outputs of a refused event: the one-line message in the tab's status (its result area), and the
+    ``others`` outputs (summary, charts, files) left as they were."""
+    return (error_html(message), *(gr.skip() for _ in range(others)))
+
+
 @dataclass(frozen=True)
 class BenchmarkHandlers:
     """The tab's two events: show a saved report, run a small benchmark (see :func:`build_benchmark_tab`).
 
     Both take their values raw (the events have ``preprocess=False``) and no file: a file reaches them only through
     the session's own upload event (:meth:`on_file`, a page event no API client can call), kept in ``files`` (this
-    session's uploads and outputs, never deleted on read). Every refusal is one line for the visitor and one for
-    the server log."""
+    session's uploads and outputs, never deleted on read). Every refusal is one line in the tab's status
+    (:func:`refusal`; the rest of the page keeps what it showed) and one in the server log."""
 
     load_model: Callable[[str], object]
     models: Sequence[str]
@@ -150,8 +157,8 @@ class BenchmarkHandlers:
             target = self.files.chosen(self.session(request), "summary")
             markdown, figs = (read_summary_file(target) if target is not None
                               else load_report(path if path is not None else "", self.root))
-        except Exception as error:  # noqa: BLE001 - one line, never a traceback
-            raise gr.Error(refused(error, "benchmark_show"), print_exception=False) from None
+        except Exception as error:  # noqa: BLE001 - one line in the status, never a traceback
+            return refusal(refused(error, "benchmark_show"), 1 + len(FIGURES))
         shown = f"the uploaded {target.name}" if target is not None else str(path)
         return (f"Showing {shown}.", markdown, *(panel_figure(figs.get(name)) for name in FIGURES))
 
@@ -159,13 +166,16 @@ class BenchmarkHandlers:
             request: gr.Request = None, progress=gr.Progress()):
         alive = self.alive_for(request) if self.alive_for is not None and request is not None else None
         deadline = None if self.max_seconds is None else time.monotonic() + self.max_seconds
+        stopped = []  # the time limit's note, once it ended the runs
 
         def step(done, total, label):
             if alive is not None and not alive():  # the visitor left: free the queue for the next one
                 raise BenchError("the visitor left: the benchmark was stopped")
             if deadline is not None and time.monotonic() > deadline and done < total:
-                raise BenchError(f"stopped at this server's time limit of {self.max_seconds:g} s after {done} of "
-                                 f"{total} runs: use fewer prompts, schedules or new tokens")
+                stopped.append(f"Stopped at this server's time limit of {self.max_seconds:g} s after {done} of "
+                               f"{total} runs: the report covers those (use fewer prompts, schedules or new "
+                               f"tokens for a whole one).")
+                raise RunsStopped(stopped[-1])
             progress((done, total), desc=label, unit="runs")
 
         try:
@@ -177,16 +187,17 @@ class BenchmarkHandlers:
             markdown, figs, paths = run_small_benchmark(self.load_model, name, source,
                                                         str(prompt_file) if prompt_file else None, n, chosen, blocks,
                                                         length, temp, k, seed_value, step, turn=self.turn,
-                                                        max_rows=self.max_rows, order=order_value or "ltr",
-                                                        max_seconds=self.max_seconds)
+                                                        max_rows=self.max_rows, order=order_value or "ltr")
             paths = self.outputs(session, paths)
-        except Exception as error:  # noqa: BLE001 - one line, never a traceback
-            raise gr.Error(refused(error, "benchmark_run"), print_exception=False) from None
+        except Exception as error:  # noqa: BLE001 - one line in the status, never a traceback
+            return refusal(refused(error, "benchmark_run"), 2 + len(FIGURES))
         note = ("Measured in the app (timings shared with other users are noisy); files below. "
                 "Each run's token ids are hashed for the lossless check.")
         warning = few_prompts_warning(int(float(n)))  # a valid count by now (run_small_benchmark checked it)
         if warning:
             note = f"⚠ {warning} " + note
+        if stopped:
+            note = f"⚠ {stopped[-1]} " + note
         return (note, markdown, *(panel_figure(figs.get(name)) for name in FIGURES), paths)
 
     def outputs(self, session: str, paths: Sequence[str]) -> list[str]:
@@ -255,7 +266,8 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
         with gr.Row():
             limit = gr.Slider(1, MAX_PROMPTS, value=2, step=1, label="prompts")
             schedules = gr.CheckboxGroup(list(ALL_SCHEDULES), value=list(ALL_SCHEDULES), label="schedules")
-            block_size = gr.Textbox(value="8", label="block size B (8, or linear=8,quadratic=4,packed=8)")
+            block_size = gr.Textbox(value="8", label="block size B (8, or linear=8,quadratic=4,packed=8)",
+                                    elem_id="bench-block-size")
         with gr.Row():
             max_new_tokens = gr.Slider(1, MAX_NEW_TOKENS, value=32, step=1, label="max new tokens")
             temperature = gr.Number(value=0.0, minimum=0, label="temperature (0 = greedy)")
@@ -264,8 +276,8 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
             order = gr.Radio([("left to right", "ltr"), ("by confidence", "confidence")], value="ltr",
                              label="verification order (any-order model)", elem_id="bench-order",
                              visible=any_order is None or any_order(models[0]))
-        run_button = gr.Button("Run benchmark", variant="primary")
-    status = gr.Markdown()
+        run_button = gr.Button("Run benchmark", variant="primary", elem_id="bench-run")
+    status = gr.Markdown(elem_id="bench-status")
     with gr.Row():
         plots = tuple(gr.Plot(value=panel_figure(initial_figs.get(name)), label=name.replace("_", " "))
                       for name in FIGURES)

@@ -9,10 +9,10 @@ from components.charts import (break_even_figure, break_even_summary, cost_figur
                                fit_summary)
 from components.paths import paths_figure, paths_summary
 from components.style import ASSETS, error_html
-from serve.errors import refused
+from serve.errors import UserError, refused
 from serve.runs import calibrate
 from serve.server import Server
-from serve.settings import RequestValues
+from serve.settings import RequestValues, whole_number
 from tabs.settings import SettingsPanel
 
 
@@ -29,7 +29,10 @@ class ExplainHandlers:
             fitted, error = fit_cost_model([r for r, _ in calls], [ms for _, ms in calls]), ""
         except ValueError as e:
             fitted, error = None, str(e)
-        w_max = max(15, int(block_size or 8) - 1)
+        try:
+            w_max = max(15, whole_number(8 if block_size is None else block_size, "the block size") - 1)
+        except UserError as error:
+            raise gr.Error(refused(error, "explain"), print_exception=False) from None
         measured = self.server.log.tokens_per_nfe()
         return (cost_figure(fitted, iterations, w_max), fit_summary(fitted, error),
                 break_even_figure(fitted, measured, w_max), break_even_summary(fitted, measured))
@@ -40,7 +43,6 @@ class ExplainHandlers:
             found = self.server.tasks.paths(self.server.settings(values).model_ref)
         except Exception as error:  # noqa: BLE001
             message = refused(error, "paths")
-            gr.Warning(message)
             return gr.skip(), error_html(message)
         return (paths_figure(found["eager"], found["compiled"], found["roofline"]),
                 paths_summary(found["eager"], found["compiled"], found["roofline"], found["note"]))
@@ -50,7 +52,6 @@ class ExplainHandlers:
             calibrate(self.server.tasks, self.server.settings(values), self.server.log)
         except Exception as error:  # noqa: BLE001
             message = refused(error, "measure")
-            gr.Warning(message)
             return gr.skip(), error_html(message), gr.skip(), gr.skip()
         return self.on_explain(values.block_size)
 

@@ -3,21 +3,23 @@ first (:func:`serve.race.run_race`), then replayed on one clock while the charts
 
 from __future__ import annotations
 
-import math
 import time
 
 import gradio as gr
 
 from components.race_panel import badge_html, lanes_html, race_figures, summary_html
 from components.style import error_html, model_note_html, note_html
+from packed_ss.inputs import shown
 from serve.api import best_sizes_for
 from serve.downloads import offer_race
-from serve.errors import refused
+from serve.errors import UserError, refused
 from serve.race import RaceResult, run_race
 from serve.server import Server
-from serve.settings import RequestValues, parse_lanes
+from serve.settings import RequestValues, parse_lanes, real_number
 from tabs.settings import SettingsPanel
 
+RACE_LIGHTER = "the new-token limit, the optional lanes or the prompt length"  # named when the server is busy
+MAX_REPLAY_SPEED = 100.0  # times real time; the page's slider goes to 4
 REPLAY_FRAME_S = 0.25  # seconds between replay frames (a few updates a second is enough)
 CHART_EVERY = 2  # the race charts fill in every second frame (a new figure remounts the plot)
 INTRO = ("AR (the baseline), Linear-SS, Quadratic-SS and Packed-SS, and the optional lanes ticked below, decode the "
@@ -31,13 +33,6 @@ LANE_CHOICES = [("Prompt-lookup lane (the peer: n-gram drafts, no drafter)", "lo
                 ("Block-diffusion lane", "diffusion")]
 
 
-def number_or(value, default: float) -> float:
-    """``value`` as a finite float, else ``default`` (a raw API value may be anything)."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError, OverflowError):
-        return default
-    return number if math.isfinite(number) else default
 
 
 def race_note(result: RaceResult) -> str:
@@ -71,10 +66,9 @@ class RaceHandlers:
             result = run_race(server.tasks, settings, extra=parse_lanes(optional), log=server.log,
                               max_rows=server.max_rows, alive=server.alive(request),
                               best=best_sizes_for(server, sizes), max_seconds=server.max_seconds,
-                              admit=server.admit(request))
+                              admit=server.admit(request, RACE_LIGHTER))
         except Exception as error:  # noqa: BLE001
             message = refused(error, "ui_race")
-            gr.Warning(message)
             us.race = None
             return error_html(message), gr.skip(), gr.skip()
         us.race = result
@@ -94,14 +88,24 @@ class RaceHandlers:
             return None
 
     def on_replay(self, speed, request: gr.Request):
+        """Replay this session's last race at ``speed`` times real time (a raw value: a number in (0, 100], at least
+        0.05 used); nothing when the session has no race. Raises: gr.Error (one line, also logged) for any other
+        speed."""
+        try:
+            given = real_number(speed, "the replay speed")
+            if not 0 < given <= MAX_REPLAY_SPEED:
+                raise UserError(f"the replay speed must be above 0 and at most {MAX_REPLAY_SPEED:g} (times real "
+                                f"time), got {shown(speed)}")
+        except UserError as error:
+            raise gr.Error(refused(error, "replay"), print_exception=False) from None
         us = self.server.session(request)
         result = us.race
-        if result is None:
+        if result is None:  # the race it follows was refused and said so in its own result area: nothing to add
             yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
             return
         store = self.server.store
         strings = store.strings_for(store.get(*result.settings.model_ref[:2]))
-        speed = max(0.05, number_or(speed, 1.0))
+        speed = max(0.05, given)
         order = result.settings.config.order
         total = max((lane.total_ms for lane in result.lanes if lane.shown), default=0.0)
         start = time.perf_counter()
@@ -151,4 +155,4 @@ def build_race_tab(server: Server, panel: SettingsPanel, concurrency_limit: int)
     raced.then(
         handlers.on_replay, [replay], [lanes_view, fig_nfe, fig_wall, fig_theorem, summary], api_name="replay",
         api_visibility="undocumented", concurrency_id="replay", concurrency_limit=16, show_progress="hidden",
-        preprocess=False)  # a speed that is no number replays at 1x (number_or), never a traceback
+        preprocess=False)  # on_replay checks the raw speed: one line for one that is no number

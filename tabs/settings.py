@@ -12,8 +12,10 @@ from dataclasses import dataclass, fields
 import gradio as gr
 
 from packed_ss.bench.plan import humaneval_prompts
+from packed_ss.inputs import shown
 from packed_ss.schedules import REGISTRY
 
+from serve.errors import UserError, refused
 from serve.server import Server
 from serve.settings import APP_MAX_BLOCK_SIZE, RequestValues
 
@@ -83,9 +85,12 @@ def build_settings(server: Server, prompts: Sequence[str], on_cuda: bool) -> Set
         gr.Markdown(f"{device_line(server, on_cuda)} · models load on first use; at most {server.store.capacity} "
                     f"stay loaded.", elem_classes=["device-line"])
         prompt = gr.Textbox(value=prompts[0], label="Prompt", lines=5, max_lines=20, elem_id="prompt")
-        # private: the page loads an example; over the API /load_example [999] answered with a traceback
-        gr.Examples([[p] for p in prompts], inputs=[prompt], label="Examples (short ones, then HumanEval)",
-                    api_visibility="private")
+        examples = gr.Dataset(components=[prompt], samples=[[p] for p in prompts], type="index",
+                              label="Examples (short ones, then HumanEval)", elem_id="examples")
+        # preprocess=False: the raw index is checked here (Gradio's own example loader answered 999 with a
+        # traceback and loaded -1 as the last example).
+        examples.click(example_loader(prompts), [examples], [prompt], api_name="load_example",
+                       api_visibility="private", preprocess=False, queue=False)
         schedule = gr.Radio([(REGISTRY[n].title, n) for n in STEP_SCHEDULES], value="packed",
                             label="Schedule (Step through)", elem_id="schedule")
         block = gr.Slider(2, APP_MAX_BLOCK_SIZE, value=8, step=1, label="Block size B (draft width W = B − 1)")
@@ -124,6 +129,12 @@ def build_settings(server: Server, prompts: Sequence[str], on_cuda: bool) -> Set
     # chat switch for models with a chat template only, the scripted drafter's q while it is chosen and the model
     # takes it.
     def on_model(name, drafter):
+        try:
+            if name is not None and not isinstance(name, str):
+                raise UserError(f"the model must be a name, got {shown(name)}")
+            server.store.resolve(name)
+        except UserError as error:
+            raise gr.Error(refused(error, "on_model"), print_exception=False) from None
         any_order = server.store.any_order(name)
         order = gr.Radio(visible=True) if any_order else gr.Radio(visible=False, value="ltr")
         chat = gr.Checkbox(visible=True) if server.store.chat_template(name) else gr.Checkbox(visible=False,
@@ -140,6 +151,21 @@ def build_settings(server: Server, prompts: Sequence[str], on_cuda: bool) -> Set
                   drafter_box, quality_box, order_box, chat_box)
     assert len(components) == len(fields(RequestValues))
     return SettingsPanel(components, block, status)
+
+
+def example_loader(prompts: Sequence[str]) -> Callable[[object], str]:
+    """The handler of the examples' click: the raw index (0 .. len(prompts) - 1) -> that prompt.
+
+    Raises: gr.Error (one line, also logged) for anything else: a number out of range, a negative one, a
+    non-integer."""
+
+    def load(index) -> str:
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(prompts):
+            error = UserError(f"example must be a whole number in [0, {len(prompts) - 1}], got {shown(index)}")
+            raise gr.Error(refused(error, "load_example"), print_exception=False)
+        return prompts[index]
+
+    return load
 
 
 def example_prompts() -> list[str]:

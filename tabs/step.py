@@ -7,7 +7,6 @@ compute gate weighs one call); the view (grid, text, stats, mask plot) is drawn 
 
 from __future__ import annotations
 
-import math
 
 import gradio as gr
 
@@ -21,7 +20,7 @@ from serve.errors import UserError, refused
 from serve.notes import model_note
 from serve.server import Server
 from serve.sessions import UserSession
-from serve.settings import RequestValues
+from serve.settings import RequestValues, real_number
 from serve.step import StepRun
 from tabs.settings import SettingsPanel
 
@@ -29,8 +28,14 @@ PLAY = "▶ Play"
 
 
 def play_interval(speed) -> float:
-    """Seconds between two Steps at ``speed`` steps per second (at least 0.25 a second)."""
-    return 1.0 / max(0.25, float(speed or 2))
+    """Seconds between two Steps at ``speed`` steps per second (at least 0.25 a second; None: 2 a second).
+
+    Raises: gr.Error (one line, also logged) when ``speed`` (a raw value) is no number."""
+    try:
+        steps = 2.0 if speed is None else real_number(speed, "the play speed")
+    except UserError as error:
+        raise gr.Error(refused(error, "play"), print_exception=False) from None
+    return 1.0 / max(0.25, steps)
 
 
 class StepHandlers:
@@ -79,7 +84,6 @@ class StepHandlers:
                     advanced = run.step(by_call=us.by_call)
             except Exception as error:  # noqa: BLE001 - every failure becomes a message, the session stays usable
                 message = refused(error, "step")
-                gr.Warning(message)
                 return [gr.skip()] * 5 + [error_html(message)], False
             if not advanced:
                 reason = run.records[-1].stop_reason if run.records else None
@@ -97,9 +101,10 @@ class StepHandlers:
         return outputs + [gr.skip(), gr.skip()]
 
     def on_play(self, speed, request: gr.Request):
+        interval = play_interval(speed)  # before the toggle: a refused speed changes nothing
         us = self.server.session(request)
         us.playing = not us.playing
-        return (gr.Timer(value=play_interval(speed), active=us.playing),
+        return (gr.Timer(value=interval, active=us.playing),
                 gr.Button(value="⏸ Pause" if us.playing else PLAY))
 
     @staticmethod
@@ -122,14 +127,16 @@ class StepHandlers:
             return self.view(us) + [""]
 
     def on_scrub(self, index, request: gr.Request):
-        """Show iteration ``index``; the raw value (not preprocessed) is clamped to the iterations done."""
+        """Show iteration ``index``; the raw value (not preprocessed) is clamped to the iterations done.
+
+        Raises: gr.Error (one line, also logged) when ``index`` is no finite number."""
+        try:
+            target = real_number(index, "the iteration")
+        except UserError as error:
+            raise gr.Error(refused(error, "scrub"), print_exception=False) from None
         us = self.server.session(request)
         with us.lock:
-            try:
-                target = float(index or 0)
-            except (TypeError, ValueError):
-                target = None
-            if us.step is not None and target is not None and math.isfinite(target):
+            if us.step is not None:
                 us.step.goto(round(target))
             return self.view(us) + [""]
 

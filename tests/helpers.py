@@ -120,6 +120,38 @@ def serve(demo):
         demo.close()
 
 
+def page_event(url: str, name: str, data: list, session: str = "page-visitor", timeout: float = 120) -> tuple:
+    """Send the page event called ``name`` (its ``api_name``; private ones included) as the page does, through
+    /gradio_api/queue/join, and read its answer: ``("complete", output data)`` or ``("error", message or None)``."""
+    import http.client
+    import json
+    import urllib.request
+
+    config = json.loads(urllib.request.urlopen(url.rstrip("/") + "/config", timeout=30).read())
+    fn_index = next(d["id"] for d in config["dependencies"] if d.get("api_name") == name)
+    host, port = url.split("//")[1].strip("/").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    body = {"data": data, "fn_index": fn_index, "session_hash": session, "event_data": None, "trigger_id": None}
+    conn.request("POST", "/gradio_api/queue/join", json.dumps(body), {"Content-Type": "application/json"})
+    answer = conn.getresponse()
+    event = json.loads(answer.read().decode())
+    assert answer.status == 200, event
+    conn.request("GET", f"/gradio_api/queue/data?session_hash={session}")
+    stream = conn.getresponse()
+    for raw in stream:
+        line = raw.decode().strip()
+        if not line.startswith("data:"):
+            continue
+        message = json.loads(line[5:])
+        if message.get("event_id") not in (None, event["event_id"]) or message.get("msg") != "process_completed":
+            continue
+        output = message.get("output", {})
+        if message.get("success") and "error" not in output:
+            return "complete", output.get("data")
+        return "error", output.get("error")
+    raise AssertionError(f"no answer to {name}")
+
+
 # --- a tiny checkpoint in Nemotron-Labs-Diffusion's on-disk format -----------------------------------
 NLD_MASK_ID, NLD_EOS_ID, NLD_BOS_ID = 100, 11, 1
 

@@ -240,7 +240,11 @@ def test_scrub_past_either_end_keeps_slider_and_grid_together(client):
     assert slider["value"] == 3 and grid_iteration(grid) == 3 and "pss-error" not in status
     slider, grid, *_ = client.predict(-5, api_name="/scrub")
     assert slider["value"] == 0 and grid_iteration(grid) == 0
-    slider, grid, *_ = client.predict("two", api_name="/scrub")  # not a number: nothing moves, no error
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError, match="^the iteration must be a number, got 'two'$"):  # one line; nothing moves
+        client.predict("two", api_name="/scrub")
+    slider, grid, *_ = client.predict(0, api_name="/scrub")
     assert slider["value"] == 0 and grid_iteration(grid) == 0
 
 

@@ -160,11 +160,65 @@ def test_a_raw_step_with_a_wrong_type_gets_one_line_and_the_log_one_line(server,
     assert stream_result(text)[0] == "complete"
 
 
-def test_a_raw_replay_with_a_speed_that_is_no_number_ends_quietly(server):
+def test_a_raw_replay_with_a_speed_that_is_no_number_gets_one_line(server):
     from test_public_server import stream_result
 
     code, text = _call(server, "replay", ["x"])
-    assert code == 200 and stream_result(text)[0] == "complete", text[:300]
+    kind, answer = stream_result(text)
+    assert kind == "error" and answer["error"] == "the replay speed must be a number, got 'x'", text[:300]
+
+
+def test_a_replay_in_a_session_without_a_race_adds_no_message(server):
+    """The page chains the replay to every race; after a refused race the race's own result area says why."""
+    from helpers import page_event
+
+    kind, outputs = page_event(server, "replay", [1], session="no-race-yet")
+    assert kind == "complete" and all(out.get("__type__") == "update" and len(out) <= 2 for out in outputs), outputs
+
+
+def _upload(path):
+    return {"path": path, "meta": {"_type": "gradio.FileData"}, "orig_name": str(path).rsplit("/", 1)[-1]}
+
+
+# Page-only events sent wrong types answered {"error": null} with a traceback in the log, or accepted junk without
+# a word (load test, issue 31): every value Gradio's own checks refuse is now one line (serve.blocks), and the
+# handlers check what Gradio lets through.
+@pytest.mark.parametrize("event, value, message", [
+    ("load_example", 999, "example must be a whole number in [0, "),
+    ("load_example", "x", "example must be a whole number"),
+    ("load_example", -1, "example must be a whole number"),  # loaded the last example
+    ("load_example", 1.5, "example must be a whole number"),
+    ("load_example", [0], "example must be a whole number"),
+    ("on_model", 5, "the model must be a name, got 5"),
+    ("on_model", ["assets/model"], "the model must be a name"),
+    ("on_model", "bogus", "model 'bogus' is not offered on this server"),  # hid the order choice without a word
+    ("on_speed", "x", "Play speed (steps per second) cannot take 'x': not a value of the kind this control holds"),
+    ("on_play", "x", "cannot take 'x'"),
+    ("on_explain", "x", "cannot take 'x'"),
+    ("on_explain", 10 ** 30, "cannot take 1e+30 (a 31-digit number): Value 1000000000000000000000000000000 is "
+                             "greater than maximum value 32."),  # Gradio's own check: its words, no traceback
+    ("on_speed", -1, "cannot take -1: Value -1 is less than minimum value 0.5."),
+    ("replay", -1, "the replay speed must be above 0 and at most 100 (times real time), got -1"),
+    ("replay", 0, "the replay speed must be above 0"),
+    ("replay", 1e308, "the replay speed must be above 0"),
+    ("scrub", "x", "the iteration must be a number, got 'x'"),  # showed iteration 0 without a word
+    ("scrub", None, "the iteration must be a number, got None"),
+    ("chosen", _upload("/etc/passwd"), "only a file uploaded through this page is taken"),
+    ("chosen_1", _upload(str(ROOT / "app.py")), "only a file uploaded through this page is taken"),
+    ("chosen", 5, "cannot take 5"),
+    ("chosen_1", {"a": 1}, "not a value of the kind this control holds"),
+    ("chosen", [_upload("/etc/passwd")], "cannot take"),
+    ("chosen_1", "/etc/passwd", "cannot take"),
+])
+def test_a_page_event_sent_a_value_of_the_wrong_kind_gets_one_line(server, capfd, event, value, message):
+    from helpers import page_event
+
+    capfd.readouterr()
+    kind, answer = page_event(server, event, [value])
+    assert kind == "error" and isinstance(answer, str) and message in answer and "\n" not in answer, answer
+    log = capfd.readouterr().err
+    assert "refused /" in log and message in log and "Traceback" not in log, log[-2000:]
+    assert page_event(server, "load_example", [0])[0] == "complete"  # the server still answers
 
 
 @pytest.mark.parametrize("data", [[999], ["x"]])

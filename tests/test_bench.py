@@ -278,12 +278,9 @@ def test_benchmark_view_refuses_work_over_the_budget(prompt_file):
     with pytest.raises(BenchError, match="model rows"):
         run_small_benchmark(lambda name: model, "tiny", UPLOAD, str(prompt_file), 2, ["quadratic"], "32", 100, 0.0, 1,
                             0, max_rows=10_000)
-    with pytest.raises(BenchError, match=r"could take up to \d+ s on this server; it allows 0.01 s per request"):
-        run_small_benchmark(lambda name: model, "tiny", UPLOAD, str(prompt_file), 2, ["ar", "linear"], "4", 100, 0.0, 1,
-                            0, max_rows=10_000, max_seconds=0.01)
     markdown, _, _ = run_small_benchmark(lambda name: model, "tiny", UPLOAD, str(prompt_file), 1, ["ar"], "4", 2, 0.0,
-                                         1, 0, max_rows=10_000, max_seconds=60.0, resamples=50)
-    assert "Per schedule" in markdown  # within both budgets: it runs
+                                         1, 0, max_rows=10_000, resamples=50)
+    assert "Per schedule" in markdown  # within the row budget: it runs (the clock bounds its time: test_time_limit)
 
 
 def test_reports_name_project_models_relative_to_the_project(tmp_path):

@@ -114,3 +114,15 @@ def test_multi_row_calls_cheaper_than_ars_one_row_calls_are_called_noise_not_a_r
     assert not why_text([AR, single], single).startswith("Noise")  # one-row calls may cost less: no claim
     once = [lane("ar", "Autoregressive", 1.0, 1.6, (0.10,)), lane("lookup", "Prompt lookup", 1.9, 0.53, (0.05,), rows=8)]
     assert "Noise, not a reason" in verdict_text(once)
+
+
+@pytest.mark.parametrize("rmse_ms, verdict", [(0.5, "beats AR here"), (50.0, "too noisy to judge")])
+def test_the_break_even_gives_no_verdict_on_a_fit_too_noisy_to_judge(rmse_ms, verdict):
+    """Explain said "beats AR here" on a fit whose residual was 25x tau while the race had Packed-SS at 0.25x AR
+    (issue 30): a fit that fit_summary warns about gives no verdict."""
+    from components.charts import break_even_summary
+
+    fit = CostModel(tau_ms=2.0, delta_ms=0.01, calls=40, min_rows=1, max_rows=16, rmse_ms=rmse_ms)
+    text = break_even_summary(fit, [("packed", 7, 3.0, 40)])
+    assert f"Packed-SS at W = 7: 3.00 tokens/NFE measured" in text and verdict in text
+    assert ("beats AR" in text) == (rmse_ms < 2.0 * 2.0)

@@ -362,11 +362,10 @@ def test_a_page_event_sent_every_value_still_runs(server):
     assert code == 200 and kind == "complete" and 'data-iteration="1"' in data[1]
 
 
-def test_the_time_budget_predicts_from_the_fitted_call_cost_and_refuses_beyond_it():
+def test_the_time_budget_predicts_from_the_fitted_call_cost():
     from packed_ss.config import DecodeConfig
     from packed_ss.cost import CallCost
-    from serve.errors import UserError
-    from serve.limits import NON_MODEL_MS, check_time, worst_case_seconds
+    from serve.limits import NON_MODEL_MS, worst_case_seconds
 
     cost = CallCost(tau_ms=2.0, delta_ms=0.1)
     config = DecodeConfig(block_size=4, max_new_tokens=10)
@@ -377,22 +376,23 @@ def test_the_time_budget_predicts_from_the_fitted_call_cost_and_refuses_beyond_i
     linear = (21 * (2.0 + NON_MODEL_MS) + REGISTRY["linear"].max_rows(3, config) * 0.1) / 1000
     assert worst_case_seconds(["ar"], 3, config, cost) == pytest.approx(ar)
     assert worst_case_seconds(["ar", "linear"], 3, config, cost) == pytest.approx(ar + linear)
-    assert check_time(["ar"], 3, config, cost, None) == pytest.approx(ar)
-    with pytest.raises(UserError, match=r"could take up to 0 s on this server .*it allows 0.01 s per request: lower"):
-        check_time(["ar", "linear"], 3, config, cost, 0.01)
 
 
-def test_a_request_over_the_time_budget_is_refused_before_it_runs(tiny_model_dir):
+def test_a_request_predicted_over_the_time_budget_is_admitted_and_cut_off_at_it(tiny_model_dir):
+    """A prediction refused the default requests of a loaded machine (issue 30): now such a race runs and is cut
+    off at the limit (each lane's fair share: tests/test_time_limit.py)."""
     from gradio_client import Client
-    from gradio_client.exceptions import AppError
 
     import app
 
     demo = app.build_demo(str(tiny_model_dir), max_seconds=0.05)
     for url in serve(demo):
         client = Client(url, verbose=False)
-        with pytest.raises(AppError, match="it allows 0.05 s per request"):
-            client.predict(PROMPT, max_new_tokens=400, api_name="/race")
+        start = time.monotonic()
+        result = client.predict(PROMPT, max_new_tokens=400, api_name="/race")
+        assert time.monotonic() - start < 10.0 and result["repeats"] == 1
+        assert set(result["cut_off"]) == {"ar", "linear", "quadratic", "packed"}
+        assert all(lane["tokens"] < 400 for lane in result["lanes"].values())
         assert client.predict(PROMPT, max_new_tokens=2, block_size=2, api_name="/generate")["tokens"] >= 1
 
 
@@ -480,7 +480,8 @@ def test_the_best_block_size_probe_is_bounded_in_time_too(tiny_model_dir):
     tasks = GpuTasks(ModelStore(str(tiny_model_dir)))
     settings = make_settings("", PROMPT, "packed", 4, 0, 0, 1, 0, 8)
     ids = tasks.store.get("").encode(PROMPT)
-    with pytest.raises(UserError, match=r"finding each schedule's best B could take up to \d+ s"):
-        BestBlockSizes()._probe(tasks, settings, ids, 100_000, max_seconds=0.001)
+    start = time.monotonic()  # no time for the probe: cut off from the clock, never refused on a prediction
+    sizes, source = BestBlockSizes()._probe(tasks, settings, ids, 100_000, max_seconds=0.001)
+    assert set(sizes) == {"linear", "quadratic", "packed"} and time.monotonic() - start < 5.0
     sizes, source = BestBlockSizes()._probe(tasks, settings, ids, 100_000, max_seconds=60.0)
     assert set(sizes) == {"linear", "quadratic", "packed"} and "short probe" in source

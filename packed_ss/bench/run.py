@@ -79,6 +79,11 @@ def _example_row(unit: PlannedRun, prompt: Prompt, prompt_len: int, seed: int, r
     }
 
 
+class RunsStopped(Exception):
+    """Raised by a ``progress`` callback of :func:`run_benchmark` to end the measurements there (a server's time
+    limit): the runs done so far are kept and summarised, as after a KeyboardInterrupt."""
+
+
 def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progress: Progress | None = None,
                   meta: dict | None = None, turn: Callable[[], ContextManager] = nullcontext,
                   on_run: Callable[[dict, tuple[int, ...]], None] | None = None) -> BenchResult:
@@ -86,8 +91,8 @@ def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progres
 
     Prompts are tokenised before any timing. A prompt whose tokens plus ``max_new_tokens`` plus two of
     the largest blocks exceed the model's positions, or that tokenises to nothing, is skipped (listed
-    in ``summary["meta"]["skipped_prompts"]``). A KeyboardInterrupt during the runs stops them and
-    returns what was measured (``interrupted=True``).
+    in ``summary["meta"]["skipped_prompts"]``). A KeyboardInterrupt during the runs, or :class:`RunsStopped` raised
+    by ``progress`` (a server's time limit), stops them and returns what was measured (``interrupted=True``).
 
     Args:
         model: a :class:`~packed_ss.models.DualModeModel` (or the same call interface); its cache is reset
@@ -142,7 +147,7 @@ def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progres
                 if on_run is not None:
                     on_run(rows["main"][-1], tuple(run.token_ids))
         report(len(units), len(units), "done")
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, RunsStopped):
         interrupted = True
     examples, probe = examples_frame(rows["main"]), examples_frame(rows["probe"])
     # AR's logit margins at a divergence are a left-to-right causal model's; an any-order model's outputs
