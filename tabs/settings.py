@@ -115,7 +115,7 @@ def build_settings(server: Server, prompts: Sequence[str], on_cuda: bool) -> Set
                                value="model", label="Drafter", elem_id="drafter")
         quality_box = gr.Slider(0, 1, value=0.8, step=0.05, elem_id="drafter-quality", label="Scripted drafter q",
                                 info="a proposal k tokens ahead is right with probability q^k",
-                                visible=quality_shown("model", server.store.any_order(offered[0])))
+                                visible=False)  # the model's own drafter comes first: no q (quality_shown)
         # Appendix C: an any-order model may check its draft in an order other than left to right.
         order_box = gr.Radio([("left to right", "ltr"), ("by confidence", "confidence")], value="ltr",
                              label="Verification order (Appendix C)", elem_id="order",
@@ -126,27 +126,28 @@ def build_settings(server: Server, prompts: Sequence[str], on_cuda: bool) -> Set
     status = gr.HTML("", elem_id="status")
 
     # The order choice is shown for models that can verify in another order only (an any-order model), the
-    # chat switch for models with a chat template only, the scripted drafter's q while it is chosen and the model
-    # takes it.
-    def on_model(name, drafter):
+    # chat switch for models with a chat template only.
+    def on_model(name):
         try:
             if name is not None and not isinstance(name, str):
                 raise UserError(f"the model must be a name, got {shown(name)}")
             server.store.resolve(name)
         except UserError as error:
             raise gr.Error(refused(error, "on_model"), print_exception=False) from None
-        any_order = server.store.any_order(name)
-        order = gr.Radio(visible=True) if any_order else gr.Radio(visible=False, value="ltr")
+        order = gr.Radio(visible=True) if server.store.any_order(name) else gr.Radio(visible=False, value="ltr")
         chat = gr.Checkbox(visible=True) if server.store.chat_template(name) else gr.Checkbox(visible=False,
                                                                                               value=False)
-        return order, chat, gr.Slider(visible=quality_shown(drafter, any_order))
+        return order, chat
 
-    def on_drafter(name, drafter):
-        return gr.Slider(visible=quality_shown(drafter, server.store.any_order(name)))
+    # The scripted drafter's q while it is chosen and the model takes it (raw values: anything but a model's name
+    # is no any-order model).
+    def on_quality(name, drafter):
+        any_order = isinstance(name, str) and server.store.any_order(name)
+        return gr.Slider(visible=quality_shown(drafter, any_order))
 
-    model_box.change(on_model, [model_box, drafter_box], [order_box, chat_box, quality_box], api_visibility="private",
-                     queue=False)
-    drafter_box.change(on_drafter, [model_box, drafter_box], [quality_box], api_visibility="private", queue=False)
+    model_box.change(on_model, [model_box], [order_box, chat_box], api_visibility="private", queue=False)
+    for changed in (model_box, drafter_box):
+        changed.change(on_quality, [model_box, drafter_box], [quality_box], api_visibility="private", queue=False)
     components = (model_box, prompt, schedule, block, temperature, top_k, top_p, seed, limit, lora_box, precision_box,
                   drafter_box, quality_box, order_box, chat_box)
     assert len(components) == len(fields(RequestValues))
