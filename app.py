@@ -18,7 +18,7 @@ import gradio as gr
 
 from packed_ss.cli import one_line_warnings, quiet_loaders
 
-from components.style import ASSETS
+from components.style import ASSETS, page_script
 from serve.api import add_api
 from serve.api_defaults import FillApiDefaults
 from serve.blocks import PageBlocks
@@ -43,11 +43,11 @@ INTRO = ("# Packed self-speculative decoding\nOne model drafts in diffusion mode
 
 
 def launch_kwargs(demo: gr.Blocks | None = None) -> dict:
-    """Keyword arguments for ``demo.launch``: the page's CSS (Gradio 6 takes CSS at launch) and, for a demo
-    built by :func:`build_demo`, the middleware that fills documented defaults into raw HTTP API calls."""
+    """Keyword arguments for ``demo.launch``: the page's CSS and script (Gradio 6 takes both at launch) and, for a
+    demo built by :func:`build_demo`, the middleware that fills documented defaults into raw HTTP API calls."""
     from starlette.middleware import Middleware
 
-    kwargs: dict = {"css_paths": [str(ASSETS / "style.css")],
+    kwargs: dict = {"css_paths": [str(ASSETS / "style.css")], "js": page_script(),
                     "max_file_size": MAX_UPLOAD}  # the Benchmark tab takes a small JSONL or summary.json
     middleware = [Middleware(BoundUploads)]  # a few files per upload request
     endpoints = getattr(demo, "api_defaults", None)
@@ -106,7 +106,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                                     turn=lambda: server.gate.turn(float(server.max_rows)), max_rows=server.max_rows,
                                     alive_for=server.alive, max_seconds=server.max_seconds,
                                     session_files=server.files,
-                                    touch=server.session)
+                                    touch=server.session, any_order=server.store.any_order)
         # Raw HTTP calls that leave parameters out get these defaults (launch_kwargs adds the middleware).
         demo.api_defaults = add_api(server, compute_concurrency)
         demo.call_listeners = server.listeners  # the middleware notes who reads raw calls' results

@@ -18,6 +18,8 @@ import plotly.graph_objects as go
 from packed_ss.any_order.layout import PENDING, TOKENS
 from packed_ss.layout import BRANCH, DRAFT, PREFILL, VERIFY, CallLayout
 
+from components.style import legend_below
+
 TokenStrings = Callable[[Sequence[int]], list[str]]
 
 # Any-order calls (Appendix D.2) add N (pending accepted tokens) and O (draft tokens as token entries).
@@ -114,7 +116,7 @@ def _call_spec(layout: CallLayout, strings: TokenStrings, i: int, domain: tuple[
                             tickvals=([key_labels[0]] if folded else []) + key_ticks,
                             ticktext=([f"cache ×{layout.cached}"] if folded else []) + key_text,
                             showgrid=False, zeroline=False, tickangle=-30,
-                            title=dict(text="keys (cached prefix, then this call's rows)")),
+                            title=dict(text="keys (cached prefix,<br>then this call's rows)")),  # two lines: fits a phone
         f"yaxis{sfx}": dict(anchor=xref, type="category", autorange="reversed", showgrid=False, zeroline=False,
                             tickvals=row_ticks, ticktext=row_text, tickfont=dict(size=11),
                             title=dict(text="query rows (role · token @ position)" if i == 0 else "")),
@@ -157,7 +159,8 @@ def mask_figure(calls: Sequence[CallLayout], strings: TokenStrings, heading: str
         traces.append(trace)
         layout_axes.update(axes)
         shapes += lines
-        annotations.append(dict(text=f"call {i + 1}: {call.name} · {call.rows} rows · {call.cached} cached",
+        # two short lines: one long line was wider than its heatmap on a phone, and cut off
+        annotations.append(dict(text=f"call {i + 1}: {call.name}<br>{call.rows} rows · {call.cached} cached",
                                 x=(x0 + x1) / 2, y=1.0, xref="paper", yref="paper", xanchor="center",
                                 yanchor="bottom", showarrow=False, font=dict(size=13)))
         x0 = x1 + gap
@@ -168,14 +171,15 @@ def mask_figure(calls: Sequence[CallLayout], strings: TokenStrings, heading: str
                                        line=dict(width=1, color="#64748b"))))
     if any(c.cached for c in calls):
         traces.append(dict(type="scatter", x=[None], y=[None], mode="markers",
-                           name="first column: the cached prefix (every row sees all of it)",
+                           name="first column: the cached prefix<br>(every row sees all of it)",
                            marker=dict(symbol="square", size=12, color="#ffffff", line=dict(width=3, color="#0f172a"))))
     labelled = max((c.rows for c in calls if c.rows <= ROW_LABELS_UP_TO), default=0)
     height = max(HEIGHT, FRAME_PX + ROW_PX * labelled)
-    layout = dict(height=height, margin=dict(l=10, r=10, t=70, b=170), title=dict(text=heading, x=0.01),
+    # The legend sits under the whole figure, from its left edge (not the heatmap's, which the row labels push right:
+    # on a phone its entries then ran past the right edge); plotly keeps its rows clear of the tilted key labels.
+    layout = dict(height=height, margin=dict(l=10, r=10, t=80, b=130), title=dict(text=heading, x=0.01),
                   plot_bgcolor="#ffffff", showlegend=True, shapes=shapes, annotations=annotations,
-                  # below the tilted key labels and the x-axis title
-                  legend=dict(orientation="h", yanchor="top", y=-134 / (height - 240), x=0), **layout_axes)
+                  legend=legend_below(), **layout_axes)
     return go.Figure(dict(data=traces, layout=layout))
 
 

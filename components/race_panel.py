@@ -13,12 +13,13 @@ from collections.abc import Callable, Sequence
 
 import plotly.graph_objects as go
 
+from packed_ss.bench.palette import schedule_color, schedule_symbol
 
-from components.style import SCHEDULE_COLORS, legend_html, source_class
+from components.style import legend_below, legend_html, source_class
 from serve.lanes import Lane, cost_ratio, verdict_text
 
 TokenStrings = Callable[[Sequence[int]], list[str]]
-CHART_HEIGHT = 340  # px
+CHART_HEIGHT = 400  # px (the legend under the chart takes its own rows)
 
 
 def lane_counters(lane: Lane, clock_ms: float) -> dict[str, float]:
@@ -39,19 +40,26 @@ def lane_counters(lane: Lane, clock_ms: float) -> dict[str, float]:
     }
 
 
-def _lane_badge(lane: Lane, greedy: bool) -> str:
+def _lane_badge(lane: Lane, greedy: bool, order: str = "ltr") -> str:
+    """The lane's agreement with AR. Red only where a difference is a fault: a lossless lane's greedy output; never
+    block diffusion's (unverified), a sample's (T > 0) or, under an any-order model's confidence order, a speculative
+    lane's (Appendix C: the order changes the conditionals), which are said in the neutral style."""
     if lane.schedule == "ar":  # the lane every other one is compared with
         return '<span class="badge info">reference</span>'
     if lane.identical:
         return '<span class="badge ok">= AR output</span>'
     count = sum(lane.differs)
-    kind = "bad" if greedy and lane.schedule != "diffusion" else "info"
-    return (f'<span class="badge {kind}">differs from AR at token {lane.first_difference} '
-            f'({count} of {len(lane.token_ids)} tokens)</span>')
+    expected = order != "ltr" and lane.schedule != "diffusion"
+    kind = "bad" if greedy and lane.schedule != "diffusion" and not expected else "info"
+    why = "; expected in the confidence order" if expected else ""
+    return (f'<span class="badge {kind}" data-differs="{"expected" if expected else kind}">differs from AR at token '
+            f'{lane.first_difference} ({count} of {len(lane.token_ids)} tokens{why})</span>')
 
 
-def lanes_html(lanes: Sequence[Lane], clock_ms: float, strings: TokenStrings, greedy: bool) -> str:
+def lanes_html(lanes: Sequence[Lane], clock_ms: float, strings: TokenStrings, greedy: bool,
+               order: str = "ltr") -> str:
     """The shown lanes side by side at ``clock_ms``: progress bar, counters, text in provenance colours.
+    ``order``: the run's verification order (an any-order model's "confidence": differences from AR expected).
 
     Each counter carries ``data-counter`` (nfe, tokens, wall_s, tokens_per_nfe, time_per_nfe_ms,
     throughput) and each lane ``data-lane``/``data-done`` so tests can read them.
@@ -80,9 +88,10 @@ def lanes_html(lanes: Sequence[Lane], clock_ms: float, strings: TokenStrings, gr
         done = '<span class="done">finished</span>' if c["finished"] else ""
         parts.append(
             f'<div class="lane" data-lane="{lane.schedule}" data-done="{int(c["finished"])}">'
-            f'<h4 style="color:{SCHEDULE_COLORS.get(lane.schedule, "#0f172a")}">{html.escape(lane.title)}'
+            f'<h4><span class="lane-key" style="background:{schedule_color(lane.schedule)}"></span>'
+            f'{html.escape(lane.title)}'
             f'{_block_label(lane)} {done}</h4>'
-            f'{_lane_badge(lane, greedy)}'
+            f'{_lane_badge(lane, greedy, order)}'
             f'<div class="bar" title="decoder wall time replayed"><div style="width:{progress:.1f}%"></div>'
             f'<span class="bar-label">{min(clock_ms, lane.total_ms) / 1000:.2f} / {lane.total_ms / 1000:.2f} s · '
             f'{c["tokens"]} tokens</span></div>'
@@ -174,17 +183,17 @@ def _line_figure(lanes: Sequence[Lane], xkey: str, title: str, xtitle: str,
         xs = [0.0] + (list(lane.nfe[:done]) if xkey == "nfe" else [w / 1000 for w in lane.wall_ms[:done]])
         traces.append(dict(type="scatter", mode="lines+markers", name=lane.title, x=xs,
                            y=[0] + list(lane.tokens[:done]),
-                           line=dict(shape="hv", color=SCHEDULE_COLORS.get(lane.schedule), width=2),
-                           marker=dict(size=4),
+                           line=dict(shape="hv", color=schedule_color(lane.schedule), width=2),
+                           marker=dict(size=6, symbol=schedule_symbol(lane.schedule)),
                            hovertemplate=f"{lane.title}<br>{xtitle} %{{x}}<br>tokens %{{y}}<extra></extra>"))
     # Fixed ranges: the axes do not jump while the replay fills the lines in.
     x_end = (max((lane.nfe[-1] for lane in lanes if lane.shown and lane.nfe), default=1) if xkey == "nfe"
              else longest / 1000)
     y_end = max((lane.tokens[-1] for lane in lanes if lane.shown and lane.tokens), default=1)
     layout = dict(title=dict(text=title, x=0.01), height=CHART_HEIGHT, margin=dict(l=50, r=10, t=40, b=45),
-                  xaxis=dict(title=dict(text=xtitle), zeroline=False, range=[0, 1.04 * x_end]),
+                  xaxis=dict(title=dict(text=xtitle), zeroline=False, range=[0, 1.04 * x_end], automargin=True),
                   yaxis=dict(title=dict(text="tokens"), range=[0, 1.06 * y_end]),
-                  legend=dict(orientation="h", y=-0.25), plot_bgcolor="#ffffff")
+                  legend=legend_below(), plot_bgcolor="#ffffff")
     return go.Figure(dict(data=traces, layout=layout))
 
 
@@ -205,17 +214,17 @@ def nfe_path_figure(lanes: Sequence[Lane], clock_ms: float = float("inf")) -> go
             continue
         done = lane.at(clock_ms)
         traces.append(dict(type="scatter", mode="lines", name=lane.title, x=[0] + list(lane.tokens[:done]),
-                           y=[0] + list(lane.nfe[:done]), line=dict(shape="vh", width=2,
-                                                                    color=SCHEDULE_COLORS.get(lane.schedule)),
+                           y=[0] + list(lane.nfe[:done]),
+                           line=dict(shape="vh", width=2, color=schedule_color(lane.schedule)),
                            hovertemplate=f"{lane.title}<br>%{{x}} tokens after %{{y}} calls<extra></extra>"))
     y_end = max((lane.nfe[-1] for lane in lanes if lane.schedule in ("linear", "packed") and lane.nfe), default=1)
     x_end = max((lane.tokens[-1] for lane in lanes if lane.schedule in ("linear", "packed") and lane.tokens),
                 default=1)
     layout = dict(title=dict(text="Theorem 3.2: calls (NFE) needed for the first n tokens", x=0.01),
                   height=CHART_HEIGHT, margin=dict(l=50, r=10, t=40, b=45),
-                  xaxis=dict(title=dict(text="tokens generated"), range=[0, 1.04 * x_end]),
+                  xaxis=dict(title=dict(text="tokens generated"), range=[0, 1.04 * x_end], automargin=True),
                   yaxis=dict(title=dict(text="NFE"), range=[0, 1.06 * y_end]),
-                  legend=dict(orientation="h", y=-0.25), plot_bgcolor="#ffffff")
+                  legend=legend_below(), plot_bgcolor="#ffffff")
     return go.Figure(dict(data=traces, layout=layout))
 
 

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from packed_ss.bench import palette
 from packed_ss.records import (SOURCE_AR, SOURCE_BONUS, SOURCE_CORRECTION, SOURCE_DIFFUSION, SOURCE_DRAFT,
                                SOURCE_PREFILL)
 
@@ -37,10 +38,19 @@ SOURCE_STYLES: dict[str, SourceStyle] = {
     SOURCE_DIFFUSION: SourceStyle("diffusion", "#fef08a", "diffusion (unverified)"),
 }
 
-# Line colours of the schedules in charts (distinct from the token-source colours).
-SCHEDULE_COLORS = {"ar": "#7c3aed", "linear": "#0891b2", "quadratic": "#ea580c", "packed": "#16a34a",
-                   "diffusion": "#ca8a04", "lookup": "#db2777", "packed-mixed": "#0f766e",
-                   "partial": "#92400e"}
+# Line colours and marker symbols of the schedules in charts: the benchmark reports' own (one colour per schedule
+# everywhere), distinct from the token-source colours.
+SCHEDULE_COLORS = palette.SCHEDULE_COLORS
+SCHEDULE_SYMBOLS = palette.SCHEDULE_SYMBOLS
+
+
+def legend_below() -> dict:
+    """A plotly ``layout.legend`` under the whole chart: placed against the figure's bottom and left edges (``yref``,
+    ``xref`` "container"), so plotly reserves its height first and lays the axes, their tick labels and titles out
+    above it; a legend placed by a fraction of the plot (``y=-0.25``) sat over the x-axis title whenever the plot was
+    short. Horizontal, from the figure's left edge (not the plot's, which long tick labels push right): the entries
+    wrap onto more rows on a narrow screen."""
+    return dict(orientation="h", yref="container", y=0, yanchor="bottom", xref="container", x=0, xanchor="left")
 
 
 def source_class(source: str) -> str:
@@ -60,6 +70,13 @@ def visible(token: str) -> str:
 def load_css() -> str:
     """Contents of ``assets/style.css`` (empty string when the file is missing)."""
     path = ASSETS / "style.css"
+    return path.read_text(encoding="utf-8") if path.is_file() else ""
+
+
+def page_script() -> str:
+    """The page's own JavaScript (``assets/page.js``, run once on load: the sidebar starts closed on a phone);
+    empty when the file is missing."""
+    path = ASSETS / "page.js"
     return path.read_text(encoding="utf-8") if path.is_file() else ""
 
 

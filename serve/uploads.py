@@ -1,10 +1,13 @@
-"""Files a visitor sends or gets (uploads, the Benchmark tab's outputs), tied to the session that made them.
+"""Files a visitor sends or gets (uploads, the Benchmark tab's outputs, Step and Race downloads), tied to the session
+that made them.
 
 * :class:`SessionFiles` gives each session its own files: an upload is copied out of Gradio's shared upload folder
   into a private folder of the first session that uses it, and the original becomes that session's too (Gradio
-  names an upload by its content, so another visitor given its path could name it); an output is registered to the session it was written for. Another session naming
-  either is refused, nothing is deleted on read, a session keeps at most :data:`FILES_PER_SESSION` files (its
-  oldest go first) and its files are removed when the session ends. The Benchmark tab takes a file only from
+  names an upload by its content, so another visitor given its path could name it); an output (the Benchmark tab's
+  report, a Step or Race download, :mod:`serve.downloads`) is registered to the session it was written for.
+  Another session naming either is refused, nothing is deleted on read, a session keeps at most
+  :data:`FILES_PER_SESSION` files (its oldest go first; a download replaces the session's earlier one of its kind)
+  and its files are removed when the session ends. The Benchmark tab takes a file only from
   the session's own upload event (:meth:`SessionFiles.choose`), so its API endpoints take no file at all.
 * :class:`BoundUploads` (ASGI middleware) refuses an upload request of more than :data:`FILES_PER_UPLOAD` files.
 
@@ -126,10 +129,18 @@ class SessionFiles:
             path = self._slots.get(session, {}).get(slot)
             return path if path is not None and self._owner.get(str(path)) == session else None
 
-    def add_output(self, session: str, path: str | Path) -> None:
-        """Register ``path`` (a file written for ``session``, e.g. a benchmark report) as that session's."""
+    def add_output(self, session: str, path: str | Path, slot: str | None = None) -> None:
+        """Register ``path`` (a file written for ``session``, e.g. a benchmark report) as that session's. With a
+        ``slot`` (a kind of file: "step-records", "race-table"...), it replaces the session's earlier file of that
+        slot, which is removed: exporting again does not pile up files (nor push the session's uploads out)."""
         key = self._key(str(path)) or str(path)
         with self._lock:
+            if slot is not None:
+                slots = self._slots.setdefault(session, {})
+                earlier = slots.get(slot)
+                if earlier is not None and str(earlier) != key:
+                    self._drop(session, earlier)
+                slots[slot] = Path(key)
             self._keep(session, key, Path(key))
 
     def forget(self, session: str) -> None:
@@ -160,6 +171,15 @@ class SessionFiles:
             _, old = files.popitem(last=False)
             self._owner.pop(str(old), None)
             old.unlink(missing_ok=True)
+
+    def _drop(self, session: str, disk: Path) -> None:
+        """Remove ``disk``, one of ``session``'s files, from its files and from the disk."""
+        files = self._files.get(session, {})
+        for given in [g for g, d in files.items() if d == disk]:
+            del files[given]
+        if self._owner.get(str(disk)) == session:
+            del self._owner[str(disk)]
+            disk.unlink(missing_ok=True)
 
     def _folder(self, session: str) -> Path:
         if session not in self._folders:

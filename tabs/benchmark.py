@@ -19,7 +19,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from components.style import error_html
+from components.style import error_html, legend_below
 from packed_ss.bench.plan import ALL_SCHEDULES, BenchError
 from packed_ss.bench.report import few_prompts_warning
 from packed_ss.bench.run import RunsStopped
@@ -31,6 +31,10 @@ from serve.errors import refused
 from serve.uploads import SessionFiles
 
 FIGURES = ("ratios", "decomposition", "block_size")
+LEGEND_WIDTH = 30  # characters per line of a legend entry in a third of the page
+PANEL_HEIGHT = 640  # px: a panel's least height
+LEGEND_LINE_PX = 19  # px per line of a legend entry
+PANEL_FRAME_PX = 140  # px of a panel outside its plot and legend (title, tilted tick labels)
 
 
 @dataclass(frozen=True)
@@ -55,13 +59,29 @@ class BenchmarkTab:
     summary: gr.Markdown
     plots: tuple[gr.Plot, ...]
     files: gr.File
+    order: gr.Radio
+
+
+def wrap_label(text: str, width: int = LEGEND_WIDTH) -> str:
+    """A legend entry broken onto lines of about ``width`` characters (``<br>``, which plotly draws as a line break):
+    after a comparison's " / " first, else between words. Short entries stay as they are."""
+    if len(text) <= width:
+        return text
+    if " / " in text:
+        left, right = text.split(" / ", 1)
+        return f"{wrap_label(left, width)} /<br>{wrap_label(right, width)}"
+    cut = text.rfind(" ", 0, width + 1)
+    if cut <= 0:
+        return text  # one long word: left whole
+    return f"{text[:cut]}<br>{wrap_label(text[cut + 1:], width)}"
 
 
 def panel_figure(figure):
     """A report figure fitted to one of the view's three side-by-side panels (a copy; None stays None).
 
     The report's titles and right-hand legends are sized for a full-width page; in a third of the page the
-    titles were cut off. Here a title breaks before its parenthesis and the legend goes below the plot.
+    titles were cut off, and so were long legend entries. Here a title breaks before its parenthesis, the legend goes
+    below the plot (:func:`components.style.legend_below`) and its long entries wrap (:func:`wrap_label`).
     """
     if figure is None:
         return None
@@ -69,10 +89,12 @@ def panel_figure(figure):
 
     fitted = go.Figure(figure)
     title = fitted.layout.title.text or ""
-    # The legend goes under the axis labels (automargin makes room for tilted ones), never over them.
-    fitted.update_layout(title=dict(text=title.replace(" (", "<br>(", 1), font=dict(size=14)), height=640,
-                         legend=dict(orientation="h", x=0, y=-0.38, yanchor="top"),  # the margin grows to fit it
-                         margin=dict(l=50, r=10, t=70))
+    fitted.for_each_trace(lambda trace: trace.update(name=wrap_label(trace.name)) if trace.name else None)
+    # Plotly scrolls a legend taller than the plot: many comparisons make the panel tall enough for both.
+    lines = sum(trace.name.count("<br>") + 1 for trace in fitted.data if trace.name and trace.showlegend is not False)
+    height = max(PANEL_HEIGHT, PANEL_FRAME_PX + 2 * LEGEND_LINE_PX * lines)
+    fitted.update_layout(title=dict(text=title.replace(" (", "<br>(", 1), font=dict(size=14)), height=height,
+                         legend=legend_below(), margin=dict(l=50, r=10, t=70))
     fitted.update_xaxes(automargin=True, tickangle=-35)
     fitted.update_yaxes(automargin=True)
     return fitted
@@ -196,7 +218,7 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
                         concurrency_id: str = "benchmark", turn: Callable[[], ContextManager] = nullcontext,
                         max_rows: int | None = None, alive_for: Callable | None = None,
                         max_seconds: float | None = None, session_files: SessionFiles | None = None,
-                        touch: Callable | None = None) -> BenchmarkTab:
+                        touch: Callable | None = None, any_order: Callable[[str], bool] | None = None) -> BenchmarkTab:
     """Create the Benchmark view's widgets in the enclosing ``gr.Blocks``/``gr.Tab`` and wire their events.
 
     Args:
@@ -214,6 +236,8 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
             own).
         touch: ``request -> session`` (the server's), so that a session that only used this tab is forgotten, its
             files removed, like any other.
+        any_order: ``model name -> is it an any-order model`` (the store's, read without loading it): the verification
+            order is offered for those only (None: cannot tell, always offered).
     Returns: a :class:`BenchmarkTab` with the component handles.
     """
     initial_md, initial_figs = "No report loaded yet.", {}
@@ -250,7 +274,8 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
             samples = gr.Slider(1, 4, value=1, step=1, label="samples per prompt (T > 0)")
             seed = gr.Number(value=0, precision=0, label="seed")
             order = gr.Radio([("left to right", "ltr"), ("by confidence", "confidence")], value="ltr",
-                             label="verification order (any-order model)")
+                             label="verification order (any-order model)", elem_id="bench-order",
+                             visible=any_order is None or any_order(models[0]))
         run_button = gr.Button("Run benchmark", variant="primary", elem_id="bench-run")
     status = gr.Markdown(elem_id="bench-status")
     with gr.Row():
@@ -274,6 +299,9 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
                            temperature, samples, seed, order], [status, summary, *plots, files],
                      concurrency_limit=1, concurrency_id=concurrency_id, api_name="benchmark_run",
                      api_visibility="undocumented", preprocess=False)
+    if any_order is not None:  # the order is a choice of any-order models only (a left-to-right one ignores it)
+        model.change(lambda name: gr.Radio(visible=True) if any_order(name) else gr.Radio(visible=False, value="ltr"),
+                     [model], [order], api_visibility="private", queue=False)
     return BenchmarkTab(report_path, report_upload, load_button, model, prompt_source, prompt_file, limit, schedules,
                         block_size, max_new_tokens, temperature, samples, seed, run_button, status, summary, plots,
-                        files)
+                        files, order)

@@ -11,6 +11,7 @@ from components.race_panel import badge_html, lanes_html, race_figures, summary_
 from components.style import error_html, model_note_html, note_html
 from packed_ss.inputs import shown
 from serve.api import best_sizes_for
+from serve.downloads import offer_race
 from serve.errors import UserError, refused
 from serve.race import RaceResult, run_race
 from serve.server import Server
@@ -71,8 +72,20 @@ class RaceHandlers:
             us.race = None
             return error_html(message), gr.skip(), gr.skip()
         us.race = result
-        return (model_note_html(result.model_note) + note_html(race_note(result)), badge_html(result.lanes, result.greedy, result.settings.config.order),
-                '<div class="race-lanes"></div>')
+        return (model_note_html(result.model_note) + note_html(race_note(result)),
+                badge_html(result.lanes, result.greedy, result.settings.config.order), '<div class="race-lanes"></div>')
+
+    def on_files(self, request: gr.Request):
+        """The session's last race as two files, its own (:func:`serve.downloads.offer_race`): the table (CSV) and
+        the whole result (JSON); None when the race was refused. A failure costs the download, not the race."""
+        result = self.server.session(request).race
+        if result is None:
+            return None
+        try:
+            return offer_race(self.server.files, request.session_hash, result)
+        except Exception as error:  # noqa: BLE001 - one line, never a traceback
+            gr.Warning(refused(error, "race_files"))
+            return None
 
     def on_replay(self, speed, request: gr.Request):
         """Replay this session's last race at ``speed`` times real time (a raw value: a number in (0, 100], at least
@@ -93,6 +106,7 @@ class RaceHandlers:
         store = self.server.store
         strings = store.strings_for(store.get(*result.settings.model_ref[:2]))
         speed = max(0.05, given)
+        order = result.settings.config.order
         total = max((lane.total_ms for lane in result.lanes if lane.shown), default=0.0)
         start = time.perf_counter()
         frame = 0
@@ -101,12 +115,12 @@ class RaceHandlers:
             if clock_ms >= total or us.race is not result:
                 break
             charts = race_figures(result.lanes, clock_ms) if frame % CHART_EVERY == 0 else (gr.skip(),) * 3
-            yield lanes_html(result.lanes, clock_ms, strings, result.greedy), *charts, gr.skip()
+            yield lanes_html(result.lanes, clock_ms, strings, result.greedy, order), *charts, gr.skip()
             frame += 1
             time.sleep(REPLAY_FRAME_S)
         if us.race is not result:  # a newer race replaced this one
             return
-        yield (lanes_html(result.lanes, float("inf"), strings, result.greedy), *race_figures(result.lanes),
+        yield (lanes_html(result.lanes, float("inf"), strings, result.greedy, order), *race_figures(result.lanes),
                summary_html(result.lanes))
 
 
@@ -130,10 +144,15 @@ def build_race_tab(server: Server, panel: SettingsPanel, concurrency_limit: int)
         fig_theorem = gr.Plot(label="Packed-SS against Linear-SS: calls per token (Theorem 3.2)",
                               elem_id="race-theorem")
         summary = gr.HTML("", elem_id="race-summary")
-    race_btn.click(panel.handler(handlers.on_race, extra=2), [*panel.components, optional, sizes_box],
-                   [race_status, badge, lanes_view], api_name="ui_race", api_visibility="undocumented", preprocess=False,
-                   concurrency_id="compute", concurrency_limit=concurrency_limit,
-                   show_progress_on=[race_status]).then(  # one progress indicator, not one per output
+        race_files = gr.File(label="Race table (CSV) and the whole result (JSON)", file_count="multiple",
+                             interactive=False, elem_id="race-files")
+    raced = race_btn.click(panel.handler(handlers.on_race, extra=2), [*panel.components, optional, sizes_box],
+                           [race_status, badge, lanes_view], api_name="ui_race", api_visibility="undocumented",
+                           preprocess=False, concurrency_id="compute", concurrency_limit=concurrency_limit,
+                           show_progress_on=[race_status])  # one progress indicator, not one per output
+    # The files while the replay runs (a page event: /ui_race keeps its three outputs).
+    raced.then(handlers.on_files, None, [race_files], api_visibility="private", show_progress="hidden")
+    raced.then(
         handlers.on_replay, [replay], [lanes_view, fig_nfe, fig_wall, fig_theorem, summary], api_name="replay",
         api_visibility="undocumented", concurrency_id="replay", concurrency_limit=16, show_progress="hidden",
         preprocess=False)  # on_replay checks the raw speed: one line for one that is no number

@@ -72,6 +72,12 @@ def device_line(server: Server, on_cuda: bool) -> str:
     return line
 
 
+def quality_shown(drafter, any_order: bool) -> bool:
+    """Whether the scripted drafter's quality slider applies: the scripted drafter is chosen and the model takes it
+    (an any-order model refuses it, :func:`serve.runs.schedule_for`)."""
+    return drafter == "scripted" and not any_order
+
+
 def build_settings(server: Server, prompts: Sequence[str], on_cuda: bool) -> SettingsPanel:
     """Create the shared settings' widgets in a sidebar (model, prompt with examples, schedule, sampling,
     drafter, order, chat), so that each tab's buttons and results sit at the top of the page."""
@@ -113,7 +119,8 @@ def build_settings(server: Server, prompts: Sequence[str], on_cuda: bool) -> Set
         drafter_box = gr.Radio([("the model's own", "model"), ("scripted (quality q)", "scripted")],
                                value="model", label="Drafter", elem_id="drafter")
         quality_box = gr.Slider(0, 1, value=0.8, step=0.05, elem_id="drafter-quality", label="Scripted drafter q",
-                                info="a proposal k tokens ahead is right with probability q^k")
+                                info="a proposal k tokens ahead is right with probability q^k",
+                                visible=False)  # the model's own drafter comes first: no q (quality_shown)
         # Appendix C: an any-order model may check its draft in an order other than left to right.
         order_box = gr.Radio([("left to right", "ltr"), ("by confidence", "confidence")], value="ltr",
                              label="Verification order (Appendix C)", elem_id="order",
@@ -137,7 +144,15 @@ def build_settings(server: Server, prompts: Sequence[str], on_cuda: bool) -> Set
                                                                                               value=False)
         return order, chat
 
+    # The scripted drafter's q while it is chosen and the model takes it (raw values: anything but a model's name
+    # is no any-order model).
+    def on_quality(name, drafter):
+        any_order = isinstance(name, str) and server.store.any_order(name)
+        return gr.Slider(visible=quality_shown(drafter, any_order))
+
     model_box.change(on_model, [model_box], [order_box, chat_box], api_visibility="private", queue=False)
+    for changed in (model_box, drafter_box):
+        changed.change(on_quality, [model_box, drafter_box], [quality_box], api_visibility="private", queue=False)
     components = (model_box, prompt, schedule, block, temperature, top_k, top_p, seed, limit, lora_box, precision_box,
                   drafter_box, quality_box, order_box, chat_box)
     assert len(components) == len(fields(RequestValues))

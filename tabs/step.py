@@ -15,6 +15,7 @@ from components.step_view import step_view
 from components.style import error_html, model_note_html, note_html
 from components.token_grid import empty_grid_html, grid_legend_html
 from packed_ss.inputs import shown
+from serve.downloads import offer_json, step_records
 from serve.errors import UserError, refused
 from serve.notes import model_note
 from serve.server import Server
@@ -139,6 +140,22 @@ class StepHandlers:
                 us.step.goto(round(target))
             return self.view(us) + [""]
 
+    def on_export(self, request: gr.Request):
+        """The session's run as a JSON file of its records (:func:`serve.downloads.step_records`), the session's
+        own (:func:`serve.downloads.offer`); None, with a warning, before the first Step."""
+        us = self.server.session(request)
+        with us.lock:
+            run = us.step
+            if run is None or not run.records:
+                gr.Warning("No run yet: press Step first, then download its records.")
+                return None
+            with run.lock:
+                records = step_records(run)
+        try:
+            return offer_json(self.server.files, request.session_hash, "step-records.json", records, "step-records")
+        except Exception as error:  # noqa: BLE001 - one line, never a traceback
+            raise gr.Error(refused(error, "step_export"), print_exception=False) from None
+
     def on_reset(self, request: gr.Request):
         us = self.server.session(request)
         with us.lock:
@@ -167,6 +184,10 @@ def build_step_tab(server: Server, panel: SettingsPanel, concurrency_limit: int)
         stats = gr.HTML("", elem_id="step-stats")
         mask_plot = gr.Plot(empty_figure("No call yet: press Step."), label="Attention mask of this iteration",
                             elem_id="mask-plot")
+        with gr.Row():
+            export_btn = gr.Button("Download this run's records (JSON)", elem_id="step-export", scale=1)
+            export_file = gr.File(label="the run's records: settings, metrics and every iteration computed",
+                                  interactive=False, elem_id="step-file", scale=2)
         timer = gr.Timer(0.5, active=False)
 
     outputs = [iteration, grid, text, stats, mask_plot, panel.status]
@@ -183,6 +204,7 @@ def build_step_tab(server: Server, panel: SettingsPanel, concurrency_limit: int)
     step_by.change(handlers.on_step_by, [step_by], None, api_name="step_by", api_visibility="undocumented",
                    queue=False, preprocess=False)
     back_btn.click(handlers.on_back, None, outputs, api_name="back", api_visibility="undocumented", **kw)
+    export_btn.click(handlers.on_export, None, [export_file], api_visibility="private", **kw)
     reset_btn.click(handlers.on_reset, None, outputs + [timer, play_btn], api_name="reset",
                     api_visibility="undocumented", **kw)
     # preprocess=False: a number typed past either end is clamped by on_scrub (the slider then shows

@@ -1,7 +1,7 @@
 """Browser tests of what the page says and how it is laid out: the model note, the race verdict's reason,
 block diffusion's labels, readable mask labels at 32 rows, the n-gram replacement style, the any-order
-placeholder, the order choice only for an any-order model, the Benchmark tab's distinct colours and a
-table that fits, and the Step button above the fold of a 1400 x 900 window.
+placeholder, the order choice only for an any-order model, the Benchmark tab's distinct colours and symbols and
+a table that fits, and the Step button above the fold of a 1400 x 900 window.
 
 Debian's chromium through Playwright (skipped without it, as test_browser.py). The app offers the embedded
 model and the shipped any-order model. Where a test needs an iteration with a given property (a proposal
@@ -197,9 +197,12 @@ def test_benchmark_tab_colours_are_distinct_and_its_table_fits(page):
     colours = page.evaluate("""() => {
         const plots = [...document.querySelectorAll('.js-plotly-plot')].filter(gd => gd.layout &&
             gd.layout.title && String(gd.layout.title.text).startsWith('Paired ratios'));
-        return plots.length ? plots[0].data.map(t => t.marker && t.marker.color) : null; }""")
+        return plots.length ? plots[0].data.map(t => t.marker && [t.marker.color, t.marker.symbol]) : null; }""")
     assert colours, "no ratio chart"
-    assert len(set(colours)) == len(colours), f"repeated colours: {colours}"
+    # Colour: the numerator's, symbol: the denominator's (a schedule keeps its colour in every chart), so each
+    # comparison has its own pair of the two.
+    pairs = [tuple(c) for c in colours]
+    assert len(set(pairs)) == len(pairs), f"repeated colour and symbol: {pairs}"
     # Each panel's legend is drawn in full, below its axis labels (not over them, not cut off).
     panels = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].filter(gd => gd.layout &&
         gd.layout.title && /^(Paired ratios|Timing decomposition|Tokens\\/NFE)/.test(String(gd.layout.title.text)))

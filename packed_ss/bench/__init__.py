@@ -7,11 +7,12 @@ before any timing; decoder wall time is the engine's (sum of iteration times: mo
 decoder time, paper E.5). One untimed warm-up run per schedule precedes the measurements.
 
 Outputs in ``--out``: ``examples.csv`` (one row per run), ``probe.csv`` (with ``--probe-block-sizes``),
-``summary.json``, ``summary.md`` and ``report.html`` (plotly embedded, works offline). An interrupt
-(Ctrl-C) stops the measurements and writes what was measured so far.
+``summary.json``, ``summary.md`` and ``report.html`` (plotly.js embedded once, works offline; ``--plotlyjs cdn``
+links it instead). An interrupt (Ctrl-C) stops the measurements and writes what was measured so far.
 
 Modules: :mod:`~packed_ss.bench.plan` (what to measure, prompts, run order), :mod:`~packed_ss.bench.run`
 (:func:`~packed_ss.bench.run.run_benchmark` -> :class:`~packed_ss.bench.run.BenchResult`, timed through
 :mod:`packed_ss.measure`), :mod:`~packed_ss.bench.summary` (statistics, lossless check; pure),
-:mod:`~packed_ss.bench.report` (markdown, HTML, figures, the files) and :mod:`~packed_ss.bench.cli`.
+:mod:`~packed_ss.bench.report` (markdown, HTML, figures, the files), :mod:`~packed_ss.bench.palette` (each
+schedule's colour and symbol in every chart) and :mod:`~packed_ss.bench.cli`.
 """

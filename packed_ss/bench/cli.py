@@ -15,7 +15,7 @@ from packed_ss.inputs import model_fingerprint, model_name, threads_problem
 from packed_ss.bench.plan import (ALL_SCHEDULES, KNOWN, NO_BLOCK, BenchConfig, BenchError, Prompt, load_prompts, parse_block_sizes,
                                  parse_probe_block_sizes, parse_schedules)
 from packed_ss.bench.files import check_out_folder, set_aside
-from packed_ss.bench.report import summary_markdown, write_outputs
+from packed_ss.bench.report import PLOTLYJS, summary_markdown, write_outputs
 from packed_ss.hf_reference import ReferenceFailed
 from packed_ss.measure import EAGER_AR
 from packed_ss.bench.run import any_order_problem, run_benchmark
@@ -79,6 +79,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--resamples", type=int, default=stats.RESAMPLES, help="bootstrap resamples (default 20000)")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up runs")
     p.add_argument("--out", default="bench-out", help="output folder (default bench-out)")
+    p.add_argument("--plotlyjs", default="inline", choices=PLOTLYJS,
+                   help="report.html: plotly.js embedded once (inline, the default: opens offline, about 4.8 MB) "
+                        "or linked from plotly's CDN (cdn: some 50 kB); runs without --task")
     p.add_argument("--model", default=DEFAULT_MODEL, help="model folder or hub id (default: the embedded model)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--dtype", default=None, help=f"one of {', '.join(DTYPES)} (default float32 on CPU)")
@@ -166,6 +169,8 @@ def _task_main(args) -> int:
             raise BenchError(f"--limit must be an integer >= 1, got {args.limit}")
         if args.probe_block_sizes is not None:
             raise BenchError("--probe-block-sizes is not part of the task runs; leave it out")
+        if args.plotlyjs != "inline":
+            raise BenchError("--plotlyjs applies to runs without --task only (the paper report embeds plotly.js)")
         if threads_problem(args.threads):
             raise BenchError(threads_problem(args.threads))
         from packed_ss.models import device_dtype_problem
@@ -300,7 +305,7 @@ def _run(args, config: BenchConfig, prompts: list[Prompt]) -> int:
         aside = set_aside(Path(args.out)) if args.overwrite else None
         if aside is not None:
             print(f"moved the earlier results in {args.out} to {aside}", file=sys.stderr)
-        paths = write_outputs(result, args.out)
+        paths = write_outputs(result, args.out, args.plotlyjs)
     except OSError as error:
         raise BenchError(f"cannot write to {args.out!r}: {error}") from None
     print(summary_markdown(result.summary))

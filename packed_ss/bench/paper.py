@@ -16,7 +16,8 @@ import math
 
 import plotly.graph_objects as go
 
-from packed_ss.bench.report import COLORS, LABELS, _gap, _interval, _num, few_prompts_warning
+from packed_ss.bench.palette import schedule_color
+from packed_ss.bench.report import LABELS, _gap, _interval, _num, few_prompts_warning
 
 BASELINES = ("linear", "quadratic", "ar", "diffusion")  # Packed-SS is compared with each that was measured
 TO_LINEAR = ("packed", "quadratic", "diffusion")  # Figure 3: ratios of each to Linear-SS
@@ -233,7 +234,7 @@ def linear_ratio_figure(report: dict) -> go.Figure | None:
             figure.add_trace(go.Scatter(
                 x=[t for t, _ in points], y=[r["estimate"] for _, r in points], mode="markers",
                 name=LABELS.get(name, name), legendgroup=name, showlegend=col == 1,
-                marker=dict(size=11, color=COLORS.get(name)),
+                marker=dict(size=11, color=schedule_color(name)),
                 error_y=dict(type="data", symmetric=False, array=[_gap(r["high"], r["estimate"]) for _, r in points],
                              arrayminus=[_gap(r["estimate"], r["low"]) for _, r in points])), row=1, col=col)
             figure.add_hline(y=1, line_dash="dash", line_color="#444", row=1, col=col)
@@ -273,7 +274,8 @@ def paper_figures(report: dict) -> list[go.Figure]:
         if points:
             ratios.add_trace(go.Scatter(
                 x=[t for t, _ in points], y=[r["estimate"] for _, r in points], mode="markers",
-                name=f"Packed-SS / {LABELS.get(baseline, baseline)}", marker=dict(size=12, color=COLORS.get(baseline)),
+                name=f"Packed-SS / {LABELS.get(baseline, baseline)}",
+                marker=dict(size=12, color=schedule_color(baseline)),
                 error_y=dict(type="data", symmetric=False, array=[_gap(r["high"], r["estimate"]) for _, r in points],
                              arrayminus=[_gap(r["estimate"], r["low"]) for _, r in points])))
     ratios.add_hline(y=1, line_dash="dash", line_color="#444")
@@ -286,7 +288,7 @@ def paper_figures(report: dict) -> list[go.Figure]:
         graded = [(entry["task"], entry["accuracy"]["by_schedule"][name]["accuracy"]) for entry in report["tasks"]
                   if name in (entry.get("accuracy") or {}).get("by_schedule", {})]
         accuracy.add_trace(go.Bar(x=[t for t, _ in graded], y=[100 * (a or 0) for _, a in graded],
-                                  name=LABELS.get(name, name), marker_color=COLORS.get(name)))
+                                  name=LABELS.get(name, name), marker_color=schedule_color(name)))
     accuracy.update_layout(title="Accuracy per schedule (pass@1 or answer match, %)", yaxis_title="accuracy (%)",
                            barmode="group", height=380, template="plotly_white", yaxis=dict(range=[0, 100]))
     extra = [linear_ratio_figure(report), accuracy if schedules else None, decomposition_figure(report)]

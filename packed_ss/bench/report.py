@@ -1,7 +1,8 @@
 """Benchmark report: markdown tables, plotly figures and a self-contained HTML page from a summary dict.
 
 Everything here reads only the summary produced by :func:`packed_ss.bench.summary.summarize` (or its JSON), so a
-saved ``summary.json`` renders the same report again. The HTML embeds plotly.js and works offline.
+saved ``summary.json`` renders the same report again. The HTML embeds plotly.js once and works offline (or links
+it: ``plotlyjs="cdn"``). Schedules keep their colours and symbols of :mod:`packed_ss.bench.palette`.
 """
 
 from __future__ import annotations
@@ -11,19 +12,16 @@ import json
 import math
 from pathlib import Path
 
-import plotly.colors
 import plotly.graph_objects as go
 
 from packed_ss.bench.files import write_frame, write_text
+from packed_ss.bench.palette import schedule_color, schedule_symbol
 from packed_ss.bench.run import BenchResult
 
 LABELS = {"ar": "AR", "linear": "Linear-SS", "quadratic": "Quadratic-SS", "packed": "Packed-SS",
           "diffusion": "Diffusion", "lookup": "Prompt lookup", "packed-mixed": "Packed-SS + n-gram",
           "partial": "Partial-branch SS", "hf-greedy": "transformers greedy", "hf-lookup": "transformers prompt lookup",
           "hf-greedy-compiled": "transformers greedy, static cache, compiled", "ar-eager": "AR, eager calls"}
-COLORS = {"ar": "#7f7f7f", "linear": "#1f77b4", "quadratic": "#ff7f0e", "packed": "#2ca02c", "diffusion": "#9467bd",
-          "lookup": "#e377c2", "packed-mixed": "#17becf", "partial": "#8c564b", "hf-greedy": "#bcbd22",
-          "hf-lookup": "#d62728", "hf-greedy-compiled": "#393b79", "ar-eager": "#c7c7c7"}
 RATIOS = (("throughput_ratio", "Throughput"), ("tokens_per_nfe_ratio", "Tokens/NFE"),
           ("time_per_nfe_ratio", "Time/NFE"))
 
@@ -172,14 +170,15 @@ def figures(summary: dict) -> dict[str, go.Figure]:
     (tokens/NFE against B; probe rows, or the main runs' single B per schedule without a probe)."""
     out = {}
     ratios = go.Figure()
-    palette = plotly.colors.qualitative.Dark24  # one colour per comparison (up to 24), never one per denominator
-    for i, c in enumerate(summary["comparisons"]):
+    for c in summary["comparisons"]:  # colour: the numerator's, symbol: the denominator's (the same everywhere)
         ys = [c[key]["estimate"] for key, _ in RATIOS]
         up = [_gap(c[key]["high"], c[key]["estimate"]) for key, _ in RATIOS]
         down = [_gap(c[key]["estimate"], c[key]["low"]) for key, _ in RATIOS]
         ratios.add_trace(go.Scatter(x=[label for _, label in RATIOS], y=ys, mode="markers",
                                     name=f"{_label(c['numerator'])} / {_label(c['denominator'])}",
-                                    marker=dict(size=11, color=palette[i % len(palette)]),
+                                    marker=dict(size=11, color=schedule_color(c["numerator"]),
+                                                symbol=schedule_symbol(c["denominator"]),
+                                                line=dict(width=1, color=schedule_color(c["numerator"]))),
                                     error_y=dict(type="data", symmetric=False, array=up, arrayminus=down)))
     ratios.add_hline(y=1, line_dash="dash", line_color="#444")
     n = summary["comparisons"][0]["n"] if summary["comparisons"] else 0
@@ -208,24 +207,49 @@ def figures(summary: dict) -> dict[str, go.Figure]:
 
     block = go.Figure()
     if summary["probe"]:
-        for schedule in dict.fromkeys(r["schedule"] for r in summary["probe"]):
-            rows = [r for r in summary["probe"] if r["schedule"] == schedule]
-            block.add_trace(go.Scatter(x=[r["block_size"] for r in rows], y=[r["tokens_per_nfe"] for r in rows],
-                                       mode="lines+markers", name=_label(schedule),
-                                       line_color=COLORS.get(schedule)))
+        shown = list(dict.fromkeys(r["schedule"] for r in summary["probe"]))
+        points = {name: [(r["block_size"], r["tokens_per_nfe"]) for r in summary["probe"] if r["schedule"] == name]
+                  for name in shown}
+        mode = "lines+markers"
         title = "Tokens/NFE against block size (probe)"
     else:
-        for schedule, s in summary["schedules"].items():
-            if schedule != "ar" and s["block_size"] is not None:
-                block.add_trace(go.Scatter(x=[s["block_size"]], y=[s["tokens_per_nfe"]], mode="markers",
-                                           name=_label(schedule), marker=dict(size=11, color=COLORS.get(schedule))))
+        shown = [s for s, v in summary["schedules"].items() if s != "ar" and v["block_size"] is not None]
+        points = {name: [(summary["schedules"][name]["block_size"], summary["schedules"][name]["tokens_per_nfe"])]
+                  for name in shown}
+        mode = "markers"
         title = "Tokens/NFE at the measured block sizes (run with --probe-block-sizes for a sweep)"
+    offsets = dodges(points)  # schedules at the same B a little to the side: coinciding points stay visible
+    for schedule in shown:
+        block.add_trace(go.Scatter(x=[b + offsets[schedule, b] for b, _ in points[schedule]],
+                                   y=[t for _, t in points[schedule]],
+                                   customdata=[b for b, _ in points[schedule]], mode=mode, name=_label(schedule),
+                                   line_color=schedule_color(schedule),
+                                   marker=dict(size=11, color=schedule_color(schedule),
+                                               symbol=schedule_symbol(schedule)),
+                                   hovertemplate=f"{_label(schedule)}<br>B %{{customdata}}<br>%{{y:.3f}} tokens/NFE"
+                                                 "<extra></extra>"))
     block.update_layout(title=title, xaxis_title="block size B", yaxis_title="tokens / NFE", height=420,
                         template="plotly_white")
-    sizes = sorted({x for trace in block.data for x in trace.x})
+    sizes = sorted({b for trace in block.data for b in trace.customdata})
     block.update_xaxes(tickmode="array", tickvals=sizes, ticktext=[str(b) for b in sizes])  # every B measured
     out["block_size"] = block
     return out
+
+
+DODGE = 0.06  # sideways step between points at the same B, as a fraction of the axis' span of B
+
+
+def dodges(points: dict[str, list[tuple[int, float]]]) -> dict[tuple[str, int], float]:
+    """The sideways offset (in block sizes) of each schedule's point at each B, ``(schedule, B) -> offset``: the
+    schedules measured at one B spread evenly around it (in the order given), one step of :data:`DODGE` times the
+    span of B apart (at least 0.15), so equal values do not hide each other; a schedule alone at its B stays on it."""
+    sizes = sorted({b for pairs in points.values() for b, _ in pairs})
+    step = max(0.15, DODGE * (sizes[-1] - sizes[0])) if sizes else 0.0
+    at: dict[int, list[str]] = {}
+    for name, pairs in points.items():
+        for b, _ in pairs:
+            at.setdefault(b, []).append(name)
+    return {(name, b): step * (j - (len(names) - 1) / 2) for b, names in at.items() for j, name in enumerate(names)}
 
 
 def _gap(a, b) -> float:
@@ -239,12 +263,21 @@ def _html_table(title: str, headers: list[str], rows: list[list[str]], note: str
     return f"<h2>{html.escape(title)}</h2><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{note_html}"
 
 
-def report_html(summary: dict) -> str:
-    """A self-contained HTML report (plotly.js embedded once; no network needed to view it)."""
+PLOTLYJS = ("inline", "cdn")  # plotly.js embedded once (the file works offline), or linked from plotly's CDN
+
+
+def report_html(summary: dict, plotlyjs: str = "inline") -> str:
+    """The HTML report. ``plotlyjs``: "inline" (default) embeds plotly.js once, before the first figure, so the page
+    needs no network (it then weighs about 4.8 MB, nearly all of it plotly.js); "cdn" links it from plotly's CDN
+    instead (some 50 kB: for a server whose visitors are online, e.g. a Space). Raises: ValueError for another
+    ``plotlyjs``."""
+    if plotlyjs not in PLOTLYJS:
+        raise ValueError(f"plotlyjs must be one of {', '.join(PLOTLYJS)}, got {plotlyjs!r}")
     header = "".join(f"<li>{html.escape(line.replace('`', '').replace('**', ''))}</li>" for line in _header(summary))
     plots = []
     for i, fig in enumerate(figures(summary).values()):
-        plots.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0), default_height="420px"))
+        include = (True if plotlyjs == "inline" else "cdn") if i == 0 else False  # the library once, then none
+        plots.append(fig.to_html(full_html=False, include_plotlyjs=include, default_height="420px"))
     body = "".join(_html_table(*t) for t in tables(summary))
     definitions = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>"
                           for k, v in summary["definitions"].items())
@@ -257,9 +290,9 @@ def report_html(summary: dict) -> str:
 
 
 # --- output -----------------------------------------------------------------------------------------
-def write_outputs(result: BenchResult, out_dir: str | Path) -> dict[str, Path]:
-    """Write examples.csv, probe.csv (if probed), summary.json, summary.md and report.html, each through a
-    temporary file and a rename (:mod:`packed_ss.bench.files`).
+def write_outputs(result: BenchResult, out_dir: str | Path, plotlyjs: str = "inline") -> dict[str, Path]:
+    """Write examples.csv, probe.csv (if probed), summary.json, summary.md and report.html (``plotlyjs`` as
+    :func:`report_html` takes it), each through a temporary file and a rename (:mod:`packed_ss.bench.files`).
 
     Returns: ``{kind: path}`` of the files written.
     Raises: OSError when the folder cannot be created or written.
@@ -274,5 +307,5 @@ def write_outputs(result: BenchResult, out_dir: str | Path) -> dict[str, Path]:
         write_frame(paths["probe"], result.probe)
     write_text(paths["summary_json"], json.dumps(result.summary, indent=2, allow_nan=False))
     write_text(paths["summary_md"], summary_markdown(result.summary))
-    write_text(paths["report"], report_html(result.summary))
+    write_text(paths["report"], report_html(result.summary, plotlyjs))
     return paths

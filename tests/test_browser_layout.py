@@ -1,0 +1,290 @@
+"""Browser tests of the page's layout (issue 30, items 5 to 8): race legends clear of the axis titles, an any-order
+lane's expected difference drawn neutral, controls shown only where they apply, text readable in the dark theme,
+the Step tab on a 390-pixel phone, and the Step and Race downloads.
+
+Debian's chromium through Playwright (skipped without it, as test_browser.py), the app on the embedded model with
+the any-order model offered too, 16 new tokens. Screenshots go to test-artifacts/layout-*.png.
+"""
+
+import csv
+import io
+import json
+import re
+
+import pytest
+
+from test_browser import ARTIFACTS, CHROMIUM, open_app
+from test_browser_teach import _choose, browser  # noqa: F401  (browser: the module's chromium fixture)
+
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is not installed at /usr/bin/chromium "
+                                                              "(apt-get install chromium)")
+
+STEP_MS = 60_000  # ms: one Step (the first one loads the model)
+RACE_MS = 120_000  # ms: a race and its replay at 16 new tokens
+TOKENS = 16
+PHONE = {"width": 390, "height": 844}
+MIN_CONTRAST = 4.5  # WCAG AA for body text
+
+# The box of an element in page pixels, the boxes of plotly's legend and x-axis title in a chart.
+BOX = "(e) => { const r = e.getBoundingClientRect(); return {left: r.left, right: r.right, top: r.top, bottom: r.bottom}; }"
+CHART_BOXES = f"""(id) => {{
+    const box = {BOX};
+    const gd = document.querySelector(`#${{id}} .js-plotly-plot`);
+    const legend = gd.querySelector('g.legend'), title = gd.querySelector('.g-xtitle');
+    return {{legend: legend && box(legend), title: title && box(title), frame: box(gd.querySelector('.main-svg')),
+             items: [...gd.querySelectorAll('g.legend .traces')].map(box), titleText: title && title.textContent}};
+}}"""
+# The colour of an element's text and the opaque colour behind it (translucent backgrounds blended in).
+COLOURS = """(selector) => [...document.querySelectorAll(selector)].filter(e => e.getClientRects().length).slice(0, 3)
+    .map(e => {
+        const parse = (c) => (c.match(/[\\d.]+/g) || []).map(Number);
+        const layers = [];
+        for (let n = e; n; n = n.parentElement) {
+            const [r, g, b, a = 1] = parse(getComputedStyle(n).backgroundColor);
+            if (a > 0) layers.push([r, g, b, a]);
+            if (a >= 1) break;
+        }
+        let under = [255, 255, 255];  // the canvas, if nothing is opaque
+        for (const [r, g, b, a] of layers.reverse()) under = [r, g, b].map((v, i) => a * v + (1 - a) * under[i]);
+        const [r, g, b] = parse(getComputedStyle(e).color);
+        return {text: [r, g, b], back: under, sample: e.textContent.trim().slice(0, 30)};
+    })"""
+
+
+def _hex(rgb) -> str:
+    return "#" + "".join(f"{round(v):02x}" for v in rgb)
+
+
+def _contrast(colours: dict) -> float:
+    from packed_ss.bench.palette import contrast
+
+    return contrast(_hex(colours["text"]), _hex(colours["back"]))
+
+
+def _overlaps(a: dict, b: dict) -> bool:
+    return a["left"] < b["right"] and b["left"] < a["right"] and a["top"] < b["bottom"] and b["top"] < a["bottom"]
+
+
+@pytest.fixture(scope="module")
+def both_url():
+    """The app on the embedded model, with the any-order model offered too."""
+    import app
+    from helpers import serve
+    from serve.models import ANY_ORDER_MODEL, DEFAULT_MODEL
+
+    yield from serve(app.build_demo(DEFAULT_MODEL, allowed_models=[ANY_ORDER_MODEL]))
+
+
+@pytest.fixture
+def page(browser, both_url):  # noqa: F811
+    page = open_app(browser, both_url, "def fibonacci(n):\n", TOKENS)
+    yield page
+    page.context.close()
+
+
+def _shot(page, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"layout-{name}.png"), full_page=True)
+
+
+def _step(page, times: int = 1) -> None:
+    for _ in range(times):
+        before = page.locator("#token-grid [data-iteration]").first.get_attribute("data-iteration")
+        page.locator("#step-btn").click()
+        page.wait_for_function(
+            "(b) => { const g = document.querySelector('#token-grid [data-iteration]');"
+            " return g && g.getAttribute('data-iteration') !== b; }", arg=before, timeout=STEP_MS)
+
+
+def _any_order(page, selector: str = "#model-box input") -> None:
+    page.locator(selector).click()
+    page.get_by_role("option", name="assets/model-anyorder").click()
+
+
+def _race(page) -> None:
+    page.get_by_role("tab", name="Race").click()
+    page.locator("#race-btn").click()
+    page.wait_for_function("document.querySelector('#race-summary td') !== null", timeout=RACE_MS)
+
+
+def _download(page, elem_id: str, name: str) -> str:
+    """The text of the file ``name`` the page offers in ``#elem_id`` (fetched as the visitor's browser would)."""
+    link = page.locator(f"#{elem_id} a[href*='{name}']").first
+    link.wait_for(timeout=30_000)
+    answer = page.request.get(link.get_attribute("href"))
+    assert answer.ok, answer.status
+    return answer.text()
+
+
+def test_race_legends_clear_the_axis_titles_and_the_race_table_downloads(page):
+    _race(page)
+    charts = {}
+    for elem_id in ("race-nfe", "race-wall", "race-theorem"):
+        page.wait_for_function(f"(id) => {{ const b = ({CHART_BOXES})(id); return b.legend && b.title && "
+                               f"b.items.length >= 2; }}", arg=elem_id, timeout=30_000)
+        charts[elem_id] = page.evaluate(CHART_BOXES, elem_id)
+    page.locator("#race-nfe").scroll_into_view_if_needed()
+    _shot(page, "race")
+    for elem_id, chart in charts.items():
+        legend, title, frame = chart["legend"], chart["title"], chart["frame"]
+        assert chart["titleText"] in ("NFE", "decoder wall time (s)", "tokens generated"), chart
+        assert not _overlaps(legend, title), (elem_id, legend, title)
+        assert legend["top"] >= title["bottom"] - 0.5, (elem_id, "the legend is not under the axis title")
+        for item in chart["items"]:  # every entry drawn in full inside the chart
+            assert frame["left"] - 0.5 <= item["left"] and item["right"] <= frame["right"] + 0.5, (elem_id, item)
+            assert item["bottom"] <= frame["bottom"] + 0.5, (elem_id, item)
+
+    lanes = set(page.evaluate("() => [...document.querySelectorAll('#race-lanes .lane')].map(l => l.dataset.lane)"))
+    rows = list(csv.DictReader(io.StringIO(_download(page, "race-files", "race-table.csv"))))
+    assert {row["schedule"] for row in rows} == lanes and len(rows) == len(lanes) >= 4
+    packed = next(row for row in rows if row["schedule"] == "packed")
+    assert int(packed["tokens"]) == TOKENS and float(packed["tokens_per_nfe"]) > 1 and packed["block_size"] == "8"
+    shown = page.locator('#race-lanes [data-lane="packed"] [data-counter="nfe"]').inner_text()
+    assert packed["nfe"] == shown  # the file holds the numbers the page shows
+    result = json.loads(_download(page, "race-files", "race.json"))
+    assert set(result["lanes"]) == lanes and result["settings"]["max_new_tokens"] == TOKENS
+
+
+def test_any_order_lanes_that_differ_from_ar_are_drawn_neutral(page):
+    _any_order(page)
+    page.locator("#order").wait_for(state="visible", timeout=10_000)
+    _choose(page, "order", "by confidence")
+    _race(page)
+    badges = page.evaluate("""() => [...document.querySelectorAll('#race-lanes .lane .badge')].map(b => ({
+        cls: b.className, differs: b.dataset.differs || '', text: b.innerText,
+        back: getComputedStyle(b).backgroundColor, border: getComputedStyle(b).borderColor}))""")
+    reference = next(b for b in badges if b["text"] == "reference")  # the neutral style
+    differing = [b for b in badges if b["differs"]]
+    assert differing, f"no lane differs from AR in the confidence order: {badges}"
+    for badge in differing:
+        assert "bad" not in badge["cls"].split() and badge["differs"] == "expected", badge
+        assert (badge["back"], badge["border"]) == (reference["back"], reference["border"]), badge
+        assert "expected in the confidence order" in badge["text"]
+    _shot(page, "any-order-race")
+
+
+def test_controls_show_only_where_they_apply(page):
+    from playwright.sync_api import expect
+
+    quality = page.locator("#drafter-quality")
+    expect(quality).to_be_hidden()  # the model's own drafter: no q
+    _choose(page, "drafter", "scripted")
+    expect(quality).to_be_visible(timeout=10_000)
+    _any_order(page)  # refuses the scripted drafter
+    page.locator("#order").wait_for(state="visible", timeout=10_000)
+    expect(quality).to_be_hidden(timeout=10_000)
+    page.locator("#model-box input").click()
+    page.get_by_role("option", name="assets/model", exact=True).click()
+    expect(quality).to_be_visible(timeout=10_000)
+    _choose(page, "drafter", "the model")
+    expect(quality).to_be_hidden(timeout=10_000)
+
+    page.get_by_role("tab", name="Benchmark").click()
+    page.get_by_text("Run a small benchmark").click()
+    bench_model = page.locator("input[aria-label='model']").first
+    bench_model.wait_for(timeout=10_000)
+    expect(page.locator("#bench-order")).to_be_hidden()  # the embedded model verifies left to right only
+    _any_order(page, "input[aria-label='model'] >> nth=0")
+    expect(page.locator("#bench-order")).to_be_visible(timeout=10_000)
+    _shot(page, "bench-order")
+
+
+def _readable(page, theme: str, selectors) -> None:
+    """Each selector's first elements: text against what lies behind it at least :data:`MIN_CONTRAST`."""
+    for selector in selectors:
+        found = page.evaluate(COLOURS, selector)
+        assert found, selector
+        for colours in found:
+            ratio = _contrast(colours)
+            assert ratio >= MIN_CONTRAST, (theme, selector, round(ratio, 2), colours)
+
+
+@pytest.mark.parametrize("theme", ["dark", "light"])
+def test_narration_and_grid_labels_read_in_either_theme(browser, both_url, theme):  # noqa: F811
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(f"{both_url}?__theme={theme}", wait_until="domcontentloaded")
+        page.locator("#step-btn").wait_for(timeout=60_000)
+        assert page.evaluate("document.body.classList.contains('dark')") == (theme == "dark")
+        _step(page, 2)
+        page.locator("#token-grid p.narration").wait_for(timeout=STEP_MS)
+        _readable(page, theme, ("#token-grid p.narration", "#token-grid table.token-grid th",
+                                "#token-grid td.row-label", "#token-grid .token-grid-head", ".legend",
+                                ".stats-title", "#token-text span.tok"))
+        _shot(page, f"{theme}-step")
+        if theme == "dark":  # the race lanes too: light cards whose text must stay dark
+            page.locator("#limit input").fill(str(TOKENS))
+            page.locator("#limit input").press("Tab")
+            _race(page)
+            _readable(page, theme, ("#race-lanes .lane h4", "#race-lanes .lane-b", "#race-lanes .token-text span.tok",
+                                    "#race-lanes .lane .badge", "#race-badge .race-verdict", "#race-status .pss-note"))
+            _shot(page, f"{theme}-race")
+    finally:
+        page.context.close()
+
+
+def test_the_step_tab_fits_a_phone(browser, both_url):  # noqa: F811
+    page = browser.new_page(viewport=PHONE)
+    try:
+        page.goto(both_url, wait_until="domcontentloaded")
+        page.locator("#step-btn").wait_for(timeout=60_000)
+        # The sidebar starts closed on a phone (open, it covers the page).
+        page.wait_for_function("!document.querySelector('#settings-sidebar').classList.contains('open')",
+                               timeout=10_000)
+        toggle = page.locator("#settings-sidebar .toggle-button")
+        toggle.click()  # opened, its close arrow lies whole on the screen
+        page.wait_for_function("document.querySelector('#settings-sidebar').classList.contains('open')")
+        page.wait_for_timeout(400)  # the slide-in transition (0.3 s)
+        arrow = page.evaluate(BOX, toggle.element_handle())
+        assert 0 <= arrow["left"] and arrow["right"] <= PHONE["width"], arrow
+        page.locator("#limit input").fill(str(TOKENS))
+        page.locator("#limit input").press("Tab")
+        toggle.click()
+        page.wait_for_function("!document.querySelector('#settings-sidebar').classList.contains('open')")
+        _step(page, 2)
+        page.wait_for_function("document.querySelectorAll('#mask-plot g.legend .traces').length >= 3",
+                               timeout=30_000)
+        page.wait_for_timeout(400)
+        sizes = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+        assert sizes[0] <= sizes[1], f"the page scrolls sideways: {sizes}"
+        grid = page.evaluate(BOX, page.locator("#token-grid .token-grid-wrap").element_handle())
+        assert grid["right"] <= PHONE["width"], grid  # wider grids scroll inside their own box
+        plot = page.evaluate(CHART_BOXES, "mask-plot")
+        for item in plot["items"]:  # the mask legend whole, on the screen
+            assert plot["frame"]["left"] - 0.5 <= item["left"] and item["right"] <= plot["frame"]["right"] + 0.5, item
+            assert 0 <= item["left"] and item["right"] <= PHONE["width"], item
+        assert not _overlaps(plot["legend"], plot["title"]), plot
+        _shot(page, "phone-step")
+    finally:
+        page.context.close()
+
+
+def test_a_step_runs_records_download_as_json(page):
+    _step(page, 3)
+    page.locator("#step-export").click()
+    records = json.loads(_download(page, "step-file", "step-records.json"))
+    assert records["settings"]["prompt"] == "def fibonacci(n):\n" and records["settings"]["schedule"] == "packed"
+    assert records["iterations_done"] == 3 and [r["index"] for r in records["records"]] == [1, 2, 3]
+    assert records["metrics"]["tokens"] == sum(len(r["appended"]) for r in records["records"]) > 0
+    stats = page.locator('#step-stats [data-stat="nfe"] .v').last.inner_text()
+    assert re.fullmatch(r"\d+", stats) and int(stats) == records["metrics"]["nfe"]
+    _shot(page, "step-download")
+
+
+def test_benchmark_panels_draw_every_legend_entry_whole(page):
+    page.get_by_role("tab", name="Benchmark").click()
+    page.wait_for_function("document.querySelectorAll('.bench-summary table').length > 0", timeout=30_000)
+    panels = page.evaluate(f"""() => [...document.querySelectorAll('.js-plotly-plot')].filter(gd => gd.layout &&
+        gd.layout.title && /^(Paired ratios|Timing decomposition|Tokens\\/NFE)/.test(String(gd.layout.title.text)))
+        .map(gd => {{ const box = {BOX};
+            return {{title: String(gd.layout.title.text), frame: box(gd.querySelector('.main-svg')),
+                     items: [...gd.querySelectorAll('g.legend .traces')].map(e => ({{...box(e),
+                         text: [...e.querySelectorAll('text')].map(t => t.textContent).join(' ')}}))}}; }})""")
+    assert len(panels) == 3, panels
+    names = [item["text"] for panel in panels for item in panel["items"]]
+    assert any("transformers prompt lookup" in name for name in names), names  # written out in full
+    for panel in panels:
+        for item in panel["items"]:
+            assert panel["frame"]["left"] - 0.5 <= item["left"] and item["right"] <= panel["frame"]["right"] + 0.5, \
+                (panel["title"], item)
+    _shot(page, "benchmark")
