@@ -149,8 +149,9 @@ def test_interrupt_keeps_what_was_measured(tmp_path):
     (["--dtype", "float8"], "--dtype"),
     (["--device", "nonsense"], "--device"),
 ])
-def test_bad_arguments_exit_with_one_line(tiny_model_dir, prompt_file, args, message, capsys):
-    base = ["--model", str(tiny_model_dir), "--prompts", str(prompt_file), "--max-new-tokens", "4"]
+def test_bad_arguments_exit_with_one_line(tiny_model_dir, prompt_file, args, message, capsys, tmp_path):
+    base = ["--model", str(tiny_model_dir), "--prompts", str(prompt_file), "--max-new-tokens", "4",
+            "--out", str(tmp_path / "out")]  # not the project's bench-out, which may hold results already
     code = main(base + args)
     err = capsys.readouterr().err
     assert code == 2

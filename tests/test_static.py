@@ -140,7 +140,7 @@ def test_the_shipped_model_compiled_gives_ars_tokens(embedded_model):
     assert compiled.compiled and {rows for rows, _ in compiled.static.shapes} <= {1, 4, 8, 20}
 
 
-def test_compile_with_the_dynamic_cache_is_one_line_from_the_cli_and_the_benchmark(tiny_model_dir, capsys):
+def test_compile_with_the_dynamic_cache_is_one_line_from_the_cli_and_the_benchmark(tiny_model_dir, capsys, tmp_path):
     from packed_ss.bench.cli import main as bench_main
     from packed_ss.cli import main as cli_main
 
@@ -148,7 +148,8 @@ def test_compile_with_the_dynamic_cache_is_one_line_from_the_cli_and_the_benchma
                      "dynamic"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "needs the static cache" in err[0]
-    assert bench_main(["--model", str(tiny_model_dir), "--compile", "--cache", "dynamic", "--limit", "1"]) == 2
+    assert bench_main(["--model", str(tiny_model_dir), "--compile", "--cache", "dynamic", "--limit", "1",
+                       "--out", str(tmp_path / "out")]) == 2  # not the project's bench-out (it may hold results)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "needs the static cache" in err[0]
 
