@@ -268,7 +268,7 @@ def test_tiny_temperature_and_bad_prompt_text_in_the_benchmark(tiny_model_dir, p
     assert code == 2 and "not valid Unicode" in err and len(err.strip().splitlines()) == 1
     latin = tmp_path / "latin.jsonl"
     latin.write_bytes('{"prompt": "café"}\n'.encode("latin-1"))
-    assert main(["--model", str(tiny_model_dir), "--prompts", str(latin)]) == 2
+    assert main(["--model", str(tiny_model_dir), "--prompts", str(latin), "--out", str(tmp_path / "o3")]) == 2
     assert "not UTF-8 text" in capsys.readouterr().err
 
 
