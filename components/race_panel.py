@@ -85,7 +85,9 @@ def lanes_html(lanes: Sequence[Lane], clock_ms: float, strings: TokenStrings, gr
                     ("throughput", "tokens/s", f"{c['throughput']:.1f}")]
         cards = "".join(f'<div class="stat"><span class="k">{label}</span>'
                         f'<span class="v" data-counter="{key}">{value}</span></div>' for key, label, value in counters)
-        done = '<span class="done">finished</span>' if c["finished"] else ""
+        done = ("" if not c["finished"] else
+                f'<span class="done cut" data-cut="1">cut off at the time limit ({len(lane.token_ids)} tokens)</span>'
+                if lane.cut_off else '<span class="done">finished</span>')
         parts.append(
             f'<div class="lane" data-lane="{lane.schedule}" data-done="{int(c["finished"])}">'
             f'<h4><span class="lane-key" style="background:{schedule_color(lane.schedule)}"></span>'
@@ -144,9 +146,15 @@ def badge_html(lanes: Sequence[Lane], greedy: bool, order: str = "ltr") -> str:
                           f'the confidence order changes the conditionals, so this is expected</span>')
     elif greedy:
         bad = [lane for lane in lossless if not lane.identical]
-        if not bad:
+        cut = [lane for lane in lanes if lane.cut_off]
+        if not bad and not cut:
             badges.append(f'<span class="badge ok" data-badge="identical">✓ Greedy outputs of {html.escape(names)} '
                           f'are identical to AR\'s ({n} tokens)</span>')
+        elif not bad:  # partial lanes agree with AR over the tokens both made, no further
+            made = sorted(len(lane.token_ids) for lane in lanes)
+            badges.append(f'<span class="badge ok" data-badge="identical">✓ Greedy outputs of {html.escape(names)} '
+                          f'agree with AR\'s over the tokens each lane made before the time limit '
+                          f'({made[0]}-{made[-1]} tokens)</span>')
         for lane in bad:
             if lane.divergence is not None and lane.divergence.near_tie:
                 badges.append(f'<span class="badge info" data-badge="near-tie">≈ {html.escape(lane.title)}: '

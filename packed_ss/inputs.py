@@ -44,7 +44,7 @@ def check_prompt(text, what: str = "the prompt") -> str:
             command line arrive as such, as do unpaired ``\\ud800``-style escapes in JSON).
     """
     if text is None or text == "":
-        raise PromptTextError(f"{what} is empty: give some text (whitespace alone is allowed)")
+        raise PromptTextError(f"{what} is empty: give some text (a prompt of spaces or newlines alone is taken too)")
     if not isinstance(text, str):
         raise PromptTextError(f"{what} must be text, got {type(text).__name__} {shown(text)}")
     try:

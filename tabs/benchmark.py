@@ -166,16 +166,14 @@ class BenchmarkHandlers:
             request: gr.Request = None, progress=gr.Progress()):
         alive = self.alive_for(request) if self.alive_for is not None and request is not None else None
         deadline = None if self.max_seconds is None else time.monotonic() + self.max_seconds
-        stopped = []  # the time limit's note, once it ended the runs
+        stopped = []  # (runs done, runs planned) once the time limit ended the runs
 
         def step(done, total, label):
             if alive is not None and not alive():  # the visitor left: free the queue for the next one
                 raise BenchError("the visitor left: the benchmark was stopped")
             if deadline is not None and time.monotonic() > deadline and done < total:
-                stopped.append(f"Stopped at this server's time limit of {self.max_seconds:g} s after {done} of "
-                               f"{total} runs: the report covers those (use fewer prompts, schedules or new "
-                               f"tokens for a whole one).")
-                raise RunsStopped(stopped[-1])
+                stopped.append((done, total))
+                raise RunsStopped(f"stopped at the time limit after {done} of {total} runs")
             progress((done, total), desc=label, unit="runs")
 
         try:
@@ -188,16 +186,28 @@ class BenchmarkHandlers:
                                                         str(prompt_file) if prompt_file else None, n, chosen, blocks,
                                                         length, temp, k, seed_value, step, turn=self.turn,
                                                         max_rows=self.max_rows, order=order_value or "ltr")
+            measured = int(float(n))  # a valid count by now (run_small_benchmark checked it)
+            if stopped:  # the main runs go prompt by prompt, every schedule (and sample) of one before the next
+                per_prompt = len([s for s in ALL_SCHEDULES if s in chosen]) * (int(float(k)) if float(temp) > 0 else 1)
+                measured = stopped[-1][0] // per_prompt
+                if measured == 0:
+                    raise BenchError(f"stopped at this server's time limit of {self.max_seconds:g} s after "
+                                     f"{stopped[-1][0]} of {stopped[-1][1]} runs, before any prompt was measured on "
+                                     f"every schedule, so nothing can be compared: use fewer schedules, prompts or "
+                                     f"new tokens")
             paths = self.outputs(session, paths)
         except Exception as error:  # noqa: BLE001 - one line in the status, never a traceback
             return refusal(refused(error, "benchmark_run"), 2 + len(FIGURES))
         note = ("Measured in the app (timings shared with other users are noisy); files below. "
                 "Each run's token ids are hashed for the lossless check.")
-        warning = few_prompts_warning(int(float(n)))  # a valid count by now (run_small_benchmark checked it)
+        warning = few_prompts_warning(measured)
         if warning:
             note = f"⚠ {warning} " + note
         if stopped:
-            note = f"⚠ {stopped[-1]} " + note
+            note = (f"⚠ Stopped at this server's time limit of {self.max_seconds:g} s after {stopped[-1][0]} of "
+                    f"{stopped[-1][1]} runs: its comparisons rest on the {measured} prompt{'s' if measured != 1 else ''} "
+                    f"measured on every schedule (use fewer prompts, schedules or new tokens for a whole one). "
+                    + note)
         return (note, markdown, *(panel_figure(figs.get(name)) for name in FIGURES), paths)
 
     def outputs(self, session: str, paths: Sequence[str]) -> list[str]:

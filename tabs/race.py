@@ -146,6 +146,8 @@ def build_race_tab(server: Server, panel: SettingsPanel, concurrency_limit: int)
         summary = gr.HTML("", elem_id="race-summary")
         race_files = gr.File(label="Race table (CSV) and the whole result (JSON)", file_count="multiple",
                              interactive=False, elem_id="race-files")
+    # The Step tab's line above the tabs would stand beside this race's own result: a race clears it.
+    race_btn.click(lambda: "", None, panel.status, api_visibility="private", queue=False, show_progress="hidden")
     raced = race_btn.click(panel.handler(handlers.on_race, extra=2), [*panel.components, optional, sizes_box],
                            [race_status, badge, lanes_view], api_name="ui_race", api_visibility="undocumented",
                            preprocess=False, concurrency_id="compute", concurrency_limit=concurrency_limit,

@@ -223,9 +223,11 @@ def test_an_in_app_benchmark_stops_at_the_time_limit_in_one_line(tmp_path):
     note, markdown, *_, paths = handlers.run("", "uploaded JSONL file", 2, ["ar", "packed"], "4", 12, 0.0, 1, 0,
                                              "ltr", Visitor(), progress=lambda *args, **kwargs: None)
     assert time.monotonic() - start < 2.0 + MARGIN_S
-    done = int(re.search(r"Stopped at this server's time limit of 2 s after (\d) of 4 runs: the report covers those",
-                         note).group(1))
-    assert 1 <= done < 4 and any(str(p).endswith("examples.csv") for p in paths)
+    found = re.search(r"Stopped at this server's time limit of 2 s after (\d) of 4 runs: its comparisons rest on the "
+                      r"(\d) prompts? measured on every schedule", note)
+    done, prompts = int(found.group(1)), int(found.group(2))
+    assert 2 <= done < 4 and prompts == done // 2 and any(str(p).endswith("examples.csv") for p in paths)
+    assert "Only 1 prompt:" in note  # the few-prompts warning counts the prompts measured, not those asked for
     import pandas as pd
 
     rows = pd.read_csv(next(p for p in paths if str(p).endswith("examples.csv")))
@@ -287,3 +289,27 @@ def test_a_races_best_b_probe_spends_the_races_time_limit_not_a_second_one(clien
     result = client.predict(PROMPT, 2, max_new_tokens=60, model="sleepy", block_sizes="best", api_name="/race")
     assert time.monotonic() - start < LIMIT_S + MARGIN_S
     assert result["cut_off"] and "probe" in result["block_size_source"]
+
+
+def test_a_cut_lane_says_so_on_its_card_and_the_badge_claims_agreement_only_over_what_each_made():
+    """A newcomer saw a green "finished" on lanes the limit cut off, and "identical to AR's (9 tokens)" for a lane
+    of 2 tokens (issue 30's newcomer run)."""
+    from packed_ss.config import DecodeConfig
+    from packed_ss.engine import decode, finish_run, generate
+    from components.race_panel import badge_html, lanes_html
+    from serve.lanes import lane_from_run
+    from serve.limits import cut_off
+
+    model = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0, eos=False)
+    config = DecodeConfig(block_size=3, max_new_tokens=12)
+    ar = generate(model, [4, 5, 6], config, "ar")
+    records = decode(model, [4, 5, 6], config, "packed")
+    partial = cut_off(finish_run(model, [next(records)], config, "packed", 3))
+    lanes = [lane_from_run(ar, "AR", None), lane_from_run(partial, "Packed-SS", ar.token_ids)]
+    cards = lanes_html(lanes, float("inf"), lambda ids: [str(i) for i in ids], True)
+    assert f"cut off at the time limit ({partial.tokens} tokens)" in cards and cards.count(">finished<") == 1
+    badge = badge_html(lanes, True)
+    assert f"agree with AR's over the tokens each lane made before the time limit ({partial.tokens}-12 tokens)" in badge
+    assert "are identical to AR's" not in badge
+    whole = lane_from_run(generate(model, [4, 5, 6], config, "packed"), "Packed-SS", ar.token_ids)
+    assert "are identical to AR's (12 tokens)" in badge_html([lanes[0], whole], True)
