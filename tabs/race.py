@@ -24,8 +24,9 @@ REPLAY_FRAME_S = 0.25  # seconds between replay frames (a few updates a second i
 CHART_EVERY = 2  # the race charts fill in every second frame (a new figure remounts the plot)
 INTRO = ("AR (the baseline), Linear-SS, Quadratic-SS and Packed-SS, and the optional lanes ticked below, decode the "
          "sidebar's prompt with the same settings. "
-         "Each lane is measured three times in rotating order, each model call **alone** (never sharing the CPU/GPU "
-         "with another request's call); the lanes then replay their median runs on one clock, and the verdict says "
+         "Each lane is measured up to three times in rotating order (fewer when the time limit would not hold "
+         "them; the note below says how often), each model call **alone** (never sharing the CPU/GPU with another "
+         "request's call); the lanes then replay their median runs on one clock, and the verdict says "
          "who won and whether the gap is more than the spread between repeats.")
 LANE_CHOICES = [("Prompt-lookup lane (the peer: n-gram drafts, no drafter)", "lookup"),
                 ("Packed-SS + n-gram lane (drafter or n-gram per position)", "packed-mixed"),
