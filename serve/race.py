@@ -156,11 +156,11 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
     finally:
         release_memory()
     compute_s = time.perf_counter() - start
-    for runs in measured:
-        for run in runs:
-            if log is not None:
-                log.add(run.records, run.block_size)
-    tasks.costs.observe(settings.model_ref, [r for runs in measured for run in runs for r in run.records])
+    done = [run for runs in measured for run in runs]
+    if log is not None:
+        for run in done:
+            log.add(run.records, run.block_size)
+    tasks.costs.observe(settings.model_ref, [record for run in done for record in run.records])
     reference, partial = measured[0][0].token_ids, measured[0][0].stop_reason == TIME_LIMIT
     scripted = "" if settings.scripted is None else f" · scripted\u00a0drafter\u00a0q={settings.scripted:g}"
     order = f" · {settings.config.order} order" if any_order else ""
