@@ -14,6 +14,7 @@ import re
 import pytest
 
 from test_browser import ARTIFACTS, CHROMIUM, open_app
+from test_browser_page import _step
 from test_browser_teach import _choose, browser  # noqa: F401  (browser: the module's chromium fixture)
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is not installed at /usr/bin/chromium "
@@ -85,15 +86,6 @@ def page(browser, both_url):  # noqa: F811
 def _shot(page, name: str) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"layout-{name}.png"), full_page=True)
-
-
-def _step(page, times: int = 1) -> None:
-    for _ in range(times):
-        before = page.locator("#token-grid [data-iteration]").first.get_attribute("data-iteration")
-        page.locator("#step-btn").click()
-        page.wait_for_function(
-            "(b) => { const g = document.querySelector('#token-grid [data-iteration]');"
-            " return g && g.getAttribute('data-iteration') !== b; }", arg=before, timeout=STEP_MS)
 
 
 def _any_order(page, selector: str = "#model-box input") -> None:

@@ -35,13 +35,15 @@ def test_paths_chart_and_text_show_both_fits_and_the_limit():
     assert "No compiled fit: torch.compile failed" in paths_summary(eager, None, roof, "torch.compile failed (x)")
 
 
-def test_the_explain_task_fits_eager_calls_and_says_why_compiled_ones_failed(tiny_model_dir, monkeypatch):
-    def broken(fn, **options):
-        def run(*args, **kwargs):
-            raise RuntimeError("no C++ compiler")
-        return run
+def broken_compile(fn, **options):
+    """torch.compile on a machine without a C++ compiler: the compiled call fails when first run."""
+    def run(*args, **kwargs):
+        raise RuntimeError("no C++ compiler")
+    return run
 
-    monkeypatch.setattr(torch, "compile", broken)
+
+def test_the_explain_task_fits_eager_calls_and_says_why_compiled_ones_failed(tiny_model_dir, monkeypatch):
+    monkeypatch.setattr(torch, "compile", broken_compile)
     tasks = GpuTasks(ModelStore(str(tiny_model_dir), device="cpu"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -56,12 +58,7 @@ def test_the_explain_fit_says_which_stage_it_is_at_on_the_page(tiny_model_dir, m
     import app
     from helpers import page_event, serve
 
-    def broken(fn, **options):
-        def run(*args, **kwargs):
-            raise RuntimeError("no C++ compiler")
-        return run
-
-    monkeypatch.setattr(torch, "compile", broken)
+    monkeypatch.setattr(torch, "compile", broken_compile)
     tasks = GpuTasks(ModelStore(str(tiny_model_dir), device="cpu"))
     stages = []
     with warnings.catch_warnings():
