@@ -25,6 +25,7 @@ from packed_ss.layout import CallLayout
 from packed_ss.models.errors import ModelLoadError, local_folder, quoted, some
 from packed_ss.models.families import pick_family, read_config
 from packed_ss.models.lora import DrafterLora, adapter_folder
+from packed_ss.models.native import NativeCalls, native_problem
 from packed_ss.models.static import StaticCalls, kernel_mask, static_cache_problem
 
 
@@ -51,6 +52,7 @@ WORD_START = "\u2581"  # SentencePiece's word-start marker
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")  # dtypes from_pretrained accepts by name
 CACHES = ("static", "dynamic")  # KV cache kinds (packed_ss.models.static; transformers' DynamicCache)
+PATHS = ("auto", "native", "transformers")  # whose forward runs the calls (packed_ss.models.native; transformers')
 
 
 def device_dtype_problem(device: str | None, dtype: str | None) -> str | None:
@@ -137,7 +139,7 @@ class DualModeModel:
 
     def __init__(self, model, tokenizer, mask_token_id: int, eos_token_id: int | None,
                  bos_token_id: int | None = None, family: str = "plain", drafter_lora=None,
-                 cache: str = "static", compiled: bool = False):
+                 cache: str = "static", compiled: bool = False, path: str = "auto"):
         from transformers import DynamicCache
 
         self.model = model.eval()
@@ -169,9 +171,20 @@ class DualModeModel:
         why_not = static_cache_problem(model.config)
         if compiled and (cache != "static" or why_not):
             raise ModelLoadError(f"compiled calls need the static cache ({why_not or 'cache=' + repr(cache)})")
+        if path not in PATHS:
+            raise ValueError(f"path must be one of {', '.join(PATHS)}, got {path!r}")
+        # Whose forward runs the calls: the native one (packed_ss.models.native) where it serves the model, else
+        # transformers'; path_note says why not in one line when "auto" could not use it.
+        why_native = ("the dynamic cache is transformers' own" if cache == "dynamic" or why_not
+                      else native_problem(model) if path != "transformers" else None)
+        if path == "native" and why_native:
+            raise ModelLoadError(f"the native forward cannot serve this model: {why_native}")
+        self.path_requested = path
+        self.path = "native" if path != "transformers" and not why_native else "transformers"
+        self.path_note = f"transformers' forward: {why_native}" if path == "auto" and why_native else None
         # The static cache (written in place, rolled back by moving its length) unless the model cannot use it.
-        self.static = None if cache == "dynamic" or why_not else StaticCalls(model, self.supports_deferred_rows,
-                                                                             compiled)
+        calls = NativeCalls if self.path == "native" else StaticCalls
+        self.static = None if cache == "dynamic" or why_not else calls(model, self.supports_deferred_rows, compiled)
         self.cache = None if self.static else DynamicCache(config=model.config)
         self._compile_requested = compiled  # shares ask for it too (and learn of a failure without retrying)
         # Packed-SS pads a short draft to W slots (the paper's fixed 2B-row call, for GPU kernels); on a CPU
@@ -184,7 +197,8 @@ class DualModeModel:
                         dtype: str | torch.dtype | None = None, family: str | None = None,
                         drafter_lora: str | None = None, require_adapter: bool = True,
                         base_model: str | None = None, cache: str = "static",
-                        compiled: bool = False, attention: str | None = None) -> "DualModeModel":
+                        compiled: bool = False, attention: str | None = None,
+                        path: str = "auto") -> "DualModeModel":
         """Load a model and tokenizer from a local folder or a hub id, strictly (every weight mapped).
 
         Args:
@@ -208,6 +222,9 @@ class DualModeModel:
                 only); a compiler failure falls back to eager calls with a warning (``compile_note``).
             attention: SetDLM only: ``"sdpa"`` (default) or ``"eager"``, the kernel SetDLM's own code runs (logits
                 then agree with it exactly rather than to about 1e-4; :mod:`packed_ss.models.setdlm`).
+            path: whose forward runs the calls: ``"auto"`` (default: :mod:`packed_ss.models.native` where it serves
+                the model, else transformers', with ``path_note`` saying why), ``"native"`` (an error where it
+                cannot) or ``"transformers"``.
         Raises:
             ModelLoadError: missing folder, unreadable config, unknown family, weights that do not all map
             (keys named), no mask token id, or an adapter that does not load.
@@ -219,6 +236,8 @@ class DualModeModel:
             raise ModelLoadError(problem)
         if cache not in CACHES:
             raise ModelLoadError(f"--cache must be one of {', '.join(CACHES)}, got {cache!r}")
+        if path not in PATHS:
+            raise ModelLoadError(f"--path must be one of {', '.join(PATHS)}, got {path!r}")
         if compiled and cache != "static":
             raise ModelLoadError("--compile (or PACKED_SS_COMPILE=1) needs the static cache: leave out --cache "
                                  "dynamic, or turn compiling off (--no-compile)")
@@ -266,7 +285,7 @@ class DualModeModel:
         if why_not:
             raise ModelLoadError(f"--compile needs the static cache, and {name!r} cannot use it: {why_not}")
         loaded = cls(model.to(device), checkpoint.tokenizer, checkpoint.mask_token_id, checkpoint.eos_token_id,
-                     checkpoint.bos_token_id, checkpoint.family, lora, cache, compiled)
+                     checkpoint.bos_token_id, checkpoint.family, lora, cache, compiled, path)
         loaded.adapter_note = adapter_note
         return loaded
 
@@ -280,7 +299,7 @@ class DualModeModel:
         cache = "static" if compiled else self.cache_kind
         shared = DualModeModel(self.model, self.tokenizer, self.mask_token_id, self.eos_token_id,
                                self.bos_token_id, self.family, self.drafter_lora, cache,
-                               self._compile_requested if compiled is None else compiled)
+                               self._compile_requested if compiled is None else compiled, self.path_requested)
         shared.adapter_note = self.adapter_note
         return shared
 
@@ -451,7 +470,7 @@ class DualModeModel:
         prepared = self.static.prepare(layout, eager=eager)  # host work before the clock, as in _call
         self._sync()
         start = time.perf_counter()
-        out, hidden_states = self.static.execute(prepared, rows + deferred)
+        out, hidden_states = self.static.execute(prepared, rows + deferred, defer=bool(deferred))
         hidden = None
         if hidden_states:
             logits = self.model.get_output_embeddings()(out[: len(rows)])

@@ -75,6 +75,17 @@ COMPILE_FAILURE = "packed_ss_compile_failure"  # ... or the error that compiling
 COMPILED_SHAPES = "packed_ss_compiled_shapes"  # ... and the (Rp, K) shapes compiled so far
 
 
+def dynamo_settings():
+    """``torch._dynamo.config``, with the variants it keeps per function raised to :data:`RECOMPILE_LIMIT`."""
+    import torch._dynamo
+
+    settings = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(settings, name) and getattr(settings, name) < RECOMPILE_LIMIT:
+            setattr(settings, name, RECOMPILE_LIMIT)
+    return settings
+
+
 def compiled_forward(model, compiler=None):
     """:func:`forward` compiled with ``torch.compile`` (CPU: inductor's C++ backend; CUDA: ``reduce-overhead``,
     CUDA graphs), made once per network and kept on it, so that every :meth:`DualModeModel.share` of the
@@ -83,12 +94,7 @@ def compiled_forward(model, compiler=None):
     found = getattr(model, COMPILED, None)
     if found is not None or getattr(model, COMPILE_FAILURE, None) is not None:
         return found
-    import torch._dynamo
-
-    settings = torch._dynamo.config
-    for name in ("recompile_limit", "cache_size_limit"):
-        if hasattr(settings, name) and getattr(settings, name) < RECOMPILE_LIMIT:
-            setattr(settings, name, RECOMPILE_LIMIT)
+    settings = dynamo_settings()
     device = next(model.parameters()).device
     options = {"mode": "reduce-overhead"} if device.type == "cuda" else {}
     try:
@@ -128,20 +134,26 @@ class StaticCalls:
         self.compile_s = 0.0
         self._requested = compiled
         self._hidden_only = hidden_only  # the LM head is applied apart, to the rows needed only
-        known = getattr(model, COMPILE_FAILURE, None) is not None  # another adapter's failure: said once already
-        self._function = compiled_forward(model, compiler) if compiled else None
+        known = getattr(model, self.failure_attribute, None) is not None  # another adapter's failure: said already
+        self._function = self._compile(compiler) if compiled else None
         if compiled and self._function is None and not known:
             warnings.warn(self.note, RuntimeWarning, stacklevel=3)
+
+    # where the network keeps its compiled function, its compile failure and its compiled shapes (per forward kind)
+    compiled_attribute, failure_attribute, shapes_attribute = COMPILED, COMPILE_FAILURE, COMPILED_SHAPES
+
+    def _compile(self, compiler):
+        return compiled_forward(self.model, compiler)
 
     @property
     def compiled(self) -> bool:
         """Compiled calls were asked for and compiling has not failed for this network (by any adapter)."""
-        return self._requested and getattr(self.model, COMPILE_FAILURE, None) is None
+        return self._requested and getattr(self.model, self.failure_attribute, None) is None
 
     @property
     def note(self) -> str | None:
         """The one-line reason compiling was given up for this network, or None."""
-        error = getattr(self.model, COMPILE_FAILURE, None) if self._requested else None
+        error = getattr(self.model, self.failure_attribute, None) if self._requested else None
         if error is None:
             return None
         first = str(error).strip().splitlines()[0] if str(error).strip() else ""
@@ -149,7 +161,8 @@ class StaticCalls:
 
     @property
     def shapes(self) -> list[tuple[int, int]]:
-        return getattr(self.model, COMPILED_SHAPES, None) or []
+        compiled = getattr(self.model, self.shapes_attribute, None) or []
+        return list(dict.fromkeys(key[:2] for key in compiled))  # the (Rp, K) of every variant compiled, once each
 
     # --- the cache ----------------------------------------------------------------------------
     def reset(self, tokens: int = 0, block_size: int | None = None) -> None:
@@ -216,9 +229,10 @@ class StaticCalls:
                   kernel_mask(self.model, torch.from_numpy(mask).to(self.device)[None, None]))
         return inputs, rows, total, compiled
 
-    def execute(self, prepared: tuple, need: tuple[int, ...]) -> tuple[torch.Tensor, bool]:
+    def execute(self, prepared: tuple, need: tuple[int, ...], defer: bool = False) -> tuple[torch.Tensor, bool]:
         """Run a call made by :meth:`prepare`; returns (outputs of the rows ``need``, whether they are hidden states
-        (H wide, for the LM head) rather than logits (V wide)), and advances the length by R."""
+        (H wide, for the LM head) rather than logits (V wide)), and advances the length by R. ``defer``: some of
+        ``need`` are deferred rows (this path returns hidden states whenever the model can defer its head)."""
         inputs, rows, total, compiled = prepared
         out = self._compiled_call(inputs, total) if compiled else None
         if out is None:
@@ -232,32 +246,36 @@ class StaticCalls:
     def _eager(self, input_ids, position_ids, mask):
         return forward(self.model, self.cache, self._hidden_only, input_ids, position_ids, mask)
 
-    def _compiled_call(self, inputs, total: int):
-        """The compiled call, or None when compiling failed (then the caller runs it eagerly)."""
+    def _call_compiled(self, inputs):
+        return self._function(self.model, self.cache, self._hidden_only, *inputs)
+
+    def _compiled_call(self, inputs, total: int, variant=None):
+        """The compiled call, or None when compiling failed (then the caller runs it eagerly). ``variant``: what else
+        tells compiled graphs of one (Rp, K) apart (part of the shape recorded)."""
         if self._function is None or not self.compiled:
             return None
-        shape = (total, self.capacity)
-        new = shape not in self.shapes
+        key = (total, self.capacity) if variant is None else (total, self.capacity, variant)
+        new = key not in (getattr(self.model, self.shapes_attribute, None) or [])
         start = time.perf_counter()
         try:
             if new:
-                out = self._function(self.model, self.cache, self._hidden_only, *inputs)
+                out = self._call_compiled(inputs)
             else:  # a shape compiled before: dynamo checks only the guards that tell its variants apart
                 with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                    out = self._function(self.model, self.cache, self._hidden_only, *inputs)
+                    out = self._call_compiled(inputs)
         except Exception as error:  # noqa: BLE001 - inductor/C++ compiler failures: eager from now on
             self._give_up(error)
             self._set_length(self.length)
             return None
         if new:
-            getattr(self.model, COMPILED_SHAPES).append(shape)
+            getattr(self.model, self.shapes_attribute).append(key)
             self.compile_s += time.perf_counter() - start
         return out.clone() if self.device.type == "cuda" else out  # CUDA graphs reuse their output buffer
 
     def _give_up(self, error: Exception) -> None:
         """Decode eagerly from now on, with a one-line warning; every adapter of the network does (``note``)."""
         self._function = None
-        if getattr(self.model, COMPILE_FAILURE, None) is None:
-            object.__setattr__(self.model, COMPILE_FAILURE, error)
-            object.__setattr__(self.model, COMPILED, None)
+        if getattr(self.model, self.failure_attribute, None) is None:
+            object.__setattr__(self.model, self.failure_attribute, error)
+            object.__setattr__(self.model, self.compiled_attribute, None)
             warnings.warn(self.note, RuntimeWarning, stacklevel=3)

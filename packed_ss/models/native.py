@@ -1,0 +1,332 @@
+"""A decoder forward of our own for Llama-family checkpoints: the CPU fast path (issue #38).
+
+transformers' modules spend most of a small model's call outside the math (mask and cache objects, output
+dataclasses, per-module Python). :class:`NativeDecoder` runs the same network from the checkpoint's own weights
+with fused projections (one q|k|v matrix and one gate|up matrix per layer), a plain preallocated KV cache tensor,
+rotary embeddings computed from the explicit position ids and attention written out over the cache and the call's
+own keys. transformers still loads the checkpoint, gives the configuration, and is the reference that the tests
+compare these logits with (``tests/test_native.py``).
+
+Attention never writes the cache inside the forward: the call returns its new keys and values and the caller
+writes them at the cache's length (:class:`NativeCalls`). A compiled graph therefore mutates nothing, so
+inductor neither copies the cache nor recompiles when its length moves; the additive mask carries the length.
+
+Served: model types :data:`NATIVE_TYPES` on the CPU, full attention, SiLU MLPs, static RoPE. Anything else (another
+family, a drafter LoRA or any other forward hook, an any-order model, CUDA) keeps transformers' forward, and
+:func:`native_problem` says why in one line.
+
+Shape legend: R rows of the call (Rp padded), K cache capacity, C cached tokens, L layers, Hq query heads,
+Hkv key/value heads, G = Hq / Hkv, hd head size, H hidden size, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from packed_ss.layout import PREFILL
+from packed_ss.models.static import CAPACITY_STEP, StaticCalls, dynamo_settings, padded_rows, static_cache_problem
+
+# Llama-family types whose decoder layer is RMSNorm -> attention (RoPE) -> residual -> RMSNorm -> SiLU-gated MLP ->
+# residual. qwen2: biases on q, k and v; qwen3: RMSNorm on each head of q and k; ministral3 (Nemotron-Labs-Diffusion):
+# Llama-4 query scaling by position.
+NATIVE_TYPES = frozenset({"llama", "mistral", "ministral3", "qwen2", "qwen3"})
+STATIC_ROPE = frozenset({"default", "linear", "llama3", "yarn"})  # inv_freq does not depend on the call's length
+
+NATIVE = "packed_ss_native_decoder"  # attribute of the transformers network holding its NativeDecoder
+NATIVE_COMPILED = "packed_ss_native_compiled"  # ... its compiled NativeDecoder
+NATIVE_FAILURE = "packed_ss_native_compile_failure"  # ... or the error compiling it raised
+NATIVE_SHAPES = "packed_ss_native_shapes"  # ... and the (Rp, K, hidden-only) variants compiled so far
+
+# Inductor settings of the compiled path: weights frozen as constants (so GEMMs get prepacked kernels) and GEMM
+# kernels chosen by measuring inductor's C++ micro-GEMM template against ATen's for each shape (once per shape and
+# cache dir). They are set around the calls (torch.compile's ``options`` leaves freezing off in torch 2.13).
+COMPILE_OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+
+
+def native_problem(model) -> str | None:
+    """Why :class:`NativeDecoder` cannot serve ``model`` (a loaded transformers causal LM), or None when it can."""
+    config = model.config
+    kind = getattr(config, "model_type", None)
+    if kind not in NATIVE_TYPES:
+        return f"model type {kind!r} has no native forward (it serves {', '.join(sorted(NATIVE_TYPES))})"
+    device = next(model.parameters()).device
+    if device.type != "cpu":
+        return f"the native forward serves CPU models; on {device.type} transformers' forward is used"
+    hooked = [name for name, module in model.named_modules() if module._forward_hooks or module._forward_pre_hooks]
+    if hooked:
+        return (f"the model carries forward hooks ({hooked[0]}{' ...' if len(hooked) > 1 else ''}: a drafter LoRA "
+                f"or another change to its computation), which only transformers' forward runs")
+    if getattr(config, "any_order", False):
+        return "any-order models keep transformers' forward (SetDLM's own code is their reference)"
+    if getattr(config, "_attn_implementation", "sdpa") == "eager":
+        return "the checkpoint asks for transformers' eager attention kernel"
+    why = static_cache_problem(config)
+    if why:
+        return why
+    if getattr(config, "hidden_act", "silu") != "silu" or getattr(config, "mlp_bias", False):
+        return f"MLP {getattr(config, 'hidden_act', None)!r}{' with biases' if getattr(config, 'mlp_bias', False) else ''} is not served"
+    rope = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
+    if rope not in STATIC_ROPE:
+        return f"RoPE type {rope!r} changes with the sequence length"
+    if type(model.get_output_embeddings()) is not torch.nn.Linear or model.get_output_embeddings().bias is not None:
+        return "the LM head is not a plain linear layer"
+    for layer in model.model.layers:
+        attention = layer.self_attn
+        for projection in (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj,
+                           layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj):
+            if type(projection) is not torch.nn.Linear:
+                return f"a projection is a {type(projection).__name__}, not a plain linear layer (an adapter)"
+    return None
+
+
+def _frozen(tensor: torch.Tensor | None) -> torch.nn.Parameter | None:
+    return None if tensor is None else torch.nn.Parameter(tensor.detach(), requires_grad=False)
+
+
+def _joined(*linears) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One (sum of outs, in) weight, and one bias (None when no part has one), from linears over the same input."""
+    weight = torch.cat([linear.weight.detach() for linear in linears]).contiguous()
+    if all(linear.bias is None for linear in linears):
+        return weight, None
+    bias = torch.cat([linear.bias.detach() if linear.bias is not None else
+                      torch.zeros(linear.out_features, dtype=weight.dtype, device=weight.device) for linear in linears])
+    return weight, bias
+
+
+class NativeLayer(torch.nn.Module):
+    """One decoder layer's weights: fused q|k|v (and its bias), o, fused gate|up, down, the two norms (and q/k norms)."""
+
+    def __init__(self, layer):
+        super().__init__()
+        attention, mlp = layer.self_attn, layer.mlp
+        qkv, qkv_bias = _joined(attention.q_proj, attention.k_proj, attention.v_proj)
+        gate_up, _ = _joined(mlp.gate_proj, mlp.up_proj)
+        self.qkv, self.qkv_bias = _frozen(qkv), _frozen(qkv_bias)
+        self.o, self.o_bias = _frozen(attention.o_proj.weight), _frozen(attention.o_proj.bias)
+        self.gate_up, self.down = _frozen(gate_up), _frozen(mlp.down_proj.weight)
+        self.norm_in = _frozen(layer.input_layernorm.weight)
+        self.norm_out = _frozen(layer.post_attention_layernorm.weight)
+        q_norm, k_norm = getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)
+        self.q_norm = _frozen(q_norm.weight if q_norm is not None else None)
+        self.k_norm = _frozen(k_norm.weight if k_norm is not None else None)
+        self.scaling = float(attention.scaling)
+
+
+class NativeDecoder(torch.nn.Module):
+    """The network of a transformers Llama-family causal LM (:data:`NATIVE_TYPES`), as one plain forward.
+
+    The embedding and LM head share the checkpoint's tensors; each layer's fused matrices are copies (the model's
+    projection weights once more in memory). Check :func:`native_problem` first.
+    """
+
+    def __init__(self, model):
+        super().__init__()
+        config, base = model.config, model.model
+        self.layers = torch.nn.ModuleList(NativeLayer(layer) for layer in base.layers)
+        self.embed = _frozen(base.embed_tokens.weight)
+        self.norm = _frozen(base.norm.weight)
+        self.head = _frozen(model.get_output_embeddings().weight)
+        self.eps = float(config.rms_norm_eps)
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
+        rotary = base.rotary_emb
+        self.register_buffer("inv_freq", rotary.inv_freq.detach().float().clone(), persistent=False)
+        self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
+        rope = getattr(config, "rope_parameters", None) or {}
+        beta = rope.get("llama_4_scaling_beta") if config.model_type == "ministral3" else None
+        self.llama4 = (float(beta), float(rope["original_max_position_embeddings"])) if beta is not None else None
+
+    @property
+    def layer_count(self) -> int:
+        return len(self.layers)
+
+    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """RMSNorm as transformers computes it: in float32, then the weight in the model's dtype."""
+        y = x.float()
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
+        return weight * y.to(x.dtype)
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor, cache: torch.Tensor,
+                hidden_only: bool = False, keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One call over [cache | new rows].
+
+        Args:
+            ids, positions: (R,) token ids and absolute positions.
+            bias: (R, Kc + R) additive attention mask (0 where a row may attend, -inf elsewhere) over the first Kc
+                cache slots, then the call's own rows.
+            cache: (L, 2, Hkv, Kc', hd) keys (index 0) and values (1); only its first Kc slots are read.
+            hidden_only: return final-norm hidden states (n, H) instead of logits (n, V).
+            keep: (n,) rows to return (default all R), selected before the LM head.
+        Returns: (logits or hidden states of the kept rows, the new rows' keys and values (L, 2, Hkv, R, hd)).
+        """
+        rows, slots = ids.shape[0], bias.shape[-1] - ids.shape[0]
+        hq, hkv, hd = self.heads, self.kv_heads, self.head_dim
+        group = hq // hkv
+        x = F.embedding(ids, self.embed)
+        freqs = positions[:, None].float() * self.inv_freq[None]
+        angles = torch.cat((freqs, freqs), -1)
+        cos = (angles.cos() * self.rope_scale).to(x.dtype)[:, None]  # (R, 1, hd): one row per position
+        sin = (angles.sin() * self.rope_scale).to(x.dtype)[:, None]
+        if self.llama4 is not None:  # Nemotron-Labs-Diffusion: queries scaled from position 16,384 on
+            beta, original = self.llama4
+            q_scale = (1 + beta * torch.log(1 + torch.floor(positions.float() / original))).to(x.dtype)[:, None, None]
+        bias = bias.repeat(group, 1)  # (G R, Kc + R): query rows are grouped per key/value head
+        new_kv = []
+        for index, layer in enumerate(self.layers):
+            h = F.linear(self._rms(x, layer.norm_in), layer.qkv, layer.qkv_bias)
+            q, k, v = h.split((hq * hd, hkv * hd, hkv * hd), -1)
+            q, k, v = q.view(rows, hq, hd), k.view(rows, hkv, hd), v.view(rows, hkv, hd)
+            if layer.q_norm is not None:
+                q, k = self._rms(q, layer.q_norm), self._rms(k, layer.k_norm)
+            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+            if self.llama4 is not None:
+                q = q * q_scale
+            q = q.view(rows, hkv, group, hd).permute(1, 2, 0, 3).reshape(hkv, group * rows, hd)
+            k, v = k.transpose(0, 1), v.transpose(0, 1)  # (Hkv, R, hd)
+            new_kv.append(torch.stack((k, v)))
+            old_k, old_v = cache[index, 0, :, :slots], cache[index, 1, :, :slots]
+            scores = torch.cat((q @ old_k.transpose(1, 2), q @ k.transpose(1, 2)), -1) * layer.scaling + bias
+            weights = torch.softmax(scores.float(), -1).to(q.dtype)
+            out = weights[..., :slots] @ old_v + weights[..., slots:] @ v  # (Hkv, G R, hd)
+            out = out.view(hkv, group, rows, hd).permute(2, 0, 1, 3).reshape(rows, hq * hd)
+            x = x + F.linear(out, layer.o, layer.o_bias)
+            gate, up = F.linear(self._rms(x, layer.norm_out), layer.gate_up).chunk(2, -1)
+            x = x + F.linear(F.silu(gate) * up, layer.down)
+        if keep is not None:
+            x = x.index_select(0, keep)
+        x = self._rms(x, self.norm)
+        return (x if hidden_only else F.linear(x, self.head)), torch.stack(new_kv)
+
+
+def native_decoder(model) -> NativeDecoder:
+    """The network's :class:`NativeDecoder`, made once and kept on it (every adapter of the network shares it)."""
+    found = getattr(model, NATIVE, None)
+    if found is None:
+        found = NativeDecoder(model).eval()
+        object.__setattr__(model, NATIVE, found)
+    return found
+
+
+class NativeKV:
+    """Per-layer views of a native cache, shaped as transformers' cache layers: ``keys`` and ``values``
+    (1, Hkv, K, hd) each (what :meth:`DualModeModel.cached_kv` reads)."""
+
+    def __init__(self, tensor: torch.Tensor):
+        self.keys, self.values = tensor[0][None], tensor[1][None]
+
+
+class NativeCache:
+    """The (L, 2, Hkv, K, hd) cache tensor and its per-layer views (``layers``)."""
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
+        self.layers = [NativeKV(layer) for layer in tensor]
+
+
+class NativeCalls(StaticCalls):
+    """The static cache and calls of :class:`StaticCalls`, run by the network's :class:`NativeDecoder`.
+
+    Eager calls attend over the C cached keys only; compiled calls over the whole capacity, padded as
+    :func:`~packed_ss.models.static.padded_rows` says, through ``torch.compile`` with :data:`COMPILE_OPTIONS`.
+    """
+
+    def __init__(self, model, hidden_only: bool, compiled: bool = False, compiler=None):
+        self.native = native_decoder(model)
+        super().__init__(model, hidden_only, compiled, compiler)
+
+    # --- compiling (per network, as StaticCalls does for transformers' forward) ---------------
+    def _compile(self, compiler):
+        found = getattr(self.model, NATIVE_COMPILED, None)
+        if found is not None or getattr(self.model, NATIVE_FAILURE, None) is not None:
+            return found
+        settings = dynamo_settings()
+        try:
+            if settings.disable and compiler is None:
+                raise RuntimeError("torch.compile is disabled in this process (TORCH_COMPILE_DISABLE or TORCHDYNAMO_DISABLE)")
+            function = (compiler or torch.compile)(self.native, dynamic=False, fullgraph=True)
+        except Exception as error:  # noqa: BLE001 - any compiler set-up failure: eager, with one line
+            object.__setattr__(self.model, NATIVE_FAILURE, error)
+            return None
+        object.__setattr__(self.model, NATIVE_COMPILED, function)
+        object.__setattr__(self.model, NATIVE_SHAPES, [])
+        return function
+
+    compiled_attribute, failure_attribute, shapes_attribute = NATIVE_COMPILED, NATIVE_FAILURE, NATIVE_SHAPES
+
+    # --- the cache ----------------------------------------------------------------------------
+    def _allocate(self, tokens: int, keep: int = 0) -> None:
+        capacity = -(-tokens // CAPACITY_STEP) * CAPACITY_STEP
+        native = self.native
+        tensor = torch.zeros(native.layer_count, 2, native.kv_heads, capacity, native.head_dim,
+                             dtype=native.embed.dtype)
+        if self.cache is not None and keep:  # grown mid-run: carry the prefix over
+            tensor[:, :, :, :keep] = self.cache.tensor[:, :, :, :keep]
+        self.cache = NativeCache(tensor)
+        self.capacity = capacity
+
+    def _set_length(self, length: int) -> None:
+        pass  # the length lives in self.length only; the masks carry it
+
+    def crop_left(self, drop: int) -> None:
+        keep = self.length - drop
+        tensor = self.cache.tensor
+        tensor[:, :, :, :keep] = tensor[:, :, :, drop:self.length].clone()
+        self.length = keep
+
+    # --- one call -----------------------------------------------------------------------------
+    def prepare(self, layout, eager: bool = False) -> tuple:
+        """Host work of a call: padded rows, ids, positions and the additive mask; grows the cache when the call
+        does not fit. Compiled calls see all K slots; eager ones the C cached slots."""
+        rows, cached = layout.rows, self.length
+        compiled = self.compiled and not eager and PREFILL not in layout.regions
+        total = padded_rows(rows, self.block_size) if compiled else rows
+        if cached + total > self.capacity:
+            self._allocate(cached + total, keep=cached)
+        slots = self.capacity if compiled else cached
+        ids = np.zeros((2, total), dtype=np.int64)
+        ids[0, :rows], ids[1, :rows] = layout.token_ids, layout.position_ids
+        ids[0, rows:] = layout.token_ids[-1]  # padding rows: any token at position 0, seeing only themselves
+        allowed = np.zeros((total, slots + total), dtype=bool)
+        allowed[:rows, :cached] = True
+        allowed[:rows, slots:slots + rows] = layout.mask.numpy()
+        allowed[np.arange(rows, total), slots + np.arange(rows, total)] = True
+        bias = np.where(allowed, 0.0, -np.inf).astype(_numpy_dtype(self.cache.tensor.dtype))
+        host = torch.from_numpy(ids)
+        return (host[0], host[1], torch.from_numpy(bias)), rows, total, compiled
+
+    def execute(self, prepared: tuple, need: tuple[int, ...], defer: bool = False) -> tuple[torch.Tensor, bool]:
+        """Run a call made by :meth:`prepare`; returns (logits of the rows ``need``, False), or their final hidden
+        states and True when ``defer`` (the caller applies the LM head to the rows it needs), and writes the new
+        rows' keys and values at the cache's length, which advances by R."""
+        (ids, positions, bias), rows, total, compiled = prepared
+        keep = torch.as_tensor(need, dtype=torch.long)
+        result = self._compiled_call((ids, positions, bias, self.cache.tensor, defer), total,
+                                     "hidden" if defer else "logits") if compiled else None
+        if result is None:
+            out, new_kv = self.native(ids, positions, bias, self.cache.tensor, defer, keep)
+        else:
+            out, new_kv = result
+            out = out.index_select(0, keep)
+        self.cache.tensor[:, :, :, self.length:self.length + rows] = new_kv[:, :, :, :rows]
+        self.length += rows
+        return out, defer
+
+    def _call_compiled(self, inputs):
+        import torch._inductor.config
+
+        with torch._inductor.config.patch(COMPILE_OPTIONS):
+            return self._function(*inputs)
+
+
+def _numpy_dtype(dtype: torch.dtype):
+    """The mask's dtype: float64 for float64 models, else float32 (scores of half-precision models are promoted)."""
+    return np.float64 if dtype == torch.float64 else np.float32
+
