@@ -67,13 +67,13 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                new_tokens_cap: int = NEW_TOKENS_CAP, queue_size: int = 32, step_concurrency: int = 4,
                compute_concurrency: int = 8, family: str | None = None,
                drafter_lora: str | None = None, max_seconds: float | None = MAX_SECONDS_PER_REQUEST,
-               base_model: str | None = None, cache: str = "static", compiled: bool = False) -> gr.Blocks:
+               base_model: str | None = None, cache: str = "static", compiled: bool = False,
+               path: str = "auto") -> gr.Blocks:
     """Build the app (nothing is loaded until a request needs a model).
 
     Args:
         model, device, dtype, preloaded, allowed_models, models_held, family, drafter_lora, base_model, cache,
-            compiled: the
-            models offered (:class:`serve.server.Server`; tests pass loaded ones as ``preloaded``).
+            compiled, path: the models offered (:class:`serve.server.Server`; tests pass loaded ones as ``preloaded``).
         max_rows: worst-case model rows one request may need (``serve.limits``); more is refused.
         max_seconds: predicted worst-case decoder seconds one request may take (None: no limit); more is refused.
         new_tokens_cap: largest new-token limit accepted (larger requests get an error message).
@@ -89,7 +89,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
     server = Server(model, device=device, dtype=dtype, preloaded=preloaded, allowed=allowed_models,
                     models_held=models_held, family=family, drafter_lora=drafter_lora, max_rows=max_rows,
                     cap=new_tokens_cap, max_seconds=max_seconds, base_model=base_model, cache=cache,
-                    compiled=compiled)
+                    compiled=compiled, path=path)
     on_cuda = torch.cuda.is_available() and not str(device or "").startswith("cpu")
     # delete_cache: Gradio removes files in its upload folder older than UNUSED_FILES_S (checked every minute), so an
     # upload no session used does not stay on disk; a session's own files go when it ends (serve.uploads).
@@ -137,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                       models_held=args.models_held, max_rows=args.max_rows, new_tokens_cap=args.cap,
                       queue_size=args.queue_size, family=args.family, drafter_lora=args.drafter_lora,
                       max_seconds=args.max_seconds, base_model=args.base_model, cache=args.cache,
-                      compiled=args.compile)
+                      compiled=args.compile, path=args.path)
     try:
         demo.launch(server_name=args.host, server_port=args.port, **launch_kwargs(demo))
     except OSError as error:  # e.g. the port is taken

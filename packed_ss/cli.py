@@ -39,9 +39,10 @@ def decode_config(args) -> DecodeConfig:
 
 def load_model(name: str, device: str | None, dtype: str | None, family: str | None = None,
                drafter_lora: str | None = None, base_model: str | None = None, cache: str = "static",
-               compiled: bool = False):
+               compiled: bool = False, path: str = "auto"):
     """``DualModeModel.from_pretrained`` with every failure (bad device included) as a one-line ValueError;
-    ``base_model`` given for a checkpoint that is not SetDLM's is one too."""
+    ``base_model`` given for a checkpoint that is not SetDLM's is one too. Where ``path="auto"`` cannot use the
+    native forward, one line on stderr says why."""
     from packed_ss.models import DualModeModel, ModelLoadError
 
     if base_model is not None and not base_model.strip():
@@ -49,7 +50,7 @@ def load_model(name: str, device: str | None, dtype: str | None, family: str | N
     try:
         model = DualModeModel.from_pretrained(name, device=device, dtype=dtype, family=family,
                                               drafter_lora=drafter_lora, base_model=base_model, cache=cache,
-                                              compiled=compiled)
+                                              compiled=compiled, path=path)
     except ModelLoadError:
         raise
     except (RuntimeError, AssertionError, AttributeError, TypeError) as error:  # e.g. moving to a missing device
@@ -57,6 +58,8 @@ def load_model(name: str, device: str | None, dtype: str | None, family: str | N
         raise ValueError(f"cannot load model {name!r} on {device or 'the default device'}: {first}") from None
     if base_model and model.family != "setdlm":
         raise ModelLoadError(f"--base-model applies to SetDLM checkpoints only; {name!r} is a {model.family} model")
+    if model.path_note and model.device.type == "cpu":
+        print(f"note: {model.path_note}", file=sys.stderr)
     return model
 
 
@@ -106,6 +109,10 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache", default="static", choices=("static", "dynamic"),
                         help="KV cache: static (preallocated, rollback moves its length; default) or dynamic "
                              "(transformers' DynamicCache, grown and cropped)")
+    parser.add_argument("--path", default="auto", choices=("auto", "native", "transformers"),
+                        help="whose forward runs the calls: auto (default: the project's native forward for "
+                             "Llama-family models on the CPU, else transformers', with one line saying why), "
+                             "native (an error where it cannot) or transformers")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -156,7 +163,7 @@ def _generate(args) -> int:
         # reach Python as lone surrogates and are refused there.
         prompt = read_prompt_file(args.prompt_file) if args.prompt_file is not None else check_prompt(args.prompt)
         model = load_model(args.model, args.device, args.dtype, args.family, args.drafter_lora, args.base_model,
-                           args.cache, args.compile)
+                           args.cache, args.compile, args.path)
         get_schedule(args.schedule, model)
         if config.order != "ltr" and not getattr(model, "any_order", False):
             raise UsageError(f"--order {config.order} needs an any-order model (e.g. --model assets/model-anyorder)")
@@ -170,7 +177,7 @@ def _generate(args) -> int:
         run = generate(model, ids, config, args.schedule)
     except (ValueError, ModelLoadError, UsageError) as error:
         raise UsageError(str(error).splitlines()[0] if str(error) else type(error).__name__) from None
-    metrics = {**run.metrics(), "cache": model.cache_kind, "compiled": model.compiled,
+    metrics = {**run.metrics(), "cache": model.cache_kind, "path": model.path, "compiled": model.compiled,
                "compile_s": round(model.static.compile_s, 3) if model.static else 0.0}
     if args.json:
         print(json.dumps(metrics))
@@ -186,10 +193,12 @@ def _generate(args) -> int:
 
 
 def quiet_loaders() -> None:
-    """transformers reports only errors: a refused checkpoint gets our one-line message, not its load table."""
+    """transformers reports only errors and draws no loading bars: a refused checkpoint gets our one-line message,
+    not its load table."""
     from transformers.utils import logging
 
     logging.set_verbosity_error()
+    logging.disable_progress_bar()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,6 +4,7 @@ operator did not offer; :func:`warm_up` right after loading."""
 from __future__ import annotations
 
 import re
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -81,13 +82,15 @@ class ModelStore:
             model that has it; the others load without one.
         base_model: SetDLM checkpoints' base model (a local copy of its config.json, for a server that cannot
             reach the hub); the other families ignore it.
-        cache, compiled: the KV cache kind and compiled calls (``--cache``, ``--compile``) of every model loaded.
+        cache, compiled, path: the KV cache kind, compiled calls and whose forward runs them (``--cache``,
+            ``--compile``, ``--path``) of every model loaded; a model the native forward cannot serve under
+            ``path="auto"`` gets one line in the server's log saying why.
     """
 
     def __init__(self, default: str = DEFAULT_MODEL, device: str | None = None, dtype=None,
                  preloaded: dict | None = None, allowed: Sequence[str] = (), capacity: int = 2,
                  family: str | None = None, drafter_lora: str | None = None, base_model: str | None = None,
-                 cache: str = "static", compiled: bool = False):
+                 cache: str = "static", compiled: bool = False, path: str = "auto"):
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.default = str(default)
@@ -97,7 +100,7 @@ class ModelStore:
         self.family = family
         self.drafter_lora = drafter_lora
         self.base_model = base_model
-        self.cache, self.compiled = cache, compiled
+        self.cache, self.compiled, self.path = cache, compiled, path
         self._models: OrderedDict[tuple[str, str], object] = OrderedDict(
             ((self.identity(name), str(dtype or "")), model) for name, model in (preloaded or {}).items())
         names = [self.default, *(preloaded or {}), *allowed]
@@ -212,9 +215,11 @@ class ModelStore:
                 model = DualModeModel.from_pretrained(key[0], device=self.device, dtype=dtype, family=self.family,
                                                       drafter_lora=self.drafter_lora, require_adapter=False,
                                                       base_model=self.base_model, cache=self.cache,
-                                                      compiled=self.compiled)
+                                                      compiled=self.compiled, path=self.path)
             except ValueError as error:  # ModelLoadError included: its message without the server's paths
                 raise type(error)(hide_paths(str(error), key[0], self.offered_name(key[0]))) from None
+            if model.path_note and model.device.type == "cpu":
+                print(f"note: {self.offered_name(key[0])}: {model.path_note}", file=sys.stderr)
             warm_up(model)
             with self._lock:
                 self._models[key] = model

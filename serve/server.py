@@ -40,10 +40,10 @@ class Server:
                  family: str | None = None, drafter_lora: str | None = None,
                  max_rows: int = MAX_ROWS_PER_REQUEST, cap: int = NEW_TOKENS_CAP,
                  max_seconds: float | None = MAX_SECONDS_PER_REQUEST, base_model: str | None = None,
-                 cache: str = "static", compiled: bool = False):
+                 cache: str = "static", compiled: bool = False, path: str = "auto"):
         self.store = ModelStore(model, device=device, dtype=dtype, preloaded=preloaded, allowed=allowed,
                                 capacity=models_held, family=family, drafter_lora=drafter_lora,
-                                base_model=base_model, cache=cache, compiled=compiled)
+                                base_model=base_model, cache=cache, compiled=compiled, path=path)
         self.gate = ComputeGate()  # one model iteration at a time, least work first
         self.tasks = GpuTasks(self.store, self.gate)  # the GPU work of each request (spaces.GPU on ZeroGPU)
         self.files = SessionFiles()  # each session's uploads and outputs, removed when it ends

@@ -21,9 +21,10 @@ def tiny_tokenizer(vocab_size: int):
 
 def tiny_llama(vocab_size: int = 24, seed: int = 0, hidden: int = 32, layers: int = 2,
                logit_scale: float = 1.0, eos: bool = True, cache: str = "static",
-               compiled: bool = False) -> DualModeModel:
+               compiled: bool = False, path: str = "auto") -> DualModeModel:
     """A randomly initialised Llama-architecture dual-mode model in float64 (argmax ties cannot flip), with the
-    static cache (``cache="dynamic"``: transformers' own) and, with ``compiled``, compiled calls."""
+    static cache (``cache="dynamic"``: transformers' own), with ``compiled`` compiled calls, run by the native
+    forward (``path="transformers"``: transformers' own)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -34,10 +35,10 @@ def tiny_llama(vocab_size: int = 24, seed: int = 0, hidden: int = 32, layers: in
     model = LlamaForCausalLM(config).double().eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(logit_scale)
-    # The mask token is never a prediction, as in a trained dual-mode model.
-    model.lm_head.register_forward_hook(lambda module, args, out: out.index_fill(-1, torch.tensor([1]), -1e9))
+    # The mask token is never a prediction: every schedule gives the never-emit ids (the mask token's among them)
+    # zero probability, as for a trained dual-mode model.
     return DualModeModel(model, tiny_tokenizer(vocab_size), mask_token_id=1, eos_token_id=0 if eos else None,
-                         cache=cache, compiled=compiled)
+                         cache=cache, compiled=compiled, path=path)
 
 
 class ScriptedModel:

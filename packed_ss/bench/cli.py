@@ -225,7 +225,7 @@ def _run_tasks(args, plan) -> int:
     procs = Processes(args.device)
     try:
         model = load_model(args.model, procs.device(args.device), args.dtype, args.family, args.drafter_lora,
-                           args.base_model, args.cache, args.compile)
+                           args.base_model, args.cache, args.compile, args.path)
     except ValueError as error:  # ModelLoadError included
         raise BenchError(str(error).splitlines()[0] if str(error) else repr(error)) from None
     for config in plan.configs:
@@ -278,7 +278,7 @@ def _run(args, config: BenchConfig, prompts: list[Prompt]) -> int:
         torch.set_num_threads(args.threads)
     try:
         model = load_model(args.model, args.device, args.dtype, args.family, args.drafter_lora, args.base_model,
-                           args.cache, args.compile)
+                           args.cache, args.compile, args.path)
     except ValueError as error:  # ModelLoadError included
         raise BenchError(str(error).splitlines()[0] if str(error) else repr(error)) from None
     bars = []

@@ -179,6 +179,7 @@ class NativeDecoder(torch.nn.Module):
             beta, original = self.llama4
             q_scale = (1 + beta * torch.log(1 + torch.floor(positions.float() / original))).to(x.dtype)[:, None, None]
         bias = bias.repeat(group, 1)  # (G R, Kc + R): query rows are grouped per key/value head
+        softmax_dtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else None
         new_kv = []
         for index, layer in enumerate(self.layers):
             h = F.linear(self._rms(x, layer.norm_in), layer.qkv, layer.qkv_bias)
@@ -194,7 +195,7 @@ class NativeDecoder(torch.nn.Module):
             new_kv.append(torch.stack((k, v)))
             old_k, old_v = cache[index, 0, :, :slots], cache[index, 1, :, :slots]
             scores = torch.cat((q @ old_k.transpose(1, 2), q @ k.transpose(1, 2)), -1) * layer.scaling + bias
-            weights = torch.softmax(scores.float(), -1).to(q.dtype)
+            weights = torch.softmax(scores, -1, dtype=softmax_dtype).to(q.dtype)
             out = weights[..., :slots] @ old_v + weights[..., slots:] @ v  # (Hkv, G R, hd)
             out = out.view(hkv, group, rows, hd).permute(2, 0, 1, 3).reshape(rows, hq * hd)
             x = x + F.linear(out, layer.o, layer.o_bias)

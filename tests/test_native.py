@@ -1,0 +1,174 @@
+"""The native forward (packed_ss.models.native) against transformers' on every family it serves, and where it
+falls back to transformers' forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import tiny_llama, tiny_tokenizer
+from packed_ss import DecodeConfig, generate
+from packed_ss.layout import packed_layout, prefill_layout, quadratic_layout, verify_layout
+from packed_ss.models import DualModeModel
+from packed_ss.models.errors import ModelLoadError
+from packed_ss.models.native import native_problem
+
+
+def _tiny(kind: str, seed: int = 0):
+    """A random float64 network of a served type: GQA, biases on q/k/v (qwen2), per-head q/k norms (qwen3)."""
+    import transformers
+
+    torch.manual_seed(seed)
+    shared = dict(vocab_size=24, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False)
+    config = {"llama": lambda: transformers.LlamaConfig(**shared),
+              "mistral": lambda: transformers.MistralConfig(**shared, sliding_window=None),
+              "qwen2": lambda: transformers.Qwen2Config(**shared, use_sliding_window=False),
+              "qwen3": lambda: transformers.Qwen3Config(**shared, head_dim=8, use_sliding_window=False)}[kind]()
+    config._attn_implementation = "sdpa"
+    model = transformers.AutoModelForCausalLM.from_config(config).double().eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias"):
+                parameter.normal_(0, 0.5)  # freshly made biases are zero: make them count
+            if "norm" in name:
+                parameter.uniform_(0.5, 1.5)
+        model.lm_head.weight.mul_(3.0)
+    return model, tiny_tokenizer(24)
+
+
+def _pair(model, tokenizer, mask_id=1, eos=0, bos=None):
+    native = DualModeModel(model, tokenizer, mask_id, eos, bos, path="native")
+    reference = DualModeModel(model, tokenizer, mask_id, eos, bos, path="transformers")
+    assert native.path == "native" and reference.path == "transformers"
+    return native, reference
+
+
+def _same_calls(native, reference, prompt: list[int], tolerance: float):
+    """The same call sequence on both adapters (prefill with masks, Packed-SS, a rollback, Quadratic-SS with deferred
+    branch rows, a verification with an uncached tail, a cache growth): logits, deferred states and caches agree."""
+    mask = native.mask_token_id
+    tol = dict(rtol=tolerance, atol=tolerance)
+
+    def both(layout, rows, deferred=()):
+        a, b = native.forward(layout, rows, deferred), reference.forward(layout, rows, deferred)
+        torch.testing.assert_close(a.logits, b.logits, **tol)
+        if deferred:
+            torch.testing.assert_close(native.head(a.deferred).logits, reference.head(b.deferred).logits, **tol)
+        for (ka, va), (kb, vb) in zip(native.cached_kv(), reference.cached_kv()):
+            torch.testing.assert_close(ka, kb, **tol)
+            torch.testing.assert_close(va, vb, **tol)
+        return a
+
+    for model in (native, reference):
+        model.reset(len(prompt) + 8, block_size=4)  # small: the last call grows the cache
+    layout = prefill_layout(prompt, 4, mask)
+    both(layout, layout.verify_rows + layout.draft_rows)
+    for model in (native, reference):
+        model.rollback(len(prompt) - 1)
+    cached = len(prompt) - 1
+    layout = packed_layout(prompt[-1], [5, 6, 7], 3, cached, mask)
+    both(layout, layout.verify_rows + layout.draft_rows)
+    for model in (native, reference):
+        model.rollback(cached + 2)  # h = 1 accepted
+    cached += 2
+    layout = quadratic_layout(6, [8, 9, 10], 3, cached, mask)
+    both(layout, layout.verify_rows, layout.branch_rows[2])
+    for model in (native, reference):
+        model.rollback(cached + 1)
+    cached += 1
+    tail = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
+    layout = verify_layout(tail, [3, 4], cached)
+    both(layout, layout.verify_rows)
+    assert native.cache_length == reference.cache_length == cached + len(tail) + 2
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral", "qwen2", "qwen3"])
+def test_native_calls_equal_transformers_on_each_served_type(kind):
+    model, tokenizer = _tiny(kind)
+    assert native_problem(model) is None
+    native, reference = _pair(model, tokenizer)
+    _same_calls(native, reference, [2, 3, 4, 5, 6, 7, 8], 1e-10)
+
+
+def test_native_calls_equal_transformers_on_the_nld_format(nld_dir):
+    """Ministral3 (NLD's layout): yarn RoPE, GQA and Llama-4 query scaling, which this fixture starts at position
+    64: the prompt crosses it."""
+    loaded = DualModeModel.from_pretrained(nld_dir, device="cpu", dtype="float64")
+    assert loaded.path == "native" and loaded.path_note is None
+    native, reference = _pair(loaded.model, loaded.tokenizer, loaded.mask_token_id, loaded.eos_token_id,
+                              loaded.bos_token_id)
+    prompt = [1] + [20 + i % 60 for i in range(70)]
+    _same_calls(native, reference, prompt, 1e-10)
+
+
+def test_native_calls_equal_transformers_on_the_shipped_model():
+    """The embedded model in its own float32: sums run in another order, so agreement is to float32 rounding."""
+    from conftest import EMBEDDED
+
+    native = DualModeModel.from_pretrained(EMBEDDED, device="cpu")
+    assert native.path == "native" and native.dtype == torch.float32
+    reference = DualModeModel(native.model, native.tokenizer, native.mask_token_id, native.eos_token_id,
+                              path="transformers")
+    _same_calls(native, reference, native.encode("def add(a, b):\n    return a + b\n\n\ndef mul(a, b):"), 2e-4)
+
+
+@pytest.mark.parametrize("name", ["ar", "linear", "quadratic", "packed", "packed-mixed", "partial", "lookup"])
+def test_every_schedule_on_the_native_path_gives_transformers_paths_tokens(embedded_model, name):
+    reference = DualModeModel(embedded_model.model, embedded_model.tokenizer, embedded_model.mask_token_id,
+                              embedded_model.eos_token_id, path="transformers")
+    assert embedded_model.path == "native"
+    prompt = embedded_model.encode("import os\n\n\ndef walk(path):\n")
+    config = DecodeConfig(block_size=5, max_new_tokens=40)
+    ar = generate(reference, prompt, config, "ar").token_ids
+    assert generate(embedded_model, prompt, config, name).token_ids == ar
+    assert generate(reference, prompt, config, name).token_ids == ar
+
+
+def test_the_compiled_native_path_gives_the_eager_paths_logits_and_tokens():
+    eager = tiny_llama(seed=4, logit_scale=3.0)
+    compiled = DualModeModel(eager.model, eager.tokenizer, 1, 0, compiled=True)
+    assert compiled.path == "native" and compiled.compiled
+    prompt = [2, 3, 4, 5, 6, 7]
+    for name in ("ar", "packed", "quadratic"):
+        config = DecodeConfig(block_size=4, max_new_tokens=24)
+        assert generate(compiled, prompt, config, name).token_ids == generate(eager, prompt, config, name).token_ids
+    assert compiled.compiled and compiled.compile_note is None
+    assert {rows for rows, _ in compiled.static.shapes} <= {1, 4, 8, 20}
+
+
+def test_a_drafter_lora_an_any_order_model_and_the_dynamic_cache_keep_transformers_forward(nld_dir,
+                                                                                         tiny_any_order_dir):
+    with_lora = DualModeModel.from_pretrained(nld_dir, device="cpu", dtype="float64", drafter_lora="linear_spec_lora")
+    assert with_lora.path == "transformers" and "forward hooks" in with_lora.path_note
+    with pytest.raises(ModelLoadError, match="native forward cannot serve this model: the model carries forward hooks"):
+        DualModeModel.from_pretrained(nld_dir, device="cpu", dtype="float64", drafter_lora="linear_spec_lora",
+                                      path="native")
+    any_order = DualModeModel.from_pretrained(tiny_any_order_dir, device="cpu")
+    assert any_order.path == "transformers" and "any-order" in any_order.path_note
+    dynamic = DualModeModel.from_pretrained(nld_dir, device="cpu", cache="dynamic")
+    assert dynamic.path == "transformers" and "dynamic cache" in dynamic.path_note
+    chosen = DualModeModel.from_pretrained(nld_dir, device="cpu", path="transformers")
+    assert chosen.path == "transformers" and chosen.path_note is None  # asked for: nothing to explain
+    with pytest.raises(ModelLoadError, match="--path must be one of auto, native, transformers"):
+        DualModeModel.from_pretrained(nld_dir, device="cpu", path="fast")
+
+
+def test_a_model_type_it_does_not_serve_is_named(nld_dir):
+    import transformers
+
+    config = transformers.GPT2Config(vocab_size=24, n_embd=32, n_layer=1, n_head=4)
+    assert "model type 'gpt2' has no native forward" in native_problem(transformers.GPT2LMHeadModel(config))
+
+
+def test_the_cli_says_in_one_line_why_the_native_forward_is_not_used(nld_dir, capsys):
+    from packed_ss.cli import main
+
+    code = main(["generate", "--model", str(nld_dir), "--drafter-lora", "linear_spec_lora", "--prompt", "w5 w6",
+                 "--max-new-tokens", "4", "--schedule", "packed"])
+    err = capsys.readouterr().err
+    assert code == 0 and err.count("transformers' forward: the model carries forward hooks") == 1
+    code = main(["generate", "--model", str(nld_dir), "--drafter-lora", "linear_spec_lora", "--prompt", "w5 w6",
+                 "--path", "native"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "native forward cannot serve this model" in err[0]
