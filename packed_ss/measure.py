@@ -9,8 +9,8 @@ prompts, intervals).
 * :func:`timed_run` makes one run on an adapter of its own and returns its
   :class:`~packed_ss.records.RunRecord`: decoder wall time is the sum of the iteration times (model time
   plus non-model decoder time, prefill included); loading, tokenisation and detokenisation are outside
-  (paper E.5). transformers' own ``generate`` (:data:`~packed_ss.hf_reference.HF_REFERENCES`) is timed as
-  one call.
+  (paper E.5). transformers' own ``generate`` (:data:`~packed_ss.hf_reference.HF_REFERENCES`) and llama.cpp's
+  loops (:data:`~packed_ss.llamacpp.LLAMACPP_REFERENCES`) are timed as one call each.
 * Isolation: ``isolate`` wraps a run's iteration generator; a server passes its compute gate there
   (each iteration computed alone, other requests served between two iterations), or holds a turn around
   the whole run itself.
@@ -26,8 +26,10 @@ from typing import TypeVar
 from packed_ss.config import DecodeConfig
 from packed_ss.engine import decode, finish_run
 from packed_ss.hf_reference import HF_REFERENCES, hf_generate
+from packed_ss.llamacpp import LLAMACPP_REFERENCES, llamacpp_generate
 from packed_ss.records import IterationRecord, RunRecord
 
+REFERENCES = HF_REFERENCES + LLAMACPP_REFERENCES  # loops outside the engine, on the same weights, greedy only
 EAGER_AR = "ar-eager"  # benchmark row: AR through eager calls, to compare with --compile's AR in the same run
 
 Item = TypeVar("Item")
@@ -58,8 +60,9 @@ def timed_run(model, prompt_ids: Sequence[int], config: DecodeConfig, schedule: 
         model: the run's own adapter (``DualModeModel.share()``, or a scripted drafter over one): its KV
             cache is reset by the run.
         prompt_ids: prompt token ids (tokenised before timing).
-        config: the run's decoding settings. schedule: an engine schedule name or an HF reference
-            (``hf-greedy``, ``hf-lookup``, greedy only, ``config.block_size - 1`` lookup tokens).
+        config: the run's decoding settings. schedule: an engine schedule name or a reference (:data:`REFERENCES`:
+            ``hf-greedy``, ``hf-lookup``, ``llamacpp-ar``, ``llamacpp-lookup``..., greedy only,
+            ``config.block_size - 1`` lookup tokens).
         isolate: wraps the engine's iteration generator (e.g. one compute-gate turn per iteration);
             not used for the HF references, which run as one call.
     Returns: the :class:`~packed_ss.records.RunRecord` (wall time in seconds) with its text.
@@ -68,6 +71,8 @@ def timed_run(model, prompt_ids: Sequence[int], config: DecodeConfig, schedule: 
     """
     if schedule in HF_REFERENCES:
         return hf_generate(model, list(prompt_ids), config.max_new_tokens, schedule, config.block_size)
+    if schedule in LLAMACPP_REFERENCES:
+        return llamacpp_generate(model, list(prompt_ids), config.max_new_tokens, schedule, config.block_size)
     if schedule == EAGER_AR:  # the engine's AR on the eager path of the same weights, beside compiled runs
         run = timed_run(model.share(compiled=False), prompt_ids, config, "ar", isolate)
         return replace(run, schedule=EAGER_AR)

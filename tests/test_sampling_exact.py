@@ -34,6 +34,7 @@ def exact_distribution(model, temperature, top_k, top_p) -> dict[tuple, float]:
         for seq in itertools.product(tokens, repeat=LENGTH):
             ids = torch.tensor([PROMPT + list(seq)])
             logits = model.model(input_ids=ids).logits[0, len(PROMPT) - 1: -1]
+            logits[:, list(model.never_emit_ids)] = float("-inf")  # AR never emits them (the mask token)
             p = warp(logits, temperature, top_k, top_p)
             out[seq] = float(torch.prod(p[torch.arange(LENGTH), torch.tensor(seq)]))
     return out

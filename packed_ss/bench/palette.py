@@ -24,11 +24,14 @@ SCHEDULE_COLORS = {
     "hf-lookup": "#c8102e",  # red
     "hf-greedy-compiled": "#0b2e6b",  # navy
     "ar-eager": "#8f8f8f",  # light grey (AR's eager twin)
+    "llamacpp-ar": "#6c1348",  # plum
+    "llamacpp-lookup": "#525f1f",  # olive
 }
 SCHEDULE_SYMBOLS = {
     "ar": "circle", "linear": "square", "quadratic": "diamond", "packed": "circle-open", "diffusion": "x",
     "lookup": "triangle-up", "packed-mixed": "star", "partial": "triangle-down", "hf-greedy": "pentagon",
     "hf-lookup": "hexagon", "hf-greedy-compiled": "cross", "ar-eager": "square-open",
+    "llamacpp-ar": "diamond-open", "llamacpp-lookup": "triangle-up-open",
 }
 OTHER_COLOR = "#5b6770"  # a schedule without its own colour
 MIN_DISTANCE = 20.0  # least CIEDE2000 distance between two schedules' colours (tested)

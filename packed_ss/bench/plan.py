@@ -11,16 +11,18 @@ from pathlib import Path
 
 from packed_ss import stats
 from packed_ss.config import MAX_BLOCK_SIZE, SEED_RANGE, DecodeConfig
-from packed_ss.hf_reference import HF_REFERENCES, reference_problem
+from packed_ss.hf_reference import reference_problem
 from packed_ss.inputs import PromptTextError, check_prompt
-from packed_ss.measure import EAGER_AR, rotation
+from packed_ss.llamacpp import LLAMACPP_REFERENCES, llamacpp_problem
+from packed_ss.measure import EAGER_AR, REFERENCES, rotation
 from packed_ss.schedules import LOSSLESS as ENGINE_LOSSLESS
 
 
 ALL_SCHEDULES = ("ar", "linear", "quadratic", "packed", "diffusion", "lookup", "packed-mixed", "partial")
-# also transformers' own generate (greedy, prompt lookup, static cache compiled) and eager AR (opt-in)
-KNOWN = ALL_SCHEDULES + HF_REFERENCES + (EAGER_AR,)
-LOSSLESS = ENGINE_LOSSLESS + HF_REFERENCES + (EAGER_AR,)  # greedy outputs must equal REFERENCE's
+# also transformers' own generate (greedy, prompt lookup, static cache compiled), llama.cpp's greedy and prompt-lookup
+# loops, and eager AR (opt-in)
+KNOWN = ALL_SCHEDULES + REFERENCES + (EAGER_AR,)
+LOSSLESS = ENGINE_LOSSLESS + REFERENCES + (EAGER_AR,)  # greedy outputs must equal REFERENCE's
 REFERENCE = "ar"  # greedy outputs of the lossless schedules must equal this one's
 BASELINE = "linear"  # the decomposition is normalised to this schedule's total time (F.3)
 # (numerator, denominator): Packed-SS against the other schedules and the prompt-lookup peer; the
@@ -29,8 +31,10 @@ COMPARISONS = (("packed", "linear"), ("packed", "quadratic"), ("packed", "ar"), 
                ("quadratic", "linear"), ("diffusion", "linear"),  # Figure 3: every schedule to Linear-SS
                ("lookup", "ar"), ("packed-mixed", "lookup"), ("packed-mixed", "packed"), ("packed-mixed", "ar"),
                ("lookup", "hf-lookup"), ("ar", "hf-greedy"), ("packed-mixed", "hf-lookup"), ("partial", "packed"),
-               ("partial", "quadratic"), ("partial", "ar"), ("ar", "hf-greedy-compiled"), ("ar", EAGER_AR))
-NO_BLOCK = ("ar", "hf-greedy", "hf-greedy-compiled", EAGER_AR)  # schedules whose output and cost do not depend on B
+               ("partial", "quadratic"), ("partial", "ar"), ("ar", "hf-greedy-compiled"), ("ar", EAGER_AR),
+               ("ar", "llamacpp-ar"), ("packed-mixed", "llamacpp-ar"), ("lookup", "llamacpp-lookup"),
+               ("packed-mixed", "llamacpp-lookup"), ("llamacpp-lookup", "llamacpp-ar"))
+NO_BLOCK = ("ar", "hf-greedy", "hf-greedy-compiled", EAGER_AR, "llamacpp-ar")  # schedules whose output and cost do not depend on B
 WARMUP_TOKENS = 8  # new-token limit of the untimed warm-up runs
 MAX_RESAMPLES = 1_000_000  # bootstrap resamples (E.5 uses 20,000); a resample matrix row is 8 bytes a column
 MAX_SEED = SEED_RANGE[1]  # run seeds (seed + prompt offsets) stay within the seeds that give distinct runs
@@ -108,10 +112,13 @@ class BenchConfig:
             _check_block_size(size)
         if not isinstance(self.samples, int) or self.samples < 1:
             raise BenchError(f"--samples must be an integer >= 1, got {self.samples}")
-        references = [s for s in self.schedules if s in HF_REFERENCES]
+        references = [s for s in self.schedules if s in REFERENCES]
         problem = references and reference_problem(None, self.temperature, self.drafter_lora, check_model=False)
         if problem:
             raise BenchError(f"{', '.join(references)}: {problem}")
+        llamacpp = [s for s in self.schedules if s in LLAMACPP_REFERENCES]
+        if llamacpp and llamacpp_problem():
+            raise BenchError(f"{', '.join(llamacpp)}: {llamacpp_problem()}")
         if self.samples > 1 and self.temperature == 0:
             raise BenchError("--samples > 1 needs --temperature > 0 (greedy runs repeat exactly)")
         if not isinstance(self.resamples, int) or not 1 <= self.resamples <= MAX_RESAMPLES:

@@ -15,7 +15,8 @@ from packed_ss.bench.plan import (LOSSLESS, MAX_SEED, NO_BLOCK, REFERENCE, WARMU
 from packed_ss.bench.summary import examples_frame, summarize
 from packed_ss.divergence import divergence
 from packed_ss.hf_reference import HF_REFERENCES, reference_problem
-from packed_ss.measure import EAGER_AR, timed_run, warm_up
+from packed_ss.llamacpp import LLAMACPP_REFERENCES, llamacpp_problem
+from packed_ss.measure import EAGER_AR, REFERENCES, timed_run, warm_up
 
 Progress = Callable[[int, int, str], None]  # (runs done, runs planned, label of the next run)
 
@@ -112,6 +113,10 @@ def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progres
     problem = references and reference_problem(model, config.temperature, config.drafter_lora)
     if problem:
         raise BenchError(f"{', '.join(references)}: {problem}")
+    llamacpp = [s for s in config.schedules if s in LLAMACPP_REFERENCES]
+    problem = llamacpp and llamacpp_problem(model)
+    if problem:
+        raise BenchError(f"{', '.join(llamacpp)}: {problem}")
     largest = max([config.block_size(s) for s in config.schedules] + list(config.probe_block_sizes))
     encoded, skipped = [], []
     for prompt in prompts:  # tokenisation happens here, outside the timed runs (E.5)
@@ -203,7 +208,7 @@ def warm_up_prompts(model, encoded: Sequence[tuple], config: BenchConfig, schedu
         return [(encoded[0][1], min(WARMUP_TOKENS, config.max_new_tokens))]
     from packed_ss.models.static import CAPACITY_STEP
 
-    extra = 0 if schedule in HF_REFERENCES else 2 * (block_size or config.block_size(schedule))
+    extra = 0 if schedule in REFERENCES else 2 * (block_size or config.block_size(schedule))
     firsts: dict[int, list] = {}
     for _, ids in encoded:
         firsts.setdefault(-(-(len(ids) + config.max_new_tokens + extra) // CAPACITY_STEP), ids)

@@ -59,7 +59,10 @@ DEFINITIONS = {
                   "lookup with prompt_lookup_num_tokens = B - 1, max_matching_ngram_size = 2; static cache with "
                   "its compiled forward) on the same weights: wall "
                   "time is the whole call (model and non-model time n/a: not split), NFE counts the network's "
-                  "forwards, rows/call n/a",
+                  "forwards, rows/call n/a; llamacpp-ar and llamacpp-lookup are llama.cpp (llama-cpp-python) on the "
+                  "same weights written to GGUF in float32 and checked tensor by tensor, fed the same token ids: "
+                  "its greedy loop, and prompt lookup with the engine's n-gram drafts (W = B - 1) verified in one "
+                  "call; wall time is the decoding, prefill included, NFE counts llama.cpp's decode calls",
     "probe": "per schedule and B over the same prompts: tokens/s = mean tokens / mean wall, mean wall, "
              "mean NFE, mean tokens, tokens/NFE (aggregate) and rows/call = most input rows of a call after "
              "the first iteration (F.1)",
