@@ -186,7 +186,9 @@ def break_even_summary(model: CostModel | None, measured: Sequence[tuple[str, in
     text = (f"A call of R rows costs τ + δR = {model.tau_ms:.2f} + {model.delta_ms:.4f}·R ms here, so a schedule whose "
             f"calls hold R rows must accept more than (τ + δR) / (τ + δ) tokens per call to beat AR. On a GPU δ is "
             f"nearly 0 for a few dozen rows (paper, Appendix F): the line stays near 1 and every accepted draft "
-            f"token is a gain. The lines come from the fitted model time per call at the paper's row counts (Table 2: "
+            f"token is a gain. On a CPU whose calls run near its floor (the native forward of Llama-family models, "
+            f"as llama.cpp's) τ is small and δ is not, so the lines climb steeply and AR may win every race. "
+            f"The lines come from the fitted model time per call at the paper's row counts (Table 2: "
             f"Packed-SS 2B, Linear-SS B + B, Quadratic-SS B(B + 1)); the race table's time/NFE ÷ AR is the measured "
             f"ratio (with non-model time and the prefill), which decides a race, and can differ from the line. The "
             f"markers pool every run of this process at that W, so they can differ a little from one race's lane.")

@@ -43,6 +43,7 @@ NATIVE_SHAPES = "packed_ss_native_shapes"  # ... and the (Rp, K, hidden-only) va
 # kernels chosen by measuring inductor's C++ micro-GEMM template against ATen's for each shape (once per shape and
 # cache dir). They are set around the calls (torch.compile's ``options`` leaves freezing off in torch 2.13).
 COMPILE_OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+TUNED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the C++ micro-GEMMs' types; float64 is only frozen
 
 
 def native_problem(model) -> str | None:
@@ -323,7 +324,8 @@ class NativeCalls(StaticCalls):
     def _call_compiled(self, inputs):
         import torch._inductor.config
 
-        with torch._inductor.config.patch(COMPILE_OPTIONS):
+        tuned = self.native.embed.dtype in TUNED_DTYPES
+        with torch._inductor.config.patch(COMPILE_OPTIONS if tuned else {"freezing": True}):
             return self._function(*inputs)
 
 
