@@ -164,7 +164,8 @@ class GpuTasks:
                 note = str(error)
             else:
                 stage(1, "compiling the probe's call shapes with torch.compile, then fitting them (the slow part: "
-                         "48 s on an idle 2-core CPU the first time, 9 s from inductor's cache afterwards)")
+                         "172 s on an idle 2-core CPU the first time, where inductor measures its C++ GEMMs for each "
+                         "shape, 36 s from inductor's cache afterwards)")
                 fit = call_cost(adapter)
                 compiled, note = (fit, None) if adapter.compiled else (None, adapter.compile_note)
             stage(2, "measuring the machine's compute and weight-read limits")

@@ -112,7 +112,7 @@ def lane_from_runs(runs: Sequence[RunRecord], title: str, reference: Sequence[in
 GPU_NOTE = ("on a GPU a call of a few dozen rows costs about the same as a one-row call (paper, Appendix F), so "
             "there tokens per call turn almost directly into speed")
 CPU_NOTE = ("on a CPU whose calls run near its floor (the native forward, as llama.cpp does) every row is arithmetic "
-            "and weight reads: llama.cpp's own 24-row call costs 8.3x its one-row call on this project's 2-core CPU, so "
+            "and weight reads: llama.cpp's own 24-row call costs 7.1x its one-row call on this project's 2-core CPU, so "
             "there AR can win every race")
 PAPER_BASELINES = ("linear", "quadratic", "ar")  # the paper compares Packed-SS with these (Section 4)
 

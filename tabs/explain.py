@@ -74,8 +74,8 @@ def build_explain_tab(server: Server, panel: SettingsPanel, concurrency_limit: i
         even_plot = gr.Plot(label="Break-even against AR", elem_id="break-even-plot")
         even_text = gr.Markdown("", elem_id="break-even-text")
         gr.Markdown("### Eager and compiled calls, and the machine's limits")
-        paths_btn = gr.Button("Fit eager and compiled calls of this model (compiles a few shapes first: 48 s on an "
-                              "idle 2-core CPU, 9 s once inductor's cache holds them; longer on a busy machine)")
+        paths_btn = gr.Button("Fit eager and compiled calls of this model (compiles a few shapes first: 172 s on an "
+                              "idle 2-core CPU, 36 s once inductor's cache holds them; longer on a busy machine)")
         paths_plot = gr.Plot(label="Call cost against rows", elem_id="paths-plot")
         paths_text = gr.Markdown("", elem_id="paths-text")
     outputs = [cost_plot, fit_text, even_plot, even_text]

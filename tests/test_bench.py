@@ -116,6 +116,26 @@ def test_two_prompt_run_of_every_schedule_and_csv_summary_agree(tiny_model_dir, 
     assert len(page) > 1_000_000 and "<script src=" not in page  # plotly.js embedded: works offline
 
 
+@pytest.mark.parametrize("stop_at", ["warm-up ar", "warm-up packed", "main", "after the runs"])
+def test_a_benchmark_stopped_anywhere_returns_what_it_measured(stop_at, tmp_path):
+    """A time limit (RunsStopped from ``progress``) before, during or after the warm-up, or after the last run."""
+    from packed_ss.bench.run import RunsStopped
+
+    model = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0)
+    prompts = [Prompt("a", "w1 w2 w3"), Prompt("b", "w4 w5")]
+    config = BenchConfig(schedules=("ar", "packed"), max_new_tokens=6, resamples=200)
+
+    def progress(done, total, label):
+        if label == stop_at or (stop_at == "main" and done == 1) or (stop_at == "after the runs" and label == "done"):
+            raise RunsStopped("stopped at the time limit")
+
+    result = run_benchmark(model, prompts, config, progress)
+    measured = {"warm-up ar": 0, "warm-up packed": 0, "main": 1, "after the runs": 4}[stop_at]
+    assert result.interrupted and len(result.examples) == measured
+    assert result.summary["meta"]["compile_s_warm_up"] == 0.0  # eager: nothing compiled, and no missing figure
+    write_outputs(result, tmp_path)
+
+
 def test_interrupt_keeps_what_was_measured(tmp_path):
     model = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0)
     prompts = [Prompt("a", "w1 w2 w3"), Prompt("b", "w4 w5"), Prompt("c", "w6")]

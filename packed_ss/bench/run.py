@@ -135,6 +135,7 @@ def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progres
     rows: dict[str, list[dict]] = {"main": [], "probe": []}
     outputs: dict[tuple[int, int, str], tuple[int, ...]] = {}  # (prompt index, sample, schedule) -> tokens
     interrupted = False
+    warm_start, warm_compile = compile_seconds(model), None
     try:
         warm_compile = warm_up_all(model, encoded, config, lambda label: report(0, len(units), label), turn)
         for done, unit in enumerate(units):
@@ -154,6 +155,8 @@ def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progres
         report(len(units), len(units), "done")
     except (KeyboardInterrupt, RunsStopped):
         interrupted = True
+    if warm_compile is None:  # stopped during the warm-up: what it compiled before the stop
+        warm_compile = compile_seconds(model) - warm_start
     examples, probe = examples_frame(rows["main"]), examples_frame(rows["probe"])
     # AR's logit margins at a divergence are a left-to-right causal model's; an any-order model's outputs
     # differ from its ltr decoding by design under the confidence order (Appendix C)

@@ -21,6 +21,8 @@ Hkv key/value heads, G = Hq / Hkv, hd head size, H hidden size, V vocabulary.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -42,7 +44,8 @@ NATIVE_SHAPES = "packed_ss_native_shapes"  # ... and the (Rp, K, hidden-only) va
 # Inductor settings of the compiled path: weights frozen as constants (so GEMMs get prepacked kernels) and GEMM
 # kernels chosen by measuring inductor's C++ micro-GEMM template against ATen's for each shape (once per shape and
 # cache dir). They are set around the calls (torch.compile's ``options`` leaves freezing off in torch 2.13).
-COMPILE_OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+COMPILE_OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
+                   "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}  # quiet stderr
 TUNED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the C++ micro-GEMMs' types; float64 is only frozen
 
 
@@ -325,7 +328,8 @@ class NativeCalls(StaticCalls):
         import torch._inductor.config
 
         tuned = self.native.embed.dtype in TUNED_DTYPES
-        with torch._inductor.config.patch(COMPILE_OPTIONS if tuned else {"freezing": True}):
+        with torch._inductor.config.patch(COMPILE_OPTIONS if tuned else {"freezing": True}), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="TypedStorage is deprecated")  # inductor's autotuner, not ours
             return self._function(*inputs)
 
 
