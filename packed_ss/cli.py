@@ -58,7 +58,7 @@ def load_model(name: str, device: str | None, dtype: str | None, family: str | N
         raise ValueError(f"cannot load model {name!r} on {device or 'the default device'}: {first}") from None
     if base_model and model.family != "setdlm":
         raise ModelLoadError(f"--base-model applies to SetDLM checkpoints only; {name!r} is a {model.family} model")
-    if model.path_note and model.device.type == "cpu":
+    if model.path_note:
         print(f"note: {model.path_note}", file=sys.stderr)
     return model
 

@@ -139,6 +139,7 @@ def gguf_mismatches(network, path: str | Path) -> list[str]:
 
     heads, kv_heads = network.config.num_attention_heads, network.config.num_key_value_heads
     written = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}
+    state = network.state_dict()
     problems = []
     for target, (name, _) in gguf_tensors(network).items():
         if target not in written:
@@ -151,7 +152,7 @@ def gguf_mismatches(network, path: str | Path) -> list[str]:
             array = _halves_order(array, heads)
         elif target.endswith("attn_k.weight"):
             array = _halves_order(array, kv_heads)
-        want = network.state_dict()[name].detach().to(torch.float32).cpu().numpy()
+        want = state[name].detach().to(torch.float32).cpu().numpy()
         if array.shape != want.shape or not np.array_equal(array, want):
             problems.append(f"{name}: differs")
     problems += [f"{name}: in the file only" for name in written]
@@ -203,27 +204,25 @@ class LlamaCppModel:
             raise ReferenceFailed(f"llama.cpp lanes: a run needs more than {self.context} positions")
         llm = self.llm
         llm.reset()
-        out: list[int] = []
-        calls = 0
         start = time.perf_counter()
         llm.eval(list(prompt_ids))  # the prefill: row n-1 predicts the first new token
-        calls += 1
-        token = self._pick(len(prompt_ids) - 1)
-        out.append(token)
-        while len(out) < max_new_tokens and token != eos:
-            prefix = list(prompt_ids) + out
-            draft = ngram_draft(prefix, min(width, max_new_tokens - len(out) - 1)) if width else []
+        calls, prompt_len = 1, len(prompt_ids)
+        token = self._pick(prompt_len - 1)
+        prefix = [*prompt_ids, token]  # the verified prefix, grown with every token taken
+        while len(prefix) - prompt_len < max_new_tokens and token != eos:
+            left = max_new_tokens - (len(prefix) - prompt_len)
+            draft = ngram_draft(prefix, min(width, left - 1)) if width else []
             base = len(prefix) - 1  # the row of the last token, evaluated now
             llm.n_tokens = base  # the cache holds the prefix except its last token
             llm.eval([token, *draft])
             calls += 1
             for offset in range(len(draft) + 1):
                 token = self._pick(base + offset)
-                out.append(token)
-                if len(out) >= max_new_tokens or token == eos or offset == len(draft) or token != draft[offset]:
+                prefix.append(token)
+                if offset == left - 1 or token == eos or offset == len(draft) or token != draft[offset]:
                     break
         wall = time.perf_counter() - start
-        return tuple(out), calls, wall
+        return tuple(prefix[prompt_len:]), calls, wall
 
 
 def llamacpp_generate(model, prompt_ids: Sequence[int], max_new_tokens: int, kind: str,

@@ -218,7 +218,7 @@ class ModelStore:
                                                       compiled=self.compiled, path=self.path)
             except ValueError as error:  # ModelLoadError included: its message without the server's paths
                 raise type(error)(hide_paths(str(error), key[0], self.offered_name(key[0]))) from None
-            if model.path_note and model.device.type == "cpu":
+            if model.path_note:
                 print(f"note: {self.offered_name(key[0])}: {model.path_note}", file=sys.stderr)
             warm_up(model)
             with self._lock:

@@ -154,7 +154,7 @@ def test_a_drafter_lora_an_any_order_model_and_the_dynamic_cache_keep_transforme
         DualModeModel.from_pretrained(nld_dir, device="cpu", path="fast")
 
 
-def test_a_model_type_it_does_not_serve_is_named(nld_dir):
+def test_a_model_type_it_does_not_serve_is_named():
     import transformers
 
     config = transformers.GPT2Config(vocab_size=24, n_embd=32, n_layer=1, n_head=4)
