@@ -68,12 +68,14 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                compute_concurrency: int = 8, family: str | None = None,
                drafter_lora: str | None = None, max_seconds: float | None = MAX_SECONDS_PER_REQUEST,
                base_model: str | None = None, cache: str = "static", compiled: bool = False,
-               path: str = "auto") -> gr.Blocks:
+               path: str = "auto", threads: int | None = None) -> gr.Blocks:
     """Build the app (nothing is loaded until a request needs a model).
 
     Args:
         model, device, dtype, preloaded, allowed_models, models_held, family, drafter_lora, base_model, cache,
             compiled, path: the models offered (:class:`serve.server.Server`; tests pass loaded ones as ``preloaded``).
+        threads: torch threads per model call; None: measured at the first request, 1 against the cores, and again
+            when calls drift (:class:`packed_ss.threads.ThreadTuner`).
         max_rows: worst-case model rows one request may need (``serve.limits``); more is refused.
         max_seconds: predicted worst-case decoder seconds one request may take (None: no limit); more is refused.
         new_tokens_cap: largest new-token limit accepted (larger requests get an error message).
@@ -89,7 +91,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
     server = Server(model, device=device, dtype=dtype, preloaded=preloaded, allowed=allowed_models,
                     models_held=models_held, family=family, drafter_lora=drafter_lora, max_rows=max_rows,
                     cap=new_tokens_cap, max_seconds=max_seconds, base_model=base_model, cache=cache,
-                    compiled=compiled, path=path)
+                    compiled=compiled, path=path, threads=threads)
     on_cuda = torch.cuda.is_available() and not str(device or "").startswith("cpu")
     # delete_cache: Gradio removes files in its upload folder older than UNUSED_FILES_S (checked every minute), so an
     # upload no session used does not stay on disk; a session's own files go when it ends (serve.uploads).
@@ -127,17 +129,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     problem = options_problem(args, allowed)
     if problem:
         parser.error(problem)
-    if args.threads is not None:
-        import torch
-
-        torch.set_num_threads(args.threads)
     quiet_loaders()
     one_line_warnings()
     demo = build_demo(args.model, device=args.device, dtype=args.dtype, allowed_models=allowed,
                       models_held=args.models_held, max_rows=args.max_rows, new_tokens_cap=args.cap,
                       queue_size=args.queue_size, family=args.family, drafter_lora=args.drafter_lora,
                       max_seconds=args.max_seconds, base_model=args.base_model, cache=args.cache,
-                      compiled=args.compile, path=args.path)
+                      compiled=args.compile, path=args.path, threads=args.threads)
     try:
         demo.launch(server_name=args.host, server_port=args.port, **launch_kwargs(demo))
     except OSError as error:  # e.g. the port is taken

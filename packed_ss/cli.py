@@ -14,6 +14,7 @@ from pathlib import Path
 
 from packed_ss.config import DecodeConfig
 from packed_ss.inputs import threads_problem
+from packed_ss.threads import configure_threads
 from packed_ss.models import DTYPES
 
 DEFAULT_MODEL = str(Path(__file__).resolve().parents[1] / "assets" / "model")
@@ -137,7 +138,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="any-order models: verification order (paper Appendix C; default ltr)")
     gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     gen.add_argument("--dtype", default=None, help=f"one of {', '.join(DTYPES)} (default float32 on CPU)")
-    gen.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    gen.add_argument("--threads", type=int, default=None,
+                     help="torch CPU threads (default: measured, 1 against the cores, on the model's probe calls)")
     add_model_flags(gen)
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
@@ -153,18 +155,15 @@ def _generate(args) -> int:
         resolve_compile(args)
         get_schedule(args.schedule)
         config = decode_config(args)
-        if args.threads is not None:
-            if threads_problem(args.threads):
-                raise UsageError(threads_problem(args.threads))
-            import torch
-
-            torch.set_num_threads(args.threads)
+        if threads_problem(args.threads):
+            raise UsageError(threads_problem(args.threads))
         # One rule for prompts in every front end (packed_ss.inputs); --prompt bytes that are not UTF-8
         # reach Python as lone surrogates and are refused there.
         prompt = read_prompt_file(args.prompt_file) if args.prompt_file is not None else check_prompt(args.prompt)
         model = load_model(args.model, args.device, args.dtype, args.family, args.drafter_lora, args.base_model,
                            args.cache, args.compile, args.path)
         get_schedule(args.schedule, model)
+        print(configure_threads(model, args.threads), file=sys.stderr)
         if config.order != "ltr" and not getattr(model, "any_order", False):
             raise UsageError(f"--order {config.order} needs an any-order model (e.g. --model assets/model-anyorder)")
         ids = model.encode(prompt)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -65,6 +66,17 @@ class GpuTasks:
         self.costs = CostBook(gpu_task(self._cost))  # the latest fit of each model (serve.costs)
         self.paths = gpu_task(self._paths)
 
+    def _tuned(self, model) -> None:
+        """Measure the torch thread count again where it is due (first use, drift, age:
+        :meth:`packed_ss.threads.ThreadTuner.check`), at the gate; the server log gets a line for a new choice."""
+        tuner = getattr(self.gate, "threads", None)
+        if tuner is None:
+            return
+        with self.gate.turn(0.0):
+            choice = tuner.check(model)
+        if choice is not None:
+            print(f"threads: {tuner.describe()}", file=sys.stderr, flush=True)
+
     def _adapter(self, model_ref: tuple, prompt_ids: Sequence[int], config: DecodeConfig,
                  reference: Sequence[int] | None = None, isolate=None):
         """A run's own adapter: the model's, or a scripted drafter over it (``model_ref[2]`` = its quality;
@@ -88,6 +100,7 @@ class GpuTasks:
                  schedule: str, priority: float = 0.0, limit_s: float | None = None) -> list[IterationRecord]:
         """Every iteration record of one run (an eager step-through run), those computed within ``limit_s``
         seconds (None: all)."""
+        self._tuned(self.store.get(*model_ref[:2]))
         isolate = self._isolate(priority, deadline=deadline_after(limit_s))
         adapter = self._adapter(model_ref, prompt_ids, config, isolate=isolate)
         return list(isolate(decode(adapter, list(prompt_ids), config, schedule)))
@@ -108,6 +121,7 @@ class GpuTasks:
         Raises: ClientGone between two iterations once ``alive()`` is False.
         """
         model = self.store.get(*model_ref[:2])
+        self._tuned(model)
         owner = object()  # this race's turns at the gate
         deadline = deadline_after(limit_s)
         isolate = self._isolate(priority, alive, owner, deadline)
@@ -132,6 +146,7 @@ class GpuTasks:
         """One full run, cut off after ``limit_s`` seconds from the clock (stop reason
         :data:`~serve.limits.TIME_LIMIT`; None: no limit). Raises: ClientGone between two iterations once
         ``alive()`` is False."""
+        self._tuned(self.store.get(*model_ref[:2]))
         isolate = self._isolate(priority, alive, deadline=deadline_after(limit_s))
         return cut_off(timed_run(self._adapter(model_ref, prompt_ids, config, isolate=isolate), prompt_ids, config,
                                  schedule, isolate))

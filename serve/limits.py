@@ -109,52 +109,76 @@ class ComputeGate:
 
     ``priority`` is the work of the request a turn belongs to (rows); ties go first come, first served.
     A long request therefore lets shorter ones through between its iterations.
+
+    ``threads``: a :class:`packed_ss.threads.ThreadTuner` whose count is set in the thread of each turn (torch keeps
+    the count per thread), so across every concurrent request at most that many torch threads compute at once.
+    ``holder``: the native id of the thread whose turn it is (None between turns).
     """
 
-    def __init__(self):
-        self._cond = threading.Condition()
+    def __init__(self, threads=None):
+        self.threads = threads
+        self.holder: int | None = None  # native id of the thread computing at the gate now
+        self._lock = threading.Lock()
         self._busy = False
-        self._waiting: list[tuple[float, int]] = []
+        self._waiting: list[tuple[float, int]] = []  # heap of (priority, arrival)
+        self._wakers: dict[int, tuple[threading.Event, object]] = {}  # arrival -> (its turn has come, owner)
         self._tickets = itertools.count()
         self._watched: dict[object, int] = {}  # owner -> turns other owners took while it was watched
 
     @contextmanager
     def turn(self, priority: float, owner: object = None):
         """Hold the gate for the body of the ``with`` block (waits for its turn); ``owner`` tags the turn
-        for :meth:`watch`."""
-        with self._cond:
-            ticket = (priority, next(self._tickets))
-            heapq.heappush(self._waiting, ticket)
-            while self._busy or self._waiting[0] != ticket:
-                self._cond.wait()
-            heapq.heappop(self._waiting)
-            self._busy = True
-            for watched in self._watched:
-                if watched is not owner:
-                    self._watched[watched] += 1
+        for :meth:`watch`. A waiting turn sleeps until the gate is handed to it: only the next turn is woken, so
+        waiting requests take no CPU from the one computing."""
+        with self._lock:
+            if self._busy:
+                arrival, event = next(self._tickets), threading.Event()
+                heapq.heappush(self._waiting, (priority, arrival))
+                self._wakers[arrival] = (event, owner)
+            else:
+                event = None
+                self._busy = True
+                self._count_turn(owner)
+        if event is not None:
+            event.wait()  # the gate is ours once set (handed over, still busy)
         try:
+            self.holder = threading.get_native_id()
+            if self.threads is not None:
+                self.threads.apply()
             yield
         finally:
-            with self._cond:
-                self._busy = False
-                self._cond.notify_all()
+            with self._lock:
+                self.holder = None
+                if self._waiting:
+                    _, arrival = heapq.heappop(self._waiting)
+                    event, following = self._wakers.pop(arrival)
+                    self._count_turn(following)
+                    event.set()
+                else:
+                    self._busy = False
+
+    def _count_turn(self, owner: object) -> None:
+        """Note a turn of ``owner`` for every other watched owner (call with the lock held)."""
+        for watched in self._watched:
+            if watched is not owner:
+                self._watched[watched] += 1
 
     @contextmanager
     def watch(self, owner: object) -> Iterator[Callable[[], int]]:
         """Count the turns of other owners while the block runs; yields a function returning that count
         (a race says whether other requests computed between its iterations)."""
-        with self._cond:
+        with self._lock:
             self._watched[owner] = 0
         try:
             yield lambda: self._watched.get(owner, 0)
         finally:
-            with self._cond:
+            with self._lock:
                 self._watched.pop(owner, None)
 
     @property
     def waiting(self) -> int:
         """Turns waiting now."""
-        with self._cond:
+        with self._lock:
             return len(self._waiting)
 
 

@@ -41,7 +41,9 @@ def app_parser() -> argparse.ArgumentParser:
                    help="predicted worst-case decoder seconds one request may take "
                         f"(default {MAX_SECONDS_PER_REQUEST:g})")
     p.add_argument("--queue-size", type=int, default=32)
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads per model call (default: measured at the first request, 1 against the "
+                        "cores, and again when calls drift)")
     add_model_flags(p)
     p.set_defaults(drafter_lora=environ.get("PACKED_SS_DRAFTER_LORA") or None,
                    base_model=environ.get("PACKED_SS_BASE_MODEL") or None)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from packed_ss.threads import ThreadTuner
+
 from serve.admission import Admission
 from serve.api_defaults import CallListeners
 from serve.block_sizes import BestBlockSizes
@@ -29,6 +31,8 @@ class Server:
         max_rows: worst-case model rows one request may need (:mod:`serve.limits`); more is refused.
         max_seconds: predicted worst-case decoder seconds one request may take (None: no limit).
         cap: largest new-token limit a request may ask for.
+        threads: torch threads per model call (``--threads``); None: measured at the first request and again when
+            calls drift (:class:`packed_ss.threads.ThreadTuner`).
     Attributes:
         store, gate, tasks, sessions, best_sizes, log, admission, files: the shared parts (one each).
         eager: ZeroGPU (the ``spaces`` package): a step-through run is computed in one GPU call.
@@ -40,11 +44,12 @@ class Server:
                  family: str | None = None, drafter_lora: str | None = None,
                  max_rows: int = MAX_ROWS_PER_REQUEST, cap: int = NEW_TOKENS_CAP,
                  max_seconds: float | None = MAX_SECONDS_PER_REQUEST, base_model: str | None = None,
-                 cache: str = "static", compiled: bool = False, path: str = "auto"):
+                 cache: str = "static", compiled: bool = False, path: str = "auto", threads: int | None = None):
         self.store = ModelStore(model, device=device, dtype=dtype, preloaded=preloaded, allowed=allowed,
                                 capacity=models_held, family=family, drafter_lora=drafter_lora,
                                 base_model=base_model, cache=cache, compiled=compiled, path=path)
-        self.gate = ComputeGate()  # one model iteration at a time, least work first
+        self.threads = ThreadTuner(fixed=threads)  # torch threads per call: measured (or --threads), per turn
+        self.gate = ComputeGate(self.threads)  # one model iteration at a time, least work first
         self.tasks = GpuTasks(self.store, self.gate)  # the GPU work of each request (spaces.GPU on ZeroGPU)
         self.files = SessionFiles()  # each session's uploads and outputs, removed when it ends
         self.sessions = Sessions(on_forget=self.files.forget)

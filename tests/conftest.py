@@ -2,6 +2,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+import packed_ss  # noqa: F401  (before torch: bounds OpenMP's spin as the app does, packed_ss.threads)
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -12,6 +12,7 @@ from packed_ss import stats
 from packed_ss.config import ORDERS, DecodeConfig
 from packed_ss.models import DTYPES
 from packed_ss.inputs import model_fingerprint, model_name, threads_problem
+from packed_ss.threads import configure_threads
 from packed_ss.bench.plan import (ALL_SCHEDULES, KNOWN, NO_BLOCK, BenchConfig, BenchError, Prompt, load_prompts, parse_block_sizes,
                                  parse_probe_block_sizes, parse_schedules)
 from packed_ss.bench.files import check_out_folder, set_aside
@@ -85,7 +86,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=DEFAULT_MODEL, help="model folder or hub id (default: the embedded model)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--dtype", default=None, help=f"one of {', '.join(DTYPES)} (default float32 on CPU)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: measured once before the runs, 1 against the cores)")
     add_model_flags(p)
     return p
 
@@ -220,14 +222,13 @@ def _run_tasks(args, plan) -> int:
     from packed_ss.bench.paper import paper_markdown
     from packed_ss.cli import load_model
 
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
     procs = Processes(args.device)
     try:
         model = load_model(args.model, procs.device(args.device), args.dtype, args.family, args.drafter_lora,
                            args.base_model, args.cache, args.compile, args.path)
     except ValueError as error:  # ModelLoadError included
         raise BenchError(str(error).splitlines()[0] if str(error) else repr(error)) from None
+    print(configure_threads(model, args.threads), file=sys.stderr)
     for config in plan.configs:
         any_order_problem(model, config)
     chats = tuple(chat_wanted(model, task, config.temperature, plan.chat) for task, config in zip(plan.tasks, plan.configs))
@@ -274,13 +275,12 @@ def _run(args, config: BenchConfig, prompts: list[Prompt]) -> int:
 
     from packed_ss.cli import load_model
 
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
     try:
         model = load_model(args.model, args.device, args.dtype, args.family, args.drafter_lora, args.base_model,
                            args.cache, args.compile, args.path)
     except ValueError as error:  # ModelLoadError included
         raise BenchError(str(error).splitlines()[0] if str(error) else repr(error)) from None
+    print(configure_threads(model, args.threads), file=sys.stderr)
     bars = []
 
     def progress(done: int, total: int, label: str) -> None:
