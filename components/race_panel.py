@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 import plotly.graph_objects as go
 
 from packed_ss.bench.palette import schedule_color, schedule_symbol
+from packed_ss.wording import counted
 
 from components.style import legend_below, legend_html, source_class
 from serve.lanes import Lane, cost_ratio, verdict_text
@@ -46,14 +47,15 @@ def _lane_badge(lane: Lane, greedy: bool, order: str = "ltr") -> str:
     lane's (Appendix C: the order changes the conditionals), which are said in the neutral style."""
     if lane.schedule == "ar":  # the lane every other one is compared with
         return '<span class="badge info">reference</span>'
+    if lane.compared is None:  # nothing to compare: no claim either way
+        return f'<span class="badge muted" data-differs="none">{html.escape(lane.agreement())}</span>'
     if lane.identical:
-        return '<span class="badge ok">= AR output</span>'
-    count = sum(lane.differs)
+        return f'<span class="badge ok">{html.escape(lane.agreement())}</span>'
     expected = order != "ltr" and lane.schedule != "diffusion"
     kind = "bad" if greedy and lane.schedule != "diffusion" and not expected else "info"
     why = "; expected in the confidence order" if expected else ""
-    return (f'<span class="badge {kind}" data-differs="{"expected" if expected else kind}">differs from AR at token '
-            f'{lane.first_difference} ({count} of {len(lane.token_ids)} tokens{why})</span>')
+    return (f'<span class="badge {kind}" data-differs="{"expected" if expected else kind}">'
+            f'{html.escape(lane.agreement()[:-1])}{why})</span>')
 
 
 def lanes_html(lanes: Sequence[Lane], clock_ms: float, strings: TokenStrings, greedy: bool,
@@ -86,10 +88,11 @@ def lanes_html(lanes: Sequence[Lane], clock_ms: float, strings: TokenStrings, gr
         cards = "".join(f'<div class="stat"><span class="k">{label}</span>'
                         f'<span class="v" data-counter="{key}">{value}</span></div>' for key, label, value in counters)
         done = ("" if not c["finished"] else
-                f'<span class="done cut" data-cut="1">cut off at the time limit ({len(lane.token_ids)} tokens)</span>'
+                f'<span class="done cut" data-cut="1">cut off at the time limit ({counted(len(lane.token_ids), "token")})</span>'
                 if lane.cut_off else '<span class="done">finished</span>')
         parts.append(
-            f'<div class="lane" data-lane="{lane.schedule}" data-done="{int(c["finished"])}">'
+            f'<div class="lane{" lane-cut" if lane.cut_off and c["finished"] else ""}" data-lane="{lane.schedule}" '
+            f'data-done="{int(c["finished"])}">'
             f'<h4><span class="lane-key" style="background:{schedule_color(lane.schedule)}"></span>'
             f'{html.escape(lane.title)}'
             f'{_block_label(lane)} {done}</h4>'
@@ -134,27 +137,32 @@ def badge_html(lanes: Sequence[Lane], greedy: bool, order: str = "ltr") -> str:
     verdict = verdict_text(lanes)
     if verdict:
         badges.append(f'<div class="race-verdict" data-badge="verdict">{html.escape(verdict)}</div>')
-    names = ", ".join(lane.title for lane in lossless)
     ref = next((lane for lane in lanes if lane.schedule == "ar"), None)
     n = len(ref.token_ids) if ref else 0
+    compared = [lane for lane in lossless if lane.compared is not None]
+    skipped = [lane for lane in lossless if lane.compared is None]
+    if skipped:
+        badges.append(f'<span class="badge muted" data-badge="not-compared">Not compared with AR: '
+                      f'{html.escape("; ".join(f"{lane.title} {lane.agreement()}" for lane in skipped))}</span>')
     if greedy and order != "ltr":
-        for lane in lossless:
-            where = ("matches the left-to-right output" if lane.identical else
+        for lane in compared:
+            where = (f"matches the left-to-right output over {counted(lane.compared, 'token')}" if lane.identical else
                      f"differs from the left-to-right output from token {lane.first_difference} on "
-                     f"({sum(lane.differs)} of {len(lane.token_ids)} tokens differ)")
-            badges.append(f'<span class="badge info" data-badge="order">{html.escape(lane.title)} {where}: '
-                          f'the confidence order changes the conditionals, so this is expected</span>')
-    elif greedy:
-        bad = [lane for lane in lossless if not lane.identical]
-        cut = [lane for lane in lanes if lane.cut_off]
-        if not bad and not cut:
-            badges.append(f'<span class="badge ok" data-badge="identical">✓ Greedy outputs of {html.escape(names)} '
-                          f'are identical to AR\'s ({n} tokens)</span>')
-        elif not bad:  # partial lanes agree with AR over the tokens both made, no further
-            made = sorted(len(lane.token_ids) for lane in lanes)
-            badges.append(f'<span class="badge ok" data-badge="identical">✓ Greedy outputs of {html.escape(names)} '
-                          f'agree with AR\'s over the tokens each lane made before the time limit '
-                          f'({made[0]}-{made[-1]} tokens)</span>')
+                     f"({sum(lane.differs)} of {len(lane.token_ids)} tokens differ): the confidence order changes "
+                     f"the conditionals, so this is expected")
+            badges.append(f'<span class="badge info" data-badge="order">{html.escape(lane.title)} '
+                          f'{html.escape(where)}</span>')
+    elif greedy and compared:
+        bad = [lane for lane in compared if not lane.identical]
+        partial = [lane for lane in compared if lane.partial]
+        if not bad and not partial:
+            badges.append(f'<span class="badge ok" data-badge="identical">✓ Greedy outputs of '
+                          f'{html.escape(", ".join(lane.title for lane in compared))} are identical to AR\'s '
+                          f'({counted(n, "token")})</span>')
+        elif not bad:  # a cut-off run: the agreement holds over the tokens both made, no further
+            over = ", ".join(f"{lane.title}: {counted(lane.compared, 'token')}" for lane in compared)
+            badges.append(f'<span class="badge ok" data-badge="identical">✓ Greedy outputs agree with AR\'s over the '
+                          f'tokens both made before the time limit, and no further ({html.escape(over)})</span>')
         for lane in bad:
             if lane.divergence is not None and lane.divergence.near_tie:
                 badges.append(f'<span class="badge info" data-badge="near-tie">≈ {html.escape(lane.title)}: '
@@ -163,16 +171,16 @@ def badge_html(lanes: Sequence[Lane], greedy: bool, order: str = "ltr") -> str:
             why = f": {lane.divergence.verdict()}" if lane.divergence is not None else ""
             badges.append(f'<span class="badge bad" data-badge="differs">✗ {html.escape(lane.title)} differs from '
                           f'AR at token {lane.first_difference}{html.escape(why)}</span>')
-    else:
-        same = sum(lane.identical for lane in lossless)
+    elif compared:
+        same = sum(lane.identical for lane in compared)
         badges.append(f'<span class="badge info" data-badge="sampled">T &gt; 0: every lane samples; lossless lanes '
-                      f'follow AR\'s distribution but need not match its tokens ({same} of {len(lossless)} match '
+                      f'follow AR\'s distribution but need not match its tokens ({same} of {len(compared)} match '
                       f'this time)</span>')
     for lane in lanes:
-        if lane.schedule == "diffusion":
+        if lane.schedule == "diffusion" and lane.compared is not None:
             if lane.identical:
-                badges.append('<span class="badge info" data-badge="diffusion">Diffusion matches AR this time '
-                              '(it is not guaranteed to)</span>')
+                badges.append(f'<span class="badge info" data-badge="diffusion">Diffusion matches AR this time over '
+                              f'{counted(lane.compared, "token")} (it is not guaranteed to)</span>')
             else:
                 badges.append(f'<span class="badge bad" data-badge="diffusion">Diffusion (no verification) differs '
                               f'from AR in {sum(lane.differs)} of {len(lane.token_ids)} tokens, first at token '
@@ -246,9 +254,9 @@ def summary_html(lanes: Sequence[Lane]) -> str:
     ar = next((lane for lane in lanes if lane.schedule == "ar"), None)
     for lane in lanes:
         m = lane.metrics
-        same = "yes" if lane.identical else f"no (token {lane.first_difference})"
-        if lane.schedule == "ar":
-            same = "reference"
+        same = ("reference" if lane.schedule == "ar" else "not compared" if lane.compared is None else
+                f"yes ({counted(lane.compared, 'token')}{', cut off' if lane.partial else ''})" if lane.identical else
+                f"no (token {lane.first_difference})")
         name = lane.title + ("" if lane.shown else " (hidden)")
         accept = f"{m['mean_acceptance_length']:.2f}" if lane.schedule != "diffusion" else "–"
         med, lo, hi = lane.wall_range

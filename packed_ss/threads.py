@@ -31,6 +31,8 @@ ROUNDS = 5  # interleaved rounds of probe calls per candidate thread count (the 
 TIE = 0.05  # a larger thread count must be this much faster (relative) to be chosen
 DRIFT = 1.5  # the probe's time may change by this factor either way before the choice is measured again
 RECHOOSE_S = 300.0  # seconds after which the choice is measured again even without drift
+CHECK_S = 30.0  # seconds between two drift checks (3 probes each); no probe in between
+MAX_PROBE_MS = 100.0  # a probe (wall time) slower than this is not worth measuring per request: torch's default is kept
 
 
 def bounded_spin(environ: MutableMapping[str, str] | None = None) -> bool:
@@ -135,9 +137,11 @@ class ThreadTuner:
     """The thread count of a process's model calls (one server's): chosen by measurement, applied per turn.
 
     ``fixed``: a count the user gave (``--threads``); then nothing is measured. Otherwise :meth:`check` measures
-    :func:`candidates` on first use, and again when the probe at the chosen count drifts by :data:`DRIFT` or after
-    :data:`RECHOOSE_S` seconds. torch keeps the count per calling thread, so :meth:`apply` sets it in the thread about
-    to compute (the compute gate calls it at each turn). Thread-safe.
+    :func:`candidates` on first use, and again when the probe at the chosen count (checked at most every
+    :data:`CHECK_S` seconds) drifts by :data:`DRIFT`, or after :data:`RECHOOSE_S` seconds. A model whose probe takes
+    over :data:`MAX_PROBE_MS` keeps torch's default (long calls lose little to a busy core's wait; measuring them per
+    request would cost seconds). torch keeps the count per calling thread, so :meth:`apply` sets it in the thread
+    about to compute (the compute gate calls it at each turn). Thread-safe.
     """
 
     def __init__(self, fixed: int | None = None, options: Sequence[int] | None = None,
@@ -147,7 +151,7 @@ class ThreadTuner:
         self.clock = clock
         self.choice: ThreadChoice | None = None
         self.reason = "given with --threads" if fixed else "not measured yet"
-        self._chosen_at = -float("inf")
+        self._chosen_at = self._checked_at = -float("inf")
         self._lock = threading.Lock()
 
     @property
@@ -169,15 +173,27 @@ class ThreadTuner:
         if self.fixed or len(self.options) < 2 or str(getattr(model, "device", "cpu")).startswith("cuda"):
             return None
         with self._lock:
+            now = self.clock()
+            if now - self._checked_at < CHECK_S:
+                return None
+            self._checked_at = now
             probe = probe_call(model)
-            if self.choice is not None and self.clock() - self._chosen_at < RECHOOSE_S:
+            if self.choice is not None and now - self._chosen_at < RECHOOSE_S:
                 self.apply()
-                now = statistics.median(probe() for _ in range(3))
+                current = statistics.median(probe() for _ in range(3))
                 before = self.choice.ms[self.choice.threads]
-                if before / DRIFT <= now <= before * DRIFT:
+                if before / DRIFT <= current <= before * DRIFT:
                     return None
-                self.reason = f"the probe drifted from {before:.2f} ms to {now:.2f} ms"
+                self.reason = f"the probe drifted from {before:.2f} ms to {current:.2f} ms"
             else:
+                self.apply()
+                start = time.perf_counter()
+                probe()
+                first = (time.perf_counter() - start) * 1000  # what the request pays per probe, not model time
+                if first > MAX_PROBE_MS:
+                    self.reason = f"not measured: one probe takes {first:.0f} ms (over {MAX_PROBE_MS:.0f} ms)"
+                    self._checked_at = self._chosen_at = self.clock() + RECHOOSE_S  # not again for a while
+                    return None
                 self.reason = "first use" if self.choice is None else f"{RECHOOSE_S:.0f} s since the last choice"
             self.choice = choose_threads(probe, self.options)
             self._chosen_at = self.clock()
@@ -188,5 +204,6 @@ class ThreadTuner:
         if self.fixed:
             return f"{self.fixed} thread{'s' if self.fixed > 1 else ''} (given with --threads)"
         if self.choice is None:
-            return "threads not measured yet (chosen at the first model call)"
+            return (f"torch's default threads ({self.reason})" if self.reason.startswith("not measured:") else
+                    "threads not measured yet (chosen at the first model call)")
         return f"{self.choice.describe()}, measured at {self.reason}"

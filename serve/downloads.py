@@ -82,7 +82,8 @@ def race_rows(result: RaceResult) -> list[dict]:
                      "time_per_nfe_ms": m["time_per_nfe_ms"], "time_per_nfe_vs_ar": cost_ratio(lane, ar),
                      "wall_s_median": median, "wall_s_min": low, "wall_s_max": high, "throughput": m["throughput"],
                      "mean_acceptance_length": m["mean_acceptance_length"] if lane.schedule != "diffusion" else None,
-                     "identical_to_ar": lane.identical, "first_difference": lane.first_difference})
+                     "identical_to_ar": (lane.identical if lane.compared is not None or lane.schedule == "ar" else ""),
+                     "first_difference": lane.first_difference})
     return rows
 
 

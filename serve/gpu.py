@@ -100,8 +100,9 @@ class GpuTasks:
                  schedule: str, priority: float = 0.0, limit_s: float | None = None) -> list[IterationRecord]:
         """Every iteration record of one run (an eager step-through run), those computed within ``limit_s``
         seconds (None: all)."""
+        deadline = deadline_after(limit_s)
         self._tuned(self.store.get(*model_ref[:2]))
-        isolate = self._isolate(priority, deadline=deadline_after(limit_s))
+        isolate = self._isolate(priority, deadline=deadline)
         adapter = self._adapter(model_ref, prompt_ids, config, isolate=isolate)
         return list(isolate(decode(adapter, list(prompt_ids), config, schedule)))
 
@@ -121,9 +122,9 @@ class GpuTasks:
         Raises: ClientGone between two iterations once ``alive()`` is False.
         """
         model = self.store.get(*model_ref[:2])
-        self._tuned(model)
         owner = object()  # this race's turns at the gate
         deadline = deadline_after(limit_s)
+        self._tuned(model)  # within the time limit
         isolate = self._isolate(priority, alive, owner, deadline)
         with self.gate.watch(owner) if self.gate is not None else nullcontext(lambda: 0) as others:
             warm_up(model.share(), prompt_ids, [("ar", DecodeConfig(block_size=config.block_size, max_new_tokens=2))],
@@ -146,8 +147,9 @@ class GpuTasks:
         """One full run, cut off after ``limit_s`` seconds from the clock (stop reason
         :data:`~serve.limits.TIME_LIMIT`; None: no limit). Raises: ClientGone between two iterations once
         ``alive()`` is False."""
+        deadline = deadline_after(limit_s)
         self._tuned(self.store.get(*model_ref[:2]))
-        isolate = self._isolate(priority, alive, deadline=deadline_after(limit_s))
+        isolate = self._isolate(priority, alive, deadline=deadline)
         return cut_off(timed_run(self._adapter(model_ref, prompt_ids, config, isolate=isolate), prompt_ids, config,
                                  schedule, isolate))
 

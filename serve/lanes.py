@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from packed_ss.divergence import Divergence, first_difference
 from packed_ss.records import RunRecord
+from packed_ss.wording import counted
 
 from serve.limits import TIME_LIMIT
 
@@ -30,6 +31,9 @@ class Lane:
         divergence: for a greedy lossless lane that differs: AR's top-2 margin there and the near-tie verdict.
         wall_s_repeats: decoder wall time (s) of every measurement of this lane (the lane replays the median).
         max_rows_per_call: the most rows of one call after the first iteration (the prefill's excluded).
+        compared: the tokens compared with the reference: all of them, or (either run cut off at the time limit)
+            the ones both made; None where nothing could be compared (no reference, or a cut-off run with no
+            tokens on one side). partial: the comparison stopped at a cut-off run's end.
     """
 
     schedule: str
@@ -46,6 +50,8 @@ class Lane:
     divergence: Divergence | None = None
     wall_s_repeats: tuple[float, ...] = ()
     max_rows_per_call: int = 0
+    compared: int | None = None
+    partial: bool = False
 
     @property
     def total_ms(self) -> float:
@@ -53,9 +59,23 @@ class Lane:
 
     @property
     def identical(self) -> bool:
-        """Whether the output equals the reference token for token (over the shorter of the two when either was
-        cut off at the time limit)."""
-        return self.first_difference is None
+        """Whether the output equals the reference token for token (over the tokens both made when either was cut
+        off at the time limit); False where nothing was compared (:attr:`compared` None)."""
+        return self.compared is not None and self.first_difference is None
+
+    def agreement(self) -> str:
+        """A few words on the lane against AR's output: "reference", "= AR output", "= AR over the first 4
+        tokens (a run was cut off)", "differs from AR at token 7 (3 of 32 tokens)", or why it was not compared."""
+        if self.schedule == "ar":
+            return "reference"
+        if self.compared is None:
+            return ("made no tokens before the time limit: not compared" if not self.token_ids else
+                    "not compared: AR made no tokens before the time limit")
+        if self.identical:
+            return (f"= AR over the first {counted(self.compared, 'token')} (a run was cut off)" if self.partial
+                    else "= AR output")
+        return (f"differs from AR at token {self.first_difference} ({sum(self.differs)} of {len(self.token_ids)} "
+                f"tokens)")
 
     @property
     def cut_off(self) -> bool:
@@ -87,17 +107,22 @@ def lane_from_run(run: RunRecord, title: str, reference: Sequence[int] | None, s
         nfe.append(n)
         tokens.append(k)
     differs: tuple[bool, ...] = ()
-    first = None
+    first = compared = None
+    partial = False
     if reference is not None:
         ref, ids = list(reference), list(run.token_ids)
-        if partial_reference or run.stop_reason == TIME_LIMIT:
+        partial = partial_reference or run.stop_reason == TIME_LIMIT
+        if partial:
             ref, ids = ref[:len(ids)], ids[:len(ref)]
-        differs = tuple(i >= len(ref) or t != ref[i] for i, t in enumerate(run.token_ids))
-        first = first_difference(ref, ids)
+        if ids or not partial:  # a cut-off run with nothing on one side compares nothing
+            differs = tuple(i >= len(ref) or t != ref[i] for i, t in enumerate(run.token_ids[:len(ids)]))
+            differs += (False,) * (len(run.token_ids) - len(differs)) if partial else ()
+            first = first_difference(ref, ids)
+            compared = len(ids) if partial else max(len(ref), len(ids))
     return Lane(schedule=run.schedule, title=title, token_ids=tuple(run.token_ids), sources=tuple(run.sources),
                 wall_ms=tuple(wall), nfe=tuple(nfe), tokens=tuple(tokens), metrics=run.metrics(), differs=differs,
                 first_difference=first, shown=shown,
-                max_rows_per_call=run.max_rows_per_call or 0)
+                max_rows_per_call=run.max_rows_per_call or 0, compared=compared, partial=partial)
 
 
 def lane_from_runs(runs: Sequence[RunRecord], title: str, reference: Sequence[int] | None,
@@ -213,7 +238,7 @@ def verdict_of(lanes: Sequence[Lane]) -> str:
     fewest = min(len(lane.wall_s_repeats) or 1 for lane in timed)
     noun = f"median of {repeats} runs each" if repeats > 1 else "one run each"
     if fewest < MIN_REPEATS:
-        head = (f"No winner can be judged: {fewest} run{'s' if fewest != 1 else ''} per lane show no spread to tell "
+        head = (f"No winner can be judged: {counted(fewest, 'run per lane')} show{'s' if fewest == 1 else ''} no spread to tell "
                 f"a difference from noise (it takes {MIN_REPEATS}); {best.title} had the lowest time")
         parts = [f"{lane.wall_range[0] / b_med:.2f}x {lane.title}" if b_med > 0 else lane.title for lane in timed[1:]]
     elif ties:

@@ -70,7 +70,8 @@ class RaceResult:
         lanes = {}
         for lane in self.lanes:
             metrics = dict(lane.metrics)
-            metrics["identical_to_ar"] = lane.identical
+            metrics["identical_to_ar"] = None if lane.compared is None and lane.schedule != "ar" else lane.identical
+            metrics["compared_tokens"] = lane.compared
             metrics["first_difference"] = lane.first_difference
             metrics["divergence"] = lane.divergence.as_dict() if lane.divergence is not None else None
             metrics["shown"] = lane.shown
@@ -80,6 +81,7 @@ class RaceResult:
             metrics["time_per_nfe_vs_ar"] = cost_ratio(lane, self.lane("ar"))
             lanes[lane.schedule] = metrics
         lossless = [lane for lane in self.lanes if lane.schedule in LOSSLESS]
+        compared = [lane for lane in lossless if lane.compared is not None]  # a lane that made nothing claims nothing
         c = self.settings.config
         return {
             "prompt_tokens": self.prompt_tokens,
@@ -90,7 +92,8 @@ class RaceResult:
             "cut_off": list(self.cut_off),
             "greedy": self.greedy,
             "reference": "ar",
-            "lossless_identical_to_ar": all(lane.identical for lane in lossless),
+            "lossless_identical_to_ar": (all(lane.identical for lane in compared) if compared else None),
+            "measured": not all(lane.cut_off for lane in self.lanes),
             "compute_s": self.compute_s,
             "repeats": self.repeats,
             "interleaved_iterations": self.interleaved,

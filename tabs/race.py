@@ -36,8 +36,11 @@ LANE_CHOICES = [("Prompt-lookup lane (the peer: n-gram drafts, no drafter)", "lo
 
 
 
-def race_note(result: RaceResult) -> str:
-    """What was measured, how often, where the block sizes came from, and whether the race ran alone."""
+def race_note(result: RaceResult, limit_s: float | None = None) -> str:
+    """What was measured, how often, where the block sizes came from, and whether the race ran alone; for a race
+    whose every lane the time limit (``limit_s`` seconds) cut off, that nothing could be measured and what would fit."""
+    if result.lanes and all(lane.cut_off for lane in result.lanes):
+        return nothing_measured(result, limit_s) + " " + result.isolation
     times = "once" if result.repeats == 1 else f"{result.repeats} times in rotating order"
     note = (f"Measured {len(result.lanes)} lanes {times}, one run after the other, in {result.compute_s:.2f} s. "
             f"Replaying each lane's median run on one clock. Timings on a shared machine vary between races: "
@@ -51,6 +54,23 @@ def race_note(result: RaceResult) -> str:
     if result.left_out:
         note += f" Left out: {', '.join(result.left_out)} (no version for an any-order model)."
     return note + " " + result.isolation
+
+
+def nothing_measured(result: RaceResult, limit_s: float | None) -> str:
+    """The note of a race whose every lane was cut off: no ranking, no speed; the new-token limit that would fit at
+    the speeds the lanes reached (every lane's tokens per second), or, where a lane made no token, that the machine
+    is too busy for this request now."""
+    limit = f"this server's {limit_s:g} s time limit" if limit_s else "the time limit"
+    most = max(len(lane.token_ids) for lane in result.lanes)
+    head = (f"Nothing could be measured: every lane was cut off at {limit} before it finished (at most {most} of "
+            f"{result.settings.config.max_new_tokens} tokens), so no lane is ranked and no speed is claimed.")
+    speeds = [len(lane.token_ids) / lane.total_ms * 1000 if lane.total_ms > 0 else 0.0 for lane in result.lanes]
+    if not limit_s or min(speeds) <= 0:
+        return head + (" At least one lane made no token at all: the machine is too busy for this request now; try "
+                       "again later, or lower the prompt length and the lanes.")
+    fits = int(0.8 * limit_s / sum(1 / v for v in speeds))  # one run of every lane, a fifth kept in reserve
+    return head + (f" At the speeds the lanes reached, about {fits} new tokens would fit: lower the new-token limit "
+                   f"to {max(1, fits)}, or race fewer lanes.")
 
 
 class RaceHandlers:
@@ -73,7 +93,7 @@ class RaceHandlers:
             us.race = None
             return error_html(message), gr.skip(), gr.skip()
         us.race = result
-        return (model_note_html(result.model_note) + note_html(race_note(result)),
+        return (model_note_html(result.model_note) + note_html(race_note(result, server.max_seconds)),
                 badge_html(result.lanes, result.greedy, result.settings.config.order), '<div class="race-lanes"></div>')
 
     def on_files(self, request: gr.Request):

@@ -84,16 +84,28 @@ def test_the_tuner_measures_at_first_use_and_again_on_drift_or_age(monkeypatch):
         assert tuner.threads is None and "not measured" in tuner.describe()
         first = tuner.check(object())
         assert first.threads == 1 and tuner.threads == 1 and "first use" in tuner.describe()
-        assert tuner.check(object()) is None  # no drift
-        ms_at.update({1: 20.0, 2: 5.0})  # the machine got busy: one thread slowed 5x
-        now[0] = 10.0
+        ms_at.update({1: 20.0, 2: 5.0})  # the machine got busy: one thread slowed 5x ...
+        assert tuner.check(object()) is None and tuner.threads == 1  # ... but no check before CHECK_S
+        now[0] = th.CHECK_S + 1
         drifted = tuner.check(object())
         assert drifted.threads == 2 and "drifted from 4.00 ms to 20.00 ms" in tuner.describe()
-        now[0] = 10.0 + th.RECHOOSE_S + 1
+        now[0] = 2 * th.CHECK_S + 2
+        assert tuner.check(object()) is None  # checked: no drift
+        now[0] = th.CHECK_S + 1 + th.RECHOOSE_S + 1
         ms_at.update({1: 3.0})
         assert tuner.check(object()).threads == 1 and "s since the last choice" in tuner.describe()
     finally:
         torch.set_num_threads(current["n"])
+
+
+def test_a_model_too_slow_to_probe_keeps_torchs_default(monkeypatch):
+    calls = []
+    monkeypatch.setattr(th, "probe_call", lambda model: (lambda: calls.append(time.sleep(th.MAX_PROBE_MS / 500))
+                                                                 or 1.0))
+    tuner = th.ThreadTuner(options=(1, 2), clock=lambda: 0.0)
+    assert tuner.check(object()) is None and tuner.threads is None and len(calls) == 1
+    assert "torch's default threads (not measured: one probe takes" in tuner.describe()
+    assert tuner.check(object()) is None and len(calls) == 1  # not probed again per request
 
 
 def test_a_given_count_is_applied_per_thread_and_never_measured(monkeypatch):

@@ -109,6 +109,7 @@ def test_a_cut_lane_is_compared_with_ar_over_their_common_length():
     from packed_ss.engine import decode, finish_run, generate
     from serve.lanes import lane_from_run, verdict_text
     from serve.limits import cut_off
+    from packed_ss.wording import counted
 
     model = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0, eos=False)
     config = DecodeConfig(block_size=3, max_new_tokens=12)
@@ -176,6 +177,7 @@ def test_the_race_panel_draws_lanes_the_limit_left_empty_or_partial():
     from packed_ss.engine import decode, finish_run, generate
     from serve.lanes import lane_from_run
     from serve.limits import cut_off
+    from packed_ss.wording import counted
 
     model = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0, eos=False)
     config = DecodeConfig(block_size=3, max_new_tokens=12)
@@ -299,6 +301,7 @@ def test_a_cut_lane_says_so_on_its_card_and_the_badge_claims_agreement_only_over
     from components.race_panel import badge_html, lanes_html
     from serve.lanes import lane_from_run
     from serve.limits import cut_off
+    from packed_ss.wording import counted
 
     model = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0, eos=False)
     config = DecodeConfig(block_size=3, max_new_tokens=12)
@@ -307,9 +310,10 @@ def test_a_cut_lane_says_so_on_its_card_and_the_badge_claims_agreement_only_over
     partial = cut_off(finish_run(model, [next(records)], config, "packed", 3))
     lanes = [lane_from_run(ar, "AR", None), lane_from_run(partial, "Packed-SS", ar.token_ids)]
     cards = lanes_html(lanes, float("inf"), lambda ids: [str(i) for i in ids], True)
-    assert f"cut off at the time limit ({partial.tokens} tokens)" in cards and cards.count(">finished<") == 1
+    assert f"cut off at the time limit ({counted(partial.tokens, 'token')})" in cards and cards.count(">finished<") == 1
     badge = badge_html(lanes, True)
-    assert f"agree with AR's over the tokens each lane made before the time limit ({partial.tokens}-12 tokens)" in badge
+    assert ("agree with AR's over the tokens both made before the time limit, and no further "
+            f"(Packed-SS: {counted(partial.tokens, 'token')})") in badge
     assert "are identical to AR's" not in badge
     whole = lane_from_run(generate(model, [4, 5, 6], config, "packed"), "Packed-SS", ar.token_ids)
     assert "are identical to AR's (12 tokens)" in badge_html([lanes[0], whole], True)

@@ -17,6 +17,7 @@ import math
 import plotly.graph_objects as go
 
 from packed_ss.bench.palette import schedule_color
+from packed_ss.wording import counted
 from packed_ss.bench.report import LABELS, _gap, _interval, _num, few_prompts_warning
 
 BASELINES = ("linear", "quadratic", "ar", "diffusion")  # Packed-SS is compared with each that was measured
@@ -60,7 +61,7 @@ def absolute_table(entry: dict) -> tuple[str, list[str], list[list[str]], str]:
         check += (f" {len(skipped)} prompt{'s' if len(skipped) != 1 else ''} not measured: "
                   + "; ".join(f"{s['prompt_id']} ({s['reason']})" for s in skipped[:5])
                   + (f" and {len(skipped) - 5} more" if len(skipped) > 5 else "") + ".")
-    return (f"{entry['task']}: absolute measurements ({summary['meta'].get('prompts_measured', 0)} prompts)",
+    return (f"{entry['task']}: absolute measurements ({counted(summary['meta'].get('prompts_measured', 0), 'prompt')})",
             ["schedule", "tokens", "wall (s)", "NFE", "tokens/s", "tokens/NFE", "accuracy (%) ± s.e."], rows,
             "Tokens, wall time and NFE are means per response; tokens/s and tokens/NFE use aggregate totals; "
             "s.e.: standard error over prompts (lm-eval-harness's)." + check)

@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 from packed_ss.bench.files import write_frame, write_text
 from packed_ss.bench.palette import schedule_color, schedule_symbol
 from packed_ss.bench.run import BenchResult
+from packed_ss.wording import counted
 
 LABELS = {"ar": "AR", "linear": "Linear-SS", "quadratic": "Quadratic-SS", "packed": "Packed-SS",
           "diffusion": "Diffusion", "lookup": "Prompt lookup", "packed-mixed": "Packed-SS + n-gram",
@@ -184,7 +185,7 @@ def figures(summary: dict) -> dict[str, go.Figure]:
                                     error_y=dict(type="data", symmetric=False, array=up, arrayminus=down)))
     ratios.add_hline(y=1, line_dash="dash", line_color="#444")
     n = summary["comparisons"][0]["n"] if summary["comparisons"] else 0
-    ratios.update_layout(title=f"Paired ratios with 95% bootstrap intervals ({n} prompts)", yaxis_title="ratio",
+    ratios.update_layout(title=f"Paired ratios with 95% bootstrap intervals ({counted(n, 'prompt')})", yaxis_title="ratio",
                          scattermode="group", height=420, template="plotly_white")
     out["ratios"] = ratios
 
