@@ -13,7 +13,7 @@ from __future__ import annotations
 import html
 from collections.abc import Callable, Sequence
 
-from packed_ss.records import SOURCES, IterationRecord
+from packed_ss.records import SOURCE_CORRECTION, SOURCES, IterationRecord
 
 from components.style import OPEN_SLOT, PROMPT, legend_html, source_class, visible
 
@@ -152,7 +152,23 @@ def grid_html(record: IterationRecord, sequence: Sequence[int], strings: TokenSt
     ]
     return (f'<div class="token-grid-wrap" data-iteration="{record.index}">'
             f'<div class="token-grid-head">{_heading(record, title, bool(draft), prefill, mask_token_id)}</div>'
-            f'<table class="token-grid">{"".join(rows)}</table></div>')
+            f'<table class="token-grid">{"".join(rows)}</table>{_residual_note(record, text)}</div>')
+
+
+def _residual_note(record: IterationRecord, text: dict[int, str]) -> str:
+    """Why the appended correction differs from the verifier's own token v at the first rejected position (sampling
+    only: at T > 0 the correction is drawn from the residual distribution, Algorithm 2 line 7); empty otherwise."""
+    h, v, out = record.h, list(record.verifier_tokens), list(record.appended)
+    if _is_prefill(record) or not (h < len(v) and h < len(out)) or v[h] == out[h]:
+        return ""
+    if h >= len(record.appended_sources) or record.appended_sources[h] != SOURCE_CORRECTION:
+        return ""
+    pos = record.prefix_len_before + h
+    return (f'<div class="grid-note" data-note="residual">At position {pos} the verifier row shows '
+            f'“{html.escape(text[v[h]])}” but “{html.escape(text[out[h]])}” was appended: at T &gt; 0 the '
+            f'correction token is drawn again, from the residual distribution [p − Q]<sub>+</sub> (the verifier\'s '
+            f'p with the drafter\'s Q taken out, Algorithm 2 line 7), while v shows the verifier\'s most likely token '
+            f'(its argmax). Drawing it so keeps the output distributed exactly as AR\'s.</div>')
 
 
 def _draft_chip(i: int, tok: int, pos: int, text: dict[int, str], mask_token_id: int, verified: bool, h: int,

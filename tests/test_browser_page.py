@@ -30,7 +30,8 @@ def both_url():
     from helpers import serve
     from serve.models import ANY_ORDER_MODEL, DEFAULT_MODEL
 
-    yield from serve(app.build_demo(DEFAULT_MODEL, allowed_models=[ANY_ORDER_MODEL]))
+    yield from serve(app.build_demo(DEFAULT_MODEL, allowed_models=[ANY_ORDER_MODEL],
+                            max_seconds=None))  # no clock limit: a busy machine must not cut a race
 
 
 @pytest.fixture
@@ -84,8 +85,11 @@ def test_race_verdict_says_why_and_gives_the_papers_comparisons(page):
     badge = page.locator("#race-badge [data-badge='verdict']")
     badge.wait_for(timeout=RACE_MS)
     verdict = badge.inner_text()
-    assert re.search(r"Why: .+ accepted \d+\.\d\d tokens per call", verdict), verdict
-    assert re.search(r"cost \d+\.\d\dx AR's one-row calls on this machine", verdict), verdict
+    # the reason, or (where the machine's load made multi-row calls measure cheaper than one row) why there is none
+    why = re.search(r"Why: .+ accepted \d+\.\d\d tokens per call.+cost \d+\.\d\dx AR's one-row calls on this "
+                    r"machine", verdict)
+    noise = re.search(r"Noise, not a reason: .+ measured \d+\.\d\dx AR's one-row calls", verdict)
+    assert why or noise, verdict
     assert "The paper's comparisons: Packed-SS is" in verdict
     for baseline in ("Linear-SS", "Quadratic-SS", "Autoregressive"):
         assert re.search(rf"\d+\.\d\dx as fast as {baseline}", verdict), (baseline, verdict)

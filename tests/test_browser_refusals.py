@@ -39,7 +39,8 @@ def app_url():
     from helpers import serve
     from serve.models import DEFAULT_MODEL
 
-    yield from serve(app.build_demo(DEFAULT_MODEL, max_rows=_one_race_rows()))
+    yield from serve(app.build_demo(DEFAULT_MODEL, max_rows=_one_race_rows(),
+                            max_seconds=None))  # no clock limit: a busy machine must not cut a race
 
 
 @pytest.fixture
