@@ -11,6 +11,7 @@ row. Per iteration (Table 2 of the paper, block size B = W + 1):
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -179,8 +180,10 @@ def break_even_figure(model: CostModel | None, measured: Sequence[tuple[str, int
     return go.Figure(dict(data=traces, layout=layout))
 
 
-def break_even_summary(model: CostModel | None, measured: Sequence[tuple[str, int, float, int]]) -> str:
-    """Markdown: what the break-even means here, and each measured schedule's tokens/NFE against its line."""
+def break_even_summary(model: CostModel | None, measured: Sequence[tuple[str, int, float, int]],
+                       iterations: Sequence[tuple[str, int, float]] = ()) -> str:
+    """Markdown: what the break-even means here, and each measured schedule's tokens/NFE against its line, with a
+    verdict only where the fit can give one (:func:`judge`; ``iterations``: ``(schedule, W, model_ms)`` measured)."""
     if model is None:
         return "No break-even yet: it needs the cost fit (measure or race first)."
     text = (f"A call of R rows costs τ + δR = {model.tau_ms:.2f} + {model.delta_ms:.4f}·R ms here, so a schedule whose "
@@ -199,10 +202,45 @@ def break_even_summary(model: CostModel | None, measured: Sequence[tuple[str, in
             need = break_even(schedule, w + 1, model)
             verdict = ("too noisy to judge (the fit's residual is "
                        f"{model.rmse_ms / max(model.tau_ms, 1e-9):.1f}× τ: measure again)" if noisy
-                       else "beats AR" if tpn > need else "loses to AR")
+                       else judge(schedule, w, tpn, model, iterations))
             lines.append(f"- {TITLES[schedule]} at W = {w}: {tpn:.2f} tokens/NFE measured, {need:.2f} needed: "
-                         f"{verdict} here.")
+                         f"{verdict}.")
     return text + ("\n\n" + "\n".join(lines) if lines else "")
+
+
+MISFIT = 2.0  # measured iterations further than this many RMS errors from the fit's prediction: no verdict
+
+
+def judge(schedule: str, w: int, tpn: float, model: CostModel, iterations: Sequence[tuple[str, int, float]]) -> str:
+    """"beats AR here" / "loses to AR here" only where the fit can tell; otherwise "cannot judge" and why.
+
+    Two checks: (1) the fit predicts the measured regular iterations of AR and of ``schedule`` at ``w`` (medians)
+    within :data:`MISFIT` times its RMS error; (2) ``tpn`` lies outside the break-even's range under that error
+    (each predicted call ± the RMS error: needed from (c - e) / (a + e) to (c + e) / (a - e), c the schedule's mean
+    call, a AR's one-row call, e the error)."""
+    e = model.rmse_ms
+    for name, at in (("AR", None), (TITLES[schedule], w)):
+        key = "ar" if at is None else schedule
+        times = [ms for s, ww, ms in iterations if s == key and (at is None or ww == at)]
+        if not times:
+            continue
+        measured_ms = statistics.median(times)
+        predicted = predicted_iteration_ms(key, (at or 0) + 1, model)
+        if abs(measured_ms - predicted) > MISFIT * e:
+            return (f"cannot judge: the fit predicts {name}'s iterations at {predicted:.2f} ms, but they measured "
+                    f"{measured_ms:.2f} ms (median of {len(times)}), beyond {MISFIT:g}× its RMS error of {e:.2f} ms")
+    calls = calls_per_iteration(schedule, w + 1)
+    c, a = sum(model.call_ms(r) for r in calls) / len(calls), model.call_ms(1)
+    if a <= e:
+        return (f"cannot judge: the fit's RMS error ({e:.2f} ms) is as large as a one-row call ({a:.2f} ms), so the "
+                f"break-even could be anywhere above {max(0.0, c - e) / (a + e):.2f}")
+    low, high = max(0.0, c - e) / (a + e), (c + e) / (a - e)
+    if tpn > high:
+        return "beats AR here"
+    if tpn < low:
+        return "loses to AR here"
+    return (f"cannot judge: within the fit's RMS error ({e:.2f} ms) the break-even lies between {low:.2f} and "
+            f"{high:.2f} tokens/NFE")
 
 
 def fit_summary(model: CostModel | None, error: str = "") -> str:

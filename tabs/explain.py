@@ -38,7 +38,7 @@ class ExplainHandlers:
         source = (f"\n\nThe fit and the break-even rest on the same calls as the Race tab's: this server's {kind} "
                   f"calls, every one measured so far in this process (races and Steps included).")
         return (cost_figure(fitted, iterations, w_max), fit_summary(fitted, error) + source,
-                break_even_figure(fitted, measured, w_max), break_even_summary(fitted, measured))
+                break_even_figure(fitted, measured, w_max), break_even_summary(fitted, measured, iterations))
 
     def on_paths(self, values: RequestValues, request: gr.Request, progress=gr.Progress()):
         """Fit eager and compiled calls of the chosen model and measure the machine's limits (once per model),

@@ -98,7 +98,7 @@ def test_the_model_note_of_the_embedded_model_and_of_any_other(tiny_model_dir):
 def test_with_fewer_than_three_runs_per_lane_no_winner_is_named_and_no_reason_given():
     once = [lane("ar", "Autoregressive", 1.0, 1.6, (0.10,)), lane("lookup", "Prompt lookup", 1.9, 0.53, (0.05,), rows=8)]
     text = verdict_text(once)
-    assert text.startswith("No winner can be judged: 1 run per lane show no spread")
+    assert text.startswith("No winner can be judged: 1 run per lane shows no spread")
     assert "beyond the spread" not in text and "Why:" not in text and "Fastest" not in text
     twice = [lane("ar", "Autoregressive", 1.0, 1.6, (0.10, 0.11)), lane("packed", "Packed-SS", 2.0, 3.0, (0.2, 0.21),
                                                                        rows=16)]
@@ -126,3 +126,24 @@ def test_the_break_even_gives_no_verdict_on_a_fit_too_noisy_to_judge(rmse_ms, ve
     text = break_even_summary(fit, [("packed", 7, 3.0, 40)])
     assert f"Packed-SS at W = 7: 3.00 tokens/NFE measured" in text and verdict in text
     assert ("beats AR" in text) == (rmse_ms < 2.0 * 2.0)
+
+
+def test_the_break_even_judges_only_where_the_fit_predicts_the_measured_iterations():
+    """Explain said every width "beats AR here" while AR's iterations measured about 150 ms against a fit with
+    tau 773.6 ms and an RMS residual of 690.6 ms (issue 39): no verdict where the fit misses the measured iterations,
+    or where the tokens/NFE lies within the break-even's range under the fit's own error."""
+    from components.charts import break_even_summary
+
+    loose = CostModel(tau_ms=773.6, delta_ms=5.0, calls=40, min_rows=1, max_rows=64, rmse_ms=690.6)
+    text = break_even_summary(loose, [("packed", 7, 3.0, 40)], [("ar", 7, 150.0)] * 9 + [("packed", 7, 2500.0)] * 5)
+    assert "beats AR" not in text and "cannot judge" in text
+    assert "the fit's RMS error (690.60 ms) is as large as a one-row call" in text or "beyond 2× its RMS" in text
+    missed = CostModel(tau_ms=2.0, delta_ms=0.01, calls=40, min_rows=1, max_rows=16, rmse_ms=0.2)
+    text = break_even_summary(missed, [("packed", 7, 3.0, 40)], [("ar", 7, 9.0)] * 5)
+    assert "cannot judge: the fit predicts AR's iterations at 2.01 ms, but they measured 9.00 ms" in text
+    close = CostModel(tau_ms=2.0, delta_ms=0.1, calls=40, min_rows=1, max_rows=16, rmse_ms=0.5)
+    near = break_even_summary(close, [("packed", 7, 1.7, 40)], [("ar", 7, 2.1)] * 5 + [("packed", 7, 3.6)] * 5)
+    assert "cannot judge: within the fit's RMS error (0.50 ms) the break-even lies between" in near
+    clear = break_even_summary(close, [("packed", 7, 3.5, 40)], [("ar", 7, 2.1)] * 5 + [("packed", 7, 3.6)] * 5)
+    assert "beats AR here" in clear
+    assert "loses to AR here" in break_even_summary(close, [("packed", 7, 1.0, 40)], [("ar", 7, 2.1)] * 5)
