@@ -100,10 +100,14 @@ def panel_figure(figure):
     return fitted
 
 
+EARLIER = "What is shown below (if anything) is an earlier report, not this request's."
+
+
 def refusal(message: str, others: int) -> tuple:
-    """The outputs of a refused event: the one-line message in the tab's status (its result area), and the
-    ``others`` outputs (summary, charts, files) left as they were."""
-    return (error_html(message), *(gr.skip() for _ in range(others)))
+    """The outputs of a refused event: the one-line message in the tab's status (its result area), saying that the
+    ``others`` outputs (summary, charts, files), left as they were, are not this request's result."""
+    return (error_html(f"{message}. {EARLIER}" if not message.endswith(".") else f"{message} {EARLIER}"),
+            *(gr.skip() for _ in range(others)))
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ first (:func:`serve.race.run_race`), then replayed on one clock while the charts
 
 from __future__ import annotations
 
+import html
 import time
 
 import gradio as gr
@@ -73,6 +74,19 @@ def nothing_measured(result: RaceResult, limit_s: float | None) -> str:
                    f"to {max(1, fits)}, or race fewer lanes.")
 
 
+def earlier_note(earlier: RaceResult | None) -> str:
+    """The badge area under a refused race: what the lanes, charts and table still on screen are (the session's
+    earlier race, named by its settings), so that they are not read as this request's result; empty when there is
+    none."""
+    if earlier is None:
+        return ""
+    c = earlier.settings.config
+    return (f'<div class="badge muted" data-badge="earlier">This request was refused: the lanes, charts and table '
+            f'below are your earlier race ({html.escape(earlier.settings.model or "default model")}, '
+            f'{earlier.prompt_tokens}-token prompt, B = {c.block_size}, {c.max_new_tokens} new tokens, T = '
+            f'{c.temperature:g}), not this one.</div>')
+
+
 class RaceHandlers:
     """Measure (``on_race``: status, badge, empty lanes) and replay (``on_replay``: lanes, three charts, summary)."""
 
@@ -90,8 +104,8 @@ class RaceHandlers:
                               admit=server.admit(request, RACE_LIGHTER))
         except Exception as error:  # noqa: BLE001
             message = refused(error, "ui_race")
-            us.race = None
-            return error_html(message), gr.skip(), gr.skip()
+            earlier, us.race = us.race, None
+            return error_html(message), earlier_note(earlier), gr.skip()
         us.race = result
         return (model_note_html(result.model_note) + note_html(race_note(result, server.max_seconds)),
                 badge_html(result.lanes, result.greedy, result.settings.config.order), '<div class="race-lanes"></div>')

@@ -106,3 +106,27 @@ def test_any_order_badges_give_a_reason_only_for_a_difference():
     badge = badge_html([lane_from_run(ar, "AR", None), same, empty], True, order="confidence")
     assert "Packed-SS matches the left-to-right output over 12 tokens</span>" in badge
     assert "expected" not in badge and "Linear-SS made no tokens" in badge
+
+
+def test_a_refused_race_marks_what_stays_on_screen_as_the_earlier_race():
+    """A row-budget refusal left the previous race's cards, charts and table on screen as if they were this
+    request's (issue 39, item 5)."""
+    from types import SimpleNamespace
+
+    from serve.server import Server
+    from tabs.race import RaceHandlers
+
+    model = _model()
+    server = Server("tiny", device="cpu", preloaded={"tiny": model}, max_seconds=None)
+    handlers, request = RaceHandlers(server), SimpleNamespace(session_hash="visitor")
+    values = lambda tokens: RequestValues("tiny", "ab", "packed", 3, 0.0, 0, 1.0, 0, tokens, False, "",  # noqa: E731
+                                          "model", 0.8, "ltr", False)
+    first = handlers.on_race(values(8), [], "same", request)
+    assert 'data-badge="earlier"' not in first[1] and server.session(request).race is not None
+    server.max_rows = 10  # the next race's worst case is over the budget
+    status, badge, lanes = handlers.on_race(values(8), [], "same", request)
+    assert 'data-error="1"' in status and "model rows" in status
+    assert 'data-badge="earlier"' in badge and "not this one" in badge and "B = 3, 8 new tokens" in badge
+    assert server.session(request).race is None  # nothing of it is replayed or offered as this request's files
+    fresh = SimpleNamespace(session_hash="newcomer")
+    assert handlers.on_race(values(8), [], "same", fresh)[1] == ""  # no earlier race: nothing to mark
