@@ -25,6 +25,7 @@ from serve.step import StepRun
 from tabs.settings import SettingsPanel
 
 PLAY = "▶ Play"
+PAUSE = "▮▮ Pause"  # U+25AE, in DejaVu Sans (Debian's chromium has no glyph for U+23F8 "⏸")
 
 
 def play_interval(speed) -> float:
@@ -105,7 +106,7 @@ class StepHandlers:
         us = self.server.session(request)
         us.playing = not us.playing
         return (gr.Timer(value=interval, active=us.playing),
-                gr.Button(value="⏸ Pause" if us.playing else PLAY))
+                gr.Button(value=PAUSE if us.playing else PLAY))
 
     @staticmethod
     def on_speed(speed):
