@@ -185,12 +185,16 @@ def figures(summary: dict) -> dict[str, go.Figure]:
                                     error_y=dict(type="data", symmetric=False, array=up, arrayminus=down)))
     ratios.add_hline(y=1, line_dash="dash", line_color="#444")
     n = summary["comparisons"][0]["n"] if summary["comparisons"] else 0
-    ratios.update_layout(title=f"Paired ratios with 95% bootstrap intervals ({counted(n, 'prompt')})", yaxis_title="ratio",
-                         scattermode="group", height=420, template="plotly_white")
+    ratios.update_layout(title=f"Paired ratios with 95% bootstrap intervals ({counted(n, 'prompt')})",
+                         yaxis_title="ratio", scattermode="group", height=420, template="plotly_white",
+                         showlegend=True)  # also for one comparison: the legend names it
     out["ratios"] = ratios
 
     decomposition = go.Figure()
-    by = summary["decomposition"]["by_schedule"]
+    everything = summary["decomposition"]["by_schedule"]
+    # reference lanes timed as a whole (transformers' generate, llama.cpp) have no model / non-model split: no bar
+    by = {s: d for s, d in everything.items() if (d.get("model") or 0) + (d.get("other") or 0) > 0}
+    unsplit = [SHORT.get(s, _label(s)) for s in everything if s not in by]
     names = [SHORT.get(s, _label(s)) for s in by]  # short axis labels: a panel is a third of the page wide
     decomposition.add_trace(go.Bar(x=names, y=[d["model"] for d in by.values()], name="model time",
                                    marker_color="#1f77b4"))
@@ -199,8 +203,11 @@ def figures(summary: dict) -> dict[str, go.Figure]:
     if by:
         decomposition.add_hline(y=1, line_dash="dash", line_color="#444")
     else:
-        decomposition.add_annotation(text="no decomposition: it is normalised to Linear-SS, which was not measured",
-                                     showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5)
+        decomposition.add_annotation(text="no decomposition:<br>it is normalised to Linear-SS,<br>which was not "
+                                          "measured", showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5)
+    if unsplit:
+        decomposition.add_annotation(text="no split (timed whole): " + ", ".join(unsplit), showarrow=False,
+                                     xref="paper", yref="paper", x=0, y=-0.22, xanchor="left", font=dict(size=11))
     reference = summary["decomposition"]["reference"]
     reference_name = _label(reference) if reference else "n/a (Linear-SS not measured)"
     decomposition.update_layout(barmode="stack", height=420, template="plotly_white",
