@@ -115,10 +115,10 @@ def _call_spec(layout: CallLayout, strings: TokenStrings, i: int, domain: tuple[
         f"xaxis{sfx}": dict(domain=list(domain), anchor=yref, type="category",
                             tickvals=([key_labels[0]] if folded else []) + key_ticks,
                             ticktext=([f"cache ×{layout.cached}"] if folded else []) + key_text,
-                            showgrid=False, zeroline=False, tickangle=-30,
+                            showgrid=False, zeroline=False, tickangle=-60, automargin=True,  # steep: no overlap
                             title=dict(text="keys (cached prefix,<br>then this call's rows)")),  # two lines: fits a phone
         f"yaxis{sfx}": dict(anchor=xref, type="category", autorange="reversed", showgrid=False, zeroline=False,
-                            tickvals=row_ticks, ticktext=row_text, tickfont=dict(size=11),
+                            tickvals=row_ticks, ticktext=row_text, tickfont=dict(size=11), automargin=True,
                             title=dict(text="query rows (role · token @ position)" if i == 0 else "")),
     }
     line = dict(color="#0f172a", width=1.5)
