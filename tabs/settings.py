@@ -99,7 +99,7 @@ def build_settings(server: Server, prompts: Sequence[str], on_cuda: bool) -> Set
         schedule = gr.Radio([(REGISTRY[n].title, n) for n in STEP_SCHEDULES], value="packed",
                             label="Schedule (Step through)", elem_id="schedule")
         block = gr.Slider(2, APP_MAX_BLOCK_SIZE, value=8, step=1, label="Block size B (draft width W = B − 1)")
-        temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)")
+        temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)", elem_id="temperature")
         with gr.Row():
             # No minimum= on these two: make_settings names the field in its message (Gradio's
             # own bound check would answer "Value -1 is less than minimum value 0." only).
