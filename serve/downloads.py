@@ -12,9 +12,7 @@ import csv
 import dataclasses
 import io
 import json
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 
 from serve.errors import UserError
 from serve.lanes import cost_ratio
@@ -98,22 +96,20 @@ def race_csv(result: RaceResult) -> str:
 
 
 def offer(files: SessionFiles, session: str, name: str, text: str, slot: str) -> str:
-    """Write ``text`` as file ``name`` where the page serves files from, registered as ``session``'s file for
-    ``slot`` (the session's earlier file for that slot is removed). Returns the served path.
+    """Write ``text`` as file ``name`` where the page serves files from (:meth:`SessionFiles.publish`: a folder of
+    its own), registered as ``session``'s file for ``slot`` (the session's earlier file for that slot is removed).
+    Returns the served path.
 
-    Raises: UserError when the text is over :data:`MAX_DOWNLOAD_BYTES`."""
-    from gradio.processing_utils import save_file_to_cache
-
+    Raises: UserError when the text is over :data:`MAX_DOWNLOAD_BYTES` or cannot be written (a full disk)."""
     data = text.encode("utf-8")
     if len(data) > MAX_DOWNLOAD_BYTES:
         raise UserError(f"{name} would be {len(data) / 2**20:.1f} MB, more than the {MAX_DOWNLOAD_BYTES // 2**20} MB "
                         f"a download may hold: use fewer new tokens")
-    with tempfile.TemporaryDirectory(prefix="packed-ss-download-") as folder:
-        path = Path(folder) / name
-        path.write_bytes(data)
-        served = save_file_to_cache(str(path), str(files.uploads))
-    files.add_output(session, served, slot=slot)
-    return served
+    try:
+        return files.publish(session, name, data, slot=slot)
+    except OSError as error:
+        raise UserError(f"{name} could not be written on the server ({error.strerror or type(error).__name__}): "
+                        f"try again later") from None
 
 
 def offer_json(files: SessionFiles, session: str, name: str, value, slot: str) -> str:

@@ -2,10 +2,11 @@
 that made them.
 
 * :class:`SessionFiles` gives each session its own files: an upload is copied out of Gradio's shared upload folder
-  into a private folder of the first session that uses it, and the original becomes that session's too (Gradio
-  names an upload by its content, so another visitor given its path could name it); an output (the Benchmark tab's
-  report, a Step or Race download, :mod:`serve.downloads`) is registered to the session it was written for.
-  Another session naming either is refused, nothing is deleted on read, a session keeps at most
+  into a private folder of each session that uses it (Gradio names an upload by its bytes, so two visitors who
+  upload the same file get one path: neither is told of the other); an output (the Benchmark tab's report, a Step
+  or Race download, :mod:`serve.downloads`) is written to a folder of its own with a random name and registered to
+  the session it was written for. Another session naming a copy or an output gets the same refusal as a path that
+  does not exist, nothing is deleted on read, a session keeps at most
   :data:`FILES_PER_SESSION` files (its oldest go first; a download replaces the session's earlier one of its kind)
   and its files are removed when the session ends. The Benchmark tab takes a file only from
   the session's own upload event (:meth:`SessionFiles.choose`), so its API endpoints take no file at all.
@@ -17,6 +18,7 @@ Messages name files as the visitor gave them (their own names), never by a serve
 from __future__ import annotations
 
 import itertools
+import secrets
 import shutil
 import tempfile
 import threading
@@ -70,7 +72,7 @@ class SessionFiles:
         self._owner: dict[str, str] = {}  # file on disk -> its session
         self._folders: dict[str, Path] = {}
         self._slots: dict[str, dict[str, Path]] = {}  # session -> {widget: its file}
-        self._originals: dict[str, list[Path]] = {}  # session -> the uploads in Gradio's folder it copied
+        self._users: dict[str, set[str]] = {}  # an upload in Gradio's folder -> the sessions that copied it
         self._numbers = itertools.count()
         self._lock = threading.Lock()
 
@@ -82,23 +84,26 @@ class SessionFiles:
         """The file ``value`` names for ``session``: its own earlier upload or output, or a new upload (copied into
         the session's folder on first use). None when ``value`` names no file.
 
-        Raises: UserError for a value that is no file, a file of another session, or one that is neither an upload
-            nor one of the session's outputs (any other server path); the message names the file by its own name.
+        An upload in Gradio's folder is named by its bytes (the same bytes uploaded twice give one path), so it is
+        nobody's: any session naming it gets its own copy, and it is removed once every session that copied it has
+        ended. Anything else (another session's copy or output, any other server path, a path that does not exist)
+        gets the same refusal: a visitor learns nothing of another's files.
+
+        Raises: UserError for a value that is no file, or one that is neither an upload nor the session's own; the
+            message names the file by its own name.
         """
         path = given_path(value)
         if path is None:
             return None
         name = Path(path).name or "the file"
         with self._lock:
-            mine = self._files.get(session, {})
-            if path in mine:
-                return mine[path]
             key = self._key(path)
-            if key is not None and key in self._owner:
-                if self._owner[key] == session:
-                    return Path(key)
-                raise UserError(f"{name!r} belongs to another visitor's session: upload your own copy")
-            if key is None or not self._is_upload(Path(key)):
+            mine = self._files.get(session, {})
+            if key in mine:
+                return mine[key]
+            if key is not None and self._owner.get(key) == session:
+                return Path(key)
+            if key is None or key in self._owner or not self._is_upload(Path(key)):
                 raise UserError(f"{name!r} is not a file you uploaded in this session: upload it again")
             private = self._folder(session) / str(next(self._numbers)) / name  # its own name, for messages
             try:
@@ -106,9 +111,8 @@ class SessionFiles:
                 shutil.copyfile(key, private)  # the page's widget still shows the original
             except OSError:
                 raise UserError(f"{name!r} is no longer on the server: upload it again") from None
-            self._keep(session, path, private)
-            self._owner[key] = session  # nobody else may name the original either
-            self._originals.setdefault(session, []).append(Path(key))
+            self._keep(session, key, private)
+            self._users.setdefault(key, set()).add(session)
             return private
 
     def choose(self, session: str, slot: str, value) -> Path | None:
@@ -129,6 +133,26 @@ class SessionFiles:
             path = self._slots.get(session, {}).get(slot)
             return path if path is not None and self._owner.get(str(path)) == session else None
 
+    def publish(self, session: str, name: str, data: bytes | str | Path, slot: str | None = None) -> str:
+        """Write ``data`` (bytes, or the file at a path) as file ``name`` where the page serves files from, in a
+        folder of its own with a random name (never shared with another session's file of the same bytes), and
+        register it as ``session``'s (see :meth:`add_output`). Returns the served path.
+
+        Raises: OSError when it cannot be written (the caller says so in one line)."""
+        folder = self.uploads / f"out-{secrets.token_hex(16)}"
+        folder.mkdir(parents=True)
+        target = folder / Path(name).name
+        try:
+            if isinstance(data, bytes):
+                target.write_bytes(data)
+            else:
+                shutil.copyfile(data, target)
+        except OSError:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        self.add_output(session, target, slot)
+        return str(target)
+
     def add_output(self, session: str, path: str | Path, slot: str | None = None) -> None:
         """Register ``path`` (a file written for ``session``, e.g. a benchmark report) as that session's. With a
         ``slot`` (a kind of file: "step-records", "race-table"...), it replaces the session's earlier file of that
@@ -144,16 +168,23 @@ class SessionFiles:
             self._keep(session, key, Path(key))
 
     def forget(self, session: str) -> None:
-        """Remove every file of ``session`` (its uploads, its outputs) and its folder: the session ended."""
+        """Remove every file of ``session`` (its copies of uploads, its outputs) and its folder: the session ended.
+        An upload in Gradio's folder goes too once no other session that copied it is left."""
         with self._lock:
             files = self._files.pop(session, {})
             folder = self._folders.pop(session, None)
             self._slots.pop(session, None)
-            originals = self._originals.pop(session, [])
-            for disk in [*files.values(), *originals]:
-                self._owner.pop(str(disk), None)
-        for disk in [*files.values(), *originals]:
-            disk.unlink(missing_ok=True)
+            for disk in files.values():
+                if self._owner.get(str(disk)) == session:
+                    del self._owner[str(disk)]
+            originals = []
+            for key, users in list(self._users.items()):
+                users.discard(session)
+                if not users:
+                    del self._users[key]
+                    originals.append(Path(key))
+        for disk in {*files.values(), *originals}:
+            _remove(disk)
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -170,7 +201,7 @@ class SessionFiles:
         while len(files) > self.per_session:  # the oldest file goes first
             _, old = files.popitem(last=False)
             self._owner.pop(str(old), None)
-            old.unlink(missing_ok=True)
+            _remove(old)
 
     def _drop(self, session: str, disk: Path) -> None:
         """Remove ``disk``, one of ``session``'s files, from its files and from the disk."""
@@ -179,7 +210,7 @@ class SessionFiles:
             del files[given]
         if self._owner.get(str(disk)) == session:
             del self._owner[str(disk)]
-            disk.unlink(missing_ok=True)
+            _remove(disk)
 
     def _folder(self, session: str) -> Path:
         if session not in self._folders:
@@ -196,7 +227,15 @@ class SessionFiles:
             return None
 
     def _is_upload(self, path: Path) -> bool:
-        return self.uploads in path.parents
+        """Whether ``path`` is a visitor's upload in Gradio's folder (not an output :meth:`publish` wrote there)."""
+        return self.uploads in path.parents and not path.parent.name.startswith("out-")
+
+
+def _remove(disk: Path) -> None:
+    """Delete ``disk``, and its folder when :meth:`SessionFiles.publish` made it for this one file."""
+    disk.unlink(missing_ok=True)
+    if disk.parent.name.startswith("out-"):
+        shutil.rmtree(disk.parent, ignore_errors=True)
 
 
 RECENT_UPLOAD_BYTES = 256 * 2**20  # bytes all visitors may upload within RECENT_S (uploads nobody uses stay that long)

@@ -2,7 +2,7 @@
 
 :func:`build_benchmark_tab` creates the widgets inside the caller's ``gr.Blocks``/``gr.Tab`` context and
 wires their events. The work is done by two plain functions of :mod:`serve.benchmark` that the UI only
-calls: :func:`~serve.benchmark.load_report` (a saved ``summary.json`` -> markdown and figures) and
+calls: :func:`~serve.benchmark.load_report` (a bundled ``summary.json`` -> markdown and figures) and
 :func:`~serve.benchmark.run_small_benchmark` (measure, write the files to a fresh temporary folder, return
 markdown, figures and file paths). User errors become ``gr.Error`` with a one-line message. Files come only from
 the session's own uploads and go to it only (:class:`serve.uploads.SessionFiles`).
@@ -25,8 +25,8 @@ from packed_ss.bench.report import few_prompts_warning
 from packed_ss.bench.run import RunsStopped
 from packed_ss.inputs import model_name as report_model_name
 
-from serve.benchmark import (DEFAULT_REPORT, HUMANEVAL, MAX_NEW_TOKENS, MAX_PROMPTS, ROOT, UPLOAD, load_report,
-                             read_summary_file, run_small_benchmark)
+from serve.benchmark import (HUMANEVAL, MAX_NEW_TOKENS, MAX_PROMPTS, REPORTS, ROOT, UPLOAD, bundled_report,
+                             load_report, read_summary_file, report_files, run_small_benchmark)
 from serve.errors import refused
 from serve.uploads import SessionFiles
 
@@ -121,6 +121,7 @@ class BenchmarkHandlers:
 
     load_model: Callable[[str], object]
     models: Sequence[str]
+    reports: Sequence[str]  # the bundled reports the tab shows (serve.benchmark.REPORTS), under root
     root: str | Path
     turn: Callable[[], ContextManager]
     max_rows: int | None
@@ -156,15 +157,23 @@ class BenchmarkHandlers:
 
         return cleared
 
-    def show(self, path, request: gr.Request = None):
+    def show(self, name, request: gr.Request = None):
+        """Show the session's uploaded summary.json, or else the bundled report ``name``, with the bundled report's
+        files offered as downloads (an upload has no other files: the box is cleared)."""
         try:
-            target = self.files.chosen(self.session(request), "summary")
-            markdown, figs = (read_summary_file(target) if target is not None
-                              else load_report(path if path is not None else "", self.root))
+            session = self.session(request)
+            target = self.files.chosen(session, "summary")
+            if target is not None:
+                markdown, figs = read_summary_file(target)
+                shown, served = f"the uploaded {target.name}", None
+            else:
+                markdown, figs = load_report(name if name is not None else "", self.reports, self.root)
+                shown = str(name).strip()
+                served = [self.files.publish(session, path.name, path, slot=f"report:{path.name}")
+                          for path in report_files(bundled_report(name, self.reports, self.root))]
         except Exception as error:  # noqa: BLE001 - one line in the status, never a traceback
-            return refusal(refused(error, "benchmark_show"), 1 + len(FIGURES))
-        shown = f"the uploaded {target.name}" if target is not None else str(path)
-        return (f"Showing {shown}.", markdown, *(panel_figure(figs.get(name)) for name in FIGURES))
+            return refusal(refused(error, "benchmark_show"), 2 + len(FIGURES))
+        return (f"Showing {shown}.", markdown, *(panel_figure(figs.get(name)) for name in FIGURES), served)
 
     def run(self, model_name, source, n, chosen, blocks, length, temp, k, seed_value, order_value="ltr",
             request: gr.Request = None, progress=gr.Progress()):
@@ -215,20 +224,17 @@ class BenchmarkHandlers:
         return (note, markdown, *(panel_figure(figs.get(name)) for name in FIGURES), paths)
 
     def outputs(self, session: str, paths: Sequence[str]) -> list[str]:
-        """The run's files copied where the page serves them from (Gradio's cache), registered as ``session``'s
-        (another session naming them is refused; they go when the session ends); the run's own folder removed."""
-        from gradio.processing_utils import save_file_to_cache
-
-        served = [save_file_to_cache(path, str(self.files.uploads)) for path in paths]
-        for path in served:
-            self.files.add_output(session, path)
+        """The run's files copied where the page serves them from (:meth:`SessionFiles.publish`), registered as
+        ``session``'s (another session naming them is refused; they go when the session ends); the run's own folder
+        removed."""
+        served = [self.files.publish(session, Path(path).name, Path(path)) for path in paths]
         for folder in {Path(path).parent for path in paths}:
             shutil.rmtree(folder, ignore_errors=True)
         return served
 
 
 def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[str],
-                        default_report: str | Path | None = DEFAULT_REPORT, root: str | Path = ROOT,
+                        reports: Sequence[str] = REPORTS, root: str | Path = ROOT,
                         concurrency_id: str = "benchmark", turn: Callable[[], ContextManager] = nullcontext,
                         max_rows: int | None = None, alive_for: Callable | None = None,
                         max_seconds: float | None = None, session_files: SessionFiles | None = None,
@@ -238,8 +244,9 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
     Args:
         load_model: name -> DualModeModel (the app's cached loader; the view uses ``model.share()``).
         models: the models visitors may choose (folders or hub ids), the default first.
-        default_report: saved report (folder under ``root`` with summary.json) shown on start, if present.
-        root: folder that saved reports may be read from.
+        reports: the bundled reports the tab offers (folders under ``root`` holding summary.json), the first shown
+            on start; the tab reads no other path (:func:`serve.benchmark.bundled_report`).
+        root: the folder the reports' names are taken from.
         concurrency_id: queue group of the benchmark runs (one at a time).
         turn: held around each timed run: the app's compute gate, so no other model work runs during one.
         max_rows: worst-case model rows one benchmark may need (None = no limit).
@@ -255,9 +262,9 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
     Returns: a :class:`BenchmarkTab` with the component handles.
     """
     initial_md, initial_figs = "No report loaded yet.", {}
-    if default_report:
+    if reports:
         try:
-            initial_md, initial_figs = load_report(default_report, root)
+            initial_md, initial_figs = load_report(reports[0], reports, root)
         except BenchError:
             pass
     gr.Markdown("Paired throughput comparison of the schedules (paper E.5): ratios with 95% bootstrap "
@@ -265,8 +272,8 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
                 "benchmark runs on the command line: `python -m packed_ss.bench --prompts humaneval --out bench-out`.")
     with gr.Accordion("Saved report", open=True):
         with gr.Row():
-            report_path = gr.Textbox(label="report folder (holds summary.json)", value=str(default_report or ""),
-                                     scale=3)
+            report_path = gr.Dropdown(list(reports), value=reports[0] if reports else None,
+                                      label="bundled report", scale=3)
             report_upload = gr.File(label="or upload a summary.json", file_types=[".json"], type="filepath", scale=2)
         load_button = gr.Button("Show saved report")
     with gr.Accordion(f"Run a small benchmark (1-{MAX_PROMPTS} prompts)", open=False):
@@ -298,7 +305,7 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
     files = gr.File(label="report files", file_count="multiple", interactive=False)
     summary = gr.Markdown(initial_md, elem_classes=["bench-summary"])
 
-    handlers = BenchmarkHandlers(load_model, list(models), root, turn, max_rows, alive_for, max_seconds,
+    handlers = BenchmarkHandlers(load_model, list(models), tuple(reports), root, turn, max_rows, alive_for, max_seconds,
                                  session_files if session_files is not None else SessionFiles(), touch)
     # Page events, not part of the documented API (/generate and /race are): callable, but not listed.
     # A file reaches the handlers only through the session's own upload (private page events: no API client can
@@ -307,7 +314,7 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
         widget.upload(handlers.on_file(slot), [widget], None, api_visibility="private", show_progress="hidden")
         widget.clear(handlers.on_clear(slot), None, None, api_visibility="private")
     # preprocess=False: the values arrive raw and the handlers check them: a wrong type is one line, not a traceback.
-    load_button.click(handlers.show, [report_path], [status, summary, *plots], api_name="benchmark_show",
+    load_button.click(handlers.show, [report_path], [status, summary, *plots, files], api_name="benchmark_show",
                       api_visibility="undocumented", preprocess=False)
     run_button.click(handlers.run, [model, prompt_source, limit, schedules, block_size, max_new_tokens,
                            temperature, samples, seed, order], [status, summary, *plots, files],

@@ -190,10 +190,10 @@ def test_the_benchmark_offers_the_order_for_any_order_models_only():
     from tabs.benchmark import build_benchmark_tab
 
     with gr.Blocks():
-        ltr = build_benchmark_tab(lambda name: None, ["plain"], default_report=None, any_order=lambda n: n == "ao")
-        both = build_benchmark_tab(lambda name: None, ["ao", "plain"], default_report=None,
+        ltr = build_benchmark_tab(lambda name: None, ["plain"], reports=(), any_order=lambda n: n == "ao")
+        both = build_benchmark_tab(lambda name: None, ["ao", "plain"], reports=(),
                                    any_order=lambda n: n == "ao")
-        unknown = build_benchmark_tab(lambda name: None, ["plain"], default_report=None)
+        unknown = build_benchmark_tab(lambda name: None, ["plain"], reports=())
     assert ltr.order.visible is False and both.order.visible is True and unknown.order.visible is True
 
 
@@ -261,7 +261,7 @@ def test_downloads_are_the_sessions_own_one_per_kind_and_bounded(files, monkeypa
     first = Path(downloads.offer(files, "a", "step-records.json", '{"n": 1}', "step-records"))
     assert first.is_file() and files.count("a") == 1
     assert files.open("a", str(first)) == first
-    with pytest.raises(UserError, match="another visitor"):
+    with pytest.raises(UserError, match="is not a file you uploaded in this session"):
         files.open("b", str(first))
     second = Path(downloads.offer(files, "a", "step-records.json", '{"n": 2}', "step-records"))
     assert second.is_file() and not first.exists() and files.count("a") == 1  # replaced, not piled up

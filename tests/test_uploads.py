@@ -37,11 +37,22 @@ def test_an_upload_becomes_its_sessions_own_and_is_never_deleted_on_read(folders
     mine = files.open("a", {"path": path})
     assert mine.name == "summary.json" and mine.read_text() == "{}"
     assert files.open("a", {"path": path}) == mine and files.open("a", str(mine)) == mine  # read twice: still there
-    with pytest.raises(UserError, match=r"^'summary.json' belongs to another visitor's session"):
-        files.open("b", {"path": path})  # the name A's upload had in the shared folder
-    with pytest.raises(UserError, match=r"^'summary.json' belongs to another visitor's session"):
-        files.open("b", {"path": str(mine)})
-    assert mine.is_file() and files.open("a", {"path": path}) == mine  # B's attempts cost A nothing
+    with pytest.raises(UserError, match=r"^'summary.json' is not a file you uploaded in this session"):
+        files.open("b", {"path": str(mine)})  # A's copy: answered as any path B may not read
+    assert mine.is_file() and files.open("a", {"path": path}) == mine  # B's attempt cost A nothing
+
+
+def test_the_same_bytes_uploaded_by_two_visitors_tell_neither_of_the_other(folders):
+    """Gradio names an upload by its bytes: B uploading A's file gets A's path, and was refused as "belongs to
+    another visitor's session" (issue 35, item 3). Each now gets its own copy; the original goes with the last."""
+    uploads, files = folders
+    path = _uploaded(uploads, "summary.json", '{"a": 1}')
+    mine, theirs = files.open("a", {"path": path}), files.open("b", {"path": path})
+    assert mine != theirs and mine.read_text() == theirs.read_text() == '{"a": 1}'
+    files.forget("a")
+    assert not mine.exists() and theirs.is_file() and Path(path).is_file()  # B's upload is still B's
+    files.forget("b")
+    assert not theirs.exists() and not Path(path).exists()
 
 
 def test_outputs_belong_to_the_session_they_were_written_for(folders, tmp_path):
@@ -50,9 +61,19 @@ def test_outputs_belong_to_the_session_they_were_written_for(folders, tmp_path):
     report.write_text("<html>")
     files.add_output("a", report)
     assert files.open("a", {"path": str(report)}) == report.resolve()
-    with pytest.raises(UserError, match="belongs to another visitor's session"):
+    with pytest.raises(UserError, match="'report.html' is not a file you uploaded in this session"):
         files.open("b", {"path": str(report)})
     assert report.is_file()
+
+
+def test_published_files_of_the_same_bytes_are_apart(folders):
+    """Two visitors' downloads with the same bytes were one file (Gradio's cache names files by their bytes): the
+    first session to end deleted the other's download."""
+    uploads, files = folders
+    a, b = files.publish("a", "race.json", b"{}"), files.publish("b", "race.json", b"{}")
+    assert a != b and Path(a).parent.parent == uploads and Path(a).name == "race.json"
+    files.forget("a")
+    assert not Path(a).parent.exists() and Path(b).read_bytes() == b"{}"
 
 
 @pytest.mark.parametrize("value, message", [
@@ -94,21 +115,28 @@ def test_sessions_forget_their_files_when_they_end_idle_or_surplus():
 
 
 # --- the Benchmark tab's messages ------------------------------------------------------------------------
-@pytest.mark.parametrize("path, message", [
-    ("/etc", "reports are read from inside the project folder only (e.g. docs/bench-humaneval), got '/etc'"),
-    ("../..", "reports are read from inside the project folder only"),
-    ("docs/nothing-here", "no saved report at 'docs/nothing-here'"),
-    (5, "the report folder must be text, got int"),
-    ({"a": 1}, "the report folder must be text, got dict"),
-])
-def test_report_paths_are_refused_without_naming_server_paths(path, message):
+@pytest.mark.parametrize("path", ["/etc", "../..", "docs/nothing-here", "docs", ".git/config", "app.py",
+                                  "docs/bench-humaneval/../bench-humaneval", "a\x00b", "x" * 300])
+def test_any_report_name_but_a_bundled_one_gets_the_same_answer(path):
+    """/benchmark_show was an oracle for any path in the project (.git/config was "not JSON text", app.py "Extra
+    data") and showed any summary.json there (issue 35, item 3): now one answer for every name but a bundled one."""
     from packed_ss.bench.plan import BenchError
-    from serve.benchmark import load_report
+    from serve.benchmark import REPORTS, load_report
 
     with pytest.raises(BenchError) as refused:
         load_report(path)
-    assert message in str(refused.value)
-    assert str(ROOT) not in str(refused.value)
+    shown = repr(path if len(path) <= 80 else path[:80] + "…")
+    assert str(refused.value) == (f"no bundled report {shown}: the app shows {', '.join(REPORTS)} (or upload a "
+                                  f"summary.json)")
+
+
+@pytest.mark.parametrize("value, kind", [(5, "int"), ({"a": 1}, "dict"), (None, "NoneType")])
+def test_a_report_name_that_is_not_text_is_refused(value, kind):
+    from packed_ss.bench.plan import BenchError
+    from serve.benchmark import load_report
+
+    with pytest.raises(BenchError, match=f"^the report must be text, got {kind}$"):
+        load_report(value)
 
 
 def test_an_unreadable_summary_is_named_as_given(tmp_path):
@@ -151,13 +179,14 @@ def test_an_upload_request_carries_a_few_files_only(server):
 
 
 @pytest.mark.parametrize("data, message", [
-    ([5], "the report folder must be text, got int"),
+    ([5], "the report must be text, got int"),
     ([{"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}], "/benchmark_show takes no files"),
-    ([{"path": "/etc/passwd"}], "the report folder must be text, got dict"),
-    (["/etc"], "reports are read from inside the project folder only"),
-    (["docs/bench-humaneval/summary.json/.."], None),  # a report inside the project: shown
+    ([{"path": "/etc/passwd"}], "the report must be text, got dict"),
+    (["/etc"], "no bundled report '/etc': the app shows docs/bench-humaneval"),
+    ([".git/config"], "no bundled report '.git/config': the app shows docs/bench-humaneval"),
+    (["docs/bench-humaneval/"], None),  # the bundled report: shown
 ])
-def test_a_raw_benchmark_show_takes_a_report_folder_of_the_project_only(server, capfd, data, message):
+def test_a_raw_benchmark_show_takes_a_bundled_report_only(server, capfd, data, message):
     from test_public_server import raw_call, stream_result
 
     capfd.readouterr()
@@ -169,8 +198,9 @@ def test_a_raw_benchmark_show_takes_a_report_folder_of_the_project_only(server, 
     log = capfd.readouterr().err
     if message is None:
         assert kind == "complete" and answer[0].startswith("Showing docs/bench-humaneval"), text[:300]
+        assert [Path(f["path"]).name for f in answer[-1]] == ["summary.json"]  # the report's files, to download
         return
-    assert_refused_in_status(kind, answer, message, 1 + 3)
+    assert_refused_in_status(kind, answer, message, 2 + 3)
     assert str(ROOT) not in answer[0]
     assert "refused /benchmark_show: " in log and "Traceback" not in log
 
@@ -265,7 +295,8 @@ def handlers(folders, tiny_model_dir):
 
     _, files = folders
     model = DualModeModel.from_pretrained(tiny_model_dir, device="cpu")
-    return BenchmarkHandlers(lambda name: model, ["tiny"], ROOT, nullcontext, None, files=files)
+    return BenchmarkHandlers(lambda name: model, ["tiny"], ("docs/bench-humaneval",), ROOT, nullcontext, None,
+                             files=files)
 
 
 def test_a_visitor_cannot_show_or_take_another_visitors_upload(handlers, folders):
@@ -276,14 +307,19 @@ def test_a_visitor_cannot_show_or_take_another_visitors_upload(handlers, folders
     a, b = Visitor("a"), Visitor("b")
     handlers.on_file("summary")(path, a)
     for _ in range(2):  # shown twice: nothing is deleted on read
-        status, markdown, *_ = handlers.show("", a)
-        assert status == "Showing the uploaded summary.json." and "Packed" in markdown
-    with pytest.raises(gr.Error, match="'summary.json' belongs to another visitor's session"):
-        handlers.on_file("summary")(path, b)
-    assert "no saved report at" in handlers.show("docs/nothing", b)[0]  # B has no upload: its own path only
+        status, markdown, *_, served = handlers.show("", a)
+        assert status == "Showing the uploaded summary.json." and "Packed" in markdown and served is None
+    mine = handlers.files.chosen("a", "summary")
+    with pytest.raises(gr.Error, match="'summary.json' is not a file you uploaded in this session"):
+        handlers.on_file("summary")(str(mine), b)  # A's copy
+    assert "no bundled report &#x27;docs/nothing&#x27;" in handlers.show("docs/nothing", b)[0]  # B: no upload
     assert handlers.show("", a)[0] == "Showing the uploaded summary.json."  # A's use still works
     handlers.on_clear("summary")(a)
-    assert handlers.show("docs/bench-humaneval", a)[0] == "Showing docs/bench-humaneval."
+    status, *_, served = handlers.show("docs/bench-humaneval", a)
+    assert status == "Showing docs/bench-humaneval." and [Path(p).name for p in served] == ["summary.json"]
+    assert Path(served[0]).read_bytes() == SUMMARY.read_bytes()
+    again = handlers.show("docs/bench-humaneval", a)[-1]
+    assert not Path(served[0]).exists() and Path(again[0]).is_file()  # shown again: replaced, not piled up
 
 
 def test_benchmark_outputs_are_their_sessions_only(handlers, folders, tmp_path):
@@ -297,7 +333,7 @@ def test_benchmark_outputs_are_their_sessions_only(handlers, folders, tmp_path):
                              progress=lambda *args, **kwargs: None)
     summary = next(p for p in paths if p.endswith("summary.json"))
     assert Path(summary).is_file() and uploads in Path(summary).parents  # served from Gradio's folder
-    with pytest.raises(gr.Error, match="'summary.json' belongs to another visitor's session"):
+    with pytest.raises(gr.Error, match="'summary.json' is not a file you uploaded in this session"):
         handlers.on_file("summary")({"path": summary}, b)
     assert Path(summary).is_file()  # B's attempt deleted nothing
     handlers.on_file("summary")(summary, a)
