@@ -52,7 +52,7 @@ class Server:
         self.gate = ComputeGate(self.threads)  # one model iteration at a time, least work first
         self.tasks = GpuTasks(self.store, self.gate)  # the GPU work of each request (spaces.GPU on ZeroGPU)
         self.files = SessionFiles()  # each session's uploads and outputs, removed when it ends
-        self.sessions = Sessions(on_forget=self.files.forget)
+        self.sessions = Sessions(on_forget=self.files.forget, holds=lambda key: self.files.count(key) > 0)
         self.best_sizes = BestBlockSizes()  # each schedule's best B per model, found once (race option)
         self.log = TimingLog()
         self.admission = Admission()  # at most a few heavy requests at once, one per visitor

@@ -18,7 +18,8 @@ from serve.limits import release_memory
 from serve.race import RaceResult
 from serve.step import StepRun
 
-MAX_SESSIONS = 64  # sessions remembered at once (least recently used forgotten)
+MAX_SESSIONS = 64  # sessions that hold nothing remembered at once (least recently used forgotten)
+MAX_HELD = 256  # sessions remembered at once, those holding files or results included
 MAX_RUNS = 16  # sessions that keep a step-through run at once
 IDLE_S = 900.0  # seconds after which an unused session is forgotten
 
@@ -40,16 +41,24 @@ class UserSession:
 
 
 class Sessions:
-    """Per-user state keyed by Gradio's session hash: at most ``capacity`` sessions (least recently used
-    forgotten), at most ``max_runs`` of them holding a step-through run, none idle over ``idle_s`` seconds.
-    ``on_forget(key)`` runs for every session forgotten (idle, surplus or closed): its files go with it."""
+    """Per-user state keyed by Gradio's session hash, none idle over ``idle_s`` seconds, at most ``max_runs`` of
+    them holding a step-through run.
+
+    Beyond ``capacity`` sessions, the least recently used sessions that hold nothing (no run, race, or file:
+    ``holds(key)``) are forgotten first, so a client opening session after session (each a fresh hash costs
+    nothing) pushes out only sessions like its own, never a visitor's upload, download or result; a session
+    holding something goes when it is idle, when its tab closes, or beyond ``held`` sessions in all (the least
+    recently used first). ``on_forget(key)`` runs for every session forgotten: its files go with it."""
 
     def __init__(self, capacity: int = MAX_SESSIONS, max_runs: int = MAX_RUNS, idle_s: float = IDLE_S,
-                 on_forget: Callable[[str], None] | None = None):
+                 on_forget: Callable[[str], None] | None = None, holds: Callable[[str], bool] | None = None,
+                 held: int = MAX_HELD):
         self.capacity = capacity
         self.max_runs = max_runs
         self.idle_s = idle_s
         self.on_forget = on_forget
+        self.holds = holds
+        self.held = max(held, capacity)
         self._data: OrderedDict[str, UserSession] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -63,11 +72,27 @@ class Sessions:
             idle = [k for k, s in self._data.items() if now - s.used > self.idle_s]
             for k in idle:
                 del self._data[k]
-            surplus = [self._data.popitem(last=False)[0] for _ in range(max(0, len(self._data) - self.capacity))]
+            surplus = self._surplus(key)
         self._forgotten(idle + surplus)
         if idle or surplus:
             release_memory()
         return session
+
+    def _surplus(self, current: str) -> list[str]:
+        """Forget sessions beyond the bounds (inside the lock), never ``current``: empty ones beyond ``capacity``,
+        then any beyond ``held`` (least recently used first). Returns their keys."""
+        over = len(self._data) - self.capacity
+        empty = [k for k, s in self._data.items() if k != current and not self._holding(k, s)][:max(0, over)]
+        for k in empty:
+            del self._data[k]
+        full = [k for k in self._data if k != current][:max(0, len(self._data) - self.held)]
+        for k in full:
+            del self._data[k]
+        return empty + full
+
+    def _holding(self, key: str, session: UserSession) -> bool:
+        return (session.step is not None or session.race is not None
+                or (self.holds is not None and self.holds(key)))
 
     def _forgotten(self, keys: list[str]) -> None:
         if self.on_forget is not None:

@@ -114,6 +114,25 @@ def test_sessions_forget_their_files_when_they_end_idle_or_surplus():
     assert forgotten == ["a", "b"]
 
 
+def test_fresh_sessions_push_out_only_sessions_that_hold_nothing():
+    """70 fresh session hashes pushed the least recently used visitor out, files and all (issue 35, item 1)."""
+    from serve.sessions import Sessions
+
+    forgotten, holding = [], {"visitor"}
+    sessions = Sessions(capacity=4, idle_s=1e9, on_forget=forgotten.append, holds=holding.__contains__, held=8)
+    sessions.get("visitor")
+    raced = sessions.get("racer")
+    raced.race = object()
+    for n in range(100):
+        sessions.get(f"fresh-{n}")
+    assert "visitor" not in forgotten and "racer" not in forgotten and len(forgotten) == 100 - 2
+    assert len(sessions) == 4 and sessions.get("racer") is raced
+    for n in range(7):  # beyond `held` sessions that hold something, the least recently used goes
+        holding.add(f"held-{n}")
+        sessions.get(f"held-{n}")
+    assert "visitor" in forgotten and "racer" not in forgotten and len(sessions) == 8
+
+
 # --- the Benchmark tab's messages ------------------------------------------------------------------------
 @pytest.mark.parametrize("path", ["/etc", "../..", "docs/nothing-here", "docs", ".git/config", "app.py",
                                   "docs/bench-humaneval/../bench-humaneval", "a\x00b", "x" * 300])
@@ -203,6 +222,60 @@ def test_a_raw_benchmark_show_takes_a_bundled_report_only(server, capfd, data, m
     assert_refused_in_status(kind, answer, message, 2 + 3)
     assert str(ROOT) not in answer[0]
     assert "refused /benchmark_show: " in log and "Traceback" not in log
+
+
+def _upload_file(url: str, name: str, data: bytes) -> str:
+    """POST one file to /gradio_api/upload as the page does; its path on the server."""
+    host, port = url.split("//")[1].strip("/").split(":")
+    body = (f"--b0\r\nContent-Disposition: form-data; name=\"files\"; filename=\"{name}\"\r\n"
+            f"Content-Type: application/octet-stream\r\n\r\n").encode() + data + b"\r\n--b0--\r\n"
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.request("POST", "/gradio_api/upload", body, {"Content-Type": "multipart/form-data; boundary=b0"})
+    answer = conn.getresponse()
+    text = answer.read().decode()
+    assert answer.status == 200, text
+    return json.loads(text)[0]
+
+
+def _download(url: str, path: str) -> int:
+    host, port = url.split("//")[1].strip("/").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.request("GET", f"/gradio_api/file={path}")
+    answer = conn.getresponse()
+    answer.read()
+    return answer.status
+
+
+def test_one_clients_fresh_sessions_leave_another_visitors_files(server):
+    """70 `reset` events, each with a fresh session hash, pushed out the least recently used visitor: its upload
+    and download were deleted and its saved report fell back to the default (issue 35, item 1)."""
+    from helpers import page_event
+
+    kind, shown = page_event(server, "benchmark_show", ["docs/bench-humaneval"], session="visitor-a")
+    assert kind == "complete" and shown[0] == "Showing docs/bench-humaneval.", shown
+    download = shown[-1][0]["path"]
+    upload = _upload_file(server, "summary.json", SUMMARY.read_bytes())
+    assert page_event(server, "chosen", [{"path": upload, "meta": {"_type": "gradio.FileData"}}],
+                      session="visitor-a")[0] == "complete"
+    assert page_event(server, "benchmark_show", [""], session="visitor-a")[1][0] == "Showing the uploaded summary.json."
+    for n in range(100):
+        assert page_event(server, "reset", [], session=f"flood-{n}")[0] == "complete"
+    assert page_event(server, "benchmark_show", [""], session="visitor-a")[1][0] == "Showing the uploaded summary.json."
+    assert _download(server, download) == 200 and Path(download).read_bytes() == SUMMARY.read_bytes()
+
+
+def test_the_same_upload_by_two_visitors_is_each_ones_own(server):
+    """B uploading A's exact bytes under A's name got A's path and was told it "belongs to another visitor's
+    session" (issue 35, item 3)."""
+    from helpers import page_event
+
+    data = SUMMARY.read_bytes()
+    first, second = _upload_file(server, "summary.json", data), _upload_file(server, "summary.json", data)
+    assert first == second  # Gradio names an upload by its bytes
+    for visitor in ("visitor-c", "visitor-d"):
+        assert page_event(server, "chosen", [{"path": first, "meta": {"_type": "gradio.FileData"}}],
+                          session=visitor)[0] == "complete"
+        assert page_event(server, "benchmark_show", [""], session=visitor)[1][0] == "Showing the uploaded summary.json."
 
 
 def assert_refused_in_status(kind: str, answer, message: str, others: int) -> None:
