@@ -239,22 +239,27 @@ def _remove(disk: Path) -> None:
 
 
 RECENT_UPLOAD_BYTES = 256 * 2**20  # bytes all visitors may upload within RECENT_S (uploads nobody uses stay that long)
+CLIENT_UPLOAD_BYTES = 32 * 2**20  # bytes one client address may upload within RECENT_S
 RECENT_S = 900.0  # seconds an unused upload stays on disk (app.UNUSED_FILES_S)
 
 
 class BoundUploads:
     """ASGI middleware: an upload request (``POST /gradio_api/upload``) carrying more than ``max_files`` files, or
     more bytes than that many files may have, is refused in one line (413) before Gradio stores any of them; so is
-    any upload once ``recent_bytes`` have been uploaded within ``recent_s`` seconds (429: the disk holds unused
-    uploads that long, so this bounds what they can fill)."""
+    an upload once ``client_bytes`` have been uploaded from its client's address, or ``recent_bytes`` from all,
+    within ``recent_s`` seconds (429: the disk holds unused uploads that long, so this bounds what they can fill).
+
+    Only uploads Gradio stores count (its answer is 200): a refused one (a file over the size limit) costs nobody
+    anything, and one client's uploads leave the others' budget open."""
 
     def __init__(self, app, max_files: int = FILES_PER_UPLOAD, max_file_bytes: int = MAX_UPLOAD_BYTES,
-                 recent_bytes: int = RECENT_UPLOAD_BYTES, recent_s: float = RECENT_S):
+                 recent_bytes: int = RECENT_UPLOAD_BYTES, recent_s: float = RECENT_S,
+                 client_bytes: int = CLIENT_UPLOAD_BYTES):
         self.app = app
         self.max_files = max_files
         self.max_bytes = max_files * max_file_bytes + 64 * 1024  # room for the parts' headers
-        self.recent_bytes, self.recent_s = recent_bytes, recent_s
-        self._recent: deque[tuple[float, int]] = deque()  # (monotonic time, bytes) of the recent uploads
+        self.recent_bytes, self.recent_s, self.client_bytes = recent_bytes, recent_s, client_bytes
+        self._recent: deque[list] = deque()  # [monotonic time, bytes, client] of the recent uploads
 
     async def __call__(self, scope, receive, send):
         if scope.get("type") != "http" or scope.get("method") != "POST" or \
@@ -271,21 +276,44 @@ class BoundUploads:
         if parts > self.max_files:
             await reply(send, 413, {"error": f"an upload may carry at most {self.max_files} files, got {parts}"})
             return
-        if not self._room(len(body)):
-            await reply(send, 429, {"error": f"the server holds {self.recent_bytes // 2**20} MB of recent uploads: "
-                                             f"try again in a few minutes"})
+        client = (scope.get("client") or ("",))[0]
+        entry = self._reserve(len(body), client)
+        if entry is None:
+            await reply(send, 429, {"error": f"the server holds {self.recent_bytes // 2**20} MB of recent uploads "
+                                             f"({self.client_bytes // 2**20} MB from one address): try again in a "
+                                             f"few minutes"})
             return
-        await forward(self.app, scope, body, receive, send)
+        stored = []
 
-    def _room(self, size: int) -> bool:
-        """Whether ``size`` more bytes fit in the recent-upload budget (noting them when they do)."""
+        async def noting(message):
+            if message.get("type") == "http.response.start":
+                stored.append(message.get("status") == 200)
+            await send(message)
+
+        try:
+            await forward(self.app, scope, body, receive, noting)
+        finally:
+            if not (stored and stored[0]):  # refused or failed: it holds nothing on disk
+                self._release(entry)
+
+    def _reserve(self, size: int, client: str) -> list | None:
+        """Note ``size`` bytes from ``client`` when they fit in both budgets (their entry); None when not."""
         now = time.monotonic()
         while self._recent and now - self._recent[0][0] > self.recent_s:
             self._recent.popleft()
-        if sum(n for _, n in self._recent) + size > self.recent_bytes:
-            return False
-        self._recent.append((now, size))
-        return True
+        total = sum(n for _, n, _ in self._recent)
+        mine = sum(n for _, n, who in self._recent if who == client)
+        if total + size > self.recent_bytes or mine + size > self.client_bytes:
+            return None
+        entry = [now, size, client]
+        self._recent.append(entry)
+        return entry
+
+    def _release(self, entry: list) -> None:
+        try:
+            self._recent.remove(entry)
+        except ValueError:  # aged out meanwhile
+            pass
 
 
 def _boundary(scope) -> bytes | None:

@@ -264,6 +264,21 @@ def test_one_clients_fresh_sessions_leave_another_visitors_files(server):
     assert _download(server, download) == 200 and Path(download).read_bytes() == SUMMARY.read_bytes()
 
 
+def test_refused_uploads_leave_uploads_open(server):
+    """About 30 uploads of 8 MB files (refused by Gradio as too large) made every later upload answer 429 for 15
+    minutes, a 31-byte JSONL included (issue 35, item 2)."""
+    host, port = server.split("//")[1].strip("/").split(":")
+    body = (b"--b0\r\nContent-Disposition: form-data; name=\"files\"; filename=\"big.jsonl\"\r\n\r\n"
+            + b"x" * (8 * 10**6) + b"\r\n--b0--\r\n")
+    for _ in range(34):  # 272 MB in all, more than the whole server's budget
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        conn.request("POST", "/gradio_api/upload", body, {"Content-Type": "multipart/form-data; boundary=b0"})
+        answer = conn.getresponse()
+        assert answer.status == 413, answer.read()[:200]
+        answer.read()
+    assert _upload_file(server, "p.jsonl", b'{"prompt": "w1 w2 w3 w4"}\n').endswith("p.jsonl")
+
+
 def test_the_same_upload_by_two_visitors_is_each_ones_own(server):
     """B uploading A's exact bytes under A's name got A's path and was told it "belongs to another visitor's
     session" (issue 35, item 3)."""
@@ -416,36 +431,45 @@ def test_benchmark_outputs_are_their_sessions_only(handlers, folders, tmp_path):
 
 
 def test_uploads_are_bounded_in_bytes_over_the_time_unused_ones_stay():
+    """Stored uploads count, per client address and in all; refused ones (Gradio's 413 for a file over its size
+    limit) count nothing: 24 refused 8 MB files made every later upload 429 for 15 minutes (issue 35, item 2)."""
     import asyncio
 
     from serve.uploads import BoundUploads
 
     passed = []
 
-    async def app(scope, receive, send):
-        passed.append((await receive())["body"])
+    async def app(scope, receive, send):  # Gradio: stores the files, or refuses a file over its limit
+        body = (await receive())["body"]
+        passed.append(body)
+        await send({"type": "http.response.start", "status": 413 if b"too-big" in body else 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"[]"})
 
     sent = []
 
     async def send(message):
         sent.append(message)
 
-    def upload(middleware, size):
-        boundary = b"b0"
-        body = b"--b0\r\nContent-Disposition: form-data; name=\"files\"; filename=\"p\"\r\n\r\n" + b"x" * size + b"\r\n--b0--\r\n"
-        scope = {"type": "http", "method": "POST", "path": "/gradio_api/upload",
-                 "headers": [(b"content-type", b"multipart/form-data; boundary=" + boundary)]}
+    def upload(middleware, size, client="10.0.0.1", name="p"):
+        body = (f"--b0\r\nContent-Disposition: form-data; name=\"files\"; filename=\"{name}\"\r\n\r\n".encode()
+                + b"x" * size + b"\r\n--b0--\r\n")
+        scope = {"type": "http", "method": "POST", "path": "/gradio_api/upload", "client": (client, 5000),
+                 "headers": [(b"content-type", b"multipart/form-data; boundary=b0")]}
 
         async def receive():
             return {"type": "http.request", "body": body, "more_body": False}
 
         sent.clear()
         asyncio.run(middleware(scope, receive, send))
-        return sent[0]["status"] if sent else 200
+        return sent[0]["status"]
 
-    bounded = BoundUploads(app, recent_bytes=3000, recent_s=60.0)
+    bounded = BoundUploads(app, recent_bytes=3000, recent_s=60.0, client_bytes=2200)
+    for _ in range(30):  # refused by Gradio: nothing stored, nothing counted
+        assert upload(bounded, 1000, name="too-big") == 413
     assert upload(bounded, 1000) == 200 and upload(bounded, 1000) == 200
     assert upload(bounded, 1000) == 429 and json.loads(sent[1]["body"])["error"].startswith("the server holds")
-    assert len(passed) == 2
+    assert upload(bounded, 31, client="10.0.0.2") == 200  # another address: its own budget
+    assert upload(bounded, 1000, client="10.0.0.3") == 429  # all addresses together: 3000 bytes
+    assert len(passed) == 30 + 3
     bounded.recent_s = 0.0  # the earlier uploads have aged out
     assert upload(bounded, 1000) == 200
