@@ -22,18 +22,35 @@ class PromptTextError(ValueError):
 def shown(value, limit: int = SHOWN_CHARS) -> str:
     """A short printable form of ``value`` for an error message (at most about ``limit`` characters).
 
-    Huge integers are written in scientific form with their digit count; long strings are cut with an
-    ellipsis and their length.
+    Huge integers are written in scientific form with their digit count (any size: no float conversion, no
+    decimal string of more digits than Python writes); long strings are cut with an ellipsis and their length.
+    Never raises.
     """
     if isinstance(value, bool):
         return repr(value)
     if isinstance(value, int) and abs(value) >= 10**15:
-        return f"{float(value):.3g} (a {len(str(abs(value)))}-digit number)"
-    text = repr(value)
+        return big_integer(value)
+    try:
+        text = repr(value)
+    except ValueError:  # e.g. an object holding an integer too long to write
+        return f"a {type(value).__name__} too large to show"
     if len(text) <= limit:
         return text
     size = f" ({len(value):,} characters)" if isinstance(value, str) else ""
     return text[: limit - 1] + "…" + size
+
+
+def big_integer(value: int) -> str:
+    """``value`` (an int of 16 digits or more) as its first digits in scientific form and its digit count, e.g.
+    ``1e+30 (a 31-digit number)``; past the digits Python writes as text (4,300), the count is approximate."""
+    size = abs(value)
+    sign = "-" if value < 0 else ""
+    if size.bit_length() < 14_000:  # about 4,200 digits: str() writes them
+        digits = str(size)
+        mantissa = f"{digits[0]}.{digits[1:3]}".rstrip("0").rstrip(".")
+        return f"{sign}{mantissa}e+{len(digits) - 1} (a {len(digits):,}-digit number)"
+    about = int(size.bit_length() * 0.30102999566398) + 1
+    return f"{sign}a number of about {about:,} digits"
 
 
 def check_prompt(text, what: str = "the prompt") -> str:

@@ -88,7 +88,7 @@ def whole(value, name: str) -> int:
     """A whole number from a raw page or API value. Raises: BenchError naming ``name`` (true/false, text, NaN...)."""
     number = real(value, name)
     if number != int(number):
-        raise BenchError(f"prompts, samples, max new tokens and seed must be whole numbers; {name} got {value!r:.40}")
+        raise BenchError(f"prompts, samples, max new tokens and seed must be whole numbers; {name} got {shown(value)}")
     return int(number)
 
 
@@ -100,7 +100,7 @@ def real(value, name: str) -> float:
         number = None
     if number is None or not math.isfinite(number):
         raise BenchError(f"prompts, samples, max new tokens, temperature and seed must be numbers; {name} got "
-                         f"{value!r:.40}")
+                         f"{shown(value)}")
     return number
 
 

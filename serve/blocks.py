@@ -8,6 +8,8 @@ traceback. :class:`PageBlocks` turns any of those failures, for every event of t
 
 from __future__ import annotations
 
+import re
+
 import gradio as gr
 from gradio.exceptions import InvalidPathError
 
@@ -26,7 +28,14 @@ def input_problem(label: str, value, error: BaseException) -> str:
         reason = one_line(cause)  # the component's own words, e.g. a value outside a slider's range
     else:  # pydantic's ValidationError (not the shape of a file), a TypeError from a comparison, ...
         reason = "not a value of the kind this control holds"
-    return f"{label} cannot take {shown(value, 60)}: {reason}"
+    return f"{label} cannot take {shown(value, 60)}: {_short_numbers(reason)}"
+
+
+def _short_numbers(text: str) -> str:
+    """``text`` with every run of more than 15 digits written as :func:`shown` writes a huge integer (Gradio's
+    range messages repeat the value in full: 400 digits on one line)."""
+    return re.sub(r"-?\d{16,}", lambda m: shown(int(m.group())) if len(m.group()) < 4000
+                  else f"a number of {len(m.group().lstrip('-')):,} digits", text)
 
 
 class PageBlocks(gr.Blocks):

@@ -197,8 +197,11 @@ def _upload(path):
     ("on_speed", "x", "Play speed (steps per second) cannot take 'x': not a value of the kind this control holds"),
     ("on_play", "x", "cannot take 'x'"),
     ("on_explain", "x", "cannot take 'x'"),
-    ("on_explain", 10 ** 30, "cannot take 1e+30 (a 31-digit number): Value 1000000000000000000000000000000 is "
+    ("on_explain", 10 ** 30, "cannot take 1e+30 (a 31-digit number): Value 1e+30 (a 31-digit number) is "
                              "greater than maximum value 32."),  # Gradio's own check: its words, no traceback
+    ("on_speed", 10 ** 400, "cannot take 1e+400 (a 401-digit number): Value 1e+400 (a 401-digit number) is greater"),
+    ("scrub", 10 ** 400, "the iteration must be a number, got 1e+400 (a 401-digit number)"),  # OverflowError
+    ("replay", -10 ** 400, "the replay speed must be a number, got -1e+400 (a 401-digit number)"),
     ("on_speed", -1, "cannot take -1: Value -1 is less than minimum value 0.5."),
     ("replay", -1, "the replay speed must be above 0 and at most 100 (times real time), got -1"),
     ("replay", 0, "the replay speed must be above 0"),
@@ -282,3 +285,43 @@ def test_values_past_any_use_are_refused_before_they_reach_a_json_reply(field, v
 
     with pytest.raises(ValueError, match=message):
         DecodeConfig(**{field: value})
+
+
+def test_a_huge_integer_in_any_number_field_of_any_event_gets_one_line(server, capfd):
+    """A 400-digit integer overflowed float() in the message that should have refused it ("unexpected error
+    (OverflowError)", and through replay, scrub and step_by {"error": null} plus a traceback; issue 35, item 5).
+    Sent as the page sends it, into each number and slider of every event in turn."""
+    import http.client
+    import json
+    import urllib.request
+
+    config = json.loads(urllib.request.urlopen(server.rstrip("/") + "/config", timeout=30).read())
+    components = {c["id"]: c for c in config["components"]}
+    host, port = server.split("//")[1].strip("/").split(":")
+    sent = 0
+    capfd.readouterr()
+    for dependency in config["dependencies"]:
+        inputs = dependency["inputs"]
+        for index, component in enumerate(inputs):
+            if components[component].get("type") not in ("number", "slider"):
+                continue
+            values = [json.dumps(components[i].get("props", {}).get("value")) for i in inputs]
+            values[index] = "-" * (sent % 2) + "1" + "0" * 400  # JSON numbers, as a client may send them
+            session = f"huge-{sent}"
+            body = ('{"data": [%s], "fn_index": %d, "session_hash": "%s", "event_data": null, "trigger_id": null}'
+                    % (",".join(values), dependency["id"], session))
+            conn = http.client.HTTPConnection(host, int(port), timeout=60)
+            conn.request("POST", "/gradio_api/queue/join", body, {"Content-Type": "application/json"})
+            answer = conn.getresponse()
+            assert answer.status == 200, answer.read()
+            answer.read()
+            conn.request("GET", f"/gradio_api/queue/data?session_hash={session}")
+            done = next(json.loads(line[5:]) for line in (raw.decode().strip() for raw in conn.getresponse())
+                        if line.startswith("data:") and '"process_completed"' in line)
+            output = done.get("output", {})
+            if "error" in output:  # refused by the event: its words, one line
+                assert output["error"] and "\n" not in output["error"] and "401-digit" in output["error"], output
+            sent += 1
+    log = capfd.readouterr().err
+    assert sent >= 30 and "Traceback" not in log and "unexpected error" not in log, log[-3000:]
+    assert log.count("401-digit number") >= sent // 2
