@@ -16,6 +16,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from packed_ss.inputs import shown
+
 CALL_PREFIX = "/gradio_api/call/"
 MAX_BODY_BYTES = 4 * 1024 * 1024  # larger request bodies are refused (413); a prompt is at most 20,000 characters
 
@@ -107,34 +109,50 @@ def holds_file(value) -> bool:
 
 
 JOIN_PATH = "/gradio_api/queue/join"  # where gradio_client and the page send an event's values
+DATA_PATH = "/gradio_api/queue/data"  # where they read the events' results (?session_hash=...)
+MAX_ID_CHARS = 256  # a session hash or event id longer than this is no id Gradio made
 
 
 class FillApiDefaults:
     """ASGI middleware padding raw ``/gradio_api/call/<endpoint>`` requests (see the module docstring), and
     answering in one line for an endpoint that does not exist (404), a body nested too deeply, an
     undocumented endpoint sent the wrong number of values, or a file object sent to an event that takes no file
-    (422: Gradio would check its path before any handler and answer ``{"error": null}``).
+    (422: Gradio would check its path before any handler and answer ``{"error": null}``). With ``events`` and
+    ``queue``, a queue join naming no event or sending another number of values than the event takes, and a
+    result stream asked for an unknown session or event id, get one line too (404/422; Gradio answered 500, or
+    cut the stream off and logged a traceback).
 
     Args:
         app: the wrapped ASGI app. endpoints: ``{api_name: [(param, default), ...]}`` of the documented ones.
         arity: ``{api_name: number of inputs}`` of every callable endpoint (None: not checked).
         takes_files: api names and event indexes (``fn_index``) whose inputs include a file widget (None: not
             checked).
+        events: ``{fn_index: number of inputs}`` of every event of the page (None: not checked).
+        queue: ``() -> Gradio's queue`` (``blocks._queue``), to tell whether a result stream has anything to
+            send (None: not checked).
     """
 
     def __init__(self, app, endpoints: dict[str, list[tuple[str, object]]], arity: dict[str, int] | None = None,
-                 listeners: CallListeners | None = None, takes_files: set | None = None):
+                 listeners: CallListeners | None = None, takes_files: set | None = None,
+                 events: dict[int, int] | None = None, queue: Callable[[], object] | None = None):
         self.app = app
         self.endpoints = endpoints
         self.arity = arity
         self.listeners = listeners
         self.takes_files = takes_files
+        self.events = events
+        self.queue = queue
 
     async def __call__(self, scope, receive, send):
         path = scope.get("path", "") if scope.get("type") == "http" else ""
         if scope.get("method") == "POST" and path.rstrip("/") == JOIN_PATH and self.takes_files is not None:
             await self._check_join(scope, receive, send)
             return
+        if scope.get("method") == "GET" and self.queue is not None:
+            problem = self._stream_problem(path, scope.get("query_string", b""))
+            if problem is not None:
+                await reply(send, 404, {"error": problem})
+                return
         endpoint = path[len(CALL_PREFIX):].strip("/") if path.startswith(CALL_PREFIX) else ""
         if scope.get("method") == "GET" and endpoint.count("/") == 1 and self.listeners is not None:
             self.listeners.read(endpoint.split("/")[1])  # somebody opened this call's result stream
@@ -192,11 +210,55 @@ class FillApiDefaults:
             payload = json.loads(body)
         except (ValueError, UnicodeDecodeError, RecursionError):
             payload = None
-        if isinstance(payload, dict) and payload.get("fn_index") not in self.takes_files \
-                and holds_file(payload.get("data")):
-            await reply(send, 422, {"error": no_files(f"event {payload.get('fn_index')}")})
+        if not isinstance(payload, dict):
+            await reply(send, 422, {"error": "send a JSON object with the event's fn_index, data and session_hash"})
+            return
+        index, data = payload.get("fn_index"), payload.get("data")
+        if self.events is not None and (isinstance(index, bool) or index not in self.events):
+            await reply(send, 404, {"error": f"no event {shown(index, 40)}: the page's events are "
+                                              f"{min(self.events)} to {max(self.events)}"})
+            return
+        if index not in self.takes_files and holds_file(data):
+            await reply(send, 422, {"error": no_files(f"event {index}")})
+            return
+        if self.events is not None and (not isinstance(data, list) or len(data) != self.events[index]):
+            got = f"{len(data)} values" if isinstance(data, list) else "no list of values"
+            await reply(send, 422, {"error": f"event {index} takes {self.events[index]} values in 'data', got {got}"})
             return
         await forward(self.app, scope, body, receive, send)
+
+    def _stream_problem(self, path: str, query: bytes) -> str | None:
+        """Why a GET of a result stream has nothing to send (an unknown session hash or event id, an unknown
+        endpoint), or None: Gradio's own route answers."""
+        from urllib.parse import parse_qs
+
+        queue = self.queue()
+        pending = getattr(queue, "pending_messages_per_session", None)
+        if pending is None:
+            return None
+        if path.rstrip("/") == DATA_PATH:
+            hashes = parse_qs(query.decode("latin-1")).get("session_hash", [""])
+            session = hashes[0] if len(hashes) == 1 else ""
+            if session and len(session) <= MAX_ID_CHARS and session in pending:
+                return None
+            return (f"no event of session {shown(session, 40)} is waiting: join the queue first "
+                    f"(POST {JOIN_PATH}) and read the results with the same session_hash")
+        if not path.startswith(CALL_PREFIX):
+            return None
+        parts = path[len(CALL_PREFIX):].strip("/").split("/")
+        if len(parts) != 2 or (self.arity is not None and parts[0] not in self.arity
+                               and parts[0] not in self.endpoints):
+            return (f"{path[len('/gradio_api'):]}: no such endpoint; the documented ones are "
+                    f"{', '.join('/' + name for name in self.endpoints)}")
+        api, event_id = parts
+        if len(event_id) <= MAX_ID_CHARS:
+            event = queue.event_ids_to_events.get(event_id)
+            session = event.session_hash if event is not None else next(
+                (s for s, ids in queue.pending_event_ids_session.items() if event_id in ids), event_id)
+            if session in pending:
+                return None
+        return (f"/{api}: no event {shown(event_id, 40)} is waiting: POST {CALL_PREFIX}{api} first and read its "
+                f"result with the event_id it answers")
 
     def _noting_event_ids(self, send):
         """``send`` that also notes the event id a POST's answer carries (``{"event_id": ...}``)."""

@@ -325,3 +325,71 @@ def test_a_huge_integer_in_any_number_field_of_any_event_gets_one_line(server, c
     log = capfd.readouterr().err
     assert sent >= 30 and "Traceback" not in log and "unexpected error" not in log, log[-3000:]
     assert log.count("401-digit number") >= sent // 2
+
+
+def _raw(url: str, method: str, path: str, body: str | None = None) -> tuple[int, str]:
+    import http.client
+
+    host, port = url.split("//")[1].strip("/").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.request(method, path, body, {"Content-Type": "application/json"} if body is not None else {})
+    answer = conn.getresponse()
+    return answer.status, answer.read().decode()  # a cut-off stream raises IncompleteRead here
+
+
+@pytest.mark.parametrize("fn_index, data, status, message", [
+    (-1, [], 404, "no event -1: the page's events are 0 to "),
+    (10**9, [], 404, "no event 1000000000: the page's events are 0 to "),
+    (31, [], 404, "no event 31: the page's events are 0 to "),
+    ("4", [], 404, "no event '4': the page's events are 0 to "),
+    (True, [], 404, "no event True: the page's events are 0 to "),
+    ("step", [""] * 16, 422, "takes 15 values in 'data', got 16 values"),  # was accepted
+    ("step", "x", 422, "takes 15 values in 'data', got no list of values"),
+])
+def test_a_queue_join_naming_no_event_or_the_wrong_values_gets_one_line(server, capfd, fn_index, data, status,
+                                                                         message):
+    """Gradio answered HTTP 500 with a KeyError for an fn_index it does not have (issue 35, item 5)."""
+    import json
+    import urllib.request
+
+    config = json.loads(urllib.request.urlopen(server.rstrip("/") + "/config", timeout=30).read())
+    if fn_index == "step":
+        fn_index = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "step")
+    if fn_index == 31:
+        fn_index = len(config["dependencies"])  # one past the last
+        message = f"no event {fn_index}: the page's events are 0 to "
+    capfd.readouterr()
+    body = json.dumps({"data": data, "fn_index": fn_index, "session_hash": "joiner", "event_data": None,
+                       "trigger_id": None})
+    code, text = _raw(server, "POST", "/gradio_api/queue/join", body)
+    assert code == status and message in json.loads(text)["error"], text
+    log = capfd.readouterr().err
+    assert f"refused ({status}): " in log and "Traceback" not in log
+
+
+@pytest.mark.parametrize("path, message", [
+    ("/gradio_api/queue/data?session_hash=unknown", "no event of session 'unknown' is waiting"),
+    ("/gradio_api/queue/data?session_hash=" + "a" * 50_000, "(50,000 characters) is waiting"),
+    ("/gradio_api/queue/data?session_hash=%00", "no event of session '\\x00' is waiting"),
+    ("/gradio_api/queue/data", "no event of session '' is waiting"),
+    ("/gradio_api/call/nope/x", "/call/nope/x: no such endpoint; the documented ones are /generate, /race"),
+    ("/gradio_api/call/v2/generate/x", "/call/v2/generate/x: no such endpoint"),
+    ("/gradio_api/call/generate/0123456789abcdef", "/generate: no event '0123456789abcdef' is waiting"),
+    ("/gradio_api/call/generate/" + "e" * 300, "/generate: no event 'eeee"),
+])
+def test_a_result_stream_for_an_unknown_session_or_event_gets_one_line(server, capfd, path, message):
+    """These streams were cut off with a traceback in the log (8 cases of issue 35, item 5)."""
+    import json
+
+    capfd.readouterr()
+    code, text = _raw(server, "GET", path)
+    assert code == 404 and message in json.loads(text)["error"], text[:300]
+    log = capfd.readouterr().err
+    assert "refused (404): " in log and "Traceback" not in log
+
+
+def test_a_known_call_still_streams_its_result(server):
+    from test_public_server import raw_call, stream_result
+
+    code, text = raw_call(server, "generate", {"data": ["w1 w2", "ar", 4, 0.0, 4]})
+    assert code == 200 and stream_result(text)[0] == "complete", text[:300]
