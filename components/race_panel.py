@@ -49,8 +49,8 @@ def _lane_badge(lane: Lane, greedy: bool, order: str = "ltr") -> str:
         return '<span class="badge info">reference</span>'
     if lane.compared is None:  # nothing to compare: no claim either way
         return f'<span class="badge muted" data-differs="none">{html.escape(lane.agreement())}</span>'
-    if lane.identical:
-        return f'<span class="badge ok">{html.escape(lane.agreement())}</span>'
+    if lane.identical:  # green only for the whole output; over a cut-off run's tokens, neutral
+        return f'<span class="badge {"info" if lane.partial else "ok"}">{html.escape(lane.agreement())}</span>'
     expected = order != "ltr" and lane.schedule != "diffusion"
     kind = "bad" if greedy and lane.schedule != "diffusion" and not expected else "info"
     why = "; expected in the confidence order" if expected else ""
@@ -125,6 +125,14 @@ def _block_label(lane: Lane) -> str:
     return f' <span class="lane-b">· B = {b}</span>' if b and lane.schedule != "ar" else ""
 
 
+def _who_was_cut(lane: Lane, ar: Lane | None) -> str:
+    """Whose run the time limit cut, of a lane compared with AR over part of its output: "AR", "this lane",
+    "both"."""
+    if ar is not None and ar.cut_off and not lane.cut_off:
+        return "AR"
+    return "both" if ar is not None and ar.cut_off else "this lane"
+
+
 def badge_html(lanes: Sequence[Lane], greedy: bool, order: str = "ltr") -> str:
     """The race verdict: are the lossless lanes' greedy outputs identical to AR's; diffusion's differences.
 
@@ -161,8 +169,9 @@ def badge_html(lanes: Sequence[Lane], greedy: bool, order: str = "ltr") -> str:
                           f'({counted(n, "token")})</span>')
         elif not bad:  # a cut-off run: the agreement holds over the tokens both made, no further
             over = ", ".join(f"{lane.title}: {counted(lane.compared, 'token')}" for lane in compared)
-            badges.append(f'<span class="badge ok" data-badge="identical">✓ Greedy outputs agree with AR\'s over the '
-                          f'tokens both made before the time limit, and no further ({html.escape(over)})</span>')
+            badges.append(f'<span class="badge info" data-badge="partial">Greedy outputs agree with AR\'s over the '
+                          f'tokens both made before the time limit, and no further ({html.escape(over)}): no verdict '
+                          f'on the whole output</span>')
         for lane in bad:
             if lane.divergence is not None and lane.divergence.near_tie:
                 badges.append(f'<span class="badge info" data-badge="near-tie">≈ {html.escape(lane.title)}: '
@@ -255,7 +264,9 @@ def summary_html(lanes: Sequence[Lane]) -> str:
     for lane in lanes:
         m = lane.metrics
         same = ("reference" if lane.schedule == "ar" else "not compared" if lane.compared is None else
-                f"yes ({counted(lane.compared, 'token')}{', cut off' if lane.partial else ''})" if lane.identical else
+                f"yes, over the first {counted(lane.compared, 'token')} ({_who_was_cut(lane, ar)} cut off)"
+                if lane.identical and lane.partial else
+                f"yes ({counted(lane.compared, 'token')})" if lane.identical else
                 f"no (token {lane.first_difference})")
         name = lane.title + ("" if lane.shown else " (hidden)")
         accept = f"{m['mean_acceptance_length']:.2f}" if lane.schedule != "diffusion" else "–"

@@ -84,7 +84,8 @@ def test_agreement_with_a_cut_off_ar_is_claimed_over_its_tokens_only():
     cards = lanes_html(lanes, float("inf"), STRINGS, True)
     assert "= AR output" not in cards and cards.count("= AR over the first 4 tokens") == 2
     assert "agree with AR's over the tokens both made" in badge_html(lanes, True)
-    assert summary_html(lanes).count("yes (4 tokens, cut off)") == 2
+    assert summary_html(lanes).count("yes, over the first 4 tokens (AR cut off)") == 2
+    assert 'class="badge ok"' not in cards + badge_html(lanes, True)  # no green over a cut-off run's tokens
 
 
 def test_a_finished_race_still_claims_identity_over_every_token():

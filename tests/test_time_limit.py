@@ -209,7 +209,7 @@ def test_an_in_app_benchmark_stops_at_the_time_limit_in_one_line(tmp_path):
     files = SessionFiles(root=tmp_path / "sessions", uploads=uploads)
     from contextlib import nullcontext
 
-    handlers = BenchmarkHandlers(lambda name: sleepy, ["sleepy"], tmp_path, nullcontext, None, max_seconds=0.5,
+    handlers = BenchmarkHandlers(lambda name: sleepy, ["sleepy"], (), tmp_path, nullcontext, None, max_seconds=0.5,
                                  files=files)
     handlers.on_file("prompts")(str(uploads / "h" / "p.jsonl"), Visitor())
     start = time.monotonic()
@@ -219,7 +219,7 @@ def test_an_in_app_benchmark_stops_at_the_time_limit_in_one_line(tmp_path):
     assert time.monotonic() - start < 0.5 + MARGIN_S  # 4 runs of 30 sleeping calls each would take 6 s
 
     # A limit that leaves time for some runs: the report covers those, and says where it stopped.
-    handlers = BenchmarkHandlers(lambda name: sleepy, ["sleepy"], tmp_path, nullcontext, None, max_seconds=2.0,
+    handlers = BenchmarkHandlers(lambda name: sleepy, ["sleepy"], (), tmp_path, nullcontext, None, max_seconds=2.0,
                                  files=files)
     start = time.monotonic()
     note, markdown, *_, paths = handlers.run("", "uploaded JSONL file", 2, ["ar", "packed"], "4", 12, 0.0, 1, 0,
