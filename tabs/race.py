@@ -159,6 +159,19 @@ class RaceHandlers:
                summary_html(result.lanes))
 
 
+EARLIER_IDS = ("race-badge", "race-lanes", "race-nfe", "race-wall", "race-theorem", "race-summary", "race-files")
+
+
+def _marking(on: bool) -> str:
+    """Page script adding (or removing) the ``race-earlier`` class on the race's outputs: dimmed, with a label
+    saying they are the earlier race's (assets/style.css), until the new race answers."""
+    ids = ", ".join(f"'{i}'" for i in EARLIER_IDS)
+    action = "add" if on else "remove"
+    return (f"() => {{ for (const id of [{ids}]) {{ const el = document.getElementById(id); "
+            f"if (el && (el.textContent.trim() || el.querySelector('svg, .js-plotly-plot, a'))) "
+            f"el.classList.{action}('race-earlier'); else if (el) el.classList.remove('race-earlier'); }} }}")
+
+
 def build_race_tab(server: Server, panel: SettingsPanel, concurrency_limit: int) -> None:
     """Create the tab (inside the caller's ``gr.Tabs``) and wire its events (queue group "compute")."""
     handlers = RaceHandlers(server)
@@ -183,10 +196,13 @@ def build_race_tab(server: Server, panel: SettingsPanel, concurrency_limit: int)
                              interactive=False, elem_id="race-files")
     # The Step tab's line above the tabs would stand beside this race's own result: a race clears it.
     race_btn.click(lambda: "", None, panel.status, api_visibility="private", queue=False, show_progress="hidden")
+    # While a new race runs, the earlier one's lanes, charts and table stay on screen dimmed and labelled.
+    race_btn.click(None, None, None, js=_marking(True), api_visibility="private", queue=False)
     raced = race_btn.click(panel.handler(handlers.on_race, extra=2), [*panel.components, optional, sizes_box],
                            [race_status, badge, lanes_view], api_name="ui_race", api_visibility="undocumented",
                            preprocess=False, concurrency_id="compute", concurrency_limit=concurrency_limit,
                            show_progress_on=[race_status])  # one progress indicator, not one per output
+    raced.then(None, None, None, js=_marking(False), api_visibility="private", queue=False)
     # The files while the replay runs (a page event: /ui_race keeps its three outputs).
     raced.then(handlers.on_files, None, [race_files], api_visibility="private", show_progress="hidden")
     raced.then(

@@ -71,3 +71,22 @@ def test_a_sampled_step_explains_a_correction_that_is_not_the_verifiers_token(br
         page.screenshot(path=str(ARTIFACTS / "step-residual.png"), full_page=True)
     finally:
         page.context.close()
+
+
+def test_a_new_race_dims_and_labels_the_earlier_one_until_it_answers(browser, cut_url):  # noqa: F811
+    """The earlier race's badge, lanes, charts and table stayed on screen as they were while a new race ran: read as
+    the new one's (newcomer run, issue 39)."""
+    page = open_app(browser, cut_url, PROMPT, 16)
+    try:
+        page.get_by_role("tab", name="Race").click()
+        page.locator("#race-btn").click()
+        page.locator("#race-summary table").wait_for(timeout=120_000)
+        assert page.locator(".race-earlier").count() == 0
+        page.locator("#race-btn").click()
+        page.locator("#race-lanes.race-earlier").wait_for(timeout=10_000)  # at once, before the new race answers
+        label = page.evaluate("() => getComputedStyle(document.getElementById('race-lanes'), '::before').content")
+        assert "Earlier race" in label, label
+        assert page.locator("#race-summary.race-earlier").count() == 1
+        page.wait_for_function("() => !document.querySelector('.race-earlier')", timeout=120_000)
+    finally:
+        page.context.close()
