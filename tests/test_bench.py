@@ -243,7 +243,9 @@ def test_benchmark_view_fits_report_figures_into_its_panels():
     title = "Tokens/NFE at the measured block sizes (run with more)"
     report = go.Figure(go.Scatter(x=[1], y=[1]), layout=dict(title=title))
     fitted = panel_figure(report)
-    assert fitted.layout.title.text == "Tokens/NFE at the measured block sizes<br>(run with more)"
+    assert fitted.layout.title.text == "Tokens/NFE at the measured block<br>sizes (run with more)"
+    assert all(len(line) <= 36 for line in fitted.layout.title.text.split("<br>"))  # a third of the page
+    assert fitted.layout.margin.t >= 30 + 18 * 2  # room above the plot for both lines
     assert fitted.layout.legend.orientation == "h"
     assert report.layout.title.text.endswith("sizes (run with more)")  # the report's own figure is unchanged
     assert panel_figure(None) is None

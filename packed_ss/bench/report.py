@@ -205,9 +205,9 @@ def figures(summary: dict) -> dict[str, go.Figure]:
     else:
         decomposition.add_annotation(text="no decomposition:<br>it is normalised to Linear-SS,<br>which was not "
                                           "measured", showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5)
-    if unsplit:
-        decomposition.add_annotation(text="no split (timed whole): " + ", ".join(unsplit), showarrow=False,
-                                     xref="paper", yref="paper", x=0, y=-0.22, xanchor="left", font=dict(size=11))
+    if unsplit:  # a legend entry of its own (no bar): a note under the plot ran into the legend in a narrow panel
+        decomposition.add_trace(go.Bar(x=[None], y=[None], name="no split (timed whole): " + ", ".join(unsplit),
+                                       marker_color="#cbd5e1", showlegend=True, hoverinfo="skip"))
     reference = summary["decomposition"]["reference"]
     reference_name = _label(reference) if reference else "n/a (Linear-SS not measured)"
     decomposition.update_layout(barmode="stack", height=420, template="plotly_white",
