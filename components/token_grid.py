@@ -165,7 +165,7 @@ def _residual_note(record: IterationRecord, text: dict[int, str]) -> str:
         return ""
     pos = record.prefix_len_before + h
     return (f'<div class="grid-note" data-note="residual">At position {pos} the verifier row shows '
-            f'“{html.escape(text[v[h]])}” but “{html.escape(text[out[h]])}” was appended: at T &gt; 0 the '
+            f'“{visible(text[v[h]])}” but “{visible(text[out[h]])}” was appended: at T &gt; 0 the '
             f'correction token is drawn again, from the residual distribution [p − Q]<sub>+</sub> (the verifier\'s '
             f'p with the drafter\'s Q taken out, Algorithm 2 line 7), while v shows the verifier\'s most likely token '
             f'(its argmax). Drawing it so keeps the output distributed exactly as AR\'s.</div>')

@@ -33,6 +33,20 @@ def test_a_sampled_correction_that_is_not_the_verifiers_token_is_explained():
                f"but “t{record.appended[h]}” was appended" in grid and "residual distribution" in grid
 
 
+def test_a_whitespace_correction_is_written_visibly():
+    """The note printed a correction of a newline and spaces as a blank gap (newcomer run, issue 39)."""
+    model = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0, eos=False)
+    sequence, notes = list(PROMPT), []
+    for seed in range(6):
+        config = DecodeConfig(block_size=4, max_new_tokens=16, temperature=1.0, seed=seed)
+        for record in decode(model, PROMPT, config, "packed"):
+            sequence += list(record.appended)
+            grid = grid_html(record, sequence, lambda ids: ["\n  " if i % 2 else " " for i in ids], model.mask_token_id)
+            notes += [grid.split('data-note="residual">', 1)[1].split("</div>", 1)[0]] if "residual" in grid else []
+    assert notes and all("“⏎··”" in note or "“·”" in note for note in notes), notes[:2]
+    assert not any("“ ”" in note or "“\n" in note for note in notes)
+
+
 def test_greedy_iterations_have_no_residual_note():
     assert not any('data-note="residual"' in grid for _, grid in _grids(0.0, seeds=(0,)))
 
