@@ -15,7 +15,7 @@ from packed_ss.inputs import model_fingerprint, model_name, threads_problem
 from packed_ss.threads import configure_threads
 from packed_ss.bench.plan import (ALL_SCHEDULES, KNOWN, NO_BLOCK, BenchConfig, BenchError, Prompt, load_prompts, parse_block_sizes,
                                  parse_probe_block_sizes, parse_schedules)
-from packed_ss.bench.files import check_out_folder, set_aside
+from packed_ss.bench.files import OutLock, check_out_folder, set_aside
 from packed_ss.bench.report import PLOTLYJS, summary_markdown, write_outputs
 from packed_ss.hf_reference import ReferenceFailed
 from packed_ss.measure import EAGER_AR
@@ -117,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
 
     quiet_loaders()  # a refused checkpoint gets one line, not transformers' load table
     one_line_warnings()
+    _file_size_limit_is_an_error()
+    lock = None
     try:
         args = _parser().parse_args(argv)
         try:
@@ -142,8 +144,11 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             raise BenchError(problem)
         prompts = load_prompts(args.prompts or "humaneval", args.limit)
+        lock = OutLock(args.out)  # one run per folder, held until this run ends
         check_out_folder(args.out, overwrite=args.overwrite)  # found now, not after the measurements
     except BenchError as error:
+        if lock is not None:
+            lock.release()
         print(f"error: {error}", file=sys.stderr)
         return 2
     try:
@@ -154,12 +159,27 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted before any measurement; nothing written", file=sys.stderr)
         return 130
+    finally:
+        lock.release()
+
+
+def _file_size_limit_is_an_error() -> None:
+    """Past a file-size limit (``ulimit -f``) a write fails with EFBIG, reported in one line, instead of the signal
+    (SIGXFSZ) ending the process with a temporary file left behind."""
+    import signal
+
+    if hasattr(signal, "SIGXFSZ"):
+        try:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        except ValueError:  # not the main thread (a test calling main): the limit's signal stays as it is
+            pass
 
 
 def _task_main(args) -> int:
     """``--task``: the paper's experiments through :mod:`packed_ss.bench.harness`. Returns the exit status."""
     from packed_ss.bench.harness import HarnessPlan
 
+    lock = None
     try:
         tasks = parse_tasks(args.task)
         if args.prompts is not None:
@@ -182,6 +202,7 @@ def _task_main(args) -> int:
             raise BenchError(problem)
         configs = tuple(config_from_args(args, task) for task in tasks)
         data = tuple(_limited(load_task_data(task, paths.get(task.name)), args.limit) for task in tasks)
+        lock = OutLock(args.out)  # one run per folder, held until this run ends
         check_out_folder(args.out, keep=args.resume, overwrite=args.overwrite, resumable=True)
         if args.resume:
             from packed_ss.bench.harness import check_resumable
@@ -202,11 +223,18 @@ def _task_main(args) -> int:
     except (BenchError, ReferenceFailed) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except OSError as error:  # a full disk or a file-size limit while writing the results
+        print(f"error: cannot write to --out {args.out!r}: {error.strerror or error} (the files written before "
+              f"are whole; nothing half-written is left)", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         runs = Path(args.out) / "runs"
         print(f"interrupted: the runs measured so far are in {runs}; --resume goes on from there" if any(
             runs.glob("*.rows.jsonl")) else "interrupted before any run was measured", file=sys.stderr)
         return 130
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def _limited(data, limit):

@@ -13,6 +13,7 @@ from pathlib import Path
 from packed_ss.bench.plan import BenchError
 
 PROBE = ".write-check-"  # prefix of the probe files (one per process of a launch)
+LOCK = ".run-lock"  # the file a run holds locked (flock) while it uses the folder
 ASIDE = "replaced-"  # prefix of the folders that --overwrite moves earlier results into
 
 
@@ -34,7 +35,7 @@ def check_out_folder(out_dir, keep: bool = False, overwrite: bool = False, resum
         if out.exists() and not out.is_dir():
             raise BenchError(f"--out {str(out_dir)!r} is a file; give a folder")
         out.mkdir(parents=True, exist_ok=True)
-        held = sorted(p.name for p in out.iterdir() if not p.name.startswith(PROBE))
+        held = sorted(p.name for p in out.iterdir() if not p.name.startswith(PROBE) and p.name != LOCK)
         # a name of its own: the processes of one launch probe the same folder at once
         with tempfile.NamedTemporaryFile(dir=out, prefix=PROBE):
             pass
@@ -47,12 +48,52 @@ def check_out_folder(out_dir, keep: bool = False, overwrite: bool = False, resum
                          + (", or --resume to go on with them" if resumable else ""))
 
 
+class OutLock:
+    """One run per result folder: the first process of a launch (``RANK`` 0 or unset) holds ``out/.run-lock``
+    locked (``flock``) from before the folder is checked until the run ends; a second run into the same folder is
+    refused in one line. The lock goes with the process, however it ends.
+
+    Raises (on creation): BenchError when another run holds the folder, or it cannot be created."""
+
+    def __init__(self, out_dir):
+        import fcntl
+
+        self.handle = None
+        if os.environ.get("RANK", "0") != "0" or not isinstance(out_dir, (str, os.PathLike)) or \
+                not str(out_dir).strip():
+            return  # another process of this launch (rank 0 holds it), or no folder (check_out_folder says so)
+        out = Path(out_dir)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            handle = open(out / LOCK, "a+", encoding="utf-8")
+        except OSError:
+            return  # check_out_folder names the reason (a file in the way, no permission...)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().strip()[:40] or "another process"
+            handle.close()
+            raise BenchError(f"--out {str(out_dir)!r} is in use by another run ({holder}): wait for it to end, or "
+                             f"give another folder") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}")
+        handle.flush()
+        self.handle = handle
+
+    def release(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+            self.handle = None
+
+
 def set_aside(out: Path) -> Path | None:
     """Move everything in ``out`` (probe files excepted) into a new ``out/replaced-<UTC time>/``.
 
     Returns: that folder, or None when there was nothing to move.
     """
-    held = [p for p in out.iterdir() if not p.name.startswith(PROBE)] if out.is_dir() else []
+    held = [p for p in out.iterdir() if not p.name.startswith(PROBE) and p.name != LOCK] if out.is_dir() else []
     if not held:
         return None
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
@@ -64,18 +105,37 @@ def set_aside(out: Path) -> Path | None:
 
 
 def write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
-    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.",
-                                     delete=False) as handle:
-        handle.write(text)
-        temporary = Path(handle.name)
+    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename (:func:`write_texts`)."""
+    write_texts([(path, text)])
+
+
+def write_texts(items) -> None:
+    """Write each ``(path, text)`` of ``items`` through a temporary file in its folder, and rename them over their
+    names only once every one is written: a full disk or a file-size limit leaves the old set whole, and no
+    temporary file behind.
+
+    Raises: OSError (ENOSPC, EFBIG...) after removing every temporary file."""
+    temporaries = []
     try:
-        os.replace(temporary, path)
-    except OSError:
-        temporary.unlink(missing_ok=True)
+        for path, text in items:
+            handle = tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.",
+                                                 delete=False)
+            temporaries.append((Path(handle.name), path))
+            with handle:
+                handle.write(text)
+        for temporary, path in temporaries:
+            os.replace(temporary, path)
+    except BaseException:
+        for temporary, _ in temporaries:
+            temporary.unlink(missing_ok=True)
         raise
+
+
+def frame_text(frame) -> str:
+    """A DataFrame as CSV text (no index)."""
+    return frame.to_csv(index=False)
 
 
 def write_frame(path: Path, frame) -> None:
     """A DataFrame as CSV, through :func:`write_text`."""
-    write_text(path, frame.to_csv(index=False))
+    write_text(path, frame_text(frame))

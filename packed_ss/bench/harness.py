@@ -31,7 +31,7 @@ from pathlib import Path
 import pandas as pd
 
 from packed_ss.bench.accuracy import accuracy_summary
-from packed_ss.bench.files import set_aside, write_frame, write_text
+from packed_ss.bench.files import frame_text, set_aside, write_text, write_texts
 from packed_ss.bench.grading import END_MARKERS, clean_response
 from packed_ss.bench.paper import paper_html, paper_markdown
 from packed_ss.bench.plan import BenchConfig, BenchError, Prompt
@@ -467,9 +467,8 @@ def run_harness(model, plan: HarnessPlan, out: Path, procs: Processes, meta: dic
                        "sandbox": plan.sandbox.name if plan.sandbox else None,
                        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
               "tasks": entries}
-    write_text(out / "paper.json", json.dumps(report, indent=2, allow_nan=False))
-    write_text(out / "paper.md", paper_markdown(report))
-    write_text(out / "report.html", paper_html(report))
+    write_texts([(out / "paper.json", json.dumps(report, indent=2, allow_nan=False)),
+                 (out / "paper.md", paper_markdown(report)), (out / "report.html", paper_html(report))])
     return report
 
 
@@ -486,8 +485,8 @@ def report_task(task: Task, config: BenchConfig, data: TaskData, prompts: list[P
         bar = progress_factory(f"grading {task.name}")
         grades = grade(task, data.records, frame, lambda done, total: bar(done, total, "graded"), plan.sandbox,
                        meta.get("end_markers") or END_MARKERS, plan.workers)
-        write_frame(folder / "grades.csv", grades.drop(columns=["response", "program"], errors="ignore"))
-        write_text(folder / "samples.jsonl", sample_log(task, data.records, prompts, frame, grades))
+        write_texts([(folder / "grades.csv", frame_text(grades.drop(columns=["response", "program"], errors="ignore"))),
+                     (folder / "samples.jsonl", sample_log(task, data.records, prompts, frame, grades))])
         prompts_done = complete_prompts(frame, config.schedules, config.samples)
         accuracy = accuracy_summary(grades, config.schedules, prompts_done, config.temperature, config.resamples,
                                     config.seed, config.level, config.order)

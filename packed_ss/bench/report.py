@@ -14,7 +14,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
-from packed_ss.bench.files import write_frame, write_text
+from packed_ss.bench.files import frame_text, write_texts
 from packed_ss.bench.palette import schedule_color, schedule_symbol
 from packed_ss.bench.run import BenchResult
 from packed_ss.wording import counted
@@ -302,7 +302,8 @@ def report_html(summary: dict, plotlyjs: str = "inline") -> str:
 # --- output -----------------------------------------------------------------------------------------
 def write_outputs(result: BenchResult, out_dir: str | Path, plotlyjs: str = "inline") -> dict[str, Path]:
     """Write examples.csv, probe.csv (if probed), summary.json, summary.md and report.html (``plotlyjs`` as
-    :func:`report_html` takes it), each through a temporary file and a rename (:mod:`packed_ss.bench.files`).
+    :func:`report_html` takes it), through temporary files renamed once all are written
+    (:func:`packed_ss.bench.files.write_texts`).
 
     Returns: ``{kind: path}`` of the files written.
     Raises: OSError when the folder cannot be created or written.
@@ -311,11 +312,12 @@ def write_outputs(result: BenchResult, out_dir: str | Path, plotlyjs: str = "inl
     out.mkdir(parents=True, exist_ok=True)
     paths = {"examples": out / "examples.csv", "summary_json": out / "summary.json",
              "summary_md": out / "summary.md", "report": out / "report.html"}
-    write_frame(paths["examples"], result.examples)
     if not result.probe.empty:
         paths["probe"] = out / "probe.csv"
-        write_frame(paths["probe"], result.probe)
-    write_text(paths["summary_json"], json.dumps(result.summary, indent=2, allow_nan=False))
-    write_text(paths["summary_md"], summary_markdown(result.summary))
-    write_text(paths["report"], report_html(result.summary, plotlyjs))
+    texts = {"examples": frame_text(result.examples), "summary_json": json.dumps(result.summary, indent=2,
+                                                                                 allow_nan=False),
+             "summary_md": summary_markdown(result.summary), "report": report_html(result.summary, plotlyjs)}
+    if "probe" in paths:
+        texts["probe"] = frame_text(result.probe)
+    write_texts([(paths[kind], texts[kind]) for kind in paths])  # all written, or none (a full disk)
     return paths
