@@ -31,10 +31,11 @@ class Admission:
 
     @contextmanager
     def admit(self, visitor: str | None, predicted_s: float,
-              lower: str = "the new-token limit or the prompt length") -> Iterator[None]:
+              lower: str | None = "the new-token limit or the prompt length") -> Iterator[None]:
         """Hold a heavy slot for the body of the ``with`` block (a light request holds none).
 
-        ``lower``: the settings of the asking tab or endpoint that make a request lighter (named in the refusal).
+        ``lower``: the settings of the asking tab or endpoint that make a request lighter (named in the refusal;
+        None: no setting does).
         Raises: UserError when ``visitor`` already runs a heavy request, or every heavy slot is taken.
         """
         if predicted_s <= self.light_s:
@@ -46,9 +47,11 @@ class Admission:
                 raise UserError("you already have a heavy request running (a race or a long run): wait for it to "
                                 "finish, or make this one lighter")
             if len(self._running) >= self.heavy_limit:
+                lighter = (f", or lower {lower} (a request predicted under {self.light_s:g} s is served at once)"
+                           if lower else "")
                 raise UserError(f"the server is busy with {len(self._running)} heavy requests (up to "
-                                f"{sum(self._running.values()):.0f} s of predicted work): try again in a minute, or "
-                                f"lower {lower} (a request predicted under {self.light_s:g} s is served at once)")
+                                f"{sum(self._running.values()):.0f} s of predicted work): try again in a minute"
+                                f"{lighter}")
             self._running[ticket] = predicted_s
             if visitor is not None:
                 self._visitors.add(visitor)

@@ -19,7 +19,7 @@ from packed_ss.records import IterationRecord, RunRecord
 from packed_ss.schedules import SPECULATIVE
 
 from serve.costs import CostBook
-from serve.limits import TIME_LIMIT, ComputeGate, cut_off, deadline_after, gated
+from serve.limits import TIME_LIMIT, ComputeGate, cut_off, deadline_after, gated, worst_case_rows
 from serve.models import ModelStore
 
 
@@ -198,15 +198,29 @@ class GpuTasks:
             return divergence(model, prompt_ids, reference, other)
 
     def _calibration(self, model_ref: tuple, prompt_ids: Sequence[int], block_sizes: Sequence[int],
-                     new_tokens: int) -> list[tuple[int, list[IterationRecord]]]:
-        """Short runs of AR (once) and the three speculative schedules at each block size."""
+                     new_tokens: int, deadline: float | None = None,
+                     alive=None) -> list[tuple[int, list[IterationRecord]]]:
+        """Short runs of AR (once) and the three speculative schedules at each block size, after one short AR run
+        that is not kept (the first calls' overheads), each iteration a turn of the compute gate at the run's
+        worst-case rows (as any other request's); no run starts, and none goes on, past ``deadline``
+        (``time.monotonic()``; the runs done are returned). Raises: ClientGone when ``alive()`` turns False."""
         model = self.store.get(*model_ref[:2])
+        ids = list(prompt_ids)
+        warm = DecodeConfig(block_size=max(block_sizes), max_new_tokens=2)
+        for _ in gated(decode(model.share(), ids, warm, "ar"), self.gate,
+                       float(worst_case_rows(["ar"], len(ids), warm)[0][2]), alive, deadline=deadline):
+            pass
         out = []
         for i, b in enumerate(block_sizes):
             config = DecodeConfig(block_size=b, max_new_tokens=new_tokens)
             for schedule in (("ar",) if i == 0 else ()) + SPECULATIVE:
-                records = gated(decode(model.share(), list(prompt_ids), config, schedule), self.gate, 0.0)
-                out.append((b, list(records)))
+                if deadline is not None and time.monotonic() >= deadline:
+                    return out
+                rows = float(worst_case_rows([schedule], len(ids), config)[0][2])
+                records = list(gated(decode(model.share(), ids, config, schedule), self.gate, rows, alive,
+                                     deadline=deadline))
+                if records:
+                    out.append((b, records))
         return out
 
 

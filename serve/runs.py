@@ -7,7 +7,6 @@ from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 
 from packed_ss.any_order import ORDER_REGISTRY
-from packed_ss.config import DecodeConfig
 from packed_ss.engine import decode
 from packed_ss.records import RunRecord
 from packed_ss.registry import get_schedule
@@ -15,7 +14,7 @@ from packed_ss.schedules import REGISTRY
 
 from serve.errors import UserError
 from serve.gpu import GpuTasks
-from serve.limits import MAX_ROWS_PER_REQUEST, check_work, release_memory, worst_case_seconds
+from serve.limits import MAX_ROWS_PER_REQUEST, check_work, deadline_after, release_memory, worst_case_seconds
 from serve.settings import RunSettings
 from serve.timing import TimingLog
 
@@ -74,18 +73,28 @@ def run_generate(tasks: GpuTasks, settings: RunSettings, log: TimingLog | None =
     return run
 
 
-def calibrate(tasks: GpuTasks, settings: RunSettings, log: TimingLog, block_sizes: Sequence[int] = (4, 8, 16),
-              new_tokens: int = 16) -> int:
-    """Feed the cost fit: short runs of AR, Linear, Quadratic and Packed at several block sizes; then measure the
-    model's per-call cost again, which the server's time estimates use from then on (:class:`serve.costs.CostBook`).
+CALIBRATION_PROMPT = 256  # prompt tokens Explain's Measure decodes at most (the prompt's last ones)
 
-    Returns: number of calls measured. Raises: ModelLoadError, PromptError.
+
+def calibrate(tasks: GpuTasks, settings: RunSettings, log: TimingLog, block_sizes: Sequence[int] = (4, 8, 16),
+              new_tokens: int = 16, max_seconds: float | None = None, alive=None) -> int:
+    """Feed the cost fit: short runs of AR, Linear, Quadratic and Packed at several block sizes, on the last
+    :data:`CALIBRATION_PROMPT` tokens of the prompt at most; then measure the model's per-call cost again, which
+    the server's time estimates use from then on (:class:`serve.costs.CostBook`). Every iteration is a turn of the
+    compute gate, and the runs end at ``max_seconds`` (the request's time limit; None: none).
+
+    Returns: number of calls measured. Raises: ModelLoadError, PromptError, UserError when the time limit ended
+    the runs before any was measured.
     """
     model = tasks.store.get(*settings.model_ref[:2])
-    ids = settings.prompt_ids(model)
-    decode(model.share(), ids, DecodeConfig(block_size=max(block_sizes), max_new_tokens=new_tokens), "ar")
+    ids = settings.prompt_ids(model)[-CALIBRATION_PROMPT:]  # the fit is per call: a long prompt adds time, not calls
     calls = 0
-    for b, records in tasks.calibration(settings.model_ref, ids, tuple(block_sizes), new_tokens):
+    found = tasks.calibration(settings.model_ref, ids, tuple(block_sizes), new_tokens, deadline_after(max_seconds),
+                              alive)
+    if not found:
+        raise UserError(f"nothing was measured within this server's time limit of {max_seconds:g} s: try again when "
+                        f"the server is less busy")
+    for b, records in found:
         log.add(records, b)
         calls += sum(len(r.calls) for r in records)
     tasks.costs.remeasure(settings.model_ref, "re-measured by Explain's Measure")  # the estimates follow it

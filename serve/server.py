@@ -72,7 +72,7 @@ class Server:
         """The state of the browser tab (or API client) behind a Gradio ``request``."""
         return self.sessions.get(request.session_hash)
 
-    def admit(self, request, lower: str = "the new-token limit or the prompt length") -> Callable:
+    def admit(self, request, lower: str | None = "the new-token limit or the prompt length") -> Callable:
         """``predicted seconds -> context manager``: this request's heavy slot (:class:`Admission`); ``lower``
         names the settings of the asking tab that make a request lighter."""
         visitor = getattr(request, "session_hash", None)

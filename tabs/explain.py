@@ -10,6 +10,8 @@ from components.charts import (break_even_figure, break_even_summary, cost_figur
 from components.paths import paths_figure, paths_summary
 from components.style import ASSETS, error_html
 from serve.errors import UserError, refused
+
+MEASURE_S = 60.0  # seconds Explain's Measure is taken to need, where the server sets no time limit
 from serve.runs import calibrate
 from serve.server import Server
 from serve.settings import RequestValues, whole_number
@@ -53,8 +55,15 @@ class ExplainHandlers:
                 paths_summary(found["eager"], found["compiled"], found["roofline"], found["note"]))
 
     def on_measure(self, values: RequestValues, request: gr.Request):
+        """Short runs for the cost fit (:func:`serve.runs.calibrate`), admitted as a heavy request (one per visitor,
+        a few at once) and ended at the server's time limit; then the Explain view again."""
+        server = self.server
         try:
-            calibrate(self.server.tasks, self.server.settings(values), self.server.log)
+            settings = server.settings(values)
+            predicted = server.max_seconds if server.max_seconds is not None else MEASURE_S
+            with server.admit(request, None)(predicted):  # a fixed set of short runs: nothing to lower
+                calibrate(server.tasks, settings, server.log, max_seconds=server.max_seconds,
+                          alive=server.alive(request))
         except Exception as error:  # noqa: BLE001
             message = refused(error, "measure")
             return gr.skip(), error_html(message), gr.skip(), gr.skip()
