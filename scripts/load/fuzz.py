@@ -14,7 +14,7 @@ ROOT = str(Path(__file__).resolve().parents[2])
 
 BIG = "A" * 100_000
 VALUES = [("str'x'", "x"), ("str'NaN'", "NaN"), ("null", None), ("true", True), ("nested", [[1, [2]], []]),
-          ("huge", 10 ** 30), ("neg", -7), ("empty", ""), ("100kB", BIG), ("object", {"a": 1})]
+          ("huge", 10 ** 30), ("400 digits", 10 ** 400), ("neg", -7), ("empty", ""), ("100kB", BIG), ("object", {"a": 1})]
 
 M = "assets/model"
 GEN = ["def f(x):", "packed", 8, 0.0, 0, 1.0, 0, 8, "", False, "", "model", 0.8, "ltr", False]
