@@ -59,7 +59,7 @@ def _defined_names(code: str) -> set[str]:
     """Top-level names that ``code`` defines or imports (a regex guess when it does not parse)."""
     try:
         tree = ast.parse(code)
-    except SyntaxError:
+    except (SyntaxError, RecursionError, ValueError, MemoryError):  # ValueError: a NUL byte
         return {a or b for a, b in re.findall(r"^(?:def|class)\s+(\w+)|^(\w+)\s*=", code, re.MULTILINE)}
     return {name for node in tree.body for name in _names(node)}
 
@@ -80,7 +80,7 @@ def prompt_context(prompt: str, answer: str, entry_point: str) -> str:
     does not redefine (the entry point's stub never)."""
     try:
         tree = ast.parse(prompt)
-    except SyntaxError:
+    except (SyntaxError, RecursionError, ValueError, MemoryError):
         return "\n".join(line for line in prompt.splitlines() if line.startswith(("import ", "from ")))
     lines, redefined, kept = prompt.splitlines(), _defined_names(answer), []
     for node in tree.body:

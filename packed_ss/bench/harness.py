@@ -370,16 +370,16 @@ def grade(task: Task, records: list[dict], frame: pd.DataFrame, progress: Callab
     # signal.alarm, which works in the main thread only.
     with ThreadPoolExecutor(max_workers=max(1, workers) if task.runs_code else 1) as pool:
         if task.runs_code:
-            jobs = {pool.submit(task.grade, records[index], response, sandbox): (index, response)
+            jobs = {pool.submit(graded, task, records[index], response, sandbox): (index, response)
                     for index, response in keys}
             for done, job in enumerate(as_completed(jobs), 1):
                 verdicts[jobs[job]] = job.result()
                 progress(done, len(keys))
         else:
             for done, (index, response) in enumerate(keys, 1):
-                verdicts[(index, response)] = task.grade(records[index], response, sandbox)
+                verdicts[(index, response)] = graded(task, records[index], response, sandbox)
                 progress(done, len(keys))
-    extracted = {key: task.extract(records[key[0]], key[1]) for key in keys}
+    extracted = {key: _extracted(task, records[key[0]], key[1]) for key in keys}
     rows = []
     for (index, pid, schedule, sample, seed), response in zip(
             zip(frame["prompt_index"], frame["prompt_id"], frame["schedule"], frame["sample"], frame["seed"]), cleaned):
@@ -388,6 +388,24 @@ def grade(task: Task, records: list[dict], frame: pd.DataFrame, progress: Callab
                      "response": response, "correct": verdict.correct, "status": verdict.status,
                      "detail": verdict.detail, **extracted[(index, response)]})
     return pd.DataFrame(rows)
+
+
+def graded(task: Task, record: dict, response: str, sandbox: Sandbox | None) -> Verdict:
+    """``task.grade``'s verdict on one response; any error the grader raises on it (a parser's RecursionError on a
+    deeply nested answer, a bug) is that response's own verdict, "failed: grader error ...", so the other responses
+    are still graded and reported."""
+    try:
+        return task.grade(record, response, sandbox)
+    except Exception as error:  # noqa: BLE001 - one answer's problem is its own verdict
+        return Verdict(False, "failed", f"grader error ({type(error).__name__}: {str(error)[:160]})")
+
+
+def _extracted(task: Task, record: dict, response: str) -> dict:
+    """``task.extract`` on one response, or nothing where it fails (the verdict says why, :func:`graded`)."""
+    try:
+        return task.extract(record, response)
+    except Exception:  # noqa: BLE001
+        return {}
 
 
 def sample_log(task: Task, records: list[dict], prompts: list[Prompt], frame: pd.DataFrame,
