@@ -17,12 +17,13 @@ import pytest
 from packed_ss.bench.sandbox import Sandbox, find_sandbox, run_program
 from packed_ss.bench.sandbox import SandboxMissing
 
+REASON = ""
 try:
     SANDBOX = find_sandbox()
-except SandboxMissing as missing:
+except SandboxMissing as missing:  # the real cause (not installed, cannot create namespaces, ...), not a guess
     SANDBOX = None
     REASON = str(missing)
-needs_bwrap = pytest.mark.skipif(SANDBOX is None, reason="bubblewrap is not installed here (CI installs it)")
+needs_bwrap = pytest.mark.skipif(SANDBOX is None, reason=f"no sandbox here: {REASON} (CI installs bubblewrap)")
 
 
 @pytest.fixture
@@ -169,3 +170,31 @@ def test_a_stopped_judge_does_not_stop_the_watch_from_outside():
             "for _ in range(60):\n    if os.fork() == 0:\n        time.sleep(30)\n        os._exit(0)\ntime.sleep(30)")
     verdict = probe(body, SANDBOX, timeout_s=10.0)
     assert (verdict.correct, verdict.status) == (False, "limit") and "processes" in verdict.detail
+
+
+@needs_bwrap
+def test_the_interpreters_folders_under_tmp_stay_visible_in_the_sandbox(tmp_path, monkeypatch):
+    """With the checkout (and its venv) under /tmp, the sandbox's own /tmp hid the interpreter: every grading run
+    was refused and the sandbox tests skipped as if bubblewrap were missing (issue 36, item 6)."""
+    import shutil
+    import tempfile
+
+    from packed_ss.bench import sandbox
+
+    under_tmp = Path(tempfile.mkdtemp(prefix="packed-ss-venv-", dir="/tmp"))
+    try:
+        (under_tmp / "marker").write_text("seen")
+        roots = sandbox._read_only_roots()
+        monkeypatch.setattr(sandbox, "_read_only_roots", lambda: [*roots, str(under_tmp)])
+        program = tmp_path / "program"
+        program.mkdir()
+        done = subprocess.run(sandbox.bwrap_argv(SANDBOX.bwrap, program)
+                              + [sys.executable, "-I", "-c", f"print(open('{under_tmp}/marker').read())"],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and done.stdout.strip() == "seen", done.stderr
+        wrote = subprocess.run(sandbox.bwrap_argv(SANDBOX.bwrap, program)
+                               + [sys.executable, "-I", "-c", f"open('{under_tmp}/marker', 'w').write('x')"],
+                               capture_output=True, text=True, timeout=60)
+        assert wrote.returncode != 0 and (under_tmp / "marker").read_text() == "seen"  # read-only there
+    finally:
+        shutil.rmtree(under_tmp, ignore_errors=True)

@@ -147,10 +147,13 @@ def bwrap_argv(tool: str, program: Path) -> list[str]:
             argv += ["--symlink", os.readlink(path), str(path)]
         elif path.is_dir():
             argv += ["--ro-bind", str(path), str(path)]
+    # /tmp first: the interpreter's folders bound after it stay visible where they live under /tmp (a clone or a
+    # virtual environment there), read-only above the program's own small /tmp.
+    argv += ["--size", str(TMPFS_MB << 20), "--tmpfs", "/tmp"]
     for root in _read_only_roots():
         argv += ["--ro-bind", root, root]
     argv += ["--ro-bind", str(program), "/grade", "--proc", "/proc", "--dev", "/dev",
-             "--size", str(SHM_MB << 20), "--tmpfs", "/dev/shm", "--size", str(TMPFS_MB << 20), "--tmpfs", "/tmp",
+             "--size", str(SHM_MB << 20), "--tmpfs", "/dev/shm",
              "--chdir", "/tmp",
              "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv"]
     for key, value in _environment("/tmp").items():
