@@ -35,7 +35,8 @@ def decode_config(args) -> DecodeConfig:
     """The :class:`DecodeConfig` of parsed ``generate`` arguments. Raises ValueError with a one-line message."""
     return DecodeConfig(block_size=args.block_size, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                         max_new_tokens=args.max_new_tokens, seed=args.seed, stop_strings=tuple(args.stop),
-                        drafter_lora=bool(args.drafter_lora), order=args.order)
+                        drafter_lora=bool(args.drafter_lora), order=args.order,
+                        confidence_threshold=args.confidence_threshold)
 
 
 def load_model(name: str, device: str | None, dtype: str | None, family: str | None = None,
@@ -136,6 +137,9 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--order", default="ltr", choices=("ltr", "confidence"),
                      help="any-order models: verification order (paper Appendix C; default ltr)")
+    gen.add_argument("--confidence-threshold", type=float, default=DecodeConfig.confidence_threshold,
+                     help="diffusion schedule only: commit predictions at least this probable, in (0, 1] (default "
+                          f"{DecodeConfig.confidence_threshold:g}; SetDLM's own default is 1.0)")
     gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     gen.add_argument("--dtype", default=None, help=f"one of {', '.join(DTYPES)} (default float32 on CPU)")
     gen.add_argument("--threads", type=int, default=None,

@@ -525,3 +525,28 @@ def test_eager_attention_on_request_agrees_with_setdlms_kernel_exactly(setdlm):
     assert not torch.equal(logits["sdpa", "static"], want)
     with pytest.raises(ModelLoadError, match="attention must be one of"):
         DualModeModel.from_pretrained(folder, device="cpu", attention="flash")
+
+
+def test_the_native_lanes_confidence_saturates_in_float32_as_setdlms_does():
+    """At threshold 1.0 (SetDLM's generation-config default) SetDLM commits every mask whose float32 confidence
+    rounds to 1.0; the lane's float64 softmax gave 0.9999973 for [90, 76.8, 76] and committed fewer (issue 36,
+    item 5: 24/48 runs ended as SetDLM's own generate does)."""
+    import torch
+
+    from packed_ss.any_order.setdlm_native import commit_rule, setdlm_confidence
+
+    logits = torch.tensor([[90.0, 76.8, 76.0], [5.0, 4.0, 3.0], [80.0, 60.0, 0.0]], dtype=torch.float64)
+    confidence = setdlm_confidence(logits)
+    assert confidence[0] == 1.0 and confidence[2] == 1.0 and confidence[1] < 1.0
+    assert torch.softmax(logits[0], -1).max().item() < 1.0  # what the lane computed before
+    assert commit_rule(confidence, 1, 1.0) == (0, 2)  # both saturated masks, though one was asked for
+
+
+def test_the_confidence_threshold_flag_reaches_the_diffusion_schedule(tiny_model_dir, capsys):
+    from packed_ss.cli import main
+
+    assert main(["generate", "--model", str(tiny_model_dir), "--prompt", "w1 w2", "--schedule", "diffusion",
+                 "--max-new-tokens", "4", "--confidence-threshold", "1.5"]) == 2
+    assert "confidence threshold must be in (0, 1], got 1.5" in capsys.readouterr().err
+    assert main(["generate", "--model", str(tiny_model_dir), "--prompt", "w1 w2", "--schedule", "diffusion",
+                 "--max-new-tokens", "4", "--confidence-threshold", "1.0"]) == 0

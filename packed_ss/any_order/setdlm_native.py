@@ -71,6 +71,18 @@ def commit_count(steps: Sequence[float], step: int, generated: int, new_tokens: 
     return round(steps[step] * new_tokens) - round(t_next * new_tokens)
 
 
+def setdlm_confidence(logits: torch.Tensor) -> list[float]:
+    """Each row's confidence as SetDLM computes it: ``exp(x - logsumexp(x))`` in float32, its largest entry.
+
+    In float32 a row with large logits (e.g. [90, 76.8, 76]) rounds to exactly 1.0, and SetDLM commits every such
+    saturated mask at a threshold of 1.0 (its generation-config default); float64 gives 0.9999973, which does not
+    reach it. Args: logits (rows, vocab). Returns: one float per row."""
+    if not len(logits):
+        return []
+    x = logits.float()
+    return torch.exp(x - torch.logsumexp(x, dim=-1, keepdim=True)).amax(-1).tolist()
+
+
 def commit_rule(confidence: Sequence[float], count: int, threshold: float) -> tuple[int, ...]:
     """Indices (ascending) of the m window masks SetDLM commits (``_generate_unconditional``, predict_and_noise):
     confidences sorted ascending (stable), all but the last ``count`` re-masked, so ties keep the later mask;
@@ -153,7 +165,7 @@ class SetDLMDiffusion:
         rows = session.call(layout, layout.draft_rows)
         z = tuple(rows.top)
         count = commit_count(steps, step, generated, session.config.max_new_tokens, self.settings.first_hitting)
-        chosen = commit_rule(session.top_probs(rows), count, session.config.confidence_threshold)
+        chosen = commit_rule(setdlm_confidence(rows.logits), count, session.config.confidence_threshold)
         pairs = [(order[r], z[r]) for r in chosen]
         session.settle([])
         session.commit(pairs, [SOURCE_DIFFUSION] * len(pairs))
