@@ -43,3 +43,18 @@ def test_a_grader_error_on_one_answer_is_its_verdict_and_the_rest_are_graded():
     assert list(grades["correct"]) == [True, False, False]
     assert list(grades["status"]) == ["equal", "failed", "unequal"]
     assert grades["detail"][1].startswith("grader error (RecursionError: maximum recursion depth")
+
+
+def test_an_mbpp_function_named_like_a_builtin_is_the_one_tested():
+    """``def sum(x): return -1`` passed an MBPP record whose function is ``sum``: the judge took builtin names as
+    bound and tested Python's own ``sum`` (issue 36, item 4: a false pass)."""
+    from packed_ss.bench.grading import grade_mbpp
+
+    record = {"test_list": ["assert sum([1, 2, 3]) == 6", "assert sum([]) == 0"], "test_imports": [],
+              "code": "def sum(x):\n    pass\n"}  # the record's own solution: names the function asked for
+    sandbox = find_sandbox(unsafe=True)
+    wrong = grade_mbpp(record, "```python\ndef sum(x):\n    return -1\n```", sandbox)
+    assert not wrong.correct, wrong
+    right = grade_mbpp(record, "```python\ndef sum(x):\n    total = 0\n    for v in x:\n        total += v\n"
+                               "    return total\n```", sandbox)
+    assert right.correct, right

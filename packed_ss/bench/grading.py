@@ -20,7 +20,7 @@ import ast
 import re
 from collections.abc import Sequence
 
-from packed_ss.bench.sandbox import TIMEOUT_S, Sandbox, Verdict, run_program
+from packed_ss.bench.sandbox import TIMEOUT_S, Sandbox, Verdict, free_names, run_program, top_level_names
 
 # Texts that end a response wherever they appear: end-of-text and end-of-turn markers of common tokenizers;
 # the model's own special tokens are added by the harness (``end_markers``).
@@ -129,5 +129,7 @@ def mbpp_tests(record: dict) -> str:
 
 def grade_mbpp(record: dict, response: str, sandbox: Sandbox, timeout_s: float = TIMEOUT_S) -> Verdict:
     """pass@1 of one cleaned MBPP response (evalplus/mbppplus' record: test_list, test_imports)."""
-    return run_program(mbpp_solution(record, response), mbpp_tests(record), sandbox, context=mbpp_imports(record),
-                       timeout_s=timeout_s)
+    tests, context = mbpp_tests(record), mbpp_imports(record)
+    entry = top_level_names(record.get("code") or "")  # the functions asked for, builtin names included (``sum``)
+    return run_program(mbpp_solution(record, response), tests, sandbox, context=context,
+                       names=free_names(tests, context, entry), timeout_s=timeout_s)

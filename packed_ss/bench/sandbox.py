@@ -166,17 +166,21 @@ def _environment(home: str) -> dict[str, str]:
             "PYTHONDONTWRITEBYTECODE": "1", "LC_ALL": "C.UTF-8", "OMP_NUM_THREADS": "1"}
 
 
-def free_names(tests: str, context: str = "") -> tuple[str, ...]:
+def free_names(tests: str, context: str = "", entry=()) -> tuple[str, ...]:
     """Names ``tests`` read that neither it, ``context`` nor the builtins bind: what it takes from the solution.
-    Empty when ``tests`` does not parse (the judge then reports the syntax error)."""
+    A builtin's name in ``entry`` (the functions the task asks for, e.g. an MBPP function named ``sum``) is the
+    solution's too: it is what the tests test. Any other builtin stays Python's own, so a response cannot redefine
+    what the tests use (``set = lambda *a: 0``). Empty when ``tests`` does not parse (the judge then reports the
+    syntax error)."""
     import ast
     import builtins
 
     try:
         trees = [ast.parse(tests), ast.parse(context)]
-    except SyntaxError:
+    except (SyntaxError, RecursionError, ValueError, MemoryError):
         return ()
-    read, bound = [], set(dir(builtins))
+    shadowed = set(entry) & set(dir(builtins))
+    read, bound = [], set(dir(builtins)) - shadowed
     for node in (n for tree in trees for n in ast.walk(tree)):
         if isinstance(node, ast.Name):
             (read.append(node.id) if isinstance(node.ctx, ast.Load) else bound.add(node.id))
@@ -187,6 +191,25 @@ def free_names(tests: str, context: str = "") -> tuple[str, ...]:
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             bound.update((a.asname or a.name).split(".")[0] for a in node.names)
     return tuple(dict.fromkeys(name for name in read if name not in bound))
+
+
+def top_level_names(code: str) -> set[str]:
+    """The functions, classes and plain names ``code`` defines at its top level (a regex guess where it does not
+    parse)."""
+    import ast
+    import re
+
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, RecursionError, ValueError, MemoryError):
+        return {a or b for a, b in re.findall(r"^(?:def|class)\s+(\w+)|^(\w+)\s*=", code, re.MULTILINE)}
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
 
 
 def run_program(solution: str, tests: str, sandbox: Sandbox, context: str = "", names=None,
