@@ -77,16 +77,11 @@ def wrap_label(text: str, width: int = LEGEND_WIDTH) -> str:
     return f"{text[:cut]}<br>{wrap_label(text[cut + 1:], width)}"
 
 
-def wrap_title(title: str, width: int = TITLE_WIDTH) -> str:
-    """A panel's title on lines of at most about ``width`` characters, broken between words (:func:`wrap_label`)."""
-    return wrap_label(title, width)
-
-
 def panel_figure(figure):
     """A report figure fitted to one of the view's three side-by-side panels (a copy; None stays None).
 
     The report's titles and right-hand legends are sized for a full-width page; in a third of the page the
-    titles were cut off, and so were long legend entries. Here a title wraps (:func:`wrap_title`), the legend goes
+    titles were cut off, and so were long legend entries. Here a title wraps (:func:`wrap_label`), the legend goes
     below the plot (:func:`components.style.legend_below`) and its long entries wrap (:func:`wrap_label`).
     """
     if figure is None:
@@ -99,8 +94,9 @@ def panel_figure(figure):
     # Plotly scrolls a legend taller than the plot: many comparisons make the panel tall enough for both.
     lines = sum(trace.name.count("<br>") + 1 for trace in fitted.data if trace.name and trace.showlegend is not False)
     height = max(PANEL_HEIGHT, PANEL_FRAME_PX + 2 * LEGEND_LINE_PX * lines)
-    top = 30 + 18 * (wrap_title(title).count("<br>") + 1)  # px above the plot: room for every line of the title
-    fitted.update_layout(title=dict(text=wrap_title(title), font=dict(size=14)), height=height,
+    title = wrap_label(title, TITLE_WIDTH)
+    top = 30 + 18 * (title.count("<br>") + 1)  # px above the plot: room for every line of the title
+    fitted.update_layout(title=dict(text=title, font=dict(size=14)), height=height,
                          legend=legend_below(), margin=dict(l=50, r=10, t=top))
     fitted.update_xaxes(automargin=True, tickangle=-35)
     fitted.update_yaxes(automargin=True)

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import pandas as pd
 
-from packed_ss.bench.grading import _defined_names, grade_humaneval, prompt_context
+from packed_ss.bench.grading import grade_humaneval, prompt_context
 from packed_ss.bench.harness import grade
-from packed_ss.bench.sandbox import Verdict, find_sandbox
+from packed_ss.bench.sandbox import Verdict, find_sandbox, top_level_names
 from packed_ss.bench.tasks import TASKS, load_records
 
 DEEP = "```python\ndef f():\n    return " + "-" * 5000 + "1\n```"
 
 
 def test_a_deeply_nested_answer_is_graded_not_raised():
-    assert _defined_names(DEEP.split("\n", 1)[1]) >= {"f"}  # the regex guess where the parser gives up
+    assert top_level_names(DEEP.split("\n", 1)[1]) >= {"f"}  # the regex guess where the parser gives up
     record = load_records(TASKS["humaneval"])[0]
     assert prompt_context(record["prompt"], DEEP, record["entry_point"]) is not None
     verdict = grade_humaneval(record, DEEP, find_sandbox(unsafe=True))

@@ -134,8 +134,3 @@ def write_texts(items) -> None:
 def frame_text(frame) -> str:
     """A DataFrame as CSV text (no index)."""
     return frame.to_csv(index=False)
-
-
-def write_frame(path: Path, frame) -> None:
-    """A DataFrame as CSV, through :func:`write_text`."""
-    write_text(path, frame_text(frame))

@@ -20,7 +20,8 @@ import ast
 import re
 from collections.abc import Sequence
 
-from packed_ss.bench.sandbox import TIMEOUT_S, Sandbox, Verdict, free_names, run_program, top_level_names
+from packed_ss.bench.sandbox import (TIMEOUT_S, UNPARSABLE, Sandbox, Verdict, free_names, run_program,
+                                    statement_names, top_level_names)
 
 # Texts that end a response wherever they appear: end-of-text and end-of-turn markers of common tokenizers;
 # the model's own special tokens are added by the harness (``end_markers``).
@@ -55,36 +56,16 @@ def cut_completion(completion: str, stops: Sequence[str] = HUMANEVAL_STOPS) -> s
     return completion[:min([completion.find(s) for s in stops if s in completion] + [len(completion)])]
 
 
-def _defined_names(code: str) -> set[str]:
-    """Top-level names that ``code`` defines or imports (a regex guess when it does not parse)."""
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, RecursionError, ValueError, MemoryError):  # ValueError: a NUL byte
-        return {a or b for a, b in re.findall(r"^(?:def|class)\s+(\w+)|^(\w+)\s*=", code, re.MULTILINE)}
-    return {name for node in tree.body for name in _names(node)}
-
-
-def _names(node: ast.stmt) -> list[str]:
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return [node.name]
-    if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-        return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
-    if isinstance(node, (ast.Import, ast.ImportFrom)):
-        return [(a.asname or a.name).split(".")[0] for a in node.names]
-    return []
-
-
 def prompt_context(prompt: str, answer: str, entry_point: str) -> str:
     """What a chat answer keeps of a HumanEval prompt: its imports and every top-level definition the answer
     does not redefine (the entry point's stub never)."""
     try:
         tree = ast.parse(prompt)
-    except (SyntaxError, RecursionError, ValueError, MemoryError):
+    except UNPARSABLE:
         return "\n".join(line for line in prompt.splitlines() if line.startswith(("import ", "from ")))
-    lines, redefined, kept = prompt.splitlines(), _defined_names(answer), []
+    lines, redefined, kept = prompt.splitlines(), top_level_names(answer), []
     for node in tree.body:
-        names = _names(node)
+        names = statement_names(node)
         if not names or entry_point in names:
             continue
         if isinstance(node, (ast.Import, ast.ImportFrom)) or not set(names) <= redefined:

@@ -312,12 +312,10 @@ def write_outputs(result: BenchResult, out_dir: str | Path, plotlyjs: str = "inl
     out.mkdir(parents=True, exist_ok=True)
     paths = {"examples": out / "examples.csv", "summary_json": out / "summary.json",
              "summary_md": out / "summary.md", "report": out / "report.html"}
-    if not result.probe.empty:
-        paths["probe"] = out / "probe.csv"
-    texts = {"examples": frame_text(result.examples), "summary_json": json.dumps(result.summary, indent=2,
-                                                                                 allow_nan=False),
+    texts = {"examples": frame_text(result.examples),
+             "summary_json": json.dumps(result.summary, indent=2, allow_nan=False),
              "summary_md": summary_markdown(result.summary), "report": report_html(result.summary, plotlyjs)}
-    if "probe" in paths:
-        texts["probe"] = frame_text(result.probe)
+    if not result.probe.empty:
+        paths["probe"], texts["probe"] = out / "probe.csv", frame_text(result.probe)
     write_texts([(paths[kind], texts[kind]) for kind in paths])  # all written, or none (a full disk)
     return paths

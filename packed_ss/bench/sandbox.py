@@ -166,6 +166,9 @@ def _environment(home: str) -> dict[str, str]:
             "PYTHONDONTWRITEBYTECODE": "1", "LC_ALL": "C.UTF-8", "OMP_NUM_THREADS": "1"}
 
 
+UNPARSABLE = (SyntaxError, RecursionError, ValueError, MemoryError)  # ast.parse on a hostile text (ValueError: NUL)
+
+
 def free_names(tests: str, context: str = "", entry=()) -> tuple[str, ...]:
     """Names ``tests`` read that neither it, ``context`` nor the builtins bind: what it takes from the solution.
     A builtin's name in ``entry`` (the functions the task asks for, e.g. an MBPP function named ``sum``) is the
@@ -177,7 +180,7 @@ def free_names(tests: str, context: str = "", entry=()) -> tuple[str, ...]:
 
     try:
         trees = [ast.parse(tests), ast.parse(context)]
-    except (SyntaxError, RecursionError, ValueError, MemoryError):
+    except UNPARSABLE:
         return ()
     shadowed = set(entry) & set(dir(builtins))
     read, bound = [], set(dir(builtins)) - shadowed
@@ -194,22 +197,29 @@ def free_names(tests: str, context: str = "", entry=()) -> tuple[str, ...]:
 
 
 def top_level_names(code: str) -> set[str]:
-    """The functions, classes and plain names ``code`` defines at its top level (a regex guess where it does not
-    parse)."""
+    """Top-level names that ``code`` defines or imports (a regex guess where it does not parse)."""
     import ast
     import re
 
     try:
         tree = ast.parse(code)
-    except (SyntaxError, RecursionError, ValueError, MemoryError):
+    except UNPARSABLE:
         return {a or b for a, b in re.findall(r"^(?:def|class)\s+(\w+)|^(\w+)\s*=", code, re.MULTILINE)}
-    names = set()
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, ast.Assign):
-            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
-    return names
+    return {name for node in tree.body for name in statement_names(node)}
+
+
+def statement_names(node) -> list[str]:
+    """The names one top-level statement binds: a function or class, assignment targets, imports."""
+    import ast
+
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [node.name]
+    if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return [(a.asname or a.name).split(".")[0] for a in node.names]
+    return []
 
 
 def run_program(solution: str, tests: str, sandbox: Sandbox, context: str = "", names=None,
