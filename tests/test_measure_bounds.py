@@ -18,7 +18,9 @@ class Visitor:
 
 @pytest.fixture
 def server(tiny_model_dir):
-    return Server(str(tiny_model_dir), max_seconds=20.0)
+    """No clock limit: what these tests check must not depend on how fast the machine is (Measure is then taken
+    to need MEASURE_S seconds: a heavy request)."""
+    return Server(str(tiny_model_dir), max_seconds=None)
 
 
 def test_measure_decodes_a_bounded_prompt_and_waits_its_turn_at_the_rows_it_needs(server, monkeypatch):
@@ -38,7 +40,7 @@ def test_measure_decodes_a_bounded_prompt_and_waits_its_turn_at_the_rows_it_need
     monkeypatch.setattr(server.tasks, "calibration", spy)
     monkeypatch.setattr(server.gate, "turn", noted)
     settings = server.settings(RequestValues(prompt=" ".join(f"w{i % 18}" for i in range(1876))))
-    assert calibrate(server.tasks, settings, server.log, max_seconds=20.0) > 0
+    assert calibrate(server.tasks, settings, server.log) > 0
     assert seen == [CALIBRATION_PROMPT]
     decoding = [p for p in priorities if p > 0]  # the one-call probes (threads, call cost) take a turn at 0
     assert len(decoding) >= 10 and min(decoding) > CALIBRATION_PROMPT  # each run's worst-case rows: not first in line
