@@ -9,6 +9,8 @@ request's time from it (:func:`serve.limits.worst_case_seconds`).
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,7 +41,7 @@ class CallCost:
         return self.tau_ms + self.delta_ms * rows + self.mu_ms * keys + self.kappa_ms * rows * keys
 
 
-def call_cost(model, fresh: bool = False) -> CallCost:
+def call_cost(model, fresh: bool = False, turn: Callable[[], ContextManager] = nullcontext) -> CallCost:
     """The model's :class:`CallCost`, measured on first use and cached on the network (``model.model``, so every
     :meth:`share` of it reuses the fit; on ``model`` itself when it has none) as ``call_cost_fit``
     (``call_cost_fit_compiled`` for compiled calls, whose fit differs). Leaves the model's cache empty.
@@ -49,7 +51,8 @@ def call_cost(model, fresh: bool = False) -> CallCost:
     Compiled calls: tau and delta from :data:`PROBE_ROWS` after :data:`PROBE_PREFIX` (the shapes a run meets), the
     cost of keys from the eager fit (the same arithmetic; no further shapes compiled).
     A model without real timings (all model times 0, as scripted test models) gets tau = 1 ms, delta = 0.
-    ``fresh``: measure again even when a fit is cached (and cache the new one).
+    ``fresh``: measure again even when a fit is cached (and cache the new one). ``turn``: held around each call (a
+    server's compute-gate turn, so that other requests compute between the probe's calls and never during one).
     """
     holder = getattr(model, "model", None) or model
     compiled = getattr(model, "compiled", False)
@@ -57,32 +60,40 @@ def call_cost(model, fresh: bool = False) -> CallCost:
     found = None if fresh else getattr(holder, key, None)
     if found is not None:
         return found
-    points = _probe(model, PROBE_PREFIX, PROBE_ROWS)  # (rows, keys, median ms)
+    points = _probe(model, PROBE_PREFIX, PROBE_ROWS, turn)  # (rows, keys, median ms)
     if compiled:
-        eager = call_cost(model.share(compiled=False))
+        eager = call_cost(model.share(compiled=False), turn=turn)
         fit = _fit(points, keys=False)
         fit = CallCost(fit.tau_ms, fit.delta_ms, eager.kappa_ms, eager.mu_ms)
     else:
         longest = max(PROBE_PREFIX, getattr(model, "max_length", 10 ** 9) - max(KEY_PROBE_ROWS) - 1)
         for prefix in sorted({min(p, longest) for p in KEY_PROBE_PREFIXES}):
-            points += _probe(model, prefix, KEY_PROBE_ROWS)
+            points += _probe(model, prefix, KEY_PROBE_ROWS, turn)
         fit = _fit(points)
     fit = fit if max(ms for _, _, ms in points) > 0 else CallCost(1.0, 0.0)
     setattr(holder, key, fit)
     return fit
 
 
-def _probe(model, prefix: int, row_counts) -> list[tuple[int, int, float]]:
+def warm_probe(model) -> None:
+    """The calls :func:`call_cost` times, untimed: on compiled calls they compile the probe's shapes (the slow part,
+    which a server runs away from its compute gate); leaves the model's cache empty."""
+    _probe(model, PROBE_PREFIX, PROBE_ROWS)
+
+
+def _probe(model, prefix: int, row_counts, turn: Callable[[], ContextManager] = nullcontext
+           ) -> list[tuple[int, int, float]]:
     """``(rows, keys, median model ms)`` of :data:`PROBE_REPEATS` calls of each of ``row_counts`` causal rows after a
-    ``prefix``-token cached prefix; keys are the prefix and the call's rows, or a static cache's whole capacity
-    (what its calls attend over). Leaves the model's cache empty."""
+    ``prefix``-token cached prefix, each call inside ``turn()``; keys are the prefix and the call's rows, or a static
+    cache's whole capacity (what its calls attend over). Leaves the model's cache empty."""
     from packed_ss.layout import prefill_layout, verify_layout
 
     never = set(getattr(model, "never_emit_ids", (model.mask_token_id,)))
     filler = next(t for t in range(1, model.vocab_size) if t not in never)
     model.reset(prefix + max(row_counts))  # a static cache sized for the longest call
     first = prefill_layout([filler] * prefix, 0, model.mask_token_id)
-    model.forward(first, first.verify_rows)
+    with turn():
+        model.forward(first, first.verify_rows)
     model.rollback(prefix - 1)
     static = getattr(model, "static", None)  # a static cache's calls attend over its whole capacity
     out = []
@@ -90,7 +101,8 @@ def _probe(model, prefix: int, row_counts) -> list[tuple[int, int, float]]:
         layout = verify_layout([filler], [filler] * (rows - 1), prefix - 1)
         times = []
         for _ in range(PROBE_REPEATS):
-            times.append(model.forward(layout, layout.verify_rows).model_ms)
+            with turn():
+                times.append(model.forward(layout, layout.verify_rows).model_ms)
             model.rollback(prefix - 1)
         out.append((rows, static.capacity if static else prefix + rows, statistics.median(times)))
     model.reset()

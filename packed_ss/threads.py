@@ -167,37 +167,53 @@ class ThreadTuner:
         if threads is not None and torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
 
-    def check(self, model) -> ThreadChoice | None:
+    def check(self, model, between: Callable[[], None] | None = None) -> ThreadChoice | None:
         """Measure again if needed (first use, drift, age), on ``model``'s probe calls; call it where nothing else
-        computes (at the gate). Returns the new choice when one was made, else None. A CUDA model measures nothing."""
+        computes (at the gate). Returns the new choice when one was made, else None. A CUDA model measures nothing.
+        ``between``: called before each probe call; what it raises (a server's ClientGone) ends the measurement
+        with nothing chosen, and the next check measures again."""
         if self.fixed or len(self.options) < 2 or str(getattr(model, "device", "cpu")).startswith("cuda"):
             return None
         with self._lock:
             now = self.clock()
             if now - self._checked_at < CHECK_S:
                 return None
-            self._checked_at = now
-            probe = probe_call(model)
-            if self.choice is not None and now - self._chosen_at < RECHOOSE_S:
-                self.apply()
-                current = statistics.median(probe() for _ in range(3))
-                before = self.choice.ms[self.choice.threads]
-                if before / DRIFT <= current <= before * DRIFT:
-                    return None
-                self.reason = f"the probe drifted from {before:.2f} ms to {current:.2f} ms"
-            else:
-                self.apply()
-                start = time.perf_counter()
-                probe()
-                first = (time.perf_counter() - start) * 1000  # what the request pays per probe, not model time
-                if first > MAX_PROBE_MS:
-                    self.reason = f"not measured: one probe takes {first:.0f} ms (over {MAX_PROBE_MS:.0f} ms)"
-                    self._checked_at = self._chosen_at = self.clock() + RECHOOSE_S  # not again for a while
-                    return None
-                self.reason = "first use" if self.choice is None else f"{RECHOOSE_S:.0f} s since the last choice"
-            self.choice = choose_threads(probe, self.options)
-            self._chosen_at = self.clock()
-            return self.choice
+            before_at, self._checked_at = self._checked_at, now
+            call = probe_call(model)
+
+            def probe() -> float:
+                if between is not None:
+                    between()
+                return call()
+
+            try:
+                return self._measure(probe, now)
+            except BaseException:
+                self._checked_at = before_at
+                raise
+
+    def _measure(self, probe: Callable[[], float], now: float) -> ThreadChoice | None:
+        """The body of :meth:`check` (its lock held): the drift check, then a new choice where one is due."""
+        if self.choice is not None and now - self._chosen_at < RECHOOSE_S:
+            self.apply()
+            current = statistics.median(probe() for _ in range(3))
+            before = self.choice.ms[self.choice.threads]
+            if before / DRIFT <= current <= before * DRIFT:
+                return None
+            self.reason = f"the probe drifted from {before:.2f} ms to {current:.2f} ms"
+        else:
+            self.apply()
+            start = time.perf_counter()
+            probe()
+            first = (time.perf_counter() - start) * 1000  # what the request pays per probe, not model time
+            if first > MAX_PROBE_MS:
+                self.reason = f"not measured: one probe takes {first:.0f} ms (over {MAX_PROBE_MS:.0f} ms)"
+                self._checked_at = self._chosen_at = self.clock() + RECHOOSE_S  # not again for a while
+                return None
+            self.reason = "first use" if self.choice is None else f"{RECHOOSE_S:.0f} s since the last choice"
+        self.choice = choose_threads(probe, self.options)
+        self._chosen_at = self.clock()
+        return self.choice
 
     def describe(self) -> str:
         """One line for a log or a page: the count and why (``--threads``, or the measurement and its reason)."""

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from urllib.parse import parse_qs
 
 from packed_ss.inputs import shown
 
@@ -47,37 +48,54 @@ def fill_defaults(data, params: list[tuple[str, object]], endpoint: str) -> list
 
 
 MAX_DEPTH = 8  # JSON nesting a request body may have (the values are scalars and short lists)
-UNREAD_S = 5.0  # seconds a raw call may run before somebody opens its result stream; later it is stopped
+UNREAD_S = 5.0  # seconds a raw call or queue join may run before somebody opens its result stream; later it is stopped
 
 
 class CallListeners:
-    """Which raw ``/gradio_api/call`` events somebody reads: the middleware notes each POST's event id and
-    each GET of its result stream; :meth:`unread` says a call has gone ``unread_s`` seconds unread."""
+    """Which events somebody reads: the middleware notes each raw ``/gradio_api/call`` POST's event id and each GET
+    of its result stream, and each queue join's event id and session with each GET of that session's
+    ``/gradio_api/queue/data`` stream; :meth:`unread` says an event has gone ``unread_s`` seconds unread (a client
+    that posted and left, or whose join timed out before it listened)."""
 
     def __init__(self, unread_s: float = UNREAD_S, keep: int = 10_000):
         self.unread_s = unread_s
         self.keep = keep
-        self._posted: dict[str, float] = {}  # event id -> time of the POST (monotonic seconds)
+        self._posted: dict[str, tuple[float, str | None]] = {}  # event id -> (POST time, monotonic s; its session)
         self._read: set[str] = set()
+        self._reading: dict[str, None] = {}  # sessions that opened their queue/data stream (oldest first)
         self._lock = threading.Lock()
 
-    def posted(self, event_id: str) -> None:
+    def posted(self, event_id: str, session: str | None = None) -> None:
+        """Note a raw call's event (``session`` None) or a queue join's event of ``session``."""
         with self._lock:
-            self._posted[event_id] = time.monotonic()
+            self._posted[event_id] = (time.monotonic(), session)
             while len(self._posted) > self.keep:  # bounded: the oldest ids are forgotten
                 old = next(iter(self._posted))
                 del self._posted[old]
                 self._read.discard(old)
 
     def read(self, event_id: str) -> None:
+        """Somebody opened the result stream of the raw call ``event_id``."""
         with self._lock:
             self._read.add(event_id)
 
-    def unread(self, event_id: str) -> bool:
-        """Whether ``event_id`` came from a raw POST whose result nobody has opened for ``unread_s`` seconds."""
+    def read_session(self, session: str) -> None:
+        """Somebody opened ``session``'s queue/data stream: its events are read (the page's stream may open before
+        or after a join)."""
         with self._lock:
-            posted = self._posted.get(event_id)
-            return posted is not None and event_id not in self._read and time.monotonic() - posted > self.unread_s
+            self._reading.pop(session, None)
+            self._reading[session] = None
+            while len(self._reading) > self.keep:
+                del self._reading[next(iter(self._reading))]
+
+    def unread(self, event_id: str) -> bool:
+        """Whether ``event_id`` was posted (or joined) and nobody has opened its result stream for ``unread_s``
+        seconds."""
+        with self._lock:
+            found = self._posted.get(event_id)
+            if found is None or event_id in self._read or (found[1] is not None and found[1] in self._reading):
+                return False
+            return time.monotonic() - found[0] > self.unread_s
 
 
 def nesting(value) -> int:
@@ -153,6 +171,10 @@ class FillApiDefaults:
             if problem is not None:
                 await reply(send, 404, {"error": problem})
                 return
+        if scope.get("method") == "GET" and path.rstrip("/") == DATA_PATH and self.listeners is not None:
+            session = stream_session(scope.get("query_string", b""))
+            if session:
+                self.listeners.read_session(session)  # somebody reads this session's events
         endpoint = path[len(CALL_PREFIX):].strip("/") if path.startswith(CALL_PREFIX) else ""
         if scope.get("method") == "GET" and endpoint.count("/") == 1 and self.listeners is not None:
             self.listeners.read(endpoint.split("/")[1])  # somebody opened this call's result stream
@@ -225,20 +247,20 @@ class FillApiDefaults:
             got = f"{len(data)} values" if isinstance(data, list) else "no list of values"
             await reply(send, 422, {"error": f"event {index} takes {self.events[index]} values in 'data', got {got}"})
             return
+        session = payload.get("session_hash")
+        if self.listeners is not None and isinstance(session, str):
+            send = self._noting_event_ids(send, session)
         await forward(self.app, scope, body, receive, send)
 
     def _stream_problem(self, path: str, query: bytes) -> str | None:
         """Why a GET of a result stream has nothing to send (an unknown session hash or event id, an unknown
         endpoint), or None: Gradio's own route answers."""
-        from urllib.parse import parse_qs
-
         queue = self.queue()
         pending = getattr(queue, "pending_messages_per_session", None)
         if pending is None:
             return None
         if path.rstrip("/") == DATA_PATH:
-            hashes = parse_qs(query.decode("latin-1")).get("session_hash", [""])
-            session = hashes[0] if len(hashes) == 1 else ""
+            session = stream_session(query)
             if session and len(session) <= MAX_ID_CHARS and session in pending:
                 return None
             return (f"no event of session {shown(session, 40)} is waiting: join the queue first "
@@ -260,8 +282,9 @@ class FillApiDefaults:
         return (f"/{api}: no event {shown(event_id, 40)} is waiting: POST {CALL_PREFIX}{api} first and read its "
                 f"result with the event_id it answers")
 
-    def _noting_event_ids(self, send):
-        """``send`` that also notes the event id a POST's answer carries (``{"event_id": ...}``)."""
+    def _noting_event_ids(self, send, session: str | None = None):
+        """``send`` that also notes the event id a POST's answer carries (``{"event_id": ...}``), as a queue join's
+        of ``session`` when given."""
         listeners = self.listeners
 
         async def noting(message):
@@ -271,7 +294,7 @@ class FillApiDefaults:
                 except (ValueError, AttributeError, RecursionError):
                     event_id = None
                 if isinstance(event_id, str):
-                    listeners.posted(event_id)
+                    listeners.posted(event_id, session)
             await send(message)
 
         return noting
@@ -286,6 +309,12 @@ class FillApiDefaults:
                                               f"defaults), got {got}"})
             return
         await forward(self.app, scope, body, receive, send)
+
+
+def stream_session(query: bytes) -> str:
+    """The one ``session_hash`` a queue/data GET's query string names ("" for none, or several)."""
+    hashes = parse_qs(query.decode("latin-1")).get("session_hash", [""])
+    return hashes[0] if len(hashes) == 1 else ""
 
 
 def no_files(where: str) -> str:

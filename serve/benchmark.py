@@ -109,7 +109,8 @@ def run_small_benchmark(load_model: Callable[[str], object], model_name: str, pr
                         max_new_tokens: int, temperature: float, samples: int, seed: int,
                         progress: Callable[[int, int, str], None] | None = None,
                         resamples: int = APP_RESAMPLES, turn: Callable[[], ContextManager] = nullcontext,
-                        max_rows: int | None = None, order: str = "ltr") -> tuple[str, dict, list[str]]:
+                        max_rows: int | None = None, order: str = "ltr",
+                        between: Callable[[], None] | None = None) -> tuple[str, dict, list[str]]:
     """Run a benchmark of at most :data:`MAX_PROMPTS` prompts and write its files to a new temporary folder.
 
     Args:
@@ -123,6 +124,8 @@ def run_small_benchmark(load_model: Callable[[str], object], model_name: str, pr
         turn: held around each run (the app's compute gate), see :func:`packed_ss.bench.run.run_benchmark`.
         max_rows: worst-case model rows the whole benchmark may need (None = no limit).
         order: an any-order model's verification order, "ltr" or "confidence" (paper Appendix C).
+        between: called before every iteration of every run; it may raise ``RunsStopped`` to end the runs inside
+            one (the time limit: the run it cut is dropped), see :func:`~packed_ss.bench.run.run_benchmark`.
     Returns: ``(markdown, {name: figure}, [report.html, examples.csv, summary.json, ...])``.
     Raises: BenchError with a one-line message for any user error or model loading failure.
     """
@@ -184,7 +187,7 @@ def run_small_benchmark(load_model: Callable[[str], object], model_name: str, pr
     meta = {"model": report_model_name(model_name), "model_sha256": model_fingerprint(model_name),
             "prompt_source": source, "limit": limit, "threads": _threads(), "origin": "app",
             "any_order": bool(getattr(model, "any_order", False))}
-    result = run_benchmark(model, prompts, config, progress, meta, turn=turn)
+    result = run_benchmark(model, prompts, config, progress, meta, turn=turn, between=between)
     if result.interrupted and result.examples.empty:
         raise BenchError("stopped at this server's time limit before any run finished: use fewer prompts, "
                          "schedules or new tokens")

@@ -59,22 +59,23 @@ def predicted_ms(fit: CallCost, records: Iterable[IterationRecord]) -> tuple[flo
 class CostBook:
     """The latest call-cost fit of each model this server runs (thread-safe).
 
-    ``probe(model_ref)`` measures a fit (:func:`packed_ss.cost.call_cost`); it is called on first use and by
-    :meth:`remeasure`. Keys are ``model_ref[:2]`` (name, precision): a scripted drafter runs the same network.
+    ``probe(model_ref, fresh, alive)`` measures a fit (:func:`packed_ss.cost.call_cost`; ``alive``: the asking
+    request's check, None: not checked); it is called on first use and by :meth:`remeasure`. Keys are ``model_ref[:2]`` (name, precision): a scripted drafter runs the same network.
     """
 
-    def __init__(self, probe: Callable[[tuple, bool], CallCost], drift: float = DRIFT, min_calls: int = MIN_CALLS):
+    def __init__(self, probe: Callable[..., CallCost], drift: float = DRIFT, min_calls: int = MIN_CALLS):
         self._probe = probe
         self.drift = drift
         self.min_calls = min_calls
         self._entries: dict[tuple, CostEntry] = {}
         self._lock = threading.Lock()
 
-    def fit(self, model_ref: tuple) -> CallCost:
-        """The model's latest fit (measured now when it has none)."""
+    def fit(self, model_ref: tuple, alive: Callable[[], bool] | None = None) -> CallCost:
+        """The model's latest fit (measured now when it has none; the measurement stops, raising ClientGone, once
+        ``alive()`` turns False)."""
         entry = self.entry(model_ref)
         if entry is None:
-            entry = self._set(model_ref, self._probe(model_ref, False), "measured at first use")
+            entry = self._set(model_ref, self._probe(model_ref, False, alive), "measured at first use")
         return entry.fit
 
     def entry(self, model_ref: tuple) -> CostEntry | None:
@@ -84,7 +85,7 @@ class CostBook:
 
     def remeasure(self, model_ref: tuple, source: str = "re-measured on request") -> CostEntry:
         """Probe the model again (not the cached fit) and make that its latest fit."""
-        return self._set(model_ref, self._probe(model_ref, True), source)
+        return self._set(model_ref, self._probe(model_ref, True, None), source)
 
     def observe(self, model_ref: tuple, records: Iterable[IterationRecord]) -> float | None:
         """Compare a finished request's model time with the fit's prediction for the same calls.

@@ -5,11 +5,11 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 
 from packed_ss.config import DecodeConfig
-from packed_ss.cost import CallCost, call_cost, roofline
+from packed_ss.cost import CallCost, call_cost, roofline, warm_probe
 from packed_ss.divergence import Divergence, divergence
 from packed_ss.engine import decode, scripted_drafter
 from packed_ss.measure import rotation, timed_run, warm_up
@@ -18,7 +18,9 @@ from packed_ss.models.scripted import ScriptedDrafter
 from packed_ss.records import IterationRecord, RunRecord
 from packed_ss.schedules import SPECULATIVE
 
+from serve.background import Background, wait_for
 from serve.costs import CostBook
+from serve.errors import ClientGone
 from serve.limits import TIME_LIMIT, ComputeGate, cut_off, deadline_after, gated, worst_case_rows
 from serve.models import ModelStore
 
@@ -65,15 +67,23 @@ class GpuTasks:
         self.divergence = gpu_task(self._divergence)
         self.costs = CostBook(gpu_task(self._cost))  # the latest fit of each model (serve.costs)
         self.paths = gpu_task(self._paths)
+        self.background = Background()  # compiling, away from the gate (one job per network)
+        self.inline = has_spaces()  # ZeroGPU: a GPU call's work cannot outlive it, so it compiles in the call
 
-    def _tuned(self, model) -> None:
+    def _tuned(self, model, alive: Callable[[], bool] | None = None) -> None:
         """Measure the torch thread count again where it is due (first use, drift, age:
-        :meth:`packed_ss.threads.ThreadTuner.check`), at the gate; the server log gets a line for a new choice."""
+        :meth:`packed_ss.threads.ThreadTuner.check`), at the gate; the server log gets a line for a new choice.
+        Raises: ClientGone before a probe call once ``alive()`` is False (a cancelled request stops at once)."""
         tuner = getattr(self.gate, "threads", None)
         if tuner is None:
             return
+
+        def between() -> None:
+            if alive is not None and not alive():
+                raise ClientGone("the client disconnected; the run was stopped")
+
         with self.gate.turn(0.0):
-            choice = tuner.check(model)
+            choice = tuner.check(model, between)
         if choice is not None:
             print(f"threads: {tuner.describe()}", file=sys.stderr, flush=True)
 
@@ -124,7 +134,7 @@ class GpuTasks:
         model = self.store.get(*model_ref[:2])
         owner = object()  # this race's turns at the gate
         deadline = deadline_after(limit_s)
-        self._tuned(model)  # within the time limit
+        self._tuned(model, alive)  # within the time limit
         isolate = self._isolate(priority, alive, owner, deadline)
         with self.gate.watch(owner) if self.gate is not None else nullcontext(lambda: 0) as others:
             warm_up(model.share(), prompt_ids, [("ar", DecodeConfig(block_size=config.block_size, max_new_tokens=2))],
@@ -148,45 +158,79 @@ class GpuTasks:
         :data:`~serve.limits.TIME_LIMIT`; None: no limit). Raises: ClientGone between two iterations once
         ``alive()`` is False."""
         deadline = deadline_after(limit_s)
-        self._tuned(self.store.get(*model_ref[:2]))
+        self._tuned(self.store.get(*model_ref[:2]), alive)
         isolate = self._isolate(priority, alive, deadline=deadline)
         return cut_off(timed_run(self._adapter(model_ref, prompt_ids, config, isolate=isolate), prompt_ids, config,
                                  schedule, isolate))
 
-    def cost(self, model_ref: tuple) -> CallCost:
-        """The model's latest per-call cost fit (:class:`serve.costs.CostBook`; measured at first use)."""
-        return self.costs.fit(model_ref)
+    def cost(self, model_ref: tuple, alive: Callable[[], bool] | None = None) -> CallCost:
+        """The model's latest per-call cost fit (:class:`serve.costs.CostBook`; measured at first use, stopped with
+        ClientGone once ``alive()`` turns False)."""
+        return self.costs.fit(model_ref, alive)
 
-    def _cost(self, model_ref: tuple, fresh: bool = False) -> CallCost:
+    def _cost(self, model_ref: tuple, fresh: bool = False, alive: Callable[[], bool] | None = None) -> CallCost:
         """The model's fitted per-call cost (:func:`packed_ss.cost.call_cost`, cached on its network; ``fresh``:
-        measured again), measured at the gate so that nothing else computes meanwhile."""
+        measured again), each call a turn of the gate, so that nothing else computes during one and short requests
+        go between them. Raises: ClientGone before a call once ``alive()`` is False."""
         model = self.store.get(*model_ref[:2])
-        with self.gate.turn(0.0) if self.gate is not None else nullcontext():
-            return call_cost(model.share(), fresh=fresh)
+        return call_cost(model.share(), fresh=fresh, turn=self._turn(alive))
 
-    def _paths(self, model_ref: tuple, stage: Callable[[int, str], None] | None = None) -> dict:
+    def _turn(self, alive: Callable[[], bool] | None = None) -> Callable:
+        """``() -> context manager``: one turn of the gate (none without a gate), entered only while ``alive()``
+        (raises ClientGone once it is False)."""
+
+        @contextmanager
+        def turn():
+            if alive is not None and not alive():
+                raise ClientGone("the client disconnected; the run was stopped")
+            with self.gate.turn(0.0) if self.gate is not None else nullcontext():
+                yield
+
+        return turn
+
+    def _paths(self, model_ref: tuple, stage: Callable[[int, str], None] | None = None,
+               deadline: float | None = None, alive: Callable[[], bool] | None = None) -> dict:
         """The per-call cost fits of eager and compiled calls and the machine's limits for the model (each measured
-        once per network and cached on it), at the gate. Returns ``eager``, ``compiled`` (None when the model
-        cannot compile: ``note`` says why) and ``roofline``. ``stage(done, label)``: told before each of the 3
-        stages (not across processes: None on ZeroGPU)."""
+        once per network and cached on it). Every timed call is one turn of the compute gate; compiling the probe's
+        shapes runs away from it (:class:`serve.background.Background`, inline on ZeroGPU), and this request waits
+        for that only until ``deadline`` (``time.monotonic()``; None: no limit) or until ``alive()`` turns False.
+
+        Returns ``eager``, ``compiled`` (None when the model cannot compile, or is still compiling: ``note`` says
+        which), ``compiling`` (True while the compile goes on in the background) and ``roofline``.
+        ``stage(done, label)``: told before each of the 3 stages (not across processes: None on ZeroGPU)."""
         stage = stage or (lambda done, label: None)
         model = self.store.get(*model_ref[:2])
-        with self.gate.turn(0.0) if self.gate is not None else nullcontext():
-            stage(0, "fitting eager calls (about 50 calls of 1-32 rows)")
-            eager = call_cost(model.share(compiled=False))
-            compiled, note = None, None
-            try:
-                adapter = model.share(compiled=True)
-            except ModelLoadError as error:
-                note = str(error)
+        turn = self._turn(alive)
+        stage(0, "fitting eager calls (about 50 calls of 1-32 rows)")
+        eager = call_cost(model.share(compiled=False), turn=turn)
+        compiled, note, compiling = None, None, False
+        try:
+            adapter = model.share(compiled=True)
+        except ModelLoadError as error:
+            note = str(error)
+        else:
+            stage(1, "compiling the probe's call shapes with torch.compile in the background (short requests are "
+                     "served meanwhile), then fitting them: 172 s on an idle 2-core CPU the first time, where "
+                     "inductor measures its C++ GEMMs for each shape, 36 s from inductor's cache afterwards")
+            if self.inline:
+                warm_probe(adapter)
             else:
-                stage(1, "compiling the probe's call shapes with torch.compile, then fitting them (the slow part: "
-                         "172 s on an idle 2-core CPU the first time, where inductor measures its C++ GEMMs for each "
-                         "shape, 36 s from inductor's cache afterwards)")
-                fit = call_cost(adapter)
+                job, started = self.background.job(("compile", id(model.model)), lambda: warm_probe(model.share(
+                    compiled=True)))
+                if not wait_for(job, deadline, alive):
+                    compiling = True
+                    note = (f"still compiling in the background ({time.monotonic() - started:.0f} s so far): this "
+                            f"request's time limit came first. Press the button again in a minute for the compiled "
+                            f"fit; other requests are served meanwhile")
+                elif job.exception() is not None:
+                    note = f"compiling failed: {(str(job.exception()) or repr(job.exception())).splitlines()[0]}"
+            if not compiling and note is None:
+                fit = call_cost(adapter, turn=turn)
                 compiled, note = (fit, None) if adapter.compiled else (None, adapter.compile_note)
-            stage(2, "measuring the machine's compute and weight-read limits")
-            return {"eager": eager, "compiled": compiled, "note": note, "roofline": roofline(model)}
+        stage(2, "measuring the machine's compute and weight-read limits")
+        with turn():
+            limits = roofline(model)
+        return {"eager": eager, "compiled": compiled, "note": note, "compiling": compiling, "roofline": limits}
 
     def _divergence(self, model_ref: tuple, prompt_ids: Sequence[int], reference: Sequence[int],
                     other: Sequence[int]) -> Divergence | None:

@@ -147,8 +147,8 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
     repeats = max(1, min(repeats, max_rows // max(1, once)))
     once_s = 0.0  # predicted worst case of one measurement of every lane: fewer repeats when it is long
     if max_seconds is not None:
-        once_s = worst_case_seconds(schedules + reference, len(ids), settings.config, tasks.cost(settings.model_ref),
-                                    block_sizes=sizes, any_order=any_order)
+        once_s = worst_case_seconds(schedules + reference, len(ids), settings.config,
+                                    tasks.cost(settings.model_ref, alive), block_sizes=sizes, any_order=any_order)
         repeats = max(1, min(repeats, int(max_seconds // max(once_s, 1e-9))))
     left = None if max_seconds is None else max(0.0, max_seconds - (time.monotonic() - begun))
     start = time.perf_counter()

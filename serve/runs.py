@@ -60,7 +60,7 @@ def run_generate(tasks: GpuTasks, settings: RunSettings, log: TimingLog | None =
     seconds = 0.0  # the predicted worst case sorts the request as light or heavy (admit); the clock bounds it
     if max_seconds is not None:
         seconds = worst_case_seconds([settings.schedule, *reference], len(ids), settings.config,
-                                     tasks.cost(settings.model_ref), any_order=getattr(model, "any_order", False))
+                                     tasks.cost(settings.model_ref, alive), any_order=getattr(model, "any_order", False))
     try:
         with admit(seconds) if admit is not None else nullcontext():
             run = tasks.generate(settings.model_ref, ids, settings.config, settings.schedule, float(work), alive,

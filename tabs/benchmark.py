@@ -183,13 +183,19 @@ class BenchmarkHandlers:
         alive = self.alive_for(request) if self.alive_for is not None and request is not None else None
         deadline = None if self.max_seconds is None else time.monotonic() + self.max_seconds
         stopped = []  # (runs done, runs planned) once the time limit ended the runs
+        position = [0, 0]  # (runs done, runs planned) as last reported
 
-        def step(done, total, label):
+        def check():  # before each run and each iteration inside one
             if alive is not None and not alive():  # the visitor left: free the queue for the next one
                 raise BenchError("the visitor left: the benchmark was stopped")
-            if deadline is not None and time.monotonic() > deadline and done < total:
-                stopped.append((done, total))
-                raise RunsStopped(f"stopped at the time limit after {done} of {total} runs")
+            if deadline is not None and time.monotonic() > deadline:
+                stopped.append(tuple(position))
+                raise RunsStopped(f"stopped at the time limit after {position[0]} of {position[1]} runs")
+
+        def step(done, total, label):
+            position[:] = [done, total]
+            if done < total:
+                check()
             progress((done, total), desc=label, unit="runs")
 
         try:
@@ -201,7 +207,8 @@ class BenchmarkHandlers:
             markdown, figs, paths = run_small_benchmark(self.load_model, name, source,
                                                         str(prompt_file) if prompt_file else None, n, chosen, blocks,
                                                         length, temp, k, seed_value, step, turn=self.turn,
-                                                        max_rows=self.max_rows, order=order_value or "ltr")
+                                                        max_rows=self.max_rows, order=order_value or "ltr",
+                                                        between=check)
             measured = int(float(n))  # a valid count by now (run_small_benchmark checked it)
             if stopped:  # the main runs go prompt by prompt, every schedule (and sample) of one before the next
                 per_prompt = len([s for s in ALL_SCHEDULES if s in chosen]) * (int(float(k)) if float(temp) > 0 else 1)

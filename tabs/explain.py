@@ -10,12 +10,13 @@ from components.charts import (break_even_figure, break_even_summary, cost_figur
 from components.paths import paths_figure, paths_summary
 from components.style import ASSETS, error_html
 from serve.errors import UserError, refused
-
-MEASURE_S = 60.0  # seconds Explain's Measure is taken to need, where the server sets no time limit
+from serve.limits import deadline_after
 from serve.runs import calibrate
 from serve.server import Server
 from serve.settings import RequestValues, whole_number
 from tabs.settings import SettingsPanel
+
+MEASURE_S = 60.0  # seconds Explain's Measure and fit are taken to need, where the server sets no time limit
 
 
 class ExplainHandlers:
@@ -44,10 +45,16 @@ class ExplainHandlers:
 
     def on_paths(self, values: RequestValues, request: gr.Request, progress=gr.Progress()):
         """Fit eager and compiled calls of the chosen model and measure the machine's limits (once per model),
-        saying which stage it is at."""
-        stage = None if self.server.eager else (lambda done, label: progress((done, 3), desc=label, unit="stages"))
+        saying which stage it is at; admitted as a heavy request and answered by the server's time limit (the
+        compile goes on in the background past it: :meth:`serve.gpu.GpuTasks._paths`)."""
+        server = self.server
+        stage = None if server.eager else (lambda done, label: progress((done, 3), desc=label, unit="stages"))
         try:
-            found = self.server.tasks.paths(self.server.settings(values).model_ref, stage)
+            model_ref = server.settings(values).model_ref
+            predicted = server.max_seconds if server.max_seconds is not None else MEASURE_S
+            with server.admit(request, None)(predicted):  # one fixed set of calls: nothing to lower
+                found = server.tasks.paths(model_ref, stage, deadline_after(server.max_seconds),
+                                           server.alive(request))
         except Exception as error:  # noqa: BLE001
             message = refused(error, "paths")
             return gr.skip(), error_html(message)
@@ -83,8 +90,9 @@ def build_explain_tab(server: Server, panel: SettingsPanel, concurrency_limit: i
         even_plot = gr.Plot(label="Break-even against AR", elem_id="break-even-plot")
         even_text = gr.Markdown("", elem_id="break-even-text")
         gr.Markdown("### Eager and compiled calls, and the machine's limits")
-        paths_btn = gr.Button("Fit eager and compiled calls of this model (compiles a few shapes first: 172 s on an "
-                              "idle 2-core CPU, 36 s once inductor's cache holds them; longer on a busy machine)")
+        paths_btn = gr.Button("Fit eager and compiled calls of this model (compiles a few shapes first, in the "
+                              "background: 172 s on an idle 2-core CPU, 36 s once inductor's cache holds them; press "
+                              "again for the compiled fit if the time limit comes first)")
         paths_plot = gr.Plot(label="Call cost against rows", elem_id="paths-plot")
         paths_text = gr.Markdown("", elem_id="paths-text")
     outputs = [cost_plot, fit_text, even_plot, even_text]

@@ -136,6 +136,30 @@ def test_a_benchmark_stopped_anywhere_returns_what_it_measured(stop_at, tmp_path
     write_outputs(result, tmp_path)
 
 
+def test_a_time_limit_inside_a_run_stops_it_at_the_next_iteration():
+    """An in-app benchmark checked its time limit only between runs (32.9 s against a shorter limit at B = 2); now
+    ``between`` runs before every iteration: the run it cuts is dropped and nothing computes after it."""
+    from packed_ss.bench.run import RunsStopped
+
+    model = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0)
+    prompts = [Prompt("a", "w1 w2 w3"), Prompt("b", "w4 w5")]
+    config = BenchConfig(schedules=("ar", "packed"), max_new_tokens=6, warmup=False, resamples=200)
+    checks, runs = [], []
+
+    def progress(done, total, label):
+        runs.append(done)
+
+    def between():
+        checks.append(runs[-1])
+        if len(runs) == 2 and checks.count(1) == 3:  # the third iteration of the second run
+            raise RunsStopped("stopped at the time limit")
+
+    result = run_benchmark(model, prompts, config, progress, between=between)
+    assert result.interrupted and len(result.examples) == 1  # the first run kept, the cut one dropped
+    assert checks.count(1) == 3 and runs == [0, 1], "the benchmark went on after the stop"
+    assert checks.count(0) >= 6  # every iteration of the first run was checked (AR: one per token)
+
+
 def test_interrupt_keeps_what_was_measured(tmp_path):
     model = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0)
     prompts = [Prompt("a", "w1 w2 w3"), Prompt("b", "w4 w5"), Prompt("c", "w6")]

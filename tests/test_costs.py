@@ -32,7 +32,7 @@ def _book(fit: CallCost):
 
     probes = []
 
-    def probe(model_ref, fresh):
+    def probe(model_ref, fresh, alive=None):
         probes.append(fresh)
         return fit
 

@@ -42,9 +42,8 @@ def test_measure_decodes_a_bounded_prompt_and_waits_its_turn_at_the_rows_it_need
     settings = server.settings(RequestValues(prompt=" ".join(f"w{i % 18}" for i in range(1876))))
     assert calibrate(server.tasks, settings, server.log) > 0
     assert seen == [CALIBRATION_PROMPT]
-    decoding = [p for p in priorities if p > 0]  # the one-call probes (threads, call cost) take a turn at 0
+    decoding = [p for p in priorities if p > 0]  # the probes (threads, each call-cost call) take turns at 0
     assert len(decoding) >= 10 and min(decoding) > CALIBRATION_PROMPT  # each run's worst-case rows: not first in line
-    assert len(priorities) - len(decoding) <= 2
 
 
 def test_measure_ends_at_the_time_limit(server):

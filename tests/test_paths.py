@@ -1,6 +1,8 @@
 """Eager against compiled calls and the machine's limits (packed_ss.cost.roofline, components.paths, the
 Explain tab's task)."""
 
+import threading
+import time
 import warnings
 
 import torch
@@ -74,3 +76,59 @@ def test_the_explain_fit_says_which_stage_it_is_at_on_the_page(tiny_model_dir, m
         assert kind == "complete" and "no C++ compiler" in str(outputs[1]), outputs
         kind, outputs = page_event(url, "on_explain", [8])  # Explain says which calls its fit rests on
         assert kind == "complete" and "the same calls as the Race tab's: this server's eager calls" in outputs[1]
+
+
+def held_compile(monkeypatch):
+    """Stand-in for a long compile: the background's warm-up calls block until the returned event is set (the
+    probe's timed calls then run eagerly: torch.compile fails at once). Returns (started, release)."""
+    import serve.gpu
+
+    started, release = threading.Event(), threading.Event()
+
+    def warm(adapter):
+        started.set()
+        assert release.wait(120), "the test never released the compile"
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    monkeypatch.setattr(serve.gpu, "warm_probe", warm)
+    return started, release
+
+
+def test_the_compiled_fit_answers_at_its_time_limit_and_finds_the_compile_done_later(tiny_model_dir, monkeypatch):
+    """The fit held the compute gate for 207 s and had no time limit (issue 35): the compile now runs in the
+    background, the request answers at its deadline with the eager fit and a note, and a later press gets both."""
+    started, release = held_compile(monkeypatch)
+    tasks = GpuTasks(ModelStore(str(tiny_model_dir), device="cpu"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        found = tasks.paths((str(tiny_model_dir), "float32"), None, time.monotonic() + 0.5)
+        assert started.is_set() and found["compiling"] and found["compiled"] is None
+        assert "still compiling in the background" in found["note"] and isinstance(found["eager"], CallCost)
+        release.set()
+        again = tasks.paths((str(tiny_model_dir), "float32"), None, time.monotonic() + 60)
+    assert not again["compiling"] and "no C++ compiler" in again["note"]  # the compile's outcome, not a wait
+
+
+def test_short_requests_are_answered_while_the_fit_compiles(tiny_model_dir, monkeypatch):
+    """30 four-token /generate calls sent during the fit took median 178.8 s: now one is answered while the compile
+    is still going on (it cannot end before the test releases it)."""
+    import app
+    from gradio_client import Client
+    from helpers import page_event, serve
+
+    started, release = held_compile(monkeypatch)
+    for url in serve(app.build_demo(str(tiny_model_dir))):
+        answers = []
+        values = ["", "w1 w2 w3", "packed", 4, 0, 0, 1, 0, 8, False, "", "model", 0.8, "ltr", False]
+        fit = threading.Thread(target=lambda: answers.append(page_event(url, "on_paths", values)))
+        fit.start()
+        try:
+            assert started.wait(60), "the compile never started"
+            result = Client(url, verbose=False).predict("w1 w2 w3", max_new_tokens=4, block_size=4,
+                                                        api_name="/generate")
+            assert 1 <= result["tokens"] <= 4 and not release.is_set()
+        finally:
+            release.set()
+            fit.join(120)
+        kind, outputs = answers[0]
+        assert kind == "complete" and ("no C++ compiler" in str(outputs[1]) or "still compiling" in str(outputs[1]))

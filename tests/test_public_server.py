@@ -9,6 +9,7 @@ import json
 import shutil
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -427,6 +428,42 @@ def test_a_raw_call_nobody_reads_stops_computing(server, client):
     assert stopped_at > start, "the race never started"
     assert SlowModel.calls - stopped_at <= 1, "calls went on with nobody reading the result"
     assert_still_answers(client)
+
+
+def test_a_queue_join_nobody_listens_to_stops_and_frees_its_slot(server, client):
+    """A client whose queue join timed out before it opened its result stream left an orphan race running, and its
+    next 5 requests were refused as busy (issue 35): the race now stops once its session's stream has stayed
+    unopened for UNREAD_S seconds, and the same session's next race is admitted."""
+    from helpers import page_event
+
+    from serve.api_defaults import UNREAD_S
+
+    config = json.loads(urllib.request.urlopen(server.rstrip("/") + "/config", timeout=30).read())
+    race = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "race")
+    session = "orphan-" + str(time.monotonic_ns())
+    values = [PROMPT, 4, 0, 0, 1, 0, 64, "", "slow", False, "", "model", 0.8, "same", "ltr", False]  # every one
+    body = {"data": values, "fn_index": race, "session_hash": session,
+            "event_data": None, "trigger_id": None}
+    code, text = raw_request(server, "POST", "/gradio_api/queue/join", json.dumps(body))
+    assert code == 200 and "event_id" in text, text
+    start = SlowModel.calls
+    time.sleep(UNREAD_S + 1.5)
+    stopped_at = SlowModel.calls
+    time.sleep(1.0)
+    assert stopped_at > start, "the race never started"
+    assert SlowModel.calls - stopped_at <= 1, "calls went on with nobody listening"
+    kind, outputs = page_event(server, "race", values[:6] + [2] + values[7:], session=session)
+    assert kind == "complete", outputs  # the orphan's heavy slot is free again
+    assert_still_answers(client)
+
+
+def raw_request(url: str, method: str, path: str, body: str | None = None) -> tuple[int, str]:
+    """One raw HTTP request: (status, text of the answer)."""
+    host, port = url.split("//")[1].strip("/").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request(method, path, body, {"Content-Type": "application/json"} if body is not None else {})
+    answer = conn.getresponse()
+    return answer.status, answer.read().decode(errors="replace")
 
 
 def _upload(url: str, size: int) -> tuple[int, str]:

@@ -154,7 +154,7 @@ def test_processes_and_memory_beyond_the_limits_end_the_sandbox():
     grown = probe("import time\nblocks = []\nfor _ in range(3):\n    if os.fork() == 0:\n"
                   "        blocks.append(bytearray(900 << 20))\n        time.sleep(30)\n        os._exit(0)\n"
                   "time.sleep(30)", SANDBOX, timeout_s=10.0)
-    assert (grown.correct, grown.status) == (False, "limit") and "MiB resident" in grown.detail
+    assert (grown.correct, grown.status) == (False, "limit") and "MiB held" in grown.detail
 
 
 @needs_bwrap
@@ -198,3 +198,63 @@ def test_the_interpreters_folders_under_tmp_stay_visible_in_the_sandbox(tmp_path
         assert wrote.returncode != 0 and (under_tmp / "marker").read_text() == "seen"  # read-only there
     finally:
         shutil.rmtree(under_tmp, ignore_errors=True)
+
+
+def available_mib() -> int:
+    """The host's MemAvailable, in MiB."""
+    with open("/proc/meminfo") as handle:
+        return next(int(line.split()[1]) for line in handle if line.startswith("MemAvailable:")) >> 10
+
+
+FILL = """import os, time
+held = []
+for place in ('/tmp/fill', '/dev/shm/fill'):  # the two small tmpfs, up to their sizes
+    try:
+        with open(place, 'wb') as f:
+            for _ in range(80):
+                f.write(b'x' * (1 << 20))
+    except OSError as error:
+        print(place, 'full:', type(error).__name__)
+for i in range(96):  # memfds, 16 MiB each (the file-size limit): 1.5 GiB if nothing stops them
+    fd = os.memfd_create(f'm{i}')
+    for _ in range(16):
+        os.write(fd, b'y' * (1 << 20))
+    held.append(fd)
+print('held', len(held))
+time.sleep(30)
+"""
+
+
+@needs_bwrap
+@pytest.mark.parametrize("place", ["/", "/dev", "/usr", "/grade", "/tmp"])
+def test_nothing_but_the_two_small_tmpfs_is_writable(place):
+    """The sandbox's root was a writable tmpfs with about 12 GiB free: one child wrote 615 MiB there in 3 s. The
+    tests pass when the write is refused as read-only; /tmp is the control (writable, so they fail there)."""
+    program = (f"def attempt():\n    try:\n        open({place.rstrip('/') + '/big'!r}, 'wb').write(b'x')\n"
+               f"        return 'wrote it'\n    except OSError as error:\n        return str(error)\n")
+    verdict = run_program(program, "assert 'Read-only file system' in attempt()", SANDBOX, audit=False)
+    assert verdict.correct == (place != "/tmp"), verdict
+
+
+@needs_bwrap
+def test_every_byte_a_program_holds_counts_against_one_limit():
+    """memfds were not capped and neither they nor the files counted in the watchdog's resident check: 1.5 GiB each
+    in 12 s, the host's free memory down by 1.7 GiB. Now resident memory, memfds and the tmpfs' files are one sum,
+    and the sandbox ends when it passes the limit (256 MiB here)."""
+    lowest, done = [available_mib()], threading.Event()
+    before = lowest[0]
+
+    def watch():
+        while not done.is_set():
+            lowest.append(available_mib())
+            done.wait(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        verdict = run_program(FILL, "", SANDBOX, timeout_s=20.0, memory_mb=256, audit=False)
+    finally:
+        done.set()
+        watcher.join()
+    assert (verdict.correct, verdict.status) == (False, "limit") and "MiB held" in verdict.detail, verdict
+    assert before - min(lowest) < 768, f"the host's free memory fell by {before - min(lowest)} MiB"

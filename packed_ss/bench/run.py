@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager as ContextManager, nullcontext
 from dataclasses import dataclass
 
@@ -87,7 +87,8 @@ class RunsStopped(Exception):
 
 def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progress: Progress | None = None,
                   meta: dict | None = None, turn: Callable[[], ContextManager] = nullcontext,
-                  on_run: Callable[[dict, tuple[int, ...]], None] | None = None) -> BenchResult:
+                  on_run: Callable[[dict, tuple[int, ...]], None] | None = None,
+                  between: Callable[[], None] | None = None) -> BenchResult:
     """Measure every prompt with every schedule (and the probe), then summarise.
 
     Prompts are tokenised before any timing. A prompt whose tokens plus ``max_new_tokens`` plus two of
@@ -106,6 +107,9 @@ def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progres
             requests get the model between runs and never during one).
         on_run: called as ``on_run(row, token_ids)`` after each main-measurement run (the task harness
             writes its rows as they come, so an interrupted run can be resumed).
+        between: called before each iteration of every run, warm-ups included; it may raise :class:`RunsStopped`
+            (a server's time limit, read from the clock), which ends the measurements there: the run it cut is
+            dropped, the runs done before it are kept.
     Returns: a :class:`BenchResult`.
     Raises: BenchError when no prompt fits the model.
     """
@@ -136,8 +140,10 @@ def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progres
     outputs: dict[tuple[int, int, str], tuple[int, ...]] = {}  # (prompt index, sample, schedule) -> tokens
     interrupted = False
     warm_start, warm_compile = compile_seconds(model), None
+    isolate = None if between is None else (lambda records: checked(records, between))
     try:
-        warm_compile = warm_up_all(model, encoded, config, lambda label: report(0, len(units), label), turn)
+        warm_compile = warm_up_all(model, encoded, config, lambda label: report(0, len(units), label), turn,
+                                   isolate)
         for done, unit in enumerate(units):
             prompt, ids = encoded[unit.prompt_index]
             size = "" if unit.schedule in NO_BLOCK else f" B={unit.block_size}"
@@ -145,7 +151,8 @@ def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progres
             seed = run_seed(config.seed, prompt.id, unit.sample)
             before = compile_seconds(model)
             with turn():
-                run = timed_run(model, ids, config.decode_config(unit.schedule, unit.block_size, seed), unit.schedule)
+                run = timed_run(model, ids, config.decode_config(unit.schedule, unit.block_size, seed), unit.schedule,
+                                isolate)
             rows[unit.phase].append({**_example_row(unit, prompt, len(ids), seed, run),
                                      "compile_s": compile_seconds(model) - before})
             if unit.phase == "main":
@@ -178,6 +185,16 @@ def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progres
     return BenchResult(examples, probe, summarize(examples, config, probe, info), interrupted)
 
 
+def checked(records: Iterator, between: Callable[[], None]) -> Iterator:
+    """The items of ``records``, with ``between()`` called before each is computed (it may raise to stop the run)."""
+    while True:
+        between()
+        item = next(records, StopIteration)
+        if item is StopIteration:
+            return
+        yield item
+
+
 def compile_seconds(model) -> float:
     """Seconds the adapter has spent in calls that compiled a new shape so far (0 on the eager path)."""
     static = getattr(model, "static", None)
@@ -185,9 +202,10 @@ def compile_seconds(model) -> float:
 
 
 def warm_up_all(model, encoded: Sequence[tuple], config: BenchConfig, report: Callable[[str], None],
-                turn: Callable[[], ContextManager]) -> float:
+                turn: Callable[[], ContextManager], isolate=None) -> float:
     """The untimed warm-up runs of every schedule (none with ``config.warmup`` off): first-call costs (allocations,
-    kernel selection, compiling) fall here. Returns the seconds spent compiling in them."""
+    kernel selection, compiling) fall here. ``isolate``: wraps each run's iterations (:func:`timed_run`). Returns the
+    seconds spent compiling in them."""
     started = compile_seconds(model)
     for schedule in config.schedules if config.warmup else ():
         report(f"warm-up {schedule}")
@@ -196,7 +214,8 @@ def warm_up_all(model, encoded: Sequence[tuple], config: BenchConfig, report: Ca
             sizes += [b for b in config.probe_block_sizes if b not in sizes]
         for block, (ids, tokens) in ((b, run) for b in sizes for run in warm_up_prompts(model, encoded, config,
                                                                                          schedule, b)):
-            warm_up(model, ids, [(schedule, config.decode_config(schedule, block, config.seed, tokens))], around=turn)
+            warm_up(model, ids, [(schedule, config.decode_config(schedule, block, config.seed, tokens))], isolate,
+                    around=turn)
     return compile_seconds(model) - started
 
 

@@ -1,11 +1,11 @@
 """Running generated code: each program in a bubblewrap sandbox, its verdict written by a judge that never runs it.
 
 The sandbox (Debian's ``bubblewrap``, ``bwrap``) gives every program a read-only view of the interpreter and
-the system's libraries and nothing else of the file system, a private size-limited tmpfs as its only writable
-place (and its working folder), no network (a network namespace of its own, loopback included), a PID
+the system's libraries and nothing else of the file system, two private size-limited tmpfs as its only writable
+places (/tmp, its working folder, and /dev/shm; the root and /dev are read-only), no network (a network namespace of its own, loopback included), a PID
 namespace of its own (every process it starts dies when it ends or is killed), no capabilities, a new session
-(no terminal to write into) and a cleared environment; a watchdog ends it when its processes or their memory
-pass the limits (watched from the host, outside it). Inside, resource limits (CPU time, address space, file size,
+(no terminal to write into) and a cleared environment; a watchdog ends it when its processes or the bytes they
+hold (resident memory, open memfds, the tmpfs' files: one sum) pass the limits (watched from the host, outside it). Inside, resource limits (CPU time, address space, file size,
 open files) and an audit hook
 (PEP 578) that refuses sockets, new processes, ``ctypes`` and writes outside the working folder are a second
 layer, not the boundary: an audit hook cannot be made tight. Without ``bwrap`` grading is refused unless asked
@@ -154,6 +154,7 @@ def bwrap_argv(tool: str, program: Path) -> list[str]:
         argv += ["--ro-bind", root, root]
     argv += ["--ro-bind", str(program), "/grade", "--proc", "/proc", "--dev", "/dev",
              "--size", str(SHM_MB << 20), "--tmpfs", "/dev/shm",
+             "--remount-ro", "/dev", "--remount-ro", "/",  # writable: the two small tmpfs alone (WRITABLE)
              "--chdir", "/tmp",
              "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv"]
     for key, value in _environment("/tmp").items():
@@ -285,10 +286,10 @@ def _feed_and_wait(process: subprocess.Popen, given: str, limit_s: float, memory
     while process.poll() is None:
         if time.monotonic() > deadline:
             break
-        count, resident = _tree_usage(process.pid)
-        if count > PROCESSES or resident > (memory_mb << 20):
-            over = (f"over the sandbox's limits: {count} processes, {resident >> 20} MiB resident (at most "
-                    f"{PROCESSES} and {memory_mb} MiB)")
+        count, held = _tree_usage(process.pid)
+        if count > PROCESSES or held > (memory_mb << 20):
+            over = (f"over the sandbox's limits: {count} processes, {held >> 20} MiB held (resident memory, "
+                    f"memfds and files; at most {PROCESSES} and {memory_mb} MiB)")
             break
         time.sleep(WATCH_S)
     timed_out = process.poll() is None and not over
@@ -311,7 +312,10 @@ def _feed(process: subprocess.Popen, given: str) -> None:
 
 
 def _tree_usage(root: int) -> tuple[int, int]:
-    """Processes below ``root`` (itself excluded) and their resident bytes, read from the host's /proc."""
+    """Processes below ``root`` (itself excluded) and the bytes they hold, read from the host's /proc: their resident
+    memory, the memfds they keep open (which no file system bounds) and what the sandbox's writable tmpfs (/tmp and
+    /dev/shm, the only writable places) hold. Mapped memfd and tmpfs pages count twice (resident too): the sum only
+    errs high."""
     children: dict[int, list[int]] = {}
     resident: dict[int, int] = {}
     page = os.sysconf("SC_PAGE_SIZE")
@@ -326,12 +330,47 @@ def _tree_usage(root: int) -> tuple[int, int]:
         except (OSError, ValueError, IndexError):
             continue
     stack, count, total = list(children.get(root, [])), 0, 0
+    memfds: dict[tuple[int, int], int] = {}  # (device, inode) -> bytes allocated, each memfd once
+    first = stack[0] if stack else None
     while stack:
         pid = stack.pop()
         count += 1
         total += resident.get(pid, 0)
+        _memfds(pid, memfds)
         stack.extend(children.get(pid, []))
+    total += sum(memfds.values())
+    if first is not None:
+        total += sum(_tmpfs_used(f"/proc/{first}/root{place}", size << 20) for place, size in WRITABLE.items())
     return count, total
+
+
+def _memfds(pid: int, found: dict) -> None:
+    """Note in ``found`` the memfds process ``pid`` holds open: ``(device, inode) -> allocated bytes``."""
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return
+    for name in names:
+        link = f"/proc/{pid}/fd/{name}"
+        try:
+            if not os.readlink(link).startswith("/memfd:"):
+                continue
+            info = os.stat(link)
+        except OSError:
+            continue
+        found[(info.st_dev, info.st_ino)] = info.st_blocks * 512
+
+
+def _tmpfs_used(path: str, size: int) -> int:
+    """Bytes used in the sandbox's tmpfs of ``size`` bytes at ``path`` (0 when it cannot be read, e.g. the process
+    has just ended, or when a larger file system is there: the host's own, before bwrap has moved into its root)."""
+    try:
+        stats = os.statvfs(path)
+    except OSError:
+        return 0
+    if stats.f_blocks * stats.f_frsize > size:
+        return 0
+    return (stats.f_blocks - stats.f_bfree) * stats.f_frsize
 
 
 def _read_all(fd: int, limit: int = 4096) -> str:
@@ -362,6 +401,7 @@ def _verdict(marked: bool, timed_out: bool, code: int | None, tail: str, timeout
 FORBIDDEN_EXIT, TIMEOUT_EXIT = 86, 87  # the guard's exit statuses (packed_ss/bench/guard.py)
 PROCESSES = 32  # processes below bwrap at once (its init, the judge and the solver included)
 WATCH_S = 0.02  # how often the host looks at the sandbox's processes
+WRITABLE = {"/tmp": TMPFS_MB, "/dev/shm": SHM_MB}  # the sandbox's only writable places (tmpfs, MiB)
 GUARD = Path(__file__).with_name("guard.py")
 
 
