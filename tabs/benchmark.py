@@ -280,12 +280,53 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
     gr.Markdown("Paired throughput comparison of the schedules (paper E.5): ratios with 95% bootstrap "
                 "intervals over prompts, timing decomposition (F.3) and tokens/NFE against B. The full "
                 "benchmark runs on the command line: `python -m packed_ss.bench --prompts humaneval --out bench-out`.")
+    saved = _saved_report_controls(reports)
+    run = _run_controls(models, any_order)
+    status = gr.Markdown(elem_id="bench-status")
+    with gr.Row():
+        plots = tuple(gr.Plot(value=panel_figure(initial_figs.get(name)), label=name.replace("_", " "))
+                      for name in FIGURES)
+    files = gr.File(label="report files", file_count="multiple", interactive=False)
+    summary = gr.Markdown(initial_md, elem_classes=["bench-summary"])
+
+    handlers = BenchmarkHandlers(load_model, list(models), tuple(reports), root, turn, max_rows, alive_for, max_seconds,
+                                 session_files if session_files is not None else SessionFiles(), touch)
+    # Page events, not part of the documented API (/generate and /race are): callable, but not listed.
+    # A file reaches the handlers only through the session's own upload (private page events: no API client can
+    # name a path, another visitor's file or anything else); clearing the widget clears the session's file.
+    for widget, slot in ((saved["report_upload"], "summary"), (run["prompt_file"], "prompts")):
+        widget.upload(handlers.on_file(slot), [widget], None, api_visibility="private", show_progress="hidden")
+        widget.clear(handlers.on_clear(slot), None, None, api_visibility="private")
+    # preprocess=False: the values arrive raw and the handlers check them: a wrong type is one line, not a traceback.
+    saved["load_button"].click(handlers.show, [saved["report_path"]], [status, summary, *plots, files],
+                               api_name="benchmark_show", api_visibility="undocumented", preprocess=False)
+    run["run_button"].click(handlers.run, [run[name] for name in RUN_INPUTS], [status, summary, *plots, files],
+                            concurrency_limit=1, concurrency_id=concurrency_id, api_name="benchmark_run",
+                            api_visibility="undocumented", preprocess=False)
+    if any_order is not None:  # the order is a choice of any-order models only (a left-to-right one ignores it)
+        run["model"].change(lambda name: gr.Radio(visible=True) if any_order(name) else gr.Radio(visible=False, value="ltr"),
+                            [run["model"]], [run["order"]], api_visibility="private", queue=False)
+    return BenchmarkTab(**saved, **run, status=status, summary=summary, plots=plots, files=files)
+
+
+# The run's inputs, in the order BenchmarkHandlers.run takes them.
+RUN_INPUTS = ("model", "prompt_source", "limit", "schedules", "block_size", "max_new_tokens", "temperature",
+              "samples", "seed", "order")
+
+
+def _saved_report_controls(reports: Sequence[str]) -> dict:
+    """The "Saved report" accordion: the bundled reports, an upload and the show button (BenchmarkTab's names)."""
     with gr.Accordion("Saved report", open=True):
         with gr.Row():
             report_path = gr.Dropdown(list(reports), value=reports[0] if reports else None,
                                       label="bundled report", scale=3)
             report_upload = gr.File(label="or upload a summary.json", file_types=[".json"], type="filepath", scale=2)
         load_button = gr.Button("Show saved report")
+    return {"report_path": report_path, "report_upload": report_upload, "load_button": load_button}
+
+
+def _run_controls(models: Sequence[str], any_order: Callable[[str], bool] | None) -> dict:
+    """The "Run a small benchmark" accordion's widgets (BenchmarkTab's names)."""
     with gr.Accordion(f"Run a small benchmark (1-{MAX_PROMPTS} prompts)", open=False):
         with gr.Row():
             model = gr.Dropdown([(report_model_name(m), m) for m in models], value=models[0], label="model",
@@ -308,31 +349,6 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
                              label="verification order (any-order model)", elem_id="bench-order",
                              visible=any_order is None or any_order(models[0]))
         run_button = gr.Button("Run benchmark", variant="primary", elem_id="bench-run")
-    status = gr.Markdown(elem_id="bench-status")
-    with gr.Row():
-        plots = tuple(gr.Plot(value=panel_figure(initial_figs.get(name)), label=name.replace("_", " "))
-                      for name in FIGURES)
-    files = gr.File(label="report files", file_count="multiple", interactive=False)
-    summary = gr.Markdown(initial_md, elem_classes=["bench-summary"])
-
-    handlers = BenchmarkHandlers(load_model, list(models), tuple(reports), root, turn, max_rows, alive_for, max_seconds,
-                                 session_files if session_files is not None else SessionFiles(), touch)
-    # Page events, not part of the documented API (/generate and /race are): callable, but not listed.
-    # A file reaches the handlers only through the session's own upload (private page events: no API client can
-    # name a path, another visitor's file or anything else); clearing the widget clears the session's file.
-    for widget, slot in ((report_upload, "summary"), (prompt_file, "prompts")):
-        widget.upload(handlers.on_file(slot), [widget], None, api_visibility="private", show_progress="hidden")
-        widget.clear(handlers.on_clear(slot), None, None, api_visibility="private")
-    # preprocess=False: the values arrive raw and the handlers check them: a wrong type is one line, not a traceback.
-    load_button.click(handlers.show, [report_path], [status, summary, *plots, files], api_name="benchmark_show",
-                      api_visibility="undocumented", preprocess=False)
-    run_button.click(handlers.run, [model, prompt_source, limit, schedules, block_size, max_new_tokens,
-                           temperature, samples, seed, order], [status, summary, *plots, files],
-                     concurrency_limit=1, concurrency_id=concurrency_id, api_name="benchmark_run",
-                     api_visibility="undocumented", preprocess=False)
-    if any_order is not None:  # the order is a choice of any-order models only (a left-to-right one ignores it)
-        model.change(lambda name: gr.Radio(visible=True) if any_order(name) else gr.Radio(visible=False, value="ltr"),
-                     [model], [order], api_visibility="private", queue=False)
-    return BenchmarkTab(report_path, report_upload, load_button, model, prompt_source, prompt_file, limit, schedules,
-                        block_size, max_new_tokens, temperature, samples, seed, run_button, status, summary, plots,
-                        files, order)
+    return {"model": model, "prompt_source": prompt_source, "prompt_file": prompt_file, "limit": limit,
+            "schedules": schedules, "block_size": block_size, "max_new_tokens": max_new_tokens,
+            "temperature": temperature, "samples": samples, "seed": seed, "order": order, "run_button": run_button}

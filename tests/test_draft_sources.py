@@ -129,7 +129,8 @@ def test_references_are_refused_where_they_cannot_run(embedded_model):
 
 
 def test_benchmark_flags_reach_the_runs():
-    from packed_ss.bench.cli import _parser, config_from_args
+    from packed_ss.bench.cli import _parser
+    from packed_ss.bench.plan import config_from_args
 
     config = config_from_args(_parser().parse_args(["--schedules", "packed-mixed,partial,hf-lookup",
                                                     "--drafter-width", "2", "--branches", "1"]))

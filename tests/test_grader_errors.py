@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from packed_ss.bench.grading import grade_humaneval, prompt_context
-from packed_ss.bench.harness import grade
-from packed_ss.bench.sandbox import Verdict, find_sandbox, top_level_names
-from packed_ss.bench.tasks import TASKS, load_records
+from packed_ss.evals.code import prompt_context
+from packed_ss.evals.harness import grade
+from packed_ss.evals.task import load_records
+from packed_ss.evals.tasks import TASKS, humaneval, mbpp
+from packed_ss.sandbox import Verdict, find_sandbox, top_level_names
 
 DEEP = "```python\ndef f():\n    return " + "-" * 5000 + "1\n```"
 
@@ -18,7 +19,7 @@ def test_a_deeply_nested_answer_is_graded_not_raised():
     assert top_level_names(DEEP.split("\n", 1)[1]) >= {"f"}  # the regex guess where the parser gives up
     record = load_records(TASKS["humaneval"])[0]
     assert prompt_context(record["prompt"], DEEP, record["entry_point"]) is not None
-    verdict = grade_humaneval(record, DEEP, find_sandbox(unsafe=True))
+    verdict = humaneval.grade(record, DEEP, find_sandbox(unsafe=True))
     assert not verdict.correct and verdict.status in ("failed", "forbidden", "timeout"), verdict
 
 
@@ -48,13 +49,12 @@ def test_a_grader_error_on_one_answer_is_its_verdict_and_the_rest_are_graded():
 def test_an_mbpp_function_named_like_a_builtin_is_the_one_tested():
     """``def sum(x): return -1`` passed an MBPP record whose function is ``sum``: the judge took builtin names as
     bound and tested Python's own ``sum`` (issue 36, item 4: a false pass)."""
-    from packed_ss.bench.grading import grade_mbpp
 
     record = {"test_list": ["assert sum([1, 2, 3]) == 6", "assert sum([]) == 0"], "test_imports": [],
               "code": "def sum(x):\n    pass\n"}  # the record's own solution: names the function asked for
     sandbox = find_sandbox(unsafe=True)
-    wrong = grade_mbpp(record, "```python\ndef sum(x):\n    return -1\n```", sandbox)
+    wrong = mbpp.grade(record, "```python\ndef sum(x):\n    return -1\n```", sandbox)
     assert not wrong.correct, wrong
-    right = grade_mbpp(record, "```python\ndef sum(x):\n    total = 0\n    for v in x:\n        total += v\n"
+    right = mbpp.grade(record, "```python\ndef sum(x):\n    total = 0\n    for v in x:\n        total += v\n"
                                "    return total\n```", sandbox)
     assert right.correct, right

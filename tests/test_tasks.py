@@ -11,12 +11,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from packed_ss.bench.answers import grade_math, gsm8k_gold
 from packed_ss.bench.cli import main
-from packed_ss.bench.grading import grade_humaneval, grade_mbpp
 from packed_ss.bench.plan import BenchError
-from packed_ss.bench.sandbox import find_sandbox, run_program
-from packed_ss.bench.tasks import TASKS, load_records, load_task_data, parse_data, parse_tasks, task_prompts
+from packed_ss.evals.maths import grade_math
+from packed_ss.evals.task import load_records, load_task_data, task_prompts
+from packed_ss.evals.tasks import TASKS, gsm8k, humaneval, mbpp, parse_data, parse_tasks
+from packed_ss.sandbox import find_sandbox, run_program
 
 SANDBOX = find_sandbox(unsafe=True)
 UNSAFE = () if SANDBOX.bwrap else ("--unsafe-grading",)  # CI installs bubblewrap; elsewhere the guard alone
@@ -141,17 +141,17 @@ def test_data_for_several_tasks_is_task_equals_path():
 
 # --- graders --------------------------------------------------------------------------------------
 def test_humaneval_grader_runs_the_tests_of_a_completion_or_a_chat_answer():
-    assert grade_humaneval(HUMANEVAL, "    return a + b\n\ndef unrelated(:\n", SANDBOX).correct  # cut at the next def
-    assert grade_humaneval(HUMANEVAL, "Here it is:\n```python\ndef add(a, b):\n    return a + b\n```\n",
+    assert humaneval.grade(HUMANEVAL, "    return a + b\n\ndef unrelated(:\n", SANDBOX).correct  # cut at the next def
+    assert humaneval.grade(HUMANEVAL, "Here it is:\n```python\ndef add(a, b):\n    return a + b\n```\n",
                            SANDBOX).correct
-    wrong = grade_humaneval(HUMANEVAL, "    return a - b\n", SANDBOX)
+    wrong = humaneval.grade(HUMANEVAL, "    return a - b\n", SANDBOX)
     assert (wrong.correct, wrong.status) == (False, "failed") and "AssertionError" in wrong.detail
 
 
 def test_mbpp_grader_uses_the_original_base_tests_and_stops_a_hanging_solution():
-    assert grade_mbpp(MBPP, "```python\n" + MBPP["code"] + "```", SANDBOX).correct
-    assert not grade_mbpp(MBPP, "def similar_elements(a, b):\n    return (4,)\n", SANDBOX).correct
-    hang = grade_mbpp(MBPP, "def similar_elements(a, b):\n    while True:\n        pass\n", SANDBOX, timeout_s=2.0)
+    assert mbpp.grade(MBPP, "```python\n" + MBPP["code"] + "```", SANDBOX).correct
+    assert not mbpp.grade(MBPP, "def similar_elements(a, b):\n    return (4,)\n", SANDBOX).correct
+    hang = mbpp.grade(MBPP, "def similar_elements(a, b):\n    while True:\n        pass\n", SANDBOX, timeout_s=2.0)
     assert (hang.correct, hang.status) == (False, "timeout")
 
 
@@ -177,9 +177,9 @@ def test_code_may_write_in_its_own_folder_and_import_the_standard_library():
     ("\\frac{3}{4}", "so the sum is \\boxed{0.75}", True),
     ("\\frac{3}{4}", "so the sum is \\boxed{\\dfrac{3}{4}}", True),
     ("\\frac{3}{4}", "so the sum is \\boxed{\\frac{4}{3}}", False),
-    (gsm8k_gold(GSM8K["answer"]), "He has \\boxed{1,234} apples.", True),
-    (gsm8k_gold(GSM8K["answer"]), "In total 1234 apples.", True),
-    (gsm8k_gold(GSM8K["answer"]), "He has \\boxed{1243} apples.", False),
+    (gsm8k.gold(GSM8K["answer"]), "He has \\boxed{1,234} apples.", True),
+    (gsm8k.gold(GSM8K["answer"]), "In total 1234 apples.", True),
+    (gsm8k.gold(GSM8K["answer"]), "He has \\boxed{1243} apples.", False),
     ("2", "I cannot tell.", False),
 ])
 def test_math_answers_equal_in_value_match_and_others_do_not(gold, answer, same):
@@ -195,7 +195,7 @@ TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end
 def test_a_prompt_becomes_one_user_message_with_thinking_off_and_the_default_follows_the_paper():
     from helpers import tiny_llama
 
-    from packed_ss.bench.harness import chat_wanted
+    from packed_ss.evals.harness import chat_wanted
 
     model = tiny_llama()
     assert chat_wanted(model, TASKS["writingbench"], 1.0, "paper") == (
@@ -416,7 +416,7 @@ def test_resume_refuses_runs_made_with_other_settings(one_process, tmp_path, cap
 
 
 def test_a_stored_response_is_reused_only_for_the_same_rendered_prompt():
-    from packed_ss.bench.harness import current, prompt_hash
+    from packed_ss.evals.harness import current, prompt_hash
     from packed_ss.bench.plan import Prompt
 
     rows = [{"prompt_id": "t/0", "prompt_sha256": prompt_hash("def f():")}, {"prompt_id": "t/1"},
@@ -445,7 +445,7 @@ def test_the_report_has_the_papers_tables_with_accuracy_and_correctness_labels(o
 
 
 def test_the_decomposition_averages_gsm8k_and_math500_over_linear_ss():
-    from packed_ss.bench.paper import decomposition_table
+    from packed_ss.evals.paper import decomposition_table
 
     def entry(task, packed_model):
         by = {"linear": {"model": 0.8, "other": 0.2, "total": 1.0},

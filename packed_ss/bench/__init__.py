@@ -13,6 +13,10 @@ links it instead). An interrupt (Ctrl-C) stops the measurements and writes what 
 Modules: :mod:`~packed_ss.bench.plan` (what to measure, prompts, run order), :mod:`~packed_ss.bench.run`
 (:func:`~packed_ss.bench.run.run_benchmark` -> :class:`~packed_ss.bench.run.BenchResult`, timed through
 :mod:`packed_ss.measure`), :mod:`~packed_ss.bench.summary` (statistics, lossless check; pure),
-:mod:`~packed_ss.bench.report` (markdown, HTML, figures, the files), :mod:`~packed_ss.bench.palette` (each
+:mod:`~packed_ss.bench.report` (markdown, HTML, figures), :mod:`~packed_ss.bench.files` (the output folder:
+one run at a time, earlier results set aside, files written whole), :mod:`~packed_ss.bench.palette` (each
 schedule's colour and symbol in every chart) and :mod:`~packed_ss.bench.cli`.
+
+The paper's tasks, graded beside speed, are :mod:`packed_ss.evals` (``--task``, the same flags); the sandbox
+generated code runs in is :mod:`packed_ss.sandbox`.
 """

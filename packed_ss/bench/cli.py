@@ -1,10 +1,10 @@
 """``python -m packed_ss.bench``: parse the arguments, load the model, run, write the files (one-line errors,
-exit 2; 130 on an interrupt)."""
+exit 2; 130 on an interrupt). With ``--task`` the same flags drive the evaluation harness instead
+(:func:`packed_ss.evals.cli.task_main`)."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -13,15 +13,12 @@ from packed_ss.config import ORDERS, DecodeConfig
 from packed_ss.models import DTYPES
 from packed_ss.inputs import model_fingerprint, model_name, threads_problem
 from packed_ss.threads import configure_threads
-from packed_ss.bench.plan import (ALL_SCHEDULES, KNOWN, NO_BLOCK, BenchConfig, BenchError, Prompt, load_prompts, parse_block_sizes,
-                                 parse_probe_block_sizes, parse_schedules)
+from packed_ss.bench.plan import KNOWN, BenchConfig, BenchError, Prompt, config_from_args, load_prompts
 from packed_ss.bench.files import OutLock, check_out_folder, set_aside
 from packed_ss.bench.report import PLOTLYJS, summary_markdown, write_outputs
 from packed_ss.hf_reference import ReferenceFailed
 from packed_ss.measure import EAGER_AR
 from packed_ss.bench.run import any_order_problem, run_benchmark
-from packed_ss.bench.sandbox import SandboxMissing, find_sandbox
-from packed_ss.bench.tasks import PAPER_BLOCK_SIZES, PAPER_SCHEDULES, TASKS, load_task_data, parse_data, parse_tasks
 
 
 # --- command line -----------------------------------------------------------------------------------
@@ -34,6 +31,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     from packed_ss.cli import DEFAULT_MODEL, add_model_flags
+    from packed_ss.evals.tasks import PAPER_SCHEDULES, TASKS  # the --task flags' help
 
     p = _Parser(prog="python -m packed_ss.bench",
                 description="Paired throughput benchmark of the decoding schedules (paper E.5, F.1, F.3).")
@@ -92,25 +90,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def config_from_args(args, task=None) -> BenchConfig:
-    """Build and validate a :class:`BenchConfig` from parsed arguments (a task's own defaults for the output cap
-    and the block sizes when ``task`` is given and the arguments leave them out). Raises: BenchError."""
-    blocks = args.block_size if args.block_size is not None else (PAPER_BLOCK_SIZES if task is not None else "8")
-    new_tokens = args.max_new_tokens if args.max_new_tokens is not None else (
-        task.max_new_tokens if task is not None else 128)
-    samples = args.samples if args.samples is not None else (
-        task.samples_sampled if task is not None and args.temperature > 0 else 1)
-    default, overrides = parse_block_sizes(blocks)
-    probe = parse_probe_block_sizes(args.probe_block_sizes) if args.probe_block_sizes is not None else ()
-    schedules = args.schedules if args.schedules is not None else (
-        PAPER_SCHEDULES if task is not None else ",".join(ALL_SCHEDULES))
-    return BenchConfig(schedules=parse_schedules(schedules), block_sizes=overrides, default_block_size=default,
-                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, samples=samples,
-                       max_new_tokens=new_tokens, seed=args.seed, probe_block_sizes=probe,
-                       warmup=not args.no_warmup, resamples=args.resamples, drafter_lora=bool(args.drafter_lora),
-                       drafter_width=args.drafter_width, branches=args.branches, order=args.order)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Command line entry point. Returns 0, 2 on a usage error (one line on stderr), 130 on an interrupt."""
     from packed_ss.cli import one_line_warnings, quiet_loaders, resolve_compile
@@ -126,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as error:
             raise BenchError(str(error)) from None
         if args.task is not None:
-            return _task_main(args)
+            from packed_ss.evals.cli import task_main
+
+            return task_main(args)
         for flag, given in (("--data", args.data), ("--resume", args.resume), ("--chat", args.chat != "paper"),
                             ("--unsafe-grading", args.unsafe_grading)):
             if given:
@@ -173,128 +154,6 @@ def _file_size_limit_is_an_error() -> None:
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         except ValueError:  # not the main thread (a test calling main): the limit's signal stays as it is
             pass
-
-
-def _task_main(args) -> int:
-    """``--task``: the paper's experiments through :mod:`packed_ss.bench.harness`. Returns the exit status."""
-    from packed_ss.bench.harness import HarnessPlan
-
-    lock = None
-    try:
-        tasks = parse_tasks(args.task)
-        if args.prompts is not None:
-            raise BenchError("--task and --prompts exclude each other (the task gives the prompts)")
-        if args.resume and args.overwrite:
-            raise BenchError("--resume keeps the runs in --out and --overwrite sets them aside: give one of them")
-        paths = parse_data(args.data, tasks)
-        if args.limit is not None and args.limit < 1:
-            raise BenchError(f"--limit must be an integer >= 1, got {args.limit}")
-        if args.probe_block_sizes is not None:
-            raise BenchError("--probe-block-sizes is not part of the task runs; leave it out")
-        if args.plotlyjs != "inline":
-            raise BenchError("--plotlyjs applies to runs without --task only (the paper report embeds plotly.js)")
-        if threads_problem(args.threads):
-            raise BenchError(threads_problem(args.threads))
-        from packed_ss.models import device_dtype_problem
-
-        problem = device_dtype_problem(args.device, args.dtype)
-        if problem:
-            raise BenchError(problem)
-        configs = tuple(config_from_args(args, task) for task in tasks)
-        data = tuple(_limited(load_task_data(task, paths.get(task.name)), args.limit) for task in tasks)
-        lock = OutLock(args.out)  # one run per folder, held until this run ends
-        check_out_folder(args.out, keep=args.resume, overwrite=args.overwrite, resumable=True)
-        if args.resume:
-            from packed_ss.bench.harness import check_resumable
-
-            check_resumable(Path(args.out), tasks)
-        sandbox = None
-        if any(task.runs_code for task in tasks):  # before the model loads: grading must be possible
-            try:
-                sandbox = find_sandbox(unsafe=args.unsafe_grading)
-            except SandboxMissing as error:
-                raise BenchError(str(error)) from None
-            if sandbox.bwrap is None:
-                print("warning: --unsafe-grading: generated code runs without a sandbox (audit hook and limits only)",
-                      file=sys.stderr)
-        plan = HarnessPlan(tasks, configs, data, chat=args.chat, resume=args.resume, overwrite=args.overwrite,
-                           sandbox=sandbox)
-        return _run_tasks(args, plan)
-    except (BenchError, ReferenceFailed) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except OSError as error:  # a full disk or a file-size limit while writing the results
-        print(f"error: cannot write to --out {args.out!r}: {error.strerror or error} (the files written before "
-              f"are whole; nothing half-written is left)", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        runs = Path(args.out) / "runs"
-        print(f"interrupted: the runs measured so far are in {runs}; --resume goes on from there" if any(
-            runs.glob("*.rows.jsonl")) else "interrupted before any run was measured", file=sys.stderr)
-        return 130
-    finally:
-        if lock is not None:
-            lock.release()
-
-
-def _limited(data, limit):
-    """``data`` with its first ``limit`` records (all of them for None); its identity stays the whole data's."""
-    return data if limit is None else dataclasses.replace(data, records=data.records[:limit])
-
-
-def _run_tasks(args, plan) -> int:
-    import torch
-    import transformers
-
-    from packed_ss.bench.harness import Processes, chat_wanted, print_paths, run_harness
-    from packed_ss.bench.paper import paper_markdown
-    from packed_ss.cli import load_model
-
-    procs = Processes(args.device)
-    try:
-        model = load_model(args.model, procs.device(args.device), args.dtype, args.family, args.drafter_lora,
-                           args.base_model, args.cache, args.compile, args.path)
-    except ValueError as error:  # ModelLoadError included
-        raise BenchError(str(error).splitlines()[0] if str(error) else repr(error)) from None
-    print(configure_threads(model, args.threads), file=sys.stderr)
-    for config in plan.configs:
-        any_order_problem(model, config)
-    chats = tuple(chat_wanted(model, task, config.temperature, plan.chat) for task, config in zip(plan.tasks, plan.configs))
-    plan = dataclasses.replace(plan, chats=chats)
-    first = plan.configs[0]
-    meta = {"model": model_name(args.model), "model_sha256": model_fingerprint(args.model), "family": model.family,
-            "any_order": bool(model.any_order), "device": str(model.device),
-            "dtype": str(model.dtype).replace("torch.", ""), "torch": torch.__version__,
-            "transformers": transformers.__version__, "temperature": first.temperature, "samples": first.samples,
-            "order": first.order,
-            "block_sizes": {s: first.block_size(s) for s in first.schedules if s not in NO_BLOCK},
-            "threads": torch.get_num_threads(), "compiled": bool(args.compile)}
-    report = run_harness(model, plan, Path(args.out), procs, meta, _bar_factory())
-    if report is not None:
-        print(paper_markdown(report))
-        print_paths(Path(args.out), plan.tasks)
-    return 0
-
-
-def _bar_factory():
-    """``label -> progress(done, total, text)``: one tqdm bar per label, on stderr."""
-    from tqdm import tqdm
-
-    def factory(label: str):
-        bars = []
-
-        def progress(done: int, total: int, text: str) -> None:
-            if not bars:
-                bars.append(tqdm(total=total, unit="run", desc=label, file=sys.stderr, dynamic_ncols=True))
-            bar = bars[0]
-            bar.set_postfix_str(text, refresh=False)
-            bar.update(max(0, done - bar.n))
-            if done >= total:
-                bar.close()
-
-        return progress
-
-    return factory
 
 
 def _run(args, config: BenchConfig, prompts: list[Prompt]) -> int:

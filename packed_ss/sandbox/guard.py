@@ -3,7 +3,7 @@ the package; standard library only.
 
 Two processes. The *judge* reads its standard input to the end first: a JSON object with the one-time nonce,
 the names the tests take from the solution, the trusted context (HumanEval's prompt with its helpers, MBPP's
-test imports) and the benchmark's tests; they are never on disk, where the solution could read them. The
+test imports) and the task's tests; they are never on disk, where the solution could read them. The
 *solver*, forked before that (it holds no secret, closes the marker descriptor and its standard input, and
 waits until the judge has read), drops to the limits, installs the audit hook, runs the response's code
 (``FOLDER/solution.py``) and then serves calls. The judge never runs the response's code: it runs the context

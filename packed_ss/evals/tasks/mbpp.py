@@ -1,0 +1,62 @@
+"""MBPP (Austin et al., 2021), as evalplus/mbppplus gives it: write a Python function from a one-line task; graded
+by the problem's original base tests (Section 4.1).
+
+- Data: 378 records of ``evalplus/mbppplus`` (test split; or ``--data``): ``prompt``, ``test_list``, and
+  ``test_imports`` and ``code`` (the reference solution) where the record has them.
+- Prompt: the task, then its base tests, which the solution must pass (visible, E.3), asking for one code
+  block; output cap 512 tokens (E.2); 7 samples per prompt at T > 0 (E.4).
+- Stops: none beyond the model's end markers.
+- Extraction: the response's first Python code block, or the raw response when it has none.
+- Grader: ``test_list`` (after ``test_imports``) in :mod:`packed_ss.sandbox`, apart from the response; the
+  functions the reference solution defines are the ones tested, builtin names included (``sum``).
+- Metric: pass@k (:mod:`packed_ss.evals.accuracy`).
+"""
+
+from __future__ import annotations
+
+from packed_ss.evals.code import extract_code
+from packed_ss.evals.task import Task
+from packed_ss.sandbox import TIMEOUT_S, Sandbox, Verdict, free_names, run_program, top_level_names
+
+
+def prompt(record: dict) -> str:
+    """MBPP: the task, then its original base tests, which the solution must pass (visible, E.3)."""
+    tests = "\n".join(record["test_list"])
+    return (f"{record['prompt'].strip()}\nYour solution must pass these tests:\n```python\n{tests}\n```\n"
+            f"Write the solution as one Python code block.\n")
+
+
+def check(record: dict) -> str | None:
+    if not record["test_list"]:
+        return "an empty 'test_list' (every answer would pass)"
+    imports = record.get("test_imports", [])
+    if imports is not None and (not isinstance(imports, list) or not all(isinstance(i, str) for i in imports)):
+        return "'test_imports' that is not a list of text"
+    return None
+
+
+def solution(record: dict, response: str) -> str:
+    return f"{imports(record)}\n{extract_code(response)[0]}\n"
+
+
+def imports(record: dict) -> str:
+    return "\n".join(record.get("test_imports") or [])
+
+
+def tests(record: dict) -> str:
+    """The problem's original base tests, one assert a line (evalplus/mbppplus' ``test_list``)."""
+    return "\n".join(record.get("test_list") or []) + "\n"
+
+
+def grade(record: dict, response: str, sandbox: Sandbox, timeout_s: float = TIMEOUT_S) -> Verdict:
+    """pass@1 of one cleaned MBPP response (evalplus/mbppplus' record: test_list, test_imports)."""
+    asserts, context = tests(record), imports(record)
+    entry = top_level_names(record.get("code") or "")  # the functions asked for, builtin names included (``sum``)
+    return run_program(solution(record, response), asserts, sandbox, context=context,
+                       names=free_names(asserts, context, entry), timeout_s=timeout_s)
+
+
+TASK = Task("mbpp", "evalplus/mbppplus", None, "test", 378, 512, prompt, grade,
+            fields=(("prompt", str), ("test_list", list)), target=lambda r: "\n".join(r["test_list"]),
+            extract=lambda r, response: {"program": solution(r, response)}, check=check, samples_sampled=7,
+            runs_code=True)
