@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from packed_ss.evals.code import extract_code
@@ -375,3 +376,17 @@ def test_a_bare_signature_prompt_with_no_docstring_is_graded():
     record["prompt"] = f"from typing import List\n\n\n{signature}\n"
     assert humaneval.grade(record, record["canonical_solution"], SANDBOX).correct
     assert not humaneval.grade(record, "    return None\n", SANDBOX).correct
+
+
+def test_a_response_is_cut_at_its_first_end_token_not_at_end_marker_text_inside_its_code():
+    from packed_ss.evals.harness import grade, until_end_token
+
+    assert until_end_token((5, 6, 2, 7), frozenset({2})) == (5, 6) and until_end_token((5, 6), frozenset({2})) == (5, 6)
+    record = HUMANEVAL[0]
+    body = "    marker = '</s>'\n" + record["canonical_solution"]  # a correct completion holding the text "</s>"
+    frame = pd.DataFrame({"prompt_index": [0, 0], "prompt_id": ["HumanEval/0"] * 2, "schedule": ["ar", "packed"],
+                          "sample": [0, 0], "seed": [0, 0], "output": [body + "<|endoftext|>junk"] * 2,
+                          "response": [body, None]})  # a row with its token cut, and one written before that
+    grades = grade(TASKS["humaneval"], [record], frame, lambda done, total: None, SANDBOX)
+    assert grades["response"].tolist() == [body, body.split("</s>")[0]]
+    assert grades["correct"].tolist() == [True, False]

@@ -135,6 +135,25 @@ def end_markers(model) -> tuple[str, ...]:
     return tuple(dict.fromkeys(m for m in own + list(END_MARKERS) if m and m not in skip))
 
 
+def end_token_ids(model) -> frozenset[int]:
+    """The token ids that end a response of ``model``: its EOS and special tokens (mask, BOS and unknown
+    excepted). A response is cut at the first of these tokens, not at their text: ``"</s>"`` written inside a
+    string of the code stays."""
+    tokenizer = model.tokenizer
+    skip = {getattr(tokenizer, name, None) for name in ("bos_token_id", "unk_token_id")}
+    skip.add(getattr(model, "mask_token_id", None))
+    own = set(getattr(tokenizer, "all_special_ids", []) or [])
+    if model.eos_token_id is not None:
+        own.add(model.eos_token_id)
+    return frozenset(i for i in own if i is not None and i not in skip)
+
+
+def until_end_token(token_ids, ends: frozenset[int]) -> tuple[int, ...]:
+    """``token_ids`` up to (without) the first one in ``ends``."""
+    cut = next((i for i, token in enumerate(token_ids) if token in ends), len(token_ids))
+    return tuple(token_ids[:cut])
+
+
 def rows_file(out: Path, task: str, rank: int) -> Path:
     return out / RUNS / f"{task}.rank{rank}.rows.jsonl"
 
@@ -311,10 +330,13 @@ def measure_task(model, task: Task, prompts: list[Prompt], config: BenchConfig, 
     with path.open("a", encoding="utf-8") as handle:
         if handle.tell() and not path.read_bytes().endswith(b"\n"):
             handle.write("\n")  # after a line an interruption cut short, which is kept and skipped
+        ends = end_token_ids(model)
+
         def keep(row: dict, token_ids: tuple[int, ...]) -> None:
             text = model.decode(list(token_ids))  # after the timed run: detokenisation is not timed (E.5)
+            response = model.decode(list(until_end_token(token_ids, ends)))
             handle.write(json.dumps({**row, "task": task.name, "prompt_sha256": hashes[row["prompt_id"]],
-                                     "output": text}) + "\n")
+                                     "output": text, "response": response}) + "\n")
             handle.flush()
 
         result = run_benchmark(model, mine, config, progress, {**meta, "task": task.name}, on_run=keep)
@@ -340,6 +362,7 @@ def merged(out: Path, task: Task, prompts: list[Prompt]) -> tuple[pd.DataFrame, 
     rows.sort(key=lambda r: (r["prompt_index"], r["sample"], r["position"]))
     frame = examples_frame(rows)
     frame["output"] = [r["output"] for r in rows]
+    frame["response"] = [r.get("response") if isinstance(r.get("response"), str) else None for r in rows]
     extra = _meta(out, task.name)
     for key in extra:  # a resumed prompt may have been reported twice
         extra[key] = list({json.dumps(x, sort_keys=True): x for x in extra[key]}.values())
@@ -353,7 +376,8 @@ def grade(task: Task, records: list[dict], frame: pd.DataFrame, progress: Callab
 
     Args:
         task, records: the task and its records (``frame``'s ``prompt_index`` indexes them).
-        frame: merged rows with the raw ``output``.
+        frame: merged rows with the raw ``output`` and, where the run recorded it, the ``response`` cut at its
+            first end token (:func:`until_end_token`).
         progress: ``(graded, total)``.
         sandbox: where code runs (:func:`~packed_ss.sandbox.find_sandbox`); unused by the other tasks.
         markers: texts that end a response (:func:`end_markers`).
@@ -361,7 +385,10 @@ def grade(task: Task, records: list[dict], frame: pd.DataFrame, progress: Callab
         first marker), ``correct``, ``status``, ``detail`` and the task's extracted values (GSM8K:
         ``strict``, ``strict_match``, ``flexible``, ``flexible_match``; code: ``program``).
     """
-    cleaned = [clean_response(raw, markers) for raw in frame["output"]]
+    cut = frame["response"] if "response" in frame else [None] * len(frame)
+    # Cut at the first end token where the run recorded it; rows written before that, at the markers' text.
+    cleaned = [response if isinstance(response, str) else clean_response(raw, markers)
+               for raw, response in zip(frame["output"], cut)]
     keys = list(dict.fromkeys(zip(frame["prompt_index"], cleaned)))
     verdicts: dict[tuple, Verdict] = {}
     progress(0, len(keys))
@@ -494,9 +521,9 @@ def report_task(task: Task, config: BenchConfig, data: TaskData, prompts: list[P
     """Merge, grade and summarise one task; write its folder. Returns its entry of the paper report."""
     frame, extra = merged(out, task, prompts)
     info = {**meta, "task": task.name, **extra, "prompts_given": len(prompts)}
-    summary = summarize(frame.drop(columns=["output"]), config, None, info)
+    summary = summarize(frame.drop(columns=["output", "response"], errors="ignore"), config, None, info)
     folder = out / task.name
-    write_outputs(BenchResult(frame.drop(columns=["output"]), examples_frame([]), summary), folder)
+    write_outputs(BenchResult(frame.drop(columns=["output", "response"], errors="ignore"), examples_frame([]), summary), folder)
     accuracy = None
     if task.graded and len(frame):
         bar = progress_factory(f"grading {task.name}")
