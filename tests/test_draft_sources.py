@@ -140,3 +140,16 @@ def test_benchmark_flags_reach_the_runs():
         config_from_args(_parser().parse_args(["--drafter-width", "0"]))
     with pytest.raises(BenchError, match="unknown schedule"):
         config_from_args(_parser().parse_args(["--schedules", "hf-nothing"]))
+
+
+def test_the_benchmark_and_the_harness_take_the_diffusion_lanes_confidence_threshold():
+    """SetDLM's own default threshold, 1.0, is reachable from the benchmark's command line (issue 36, item 5)."""
+    from packed_ss.bench.cli import _parser
+    from packed_ss.bench.plan import BenchError, config_from_args
+
+    config = config_from_args(_parser().parse_args(["--schedules", "ar,diffusion", "--confidence-threshold", "1.0"]))
+    assert config.decode_config("diffusion", 8, 0).confidence_threshold == 1.0
+    assert config_from_args(_parser().parse_args([])).confidence_threshold == 0.9
+    for bad in ("0", "1.5", "nan"):
+        with pytest.raises(BenchError, match="confidence threshold must be in"):
+            config_from_args(_parser().parse_args(["--confidence-threshold", bad]))

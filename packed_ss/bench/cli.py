@@ -64,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="partial: Quadratic-SS branches per call (default -1: from the fitted call cost)")
     p.add_argument("--order", default=DecodeConfig.order, choices=ORDERS,
                    help="any-order models: verification order, ltr or confidence (paper Appendix C, E.6)")
+    p.add_argument("--confidence-threshold", type=float, default=DecodeConfig.confidence_threshold,
+                   help="diffusion: commit the predictions at least this probable (default "
+                        f"{DecodeConfig.confidence_threshold:g}; SetDLM's own default is 1.0)")
     p.add_argument("--block-size", default=None,
                    help="B for all (default 8; --task: 32 and quadratic=8) or per schedule (linear=8,quadratic=4)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")

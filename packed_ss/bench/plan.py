@@ -72,6 +72,8 @@ class BenchConfig:
         drafter_lora: apply the model's drafter adapter to proposal rows (Appendix F.2).
         drafter_width: masks per call of ``packed-mixed``'s diffusion half (at most W).
         branches: ``partial``'s branches per call (-1: chosen per call from the fitted call cost).
+        order: any-order models' verification order (``ltr`` or ``confidence``).
+        confidence_threshold: native diffusion lanes commit the predictions at least this probable, in (0, 1].
     Raises:
         BenchError: from ``__post_init__`` for any value out of range, naming the argument.
     """
@@ -93,6 +95,7 @@ class BenchConfig:
     drafter_width: int = DecodeConfig.drafter_width
     branches: int = DecodeConfig.branches
     order: str = DecodeConfig.order
+    confidence_threshold: float = DecodeConfig.confidence_threshold
 
     def __post_init__(self):
         if not self.schedules:
@@ -140,7 +143,7 @@ class BenchConfig:
         return DecodeConfig(block_size=block_size, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
                             max_new_tokens=max_new_tokens or self.max_new_tokens, seed=seed,
                             drafter_lora=self.drafter_lora, drafter_width=self.drafter_width, branches=self.branches,
-                            order=self.order)
+                            order=self.order, confidence_threshold=self.confidence_threshold)
 
 
 def _check_block_size(size) -> None:
@@ -341,4 +344,5 @@ def config_from_args(args, defaults: dict | None = None) -> BenchConfig:
                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, samples=pick["samples"],
                        max_new_tokens=pick["max_new_tokens"], seed=args.seed, probe_block_sizes=probe,
                        warmup=not args.no_warmup, resamples=args.resamples, drafter_lora=bool(args.drafter_lora),
-                       drafter_width=args.drafter_width, branches=args.branches, order=args.order)
+                       drafter_width=args.drafter_width, branches=args.branches, order=args.order,
+                       confidence_threshold=args.confidence_threshold)
