@@ -219,10 +219,11 @@ def test_concurrent_races_never_run_more_busy_torch_threads_than_cores(shipped, 
           f"{max(python_busy)} (mean {sum(python_busy) / len(python_busy):.2f}); {th.cores()} cores; "
           f"{server.threads.describe()}")
     # A thread's OpenMP workers spin a few microseconds after its call (GOMP_SPINCOUNT) while the next turn's call
-    # starts: one sample may catch that tail. Oversubscription is the cores exceeded in two samples in a row (a
-    # call lasts milliseconds; four races of cores threads each would show in nearly every sample).
-    sustained = [a for a, b in zip(torch_busy, torch_busy[1:]) if min(a, b) > th.cores()]
-    assert len(torch_busy) > 10 and not sustained, f"{len(sustained)} sustained samples over {th.cores()} cores"
+    # starts: a sample, or two in a row on a machine busy with other work (a second test worker), may catch that
+    # tail. Oversubscription shows in most samples (four races of cores threads each), so the test bounds the share
+    # of samples over the cores, not their count.
+    over = sum(busy > th.cores() for busy in torch_busy) / max(1, len(torch_busy))
+    assert len(torch_busy) > 10 and over < 0.05, f"{over:.1%} of samples over {th.cores()} cores"
 
 
 @pytest.mark.skipif(th.cores() < 1, reason="no cores")
