@@ -5,6 +5,7 @@ too (a lazy import is still a dependency). The layers, lowest first:
 
     packed_ss (engine core) <- packed_ss.bench, packed_ss.training <- serve <- components <- tabs <- app
     packed_ss.sandbox (imports nothing of the project) <- packed_ss.evals (and packed_ss.bench) <- serve
+    packed_ss.bench.files <- packed_ss.lmeval (lm-eval's model; nothing of the project imports it)
 
 with ``packed_ss.schedules`` and ``packed_ss.any_order`` side by side (only ``packed_ss.registry`` and the
 engine see both), ``packed_ss.models`` below the schedules, and ``packed_ss.bench.cli`` the one front door of
@@ -27,18 +28,21 @@ FORBIDDEN = {
                             "packed_ss.training", "serve", "components", "tabs", "app"},
     "packed_ss.any_order": {"packed_ss.schedules", "packed_ss.engine", "packed_ss.registry", "packed_ss.bench",
                             "packed_ss.training", "serve", "components", "tabs", "app"},
-    "packed_ss": {"packed_ss.bench", "packed_ss.evals", "packed_ss.sandbox", "packed_ss.training", "serve",
-                  "components", "tabs", "app"},
+    "packed_ss": {"packed_ss.bench", "packed_ss.evals", "packed_ss.sandbox", "packed_ss.training", "packed_ss.lmeval",
+                  "serve", "components", "tabs", "app"},
     "packed_ss.sandbox": {"packed_ss", "serve", "components", "tabs", "app"},
-    "packed_ss.bench": {"packed_ss.evals", "packed_ss.sandbox", "packed_ss.training", "serve", "components", "tabs",
-                        "app"},
-    "packed_ss.evals": {"packed_ss.training", "serve", "components", "tabs", "app"},
-    "packed_ss.training": {"serve", "components", "tabs", "app"},
-    "serve": {"components", "tabs", "app"},
-    "components": {"tabs", "app"},
-    "tabs": {"app"},
+    "packed_ss.bench": {"packed_ss.evals", "packed_ss.sandbox", "packed_ss.training", "packed_ss.lmeval", "serve",
+                        "components", "tabs", "app"},
+    "packed_ss.evals": {"packed_ss.training", "packed_ss.lmeval", "serve", "components", "tabs", "app"},
+    # lm-eval's model: the engine behind lm-eval's command line; nothing of the project imports it
+    "packed_ss.lmeval": {"packed_ss.evals", "packed_ss.sandbox", "packed_ss.training", "serve", "components", "tabs",
+                         "app"},
+    "packed_ss.training": {"packed_ss.lmeval", "serve", "components", "tabs", "app"},
+    "serve": {"packed_ss.lmeval", "components", "tabs", "app"},
+    "components": {"packed_ss.lmeval", "tabs", "app"},
+    "tabs": {"packed_ss.lmeval", "app"},
 }
-ENTRY_POINTS = {"packed_ss.train", "packed_ss.bench.__main__"}  # documented commands: thin entry points
+ENTRY_POINTS = {"packed_ss.train", "packed_ss.bench.__main__", "packed_ss.lmeval.__main__"}  # documented commands: thin entry points
 # The benchmark's command line takes --task and hands it to the harness's: its one way up.
 FRONT_DOOR = {("packed_ss.bench.cli", "packed_ss.evals.cli"), ("packed_ss.bench.cli", "packed_ss.evals.tasks")}
 
