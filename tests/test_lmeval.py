@@ -3,6 +3,7 @@ tasks in docs/lm-eval-tasks (local data, no hub), set against lm-eval's ``--mode
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -122,10 +123,29 @@ def test_the_command_line_writes_decoding_figures_beside_lm_evals_output(tmp_pat
     (requests,) = (out / "packed-ss-decoding").glob("requests_*.jsonl")
     lines = [json.loads(line) for line in requests.read_text().splitlines()]
     (samples,) = out.glob("*/samples_python_complete_*.jsonl")
-    docs = {json.loads(line)["doc_id"] for line in samples.read_text().splitlines()}
-    assert {line["doc_id"] for line in lines} == docs and len(lines) == 2 * len(docs)
+    keys = {(s["doc_id"], s["prompt_hash"]) for s in map(json.loads, samples.read_text().splitlines())}
+    assert {(line["doc_id"], line["prompt_hash"]) for line in lines} == keys and len(lines) == 2 * len(keys)
     assert all(line["nfe"] > 0 and line["wall_s"] > 0 for line in lines)
     assert all(line["agrees"] for line in lines if not line["graded"])
+
+
+def test_chat_templates_are_applied_as_lm_evals_hf_model_applies_them(tiny_model_dir, tmp_path, tasks):
+    """--apply_chat_template on a tokenizer with a template: the same prompts (lm-eval logs them) and generations."""
+    from transformers import AutoTokenizer
+
+    folder = tmp_path / "chat-model"
+    shutil.copytree(tiny_model_dir, folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.chat_template = ("{% for m in messages %}w3 {{ m['content'] }} w4 {% endfor %}"
+                               "{% if add_generation_prompt %}w5{% endif %}")
+    tokenizer.save_pretrained(folder)
+    options = dict(apply_chat_template=True, gen_kwargs="max_gen_toks=8", limit=2)
+    ours = evaluate("packed-ss", f"pretrained={folder},dtype=float32,threads=1,block_size=3", ["python_complete"],
+                    tasks, **options)
+    theirs = evaluate("hf", f"pretrained={folder},dtype=float32", ["python_complete"], tasks, **options)
+    for mine, hf in zip(ours["samples"]["python_complete"], theirs["samples"]["python_complete"]):
+        assert mine["arguments"] == hf["arguments"] and mine["arguments"][0][0].startswith("w3 ")
+        assert mine["resps"] == hf["resps"]
 
 
 def test_with_figures_adds_the_folder_only_for_packed_ss_with_an_output_path():

@@ -20,8 +20,9 @@ class RequestFigures:
     """One ``generate_until`` request decoded by one schedule.
 
     Attributes:
-        task, doc_id: lm-eval's task name and document index of the request (join with lm-eval's
-            ``samples_<task>_*.jsonl``); None when lm-eval did not say.
+        task, doc_id: lm-eval's task name and document index of the request; None when lm-eval did not say.
+        prompt_hash: lm-eval's hash of the context (``hash_string``): with ``task`` and ``doc_id``, the key of the
+            request's line in lm-eval's ``samples_<task>_*.jsonl`` (whose fields are lm-eval's own).
         request: the request's index in its ``generate_until`` call.
         schedule: the schedule's name; ``graded`` is True for the one whose text lm-eval received.
         prompt_tokens, new_tokens: tokens of the (truncated) context and of the generation, before lm-eval's stop
@@ -39,6 +40,7 @@ class RequestFigures:
 
     task: str | None
     doc_id: int | None
+    prompt_hash: str
     request: int
     schedule: str
     graded: bool
@@ -65,10 +67,10 @@ class RequestFigures:
         return out
 
 
-def request_figures(run: RunRecord, task: str | None, doc_id: int | None, request: int, graded: bool,
-                    agrees: bool | None) -> RequestFigures:
+def request_figures(run: RunRecord, task: str | None, doc_id: int | None, prompt_hash: str, request: int,
+                    graded: bool, agrees: bool | None) -> RequestFigures:
     """The figures of one finished run (:func:`packed_ss.engine.generate`'s record)."""
-    return RequestFigures(task=task, doc_id=doc_id, request=request, schedule=run.schedule, graded=graded,
+    return RequestFigures(task=task, doc_id=doc_id, prompt_hash=prompt_hash, request=request, schedule=run.schedule, graded=graded,
                           prompt_tokens=run.prompt_len, new_tokens=run.tokens, nfe=run.nfe,
                           mean_acceptance_length=run.mean_acceptance_length,
                           acceptance_iterations=acceptance_iterations(run),

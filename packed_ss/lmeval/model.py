@@ -38,7 +38,7 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.models.utils import (handle_stop_sequences, has_bos_prefix, normalize_gen_kwargs,
                                   postprocess_generated_text, resolve_max_length)
-from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from lm_eval.utils import get_rolling_token_windows, hash_string, make_disjoint_window
 from tqdm import tqdm
 
 from packed_ss.cli import DEFAULT_MODEL, load_model
@@ -287,8 +287,8 @@ class PackedSSLM(TemplateLM):
             agrees = text == texts[0] if comparable else None
             texts.append(text)
             self.figures.append(request_figures(run, getattr(request, "task_name", None),
-                                                getattr(request, "doc_id", None), number, graded=len(texts) == 1,
-                                                agrees=agrees))
+                                                getattr(request, "doc_id", None), hash_string(request.args[0]),
+                                                number, graded=len(texts) == 1, agrees=agrees))
         return texts[0]
 
     def report(self) -> None:
