@@ -119,7 +119,8 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
             server.sessions.drop(request.session_hash)
 
         demo.unload(on_unload)
-    demo.queue(max_size=queue_size)
+    # api_open off: Gradio's direct routes (run/<name>) do not skip the queue (a Space's default, now everywhere)
+    demo.queue(max_size=queue_size, api_open=False)
     return demo
 
 

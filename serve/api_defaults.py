@@ -63,16 +63,26 @@ class CallListeners:
         self._posted: dict[str, tuple[float, str | None]] = {}  # event id -> (POST time, monotonic s; its session)
         self._read: set[str] = set()
         self._reading: dict[str, None] = {}  # sessions that opened their queue/data stream (oldest first)
+        self._clients: dict[str, str] = {}  # event id -> the address it was sent from
         self._lock = threading.Lock()
 
-    def posted(self, event_id: str, session: str | None = None) -> None:
-        """Note a raw call's event (``session`` None) or a queue join's event of ``session``."""
+    def posted(self, event_id: str, session: str | None = None, client: str = "") -> None:
+        """Note a raw call's event (``session`` None) or a queue join's event of ``session``, sent from the address
+        ``client``."""
         with self._lock:
             self._posted[event_id] = (time.monotonic(), session)
+            self._clients[event_id] = client
             while len(self._posted) > self.keep:  # bounded: the oldest ids are forgotten
                 old = next(iter(self._posted))
                 del self._posted[old]
                 self._read.discard(old)
+                self._clients.pop(old, None)
+
+    def queued(self, client: str, events) -> int:
+        """Events sent from the address ``client`` that Gradio's queue still holds (``events``: its event ids, waiting
+        or running)."""
+        with self._lock:
+            return sum(1 for event, who in self._clients.items() if who == client and event in events)
 
     def read(self, event_id: str) -> None:
         """Somebody opened the result stream of the raw call ``event_id``."""
@@ -129,6 +139,9 @@ def holds_file(value) -> bool:
 JOIN_PATH = "/gradio_api/queue/join"  # where gradio_client and the page send an event's values
 DATA_PATH = "/gradio_api/queue/data"  # where they read the events' results (?session_hash=...)
 MAX_ID_CHARS = 256  # a session hash or event id longer than this is no id Gradio made
+DIRECT_PREFIXES = ("/gradio_api/run/", "/gradio_api/api/")  # Gradio's direct (unqueued) routes: the page's
+# unqueued events post to run/predict with an fn_index; the queued events refuse them (the queue's api_open is off)
+PER_CLIENT_EVENTS = 8  # events one client address may have waiting or running in the queue at once
 
 
 class FillApiDefaults:
@@ -176,13 +189,27 @@ class FillApiDefaults:
             if session:
                 self.listeners.read_session(session)  # somebody reads this session's events
         endpoint = path[len(CALL_PREFIX):].strip("/") if path.startswith(CALL_PREFIX) else ""
+        keywords = endpoint.startswith("v2/")  # Gradio's keyword form: {"prompt": ..., "schedule": ...}
+        endpoint = endpoint[3:] if keywords else endpoint
         if scope.get("method") == "GET" and endpoint.count("/") == 1 and self.listeners is not None:
             self.listeners.read(endpoint.split("/")[1])  # somebody opened this call's result stream
-        if scope.get("method") != "POST" or not endpoint or "/" in endpoint:
+        direct = next((path[len(p):].strip("/") for p in DIRECT_PREFIXES if path.startswith(p)), None)
+        if scope.get("method") == "POST" and direct is not None and self.events is not None:
+            await self._check_direct(direct, scope, receive, send)
+            return
+        if scope.get("method") != "POST" or not endpoint:
             await self.app(scope, receive, send)
             return
+        if "/" in endpoint:
+            await reply(send, 404, {"error": f"{path[len('/gradio_api'):]}: no such endpoint; the documented ones "
+                                              f"are {', '.join('/' + name for name in self.endpoints)}"})
+            return
+        crowded = self._crowded(scope)
+        if crowded:
+            await reply(send, 429, {"error": crowded})
+            return
         if self.listeners is not None:
-            send = self._noting_event_ids(send)
+            send = self._noting_event_ids(send, None, client_of(scope))
         if self.arity is not None and endpoint not in self.arity and endpoint not in self.endpoints:
             await reply(send, 404, {"error": f"/{endpoint}: no such endpoint; the documented ones are "
                                               f"{', '.join('/' + name for name in self.endpoints)}"})
@@ -204,6 +231,9 @@ class FillApiDefaults:
             return
         if self.takes_files is not None and endpoint not in self.takes_files and holds_file(payload):
             await reply(send, 422, {"error": no_files(f"/{endpoint}")})
+            return
+        if keywords:
+            await self._check_keywords(endpoint, payload, body, scope, receive, send)
             return
         if endpoint not in self.endpoints:  # undocumented (a page event): every value, in order
             await self._check_arity(endpoint, payload, body, scope, receive, send)
@@ -236,7 +266,13 @@ class FillApiDefaults:
             await reply(send, 422, {"error": "send a JSON object with the event's fn_index, data and session_hash"})
             return
         index, data = payload.get("fn_index"), payload.get("data")
-        if self.events is not None and (isinstance(index, bool) or index not in self.events):
+        session = payload.get("session_hash")
+        if not isinstance(session, str) or not 0 < len(session) <= MAX_ID_CHARS:
+            await reply(send, 422, {"error": f"a queue join needs a session_hash: a text of 1 to {MAX_ID_CHARS} "
+                                              f"characters that names the client's session"})
+            return
+        if self.events is not None and (not isinstance(index, int) or isinstance(index, bool)
+                                        or index not in self.events):
             await reply(send, 404, {"error": f"no event {shown(index, 40)}: the page's events are "
                                               f"{min(self.events)} to {max(self.events)}"})
             return
@@ -247,9 +283,75 @@ class FillApiDefaults:
             got = f"{len(data)} values" if isinstance(data, list) else "no list of values"
             await reply(send, 422, {"error": f"event {index} takes {self.events[index]} values in 'data', got {got}"})
             return
-        session = payload.get("session_hash")
-        if self.listeners is not None and isinstance(session, str):
-            send = self._noting_event_ids(send, session)
+        crowded = self._crowded(scope)
+        if crowded:
+            await reply(send, 429, {"error": crowded})
+            return
+        if self.listeners is not None:
+            send = self._noting_event_ids(send, session, client_of(scope))
+        await forward(self.app, scope, body, receive, send)
+
+    def _crowded(self, scope) -> str | None:
+        """Why this client may not queue another event now (it has :data:`PER_CLIENT_EVENTS` waiting or running),
+        or None."""
+        queue = self.queue() if self.queue is not None else None
+        events = getattr(queue, "event_ids_to_events", None)
+        if self.listeners is None or events is None:
+            return None
+        mine = self.listeners.queued(client_of(scope), events)
+        if mine < PER_CLIENT_EVENTS:
+            return None
+        return (f"{mine} requests from your address are waiting or running: let them finish (or cancel them) "
+                f"before sending more")
+
+    async def _check_direct(self, name: str, scope, receive, send) -> None:
+        """A POST to Gradio's direct routes (``run/<name>``, ``api/<name>``): the page's unqueued events send their
+        ``fn_index`` to ``run/predict``; the values must be the event's, in number (422), and anything else gets
+        the same answer as a queued event called directly (404)."""
+        body = await read_body(receive, MAX_BODY_BYTES)
+        if body is None:
+            await reply(send, 413, {"error": f"request body over {MAX_BODY_BYTES:,} bytes"})
+            return
+        try:
+            payload = json.loads(body)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            payload = None
+        index = payload.get("fn_index") if isinstance(payload, dict) else None
+        data = payload.get("data") if isinstance(payload, dict) else None
+        if name != "predict" or not isinstance(index, int) or isinstance(index, bool) or index not in self.events:
+            await reply(send, 404, {"error": f"/{DIRECT_PREFIXES[0].split('/')[2]}/{name}: direct calls take the "
+                                              f"page's own events only; call the API through the queue "
+                                              f"({CALL_PREFIX}<name>, or gradio_client)"})
+            return
+        if nesting(payload) > MAX_DEPTH or not isinstance(data, list) or len(data) != self.events[index]:
+            got = f"{len(data)} values" if isinstance(data, list) else "no list of values"
+            await reply(send, 422, {"error": f"event {index} takes {self.events[index]} values in 'data', got {got}"})
+            return
+        if index not in (self.takes_files or ()) and holds_file(data):
+            await reply(send, 422, {"error": no_files(f"event {index}")})
+            return
+        await forward(self.app, scope, body, receive, send)
+
+    async def _check_keywords(self, endpoint: str, payload, body: bytes, scope, receive, send) -> None:
+        """Gradio's keyword form (``POST /gradio_api/call/v2/<name>`` with ``{"param": value, ...}``): documented
+        endpoints only, with parameters they take (422 naming them)."""
+        params = self.endpoints.get(endpoint)
+        if params is None:
+            await reply(send, 404, {"error": f"/call/v2/{endpoint}: keyword calls take the documented endpoints "
+                                              f"only: {', '.join('/' + name for name in self.endpoints)}"})
+            return
+        names = [name for name, _ in params]
+        unknown = sorted(set(payload) - set(names)) if isinstance(payload, dict) else None
+        if unknown is None or unknown:
+            what = "send a JSON object" if unknown is None else f"unknown parameter(s) {', '.join(unknown)}"
+            await reply(send, 422, {"error": f"/call/v2/{endpoint}: {what} of the parameters {', '.join(names)} by "
+                                              f"name"})
+            return
+        missing = [name for name, default in params if default is inspect.Parameter.empty and name not in payload]
+        if missing:
+            await reply(send, 422, {"error": f"/call/v2/{endpoint}: missing required parameter(s) "
+                                              f"{', '.join(missing)}"})
+            return
         await forward(self.app, scope, body, receive, send)
 
     def _stream_problem(self, path: str, query: bytes) -> str | None:
@@ -268,6 +370,8 @@ class FillApiDefaults:
         if not path.startswith(CALL_PREFIX):
             return None
         parts = path[len(CALL_PREFIX):].strip("/").split("/")
+        if parts[0] == "v2":  # the keyword form's result stream
+            parts = parts[1:]
         if len(parts) != 2 or (self.arity is not None and parts[0] not in self.arity
                                and parts[0] not in self.endpoints):
             return (f"{path[len('/gradio_api'):]}: no such endpoint; the documented ones are "
@@ -282,9 +386,9 @@ class FillApiDefaults:
         return (f"/{api}: no event {shown(event_id, 40)} is waiting: POST {CALL_PREFIX}{api} first and read its "
                 f"result with the event_id it answers")
 
-    def _noting_event_ids(self, send, session: str | None = None):
+    def _noting_event_ids(self, send, session: str | None = None, client: str = ""):
         """``send`` that also notes the event id a POST's answer carries (``{"event_id": ...}``), as a queue join's
-        of ``session`` when given."""
+        of ``session`` (from the address ``client``) when given."""
         listeners = self.listeners
 
         async def noting(message):
@@ -294,7 +398,7 @@ class FillApiDefaults:
                 except (ValueError, AttributeError, RecursionError):
                     event_id = None
                 if isinstance(event_id, str):
-                    listeners.posted(event_id, session)
+                    listeners.posted(event_id, session, client)
             await send(message)
 
         return noting
@@ -309,6 +413,11 @@ class FillApiDefaults:
                                               f"defaults), got {got}"})
             return
         await forward(self.app, scope, body, receive, send)
+
+
+def client_of(scope) -> str:
+    """The client address of an ASGI ``scope`` ("" when it has none)."""
+    return str((scope.get("client") or ("",))[0] or "")
 
 
 def stream_session(query: bytes) -> str:

@@ -22,6 +22,12 @@ from serve.timing import TimingLog
 from serve.uploads import SessionFiles
 
 
+def client_address(request) -> str:
+    """The client address behind a Gradio ``request`` ("" when it has none: a direct Python call)."""
+    client = getattr(request, "client", None)
+    return str(getattr(client, "host", "") or "")
+
+
 class Server:
     """The serving state of one app.
 
@@ -70,7 +76,7 @@ class Server:
 
     def session(self, request) -> UserSession:
         """The state of the browser tab (or API client) behind a Gradio ``request``."""
-        return self.sessions.get(request.session_hash)
+        return self.sessions.get(request.session_hash, client_address(request))
 
     def admit(self, request, lower: str | None = "the new-token limit or the prompt length") -> Callable:
         """``predicted seconds -> context manager``: this request's heavy slot (:class:`Admission`); ``lower``

@@ -20,6 +20,7 @@ from serve.step import StepRun
 
 MAX_SESSIONS = 64  # sessions that hold nothing remembered at once (least recently used forgotten)
 MAX_HELD = 256  # sessions remembered at once, those holding files or results included
+MAX_HELD_PER_CLIENT = 16  # sessions holding something that one client address keeps at once
 MAX_RUNS = 16  # sessions that keep a step-through run at once
 IDLE_S = 900.0  # seconds after which an unused session is forgotten
 
@@ -36,6 +37,7 @@ class UserSession:
     playing: bool = False
     by_call: bool = False  # Step shows one call at a time (Linear-SS's drafting call, then its verification)
     run_dropped: bool = False
+    client: str = ""  # the client address it was last used from
     used: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -48,12 +50,16 @@ class Sessions:
     ``holds(key)``) are forgotten first, so a client opening session after session (each a fresh hash costs
     nothing) pushes out only sessions like its own, never a visitor's upload, download or result; a session
     holding something goes when it is idle, when its tab closes, or beyond ``held`` sessions in all (the least
-    recently used first). ``on_forget(key)`` runs for every session forgotten: its files go with it."""
+    recently used first). One client address keeps at most ``per_client`` sessions that hold something: beyond that
+    its own least recently used one goes, so that sessions opened from one address (each holding a shown report)
+    never push out another address's visitors. ``on_forget(key)`` runs for every session forgotten: its files go
+    with it."""
 
     def __init__(self, capacity: int = MAX_SESSIONS, max_runs: int = MAX_RUNS, idle_s: float = IDLE_S,
                  on_forget: Callable[[str], None] | None = None, holds: Callable[[str], bool] | None = None,
-                 held: int = MAX_HELD):
+                 held: int = MAX_HELD, per_client: int = MAX_HELD_PER_CLIENT):
         self.capacity = capacity
+        self.per_client = per_client
         self.max_runs = max_runs
         self.idle_s = idle_s
         self.on_forget = on_forget
@@ -62,12 +68,13 @@ class Sessions:
         self._data: OrderedDict[str, UserSession] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: str) -> UserSession:
-        """The session of ``key`` (created on first use); forgets idle and surplus sessions."""
+    def get(self, key: str, client: str = "") -> UserSession:
+        """The session of ``key`` (created on first use), used now from the address ``client``; forgets idle and
+        surplus sessions."""
         now = time.monotonic()
         with self._lock:
             session = self._data.pop(key, None) or UserSession()
-            session.used = now
+            session.used, session.client = now, client
             self._data[key] = session
             idle = [k for k, s in self._data.items() if now - s.used > self.idle_s]
             for k in idle:
@@ -80,15 +87,21 @@ class Sessions:
 
     def _surplus(self, current: str) -> list[str]:
         """Forget sessions beyond the bounds (inside the lock), never ``current``: empty ones beyond ``capacity``,
-        then any beyond ``held`` (least recently used first). Returns their keys."""
+        then the current client's own holding ones beyond ``per_client``, then any beyond ``held`` (least recently
+        used first). Returns their keys."""
         over = len(self._data) - self.capacity
         empty = [k for k, s in self._data.items() if k != current and not self._holding(k, s)][:max(0, over)]
         for k in empty:
             del self._data[k]
+        client = self._data[current].client
+        own = [k for k, s in self._data.items() if s.client == client and self._holding(k, s)]
+        own = [k for k in own if k != current][:max(0, len(own) - self.per_client)]
+        for k in own:
+            del self._data[k]
         full = [k for k in self._data if k != current][:max(0, len(self._data) - self.held)]
         for k in full:
             del self._data[k]
-        return empty + full
+        return empty + own + full
 
     def _holding(self, key: str, session: UserSession) -> bool:
         return (session.step is not None or session.race is not None

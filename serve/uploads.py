@@ -1,16 +1,17 @@
 """Files a visitor sends or gets (uploads, the Benchmark tab's outputs, Step and Race downloads), tied to the session
 that made them.
 
-* :class:`SessionFiles` gives each session its own files: an upload is copied out of Gradio's shared upload folder
-  into a private folder of each session that uses it (Gradio names an upload by its bytes, so two visitors who
-  upload the same file get one path: neither is told of the other); an output (the Benchmark tab's report, a Step
+* :class:`SessionFiles` gives each session its own files: an upload is moved out of Gradio's shared upload folder
+  into a private folder of the first session that uses it (Gradio names an upload by its bytes, so two visitors who
+  upload the same file get one path; each upload is taken once, so neither is told of the other); an output (the Benchmark tab's report, a Step
   or Race download, :mod:`serve.downloads`) is written to a folder of its own with a random name and registered to
   the session it was written for. Another session naming a copy or an output gets the same refusal as a path that
   does not exist, nothing is deleted on read, a session keeps at most
   :data:`FILES_PER_SESSION` files (its oldest go first; a download replaces the session's earlier one of its kind)
   and its files are removed when the session ends. The Benchmark tab takes a file only from
   the session's own upload event (:meth:`SessionFiles.choose`), so its API endpoints take no file at all.
-* :class:`BoundUploads` (ASGI middleware) refuses an upload request of more than :data:`FILES_PER_UPLOAD` files.
+* :class:`BoundUploads` (ASGI middleware) refuses an upload request of more than :data:`FILES_PER_UPLOAD` files, a
+  file part without a name, and uploads beyond the bytes all visitors and one address may upload within minutes.
 
 Messages name files as the visitor gave them (their own names), never by a server path.
 """
@@ -72,7 +73,6 @@ class SessionFiles:
         self._owner: dict[str, str] = {}  # file on disk -> its session
         self._folders: dict[str, Path] = {}
         self._slots: dict[str, dict[str, Path]] = {}  # session -> {widget: its file}
-        self._users: dict[str, set[str]] = {}  # an upload in Gradio's folder -> the sessions that copied it
         self._numbers = itertools.count()
         self._lock = threading.Lock()
 
@@ -85,9 +85,10 @@ class SessionFiles:
         the session's folder on first use). None when ``value`` names no file.
 
         An upload in Gradio's folder is named by its bytes (the same bytes uploaded twice give one path), so it is
-        nobody's: any session naming it gets its own copy, and it is removed once every session that copied it has
-        ended. Anything else (another session's copy or output, any other server path, a path that does not exist)
-        gets the same refusal: a visitor learns nothing of another's files.
+        nobody's: the first session naming it gets it, moved into its own folder (Gradio's original is removed at
+        once, so that whether it is still there tells nobody that someone else uploaded the same bytes). Anything
+        else (another session's copy or output, any other server path, a path that does not exist, an upload
+        another session took) gets the same refusal: a visitor learns nothing of another's files.
 
         Raises: UserError for a value that is no file, or one that is neither an upload nor the session's own; the
             message names the file by its own name.
@@ -97,10 +98,11 @@ class SessionFiles:
             return None
         name = Path(path).name or "the file"
         with self._lock:
-            key = self._key(path)
+            given = self._resolved(path)
             mine = self._files.get(session, {})
-            if key in mine:
-                return mine[key]
+            if given in mine:  # its own upload, named again (the original is gone by now)
+                return mine[given]
+            key = given if given is not None and _is_file(given) else None
             if key is not None and self._owner.get(key) == session:
                 return Path(key)
             if key is None or key in self._owner or not self._is_upload(Path(key)):
@@ -108,11 +110,11 @@ class SessionFiles:
             private = self._folder(session) / str(next(self._numbers)) / name  # its own name, for messages
             try:
                 private.parent.mkdir()
-                shutil.copyfile(key, private)  # the page's widget still shows the original
+                shutil.copyfile(key, private)
+                Path(key).unlink(missing_ok=True)
             except OSError:
                 raise UserError(f"{name!r} is no longer on the server: upload it again") from None
             self._keep(session, key, private)
-            self._users.setdefault(key, set()).add(session)
             return private
 
     def choose(self, session: str, slot: str, value) -> Path | None:
@@ -157,7 +159,7 @@ class SessionFiles:
         """Register ``path`` (a file written for ``session``, e.g. a benchmark report) as that session's. With a
         ``slot`` (a kind of file: "step-records", "race-table"...), it replaces the session's earlier file of that
         slot, which is removed: exporting again does not pile up files (nor push the session's uploads out)."""
-        key = self._key(str(path)) or str(path)
+        key = self._resolved(str(path)) or str(path)
         with self._lock:
             if slot is not None:
                 slots = self._slots.setdefault(session, {})
@@ -168,8 +170,7 @@ class SessionFiles:
             self._keep(session, key, Path(key))
 
     def forget(self, session: str) -> None:
-        """Remove every file of ``session`` (its copies of uploads, its outputs) and its folder: the session ended.
-        An upload in Gradio's folder goes too once no other session that copied it is left."""
+        """Remove every file of ``session`` (its copies of uploads, its outputs) and its folder: the session ended."""
         with self._lock:
             files = self._files.pop(session, {})
             folder = self._folders.pop(session, None)
@@ -177,13 +178,7 @@ class SessionFiles:
             for disk in files.values():
                 if self._owner.get(str(disk)) == session:
                     del self._owner[str(disk)]
-            originals = []
-            for key, users in list(self._users.items()):
-                users.discard(session)
-                if not users:
-                    del self._users[key]
-                    originals.append(Path(key))
-        for disk in {*files.values(), *originals}:
+        for disk in files.values():
             _remove(disk)
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
@@ -218,17 +213,23 @@ class SessionFiles:
             self._folders[session] = Path(tempfile.mkdtemp(prefix="session-", dir=self.root))
         return self._folders[session]
 
-    def _key(self, path: str) -> str | None:
-        """The resolved file ``path`` names (None: no file there, or no name a file can have)."""
+    def _resolved(self, path: str) -> str | None:
+        """``path`` resolved, whether a file is there or not (None: no name a file can have)."""
         try:
-            resolved = Path(path).resolve()
-            return str(resolved) if resolved.is_file() else None
-        except (OSError, ValueError):
+            return str(Path(path).resolve())
+        except (OSError, ValueError, RuntimeError):
             return None
 
     def _is_upload(self, path: Path) -> bool:
         """Whether ``path`` is a visitor's upload in Gradio's folder (not an output :meth:`publish` wrote there)."""
         return self.uploads in path.parents and not path.parent.name.startswith("out-")
+
+
+def _is_file(path: str) -> bool:
+    try:
+        return Path(path).is_file()
+    except (OSError, ValueError):  # a name too long for the file system, a NUL
+        return False
 
 
 def _remove(disk: Path) -> None:
@@ -239,7 +240,7 @@ def _remove(disk: Path) -> None:
 
 
 RECENT_UPLOAD_BYTES = 256 * 2**20  # bytes all visitors may upload within RECENT_S (uploads nobody uses stay that long)
-CLIENT_UPLOAD_BYTES = 32 * 2**20  # bytes one client address may upload within RECENT_S
+CLIENT_UPLOAD_BYTES = 16 * 2**20  # bytes one client address may upload within RECENT_S (a 16th of all)
 RECENT_S = 900.0  # seconds an unused upload stays on disk (app.UNUSED_FILES_S)
 
 
@@ -275,6 +276,9 @@ class BoundUploads:
         parts = body.count(b"--" + boundary) - 1 if boundary else 0
         if parts > self.max_files:
             await reply(send, 413, {"error": f"an upload may carry at most {self.max_files} files, got {parts}"})
+            return
+        if boundary and unnamed_part(body, boundary):
+            await reply(send, 400, {"error": "an uploaded file has no name: send each file with its file name"})
             return
         client = (scope.get("client") or ("",))[0]
         entry = self._reserve(len(body), client)
@@ -314,6 +318,16 @@ class BoundUploads:
             self._recent.remove(entry)
         except ValueError:  # aged out meanwhile
             pass
+
+
+def unnamed_part(body: bytes, boundary: bytes) -> bool:
+    """Whether a part of a multipart ``body`` names an empty file name (``filename=""``, which Gradio's upload route
+    fails on with a server error)."""
+    for part in body.split(b"--" + boundary)[1:]:
+        headers = part.split(b"\r\n\r\n", 1)[0].lower()
+        if b'filename=""' in headers or b"filename=''" in headers:
+            return True
+    return False
 
 
 def _boundary(scope) -> bytes | None:

@@ -373,7 +373,7 @@ def test_a_queue_join_naming_no_event_or_the_wrong_values_gets_one_line(server, 
     ("/gradio_api/queue/data?session_hash=%00", "no event of session '\\x00' is waiting"),
     ("/gradio_api/queue/data", "no event of session '' is waiting"),
     ("/gradio_api/call/nope/x", "/call/nope/x: no such endpoint; the documented ones are /generate, /race"),
-    ("/gradio_api/call/v2/generate/x", "/call/v2/generate/x: no such endpoint"),
+    ("/gradio_api/call/v2/generate/x", "/generate: no event 'x' is waiting"),  # the keyword form's stream
     ("/gradio_api/call/generate/0123456789abcdef", "/generate: no event '0123456789abcdef' is waiting"),
     ("/gradio_api/call/generate/" + "e" * 300, "/generate: no event 'eeee"),
 ])
@@ -393,3 +393,85 @@ def test_a_known_call_still_streams_its_result(server):
 
     code, text = raw_call(server, "generate", {"data": ["w1 w2", "ar", 4, 0.0, 4]})
     assert code == 200 and stream_result(text)[0] == "complete", text[:300]
+
+
+# --- the hostile rerun of issue 35 (F3, F5): routes past the checks ------------------------------------------
+@pytest.mark.parametrize("path, body, status, message", [
+    ("/gradio_api/call/v2/generate", '{"data": ["x"]}', 422, "/call/v2/generate: unknown parameter(s) data"),
+    ("/gradio_api/call/v2/generate", '[]', 422, "/call/v2/generate: send a JSON object of the parameters prompt"),
+    ("/gradio_api/call/v2/generate", '{"schedule": "ar"}', 422, "missing required parameter(s) prompt"),
+    ("/gradio_api/call/v2/nope", "{}", 404, "/nope: no such endpoint; the documented ones are /generate"),
+    ("/gradio_api/call/a/b", '{"data": []}', 404, "/call/a/b: no such endpoint"),
+    ("/gradio_api/run/generate", '{"data": ["x"]}', 404, "direct calls take the page's own events only"),
+    ("/gradio_api/api/generate", '{"data": []}', 404, "direct calls take the page's own events only"),
+    ("/gradio_api/run/step", '{"data": []}', 404, "direct calls take the page's own events only"),
+    ("/gradio_api/run/predict", '{"data": [], "fn_index": [4]}', 404, "direct calls take the page's own events"),
+    ("/gradio_api/queue/join", '{"data": [], "fn_index": [4], "session_hash": "abc123def45"}', 404, "no event [4]"),
+    ("/gradio_api/queue/join", '{"data": [0], "fn_index": 0, "session_hash": ""}', 422, "needs a session_hash"),
+    ("/gradio_api/queue/join", '{"data": [0], "fn_index": 0}', 422, "needs a session_hash"),
+])
+def test_every_route_past_the_defaults_answers_a_bad_request_in_one_line(server, capfd, path, body, status, message):
+    """Gradio's keyword form (call/v2), its direct routes (run/, api/) and odd queue joins answered HTTP 500 with a
+    traceback (issue 35's hostile rerun, F5 a-d)."""
+    import json
+
+    capfd.readouterr()
+    code, text = _raw(server, "POST", path, body)
+    assert code == status and message in json.loads(text)["error"], text[:300]
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_the_keyword_form_of_a_documented_call_still_streams_its_result(server):
+    import json
+
+    code, text = _raw(server, "POST", "/gradio_api/call/v2/generate",
+                      json.dumps({"prompt": "w1 w2", "schedule": "ar", "max_new_tokens": 4}))
+    assert code == 200, text
+    code, stream = _raw(server, "GET", f"/gradio_api/call/v2/generate/{json.loads(text)['event_id']}")
+    assert code == 200 and "event: complete" in stream, stream[:300]
+
+
+def test_one_address_cannot_fill_the_queue():
+    """One client's 40 queued benchmark joins filled Gradio's queue (32): everyone else's short requests got 503
+    (issue 35's hostile rerun, F6). An address may have PER_CLIENT_EVENTS events waiting or running; another
+    address is not affected, and the first may send more once its events are done."""
+    import asyncio
+    import itertools
+    import json
+
+    from serve.api_defaults import PER_CLIENT_EVENTS, CallListeners, FillApiDefaults
+
+    numbers = itertools.count()
+
+    class Queue:
+        event_ids_to_events = {}  # what Gradio's queue holds: waiting or running
+
+    async def gradio(scope, receive, send):  # answers a join with a new event id, as Gradio's route does
+        event = f"e{next(numbers)}"
+        Queue.event_ids_to_events[event] = object()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": json.dumps({"event_id": event}).encode()})
+
+    app = FillApiDefaults(gradio, endpoints={}, listeners=CallListeners(), takes_files=set(), events={0: 1},
+                          queue=lambda: Queue)
+
+    def join(address: str) -> int:
+        body = json.dumps({"data": [1], "fn_index": 0, "session_hash": f"s{next(numbers)}"}).encode()
+        answers = []
+
+        async def receive():
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async def send(message):
+            answers.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": "/gradio_api/queue/join", "headers": [],
+                 "client": (address, 5000)}
+        asyncio.run(app(scope, receive, send))
+        return answers[0]["status"]
+
+    assert [join("203.0.113.9") for _ in range(PER_CLIENT_EVENTS)] == [200] * PER_CLIENT_EVENTS
+    assert join("203.0.113.9") == 429
+    assert join("198.51.100.7") == 200  # another visitor still gets in
+    Queue.event_ids_to_events.clear()  # the first address's events are done
+    assert join("203.0.113.9") == 200

@@ -25,7 +25,7 @@ def folders(tmp_path):
 
 def _uploaded(uploads: Path, name: str, text: str = "{}") -> str:
     folder = uploads / f"sha-{name}"
-    folder.mkdir()
+    folder.mkdir(exist_ok=True)  # the same bytes again: Gradio's same folder
     (folder / name).write_text(text)
     return str(folder / name)
 
@@ -44,15 +44,23 @@ def test_an_upload_becomes_its_sessions_own_and_is_never_deleted_on_read(folders
 
 def test_the_same_bytes_uploaded_by_two_visitors_tell_neither_of_the_other(folders):
     """Gradio names an upload by its bytes: B uploading A's file gets A's path, and was refused as "belongs to
-    another visitor's session" (issue 35, item 3). Each now gets its own copy; the original goes with the last."""
+    another visitor's session" (issue 35, item 3); later the original stayed while another session had used it, so
+    whether it was still there told B of A (issue 35 rerun, F2). An upload is taken by its first user now: moved
+    into that session's folder, the original gone, so each later upload of the same bytes is one's own."""
     uploads, files = folders
     path = _uploaded(uploads, "summary.json", '{"a": 1}')
-    mine, theirs = files.open("a", {"path": path}), files.open("b", {"path": path})
-    assert mine != theirs and mine.read_text() == theirs.read_text() == '{"a": 1}'
+    mine = files.open("a", {"path": path})
+    assert mine.read_text() == '{"a": 1}' and not Path(path).exists()
+    assert files.open("a", {"path": path}) == mine  # named again by its session, after the original went
+    with pytest.raises(UserError, match="'summary.json' is not a file you uploaded in this session"):
+        files.open("b", {"path": path})  # the same answer as for a path that never existed
+    assert _uploaded(uploads, "summary.json", '{"a": 1}') == path  # B uploads the same bytes: the same path
+    theirs = files.open("b", {"path": path})
+    assert theirs != mine and theirs.read_text() == '{"a": 1}' and not Path(path).exists()
     files.forget("a")
-    assert not mine.exists() and theirs.is_file() and Path(path).is_file()  # B's upload is still B's
+    assert not mine.exists() and theirs.is_file()  # B's upload is still B's
     files.forget("b")
-    assert not theirs.exists() and not Path(path).exists()
+    assert not theirs.exists()
 
 
 def test_outputs_belong_to_the_session_they_were_written_for(folders, tmp_path):
@@ -112,6 +120,33 @@ def test_sessions_forget_their_files_when_they_end_idle_or_surplus():
     assert forgotten == ["a"]  # surplus
     sessions.drop("b")  # its tab was closed
     assert forgotten == ["a", "b"]
+
+
+def test_one_addresss_sessions_never_push_out_another_addresss_visitor():
+    """300 fresh sessions from one address, each showing the bundled report (a file it then holds), pushed out
+    another visitor's upload, download, report and Step run (issue 35's hostile rerun, F1)."""
+    from serve.sessions import Sessions
+
+    forgotten = []
+    sessions = Sessions(capacity=4, idle_s=1e9, on_forget=forgotten.append, holds=lambda key: True, held=64,
+                        per_client=16)
+    visitor = sessions.get("visitor", "198.51.100.7")
+    for n in range(300):
+        sessions.get(f"fresh-{n}", "203.0.113.9")
+    assert "visitor" not in forgotten and sessions.get("visitor", "198.51.100.7") is visitor
+    assert len(sessions) == 1 + 16 and f"fresh-{299}" not in forgotten and "fresh-0" in forgotten
+
+
+def test_an_upload_part_without_a_file_name_is_one_line(server):
+    """An empty file name gave HTTP 500 and a traceback (issue 35's hostile rerun, F3)."""
+    host, port = server.split("//")[1].strip("/").split(":")
+    body = (b'--b0\r\nContent-Disposition: form-data; name="files"; filename=""\r\n'
+            b"Content-Type: application/octet-stream\r\n\r\n0123456789\r\n--b0--\r\n")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.request("POST", "/gradio_api/upload", body, {"Content-Type": "multipart/form-data; boundary=b0"})
+    answer = conn.getresponse()
+    assert answer.status == 400 and json.loads(answer.read())["error"] == \
+        "an uploaded file has no name: send each file with its file name"
 
 
 def test_fresh_sessions_push_out_only_sessions_that_hold_nothing():
@@ -285,12 +320,19 @@ def test_the_same_upload_by_two_visitors_is_each_ones_own(server):
     from helpers import page_event
 
     data = SUMMARY.read_bytes()
-    first, second = _upload_file(server, "summary.json", data), _upload_file(server, "summary.json", data)
-    assert first == second  # Gradio names an upload by its bytes
+    paths = []
     for visitor in ("visitor-c", "visitor-d"):
-        assert page_event(server, "chosen", [{"path": first, "meta": {"_type": "gradio.FileData"}}],
+        paths.append(_upload_file(server, "summary.json", data))
+        assert page_event(server, "chosen", [{"path": paths[-1], "meta": {"_type": "gradio.FileData"}}],
                           session=visitor)[0] == "complete"
         assert page_event(server, "benchmark_show", [""], session=visitor)[1][0] == "Showing the uploaded summary.json."
+        # Taken by its first user: whether Gradio's original is still there tells nobody of another's upload.
+        assert not Path(paths[-1]).exists()
+    assert paths[0] == paths[1]  # Gradio names an upload by its bytes
+    # A third session naming that path is refused as for any path it did not upload (issue 35 rerun, F2).
+    kind, answer = page_event(server, "chosen", [{"path": paths[0], "meta": {"_type": "gradio.FileData"}}],
+                              session="visitor-e")
+    assert kind == "error" or "not a file you uploaded in this session" in str(answer)
 
 
 def assert_refused_in_status(kind: str, answer, message: str, others: int) -> None:
