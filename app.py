@@ -110,7 +110,9 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                                     turn=lambda: server.gate.turn(float(server.max_rows)), max_rows=server.max_rows,
                                     alive_for=server.alive, max_seconds=server.max_seconds,
                                     session_files=server.files,
-                                    touch=server.session, any_order=server.store.any_order)
+                                    touch=server.session, any_order=server.store.any_order,
+                                    admit_for=lambda request: server.admit(request, "the prompts, schedules or new "
+                                                                                    "tokens"))
         # Raw HTTP calls that leave parameters out get these defaults (launch_kwargs adds the middleware).
         demo.api_defaults = add_api(server, compute_concurrency)
         demo.call_listeners = server.listeners  # the middleware notes who reads raw calls' results

