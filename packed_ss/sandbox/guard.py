@@ -10,7 +10,10 @@ waits until the judge has read), drops to the limits, installs the audit hook, r
 and the tests with each name bound to a proxy that calls into the solver over a pipe. Values cross as pickles
 that the judge reads with a closed list of standard types; any other object stays in the solver and reaches the
 judge as an opaque handle, equal only to itself and without a truth value (an ``__eq__`` that is always true, a
-spoofed ``__module__``, ``mock.ANY`` cannot pass a test). When the tests return, the judge writes the nonce to
+spoofed ``__module__``, ``mock.ANY`` cannot pass a test). The other way, a function or iterator of the tests
+passed to the solution (a lambda, a key function, a generator) stays in the judge: the solution holds a
+:class:`Callback` it can call or iterate and nothing else, and each call runs in the judge, which answers over the
+pipe (serving the solution's own calls meanwhile, so a callback may call the solution again). When the tests return, the judge writes the nonce to
 the marker descriptor; the solver cannot reach the nonce, the marker or the judge's memory (the judge is not
 dumpable). The host watches the sandbox's processes and memory from outside (a stopped judge cannot stop that).
 
@@ -32,6 +35,7 @@ import signal
 import struct
 import sys
 import traceback
+import types
 
 FORBIDDEN_EXIT, TIMEOUT_EXIT = 86, 87
 CANDIDATE = "__candidate__"  # the solution's __name__: an ``if __name__ == "__main__"`` block does not run
@@ -94,6 +98,8 @@ def solver(folder, requests, replies, limits, audit):
 
     class Out(pickle.Pickler):
         def persistent_id(self, obj):
+            if type(obj) is Callback:  # the tests' own object, back to them as itself
+                return ("callback", obj._handle)
             if obj is named_tuple:
                 return None  # the judge's own rebuilder, named (reducer_override)
             if type(obj) in PLAIN or (isinstance(obj, type) and obj in PLAIN):  # values, and the classes
@@ -116,7 +122,27 @@ def solver(folder, requests, replies, limits, audit):
 
     class In(pickle.Unpickler):
         def persistent_load(self, pid):
+            if pid[0] == "callback":  # a function or iterator of the tests, called back through the judge
+                return Callback(pid[1], pid[2])
             return resolve(pid[1], namespace, table)
+
+    def call_back(op, handle, args, kwargs):
+        """Ask the judge to run one of the tests' objects; serve the judge's own calls meanwhile (a callback that
+        calls the solution again)."""
+        send(replies, ("callback", op, handle, args, kwargs), Out)
+        while True:
+            message = receive(requests, In)
+            if message[0] == "returned":
+                return message[1]
+            if message[0] == "raised":
+                raise_named(message[1], message[2])
+            reply = answer(message, namespace, table)
+            try:
+                send(replies, reply, Out)
+            except Exception as error:  # noqa: BLE001 - as in the main loop
+                send(replies, ("raise", "TypeError", f"the result cannot be sent ({type(error).__name__})"), Out)
+
+    CALLBACK.append(call_back)
 
     set_limits(*limits)
     if audit:
@@ -232,6 +258,7 @@ class Link:
 
     def __init__(self, requests, replies):
         self.requests, self.replies, self.gone = requests, replies, None
+        self.table = []  # the tests' objects the solution was given (callbacks), by handle
 
     def ask(self, message):
         if self.gone:
@@ -245,6 +272,8 @@ class Link:
 
     def call(self, target, args, kwargs, kind="call"):
         reply = self.ask((kind, target, args, kwargs))
+        while isinstance(reply, tuple) and len(reply) == 5 and reply[0] == "callback":
+            reply = self.ask(self.called_back(*reply[1:]))
         if not isinstance(reply, tuple) or len(reply) != 3:
             raise SolverGone("the solution's process answered out of turn")
         if reply[0] in ("value", "iterator", "argument"):
@@ -257,9 +286,25 @@ class Link:
         names = [str(n) for n in reply[1]] if isinstance(reply[1], list) else []
         if "SystemExit" in names:
             raise SystemExit(f"the solution called exit() during a test: {reply[2]}")
-        kind = next((getattr(builtins, n) for n in names if isinstance(getattr(builtins, n, None), type)
-                     and issubclass(getattr(builtins, n), Exception)), None)  # the nearest builtin class
-        raise (kind or RuntimeError)(f"{names[0] if names else 'error'}: {reply[2]}" if kind is None else reply[2])
+        raise_named(names, reply[2])
+
+
+    def called_back(self, op, handle, args, kwargs):
+        """Run the tests' object ``handle`` for the solution (``op`` "call" or "next"): the message that answers it."""
+        if op not in ("call", "next") or not isinstance(handle, int) or not 0 <= handle < len(self.table) \
+                or not isinstance(args, tuple) or not isinstance(kwargs, dict) \
+                or not all(isinstance(k, str) for k in kwargs):
+            raise SolverGone("the solution's process answered out of turn")
+        target = self.table[handle]
+        try:
+            message = ("returned", target(*args, **kwargs) if op == "call" else next(target))
+            send_check = io.BytesIO()
+            JudgeOut(send_check).dump(message)  # a result that cannot cross is the callback's error
+        except StopIteration:
+            message = ("raised", ["StopIteration"], "")
+        except Exception as error:  # noqa: BLE001 - the solution sees it raised, as it would in one process
+            message = ("raised", [k.__name__ for k in type(error).__mro__], str(error)[:500])
+        return message
 
 
 def write_back(args, changed):
@@ -300,6 +345,57 @@ def merge(old, new, depth):
 
 
 LINK = []  # the judge's one link (a list, so that the proxies reach it without a global statement)
+CALLBACK = []  # the solver's way back to the judge (solver() puts it there)
+
+
+class Callback:
+    """A function or iterator of the tests, passed to the solution: calling it (or taking its next item) runs it in
+    the judge, with values crossing as they do for the solution's results. It has nothing else: no attributes, so
+    the judge's memory stays out of the solution's reach."""
+
+    __slots__ = ("_handle", "_kind")
+
+    def __init__(self, handle, kind):
+        self._handle, self._kind = handle, kind
+
+    def __call__(self, *args, **kwargs):
+        if self._kind != "callable":
+            raise TypeError("a generator of the tests is not callable")
+        return CALLBACK[0]("call", self._handle, args, kwargs)
+
+    def __iter__(self):
+        if self._kind != "iterator":
+            raise TypeError("a function of the tests is not iterable")
+        return self
+
+    def __next__(self):
+        if self._kind != "iterator":
+            raise TypeError("a function of the tests is not an iterator")
+        return CALLBACK[0]("next", self._handle, (), {})
+
+    def __repr__(self):
+        return f"<{self._kind} of the tests>"
+
+
+def raise_named(names, text):
+    """Raise the nearest builtin exception class of ``names`` (an exception's class names, most derived first)."""
+    names = [str(n) for n in names] if isinstance(names, list) else []
+    if names and names[0] == "StopIteration":
+        raise StopIteration
+    kind = next((getattr(builtins, n) for n in names if isinstance(getattr(builtins, n, None), type)
+                 and issubclass(getattr(builtins, n), Exception)), None)
+    raise (kind or RuntimeError)(str(text) if kind is not None else f"{names[0] if names else 'error'}: {text}")
+
+
+def crossing_kind(obj):
+    """How an object of the tests crosses to the solution: "callable" or "iterator" for those that stay in the
+    judge and are called back (functions, bound methods and generators defined by the tests, iterators), None for
+    values pickled as they are (builtin functions and classes go by name)."""
+    if isinstance(obj, (types.FunctionType, types.MethodType)) and not isinstance(obj, Remote):
+        return "callable"
+    if type(obj) not in PLAIN and not isinstance(obj, (type, Remote)) and hasattr(type(obj), "__next__"):
+        return "iterator"
+    return None
 
 
 class Remote:
@@ -331,11 +427,23 @@ class Remote:
 
 class JudgeOut(pickle.Pickler):
     def persistent_id(self, obj):
-        return ("target", obj._target) if isinstance(obj, Remote) else None
+        if isinstance(obj, Remote):
+            return ("target", obj._target)
+        kind = crossing_kind(obj)
+        if kind is None:
+            return None
+        table = LINK[0].table
+        table.append(obj)
+        return ("callback", len(table) - 1, kind)
 
 
 class JudgeIn(pickle.Unpickler):
     def persistent_load(self, pid):
+        if pid[0] == "callback":  # one of the tests' own objects, given back
+            table = LINK[0].table
+            if not isinstance(pid[1], int) or not 0 <= pid[1] < len(table):
+                raise pickle.UnpicklingError("the solution named an object the tests never gave it")
+            return table[pid[1]]
         return Remote(("handle", pid[1]), pid[2])
 
     def find_class(self, module, name):
