@@ -56,7 +56,8 @@ def launch_kwargs(demo: gr.Blocks | None = None) -> dict:
                  if f.api_name and getattr(f, "api_visibility", "public") != "private"}
         takes_files = {key for index, f in demo.fns.items() if any(isinstance(c, gr.File) for c in f.inputs)
                        for key in (index, f.api_name) if key is not None}  # the page's own upload events only
-        events = {index: len(f.inputs) for index, f in demo.fns.items()}
+        events = {index: len(f.inputs) for index, f in demo.fns.items()
+                  if f.fn is not None}  # an event that runs in the browser only has nothing to call on the server
         middleware.append(Middleware(FillApiDefaults, endpoints=endpoints, arity=arity,
                                      listeners=getattr(demo, "call_listeners", None), takes_files=takes_files,
                                      events=events, queue=lambda: demo._queue))

@@ -82,7 +82,9 @@ class CallListeners:
         """Events sent from the address ``client`` that Gradio's queue still holds (``events``: its event ids, waiting
         or running)."""
         with self._lock:
-            return sum(1 for event, who in self._clients.items() if who == client and event in events)
+            now = time.monotonic()
+            return sum(1 for event, who in self._clients.items() if who == client and event in events
+                       and now - self._posted.get(event, (now, None))[0] < QUEUED_S)
 
     def read(self, event_id: str) -> None:
         """Somebody opened the result stream of the raw call ``event_id``."""
@@ -142,6 +144,7 @@ MAX_ID_CHARS = 256  # a session hash or event id longer than this is no id Gradi
 DIRECT_PREFIXES = ("/gradio_api/run/", "/gradio_api/api/")  # Gradio's direct (unqueued) routes: the page's
 # unqueued events post to run/predict with an fn_index; the queued events refuse them (the queue's api_open is off)
 PER_CLIENT_EVENTS = 8  # events one client address may have waiting or running in the queue at once
+QUEUED_S = 900.0  # an event counted that long at most (should Gradio's queue fail to let a finished one go)
 
 
 class FillApiDefaults:
@@ -267,14 +270,13 @@ class FillApiDefaults:
             return
         index, data = payload.get("fn_index"), payload.get("data")
         session = payload.get("session_hash")
-        if not isinstance(session, str) or not 0 < len(session) <= MAX_ID_CHARS:
-            await reply(send, 422, {"error": f"a queue join needs a session_hash: a text of 1 to {MAX_ID_CHARS} "
-                                              f"characters that names the client's session"})
+        if not is_session_hash(session):
+            await reply(send, 422, {"error": f"a queue join needs a session_hash: 1 to {MAX_ID_CHARS} printable ASCII "
+                                              f"characters without spaces that name the client's session"})
             return
         if self.events is not None and (not isinstance(index, int) or isinstance(index, bool)
                                         or index not in self.events):
-            await reply(send, 404, {"error": f"no event {shown(index, 40)}: the page's events are "
-                                              f"{min(self.events)} to {max(self.events)}"})
+            await reply(send, 404, {"error": self.no_event(index)})
             return
         if index not in self.takes_files and holds_file(data):
             await reply(send, 422, {"error": no_files(f"event {index}")})
@@ -290,6 +292,12 @@ class FillApiDefaults:
         if self.listeners is not None:
             send = self._noting_event_ids(send, session, client_of(scope))
         await forward(self.app, scope, body, receive, send)
+
+    def no_event(self, index) -> str:
+        """The one line for an ``fn_index`` that names no event of the server."""
+        if isinstance(index, int) and not isinstance(index, bool) and min(self.events) < index < max(self.events):
+            return f"event {index} runs in the browser only: there is nothing to call on the server"
+        return f"no event {shown(index, 40)}: the page's events are {min(self.events)} to {max(self.events)}"
 
     def _crowded(self, scope) -> str | None:
         """Why this client may not queue another event now (it has :data:`PER_CLIENT_EVENTS` waiting or running),
@@ -330,7 +338,11 @@ class FillApiDefaults:
         if index not in (self.takes_files or ()) and holds_file(data):
             await reply(send, 422, {"error": no_files(f"event {index}")})
             return
-        await forward(self.app, scope, body, receive, send)
+        if not is_session_hash(payload.get("session_hash")):
+            await reply(send, 422, {"error": f"an event needs a session_hash: 1 to {MAX_ID_CHARS} printable ASCII "
+                                              f"characters without spaces"})
+            return
+        await forward(self.app, scope, body, receive, refusals_as_422(send))
 
     async def _check_keywords(self, endpoint: str, payload, body: bytes, scope, receive, send) -> None:
         """Gradio's keyword form (``POST /gradio_api/call/v2/<name>`` with ``{"param": value, ...}``): documented
@@ -415,6 +427,13 @@ class FillApiDefaults:
         await forward(self.app, scope, body, receive, send)
 
 
+def is_session_hash(value) -> bool:
+    """Whether ``value`` can be a session hash: 1 to :data:`MAX_ID_CHARS` printable ASCII characters, no spaces
+    (Gradio's own are short random letters and digits; a lone surrogate broke its clean-up of every later event)."""
+    return (isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS and value.isascii() and value.isprintable()
+            and " " not in value)
+
+
 def client_of(scope) -> str:
     """The client address of an ASGI ``scope`` ("" when it has none)."""
     return str((scope.get("client") or ("",))[0] or "")
@@ -430,6 +449,27 @@ def no_files(where: str) -> str:
     """The one line for a file object sent where no file is taken."""
     return (f"{where} takes no files: a file reaches the app only through the page's own upload widgets (the "
             f"values are numbers, text and short lists)")
+
+
+def refusals_as_422(send):
+    """``send`` for Gradio's direct route, whose answer to any error a handler raises is HTTP 500: a one-line refusal
+    (``{"error": "<text>"}``, the handlers' UserError) goes out as 422; a 500 without a message stays 500."""
+    held = []
+
+    async def sending(message):
+        if message.get("type") == "http.response.start" and message.get("status") == 500:
+            held.append(message)
+            return
+        if held and message.get("type") == "http.response.body":
+            try:
+                error = json.loads(message.get("body") or b"{}").get("error")
+            except (ValueError, AttributeError, RecursionError):
+                error = None
+            start = dict(held.pop(), status=422) if isinstance(error, str) and error else held.pop()
+            await send(start)
+        await send(message)
+
+    return sending
 
 
 async def forward(app, scope, body: bytes, receive, send) -> None:

@@ -19,6 +19,7 @@ Messages name files as the visitor gave them (their own names), never by a serve
 from __future__ import annotations
 
 import itertools
+import re
 import secrets
 import shutil
 import tempfile
@@ -278,7 +279,8 @@ class BoundUploads:
             await reply(send, 413, {"error": f"an upload may carry at most {self.max_files} files, got {parts}"})
             return
         if boundary and unnamed_part(body, boundary):
-            await reply(send, 400, {"error": "an uploaded file has no name: send each file with its file name"})
+            await reply(send, 400, {"error": "an uploaded file has no name: send each file with its file name "
+                                             "(filename=\"...\")"})
             return
         client = (scope.get("client") or ("",))[0]
         entry = self._reserve(len(body), client)
@@ -320,19 +322,29 @@ class BoundUploads:
             pass
 
 
+FILENAME = re.compile(rb'(?:^|;)\s*filename\s*=\s*(?:"([^"]*)"|([^;\s]*))', re.IGNORECASE)
+
+
 def unnamed_part(body: bytes, boundary: bytes) -> bool:
-    """Whether a part of a multipart ``body`` names an empty file name (``filename=""``, which Gradio's upload route
-    fails on with a server error)."""
+    """Whether a part of a multipart ``body`` has no plain file name: none given, an empty one (``filename=""``),
+    or only the extended form (``filename*=``); Gradio's upload route fails on each with a server error."""
     for part in body.split(b"--" + boundary)[1:]:
-        headers = part.split(b"\r\n\r\n", 1)[0].lower()
-        if b'filename=""' in headers or b"filename=''" in headers:
+        headers = part.split(b"\r\n\r\n", 1)[0]
+        if headers.strip() in (b"--", b""):  # the closing delimiter
+            continue
+        disposition = next((line for line in headers.split(b"\r\n")
+                            if line.lower().startswith(b"content-disposition")), b"")
+        found = FILENAME.search(disposition.split(b":", 1)[-1])
+        if found is None or not (found.group(1) or found.group(2)) or b"filename*" in disposition.lower():
             return True
     return False
 
 
 def _boundary(scope) -> bytes | None:
-    """The multipart boundary of a request's Content-Type header (None: not multipart)."""
+    """The multipart boundary of a request's Content-Type header (None: not multipart); the parameter's name in any
+    case, its value as given."""
     for key, value in scope.get("headers", []):
-        if key.lower() == b"content-type" and b"boundary=" in value:
-            return value.split(b"boundary=", 1)[1].split(b";", 1)[0].strip().strip(b'"')
+        at = value.lower().find(b"boundary=")
+        if key.lower() == b"content-type" and at >= 0:
+            return value[at + len(b"boundary="):].split(b";", 1)[0].strip().strip(b'"')
     return None

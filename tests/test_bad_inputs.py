@@ -475,3 +475,38 @@ def test_one_address_cannot_fill_the_queue():
     assert join("198.51.100.7") == 200  # another visitor still gets in
     Queue.event_ids_to_events.clear()  # the first address's events are done
     assert join("203.0.113.9") == 200
+
+
+def _event(server: str, api_name: str) -> int:
+    import json
+    import urllib.request
+
+    config = json.loads(urllib.request.urlopen(server.rstrip("/") + "/config", timeout=30).read())
+    return next(d["id"] for d in config["dependencies"] if d.get("api_name") == api_name)
+
+
+@pytest.mark.parametrize("api_name, route, data, session, status, message", [
+    # a lone surrogate as session hash broke Gradio's clean-up of every later event (recheck N1)
+    ("generate", "queue/join", None, "\ud800", 422, "needs a session_hash: 1 to 256 printable ASCII characters"),
+    ("generate", "queue/join", None, " ", 422, "needs a session_hash"),
+    ("js_fn", "queue/join", [], "abcdefghijk", 404, "runs in the browser only: there is nothing to call"),
+    ("js_fn", "run/predict", [], "abcdefghijk", 404, "direct calls take the page's own events only"),
+    ("load_example", "run/predict", ["x"], "abcdefghijk", 422, "example must be a whole number in [0, "),
+    ("step_by", "run/predict", ["x"], "abcdefghijk", 422, "step by must be 'iteration' or 'call'"),
+    ("load_example", "run/predict", [0], "", 422, "an event needs a session_hash"),
+])
+def test_the_pages_events_refuse_bad_values_and_sessions_in_one_line_with_a_client_error(
+        server, capfd, api_name, route, data, session, status, message):
+    """The page's unqueued events answered a refusal with HTTP 500; a browser-only event gave a traceback (recheck
+    of issue 35, F5 b')."""
+    import json
+
+    index = _event(server, api_name)
+    if data is None:
+        data = ["def f(x):", "packed", 8, 0, 0, 1, 0, 4, "", False, "", "model", 0.8, "ltr", False]
+    capfd.readouterr()
+    body = json.dumps({"data": data, "fn_index": index, "session_hash": session, "event_data": None,
+                       "trigger_id": None})
+    code, text = _raw(server, "POST", f"/gradio_api/{route}", body)
+    assert code == status and message in json.loads(text)["error"], text[:300]
+    assert "Traceback" not in capfd.readouterr().err

@@ -137,16 +137,27 @@ def test_one_addresss_sessions_never_push_out_another_addresss_visitor():
     assert len(sessions) == 1 + 16 and f"fresh-{299}" not in forgotten and "fresh-0" in forgotten
 
 
-def test_an_upload_part_without_a_file_name_is_one_line(server):
-    """An empty file name gave HTTP 500 and a traceback (issue 35's hostile rerun, F3)."""
+@pytest.mark.parametrize("disposition, content_type", [
+    (b'form-data; name="files"; filename=""', b"multipart/form-data; boundary=b0"),
+    (b'form-data; name="files"; filename = ""', b"multipart/form-data; boundary=b0"),
+    (b"form-data; name=\"files\"; filename*=UTF-8''a.jsonl", b"multipart/form-data; boundary=b0"),
+    (b"form-data; name=\"files\"; filename*=UTF-8''", b"multipart/form-data; boundary=b0"),
+    (b'form-data; name="files"', b"multipart/form-data; boundary=b0"),
+    (b'form-data; name="files"; filename=""', b"multipart/form-data; BOUNDARY=b0"),
+])
+def test_an_upload_part_without_a_file_name_is_one_line(server, capfd, disposition, content_type):
+    """An empty file name gave HTTP 500 and a traceback (issue 35's hostile rerun, F3), then its variants did
+    (no file name, only the extended form, spaces around the =, an uppercase BOUNDARY)."""
     host, port = server.split("//")[1].strip("/").split(":")
-    body = (b'--b0\r\nContent-Disposition: form-data; name="files"; filename=""\r\n'
+    body = (b"--b0\r\nContent-Disposition: " + disposition + b"\r\n"
             b"Content-Type: application/octet-stream\r\n\r\n0123456789\r\n--b0--\r\n")
     conn = http.client.HTTPConnection(host, int(port), timeout=30)
-    conn.request("POST", "/gradio_api/upload", body, {"Content-Type": "multipart/form-data; boundary=b0"})
+    capfd.readouterr()
+    conn.request("POST", "/gradio_api/upload", body, {"Content-Type": content_type.decode()})
     answer = conn.getresponse()
-    assert answer.status == 400 and json.loads(answer.read())["error"] == \
-        "an uploaded file has no name: send each file with its file name"
+    assert answer.status == 400 and json.loads(answer.read())["error"].startswith(
+        "an uploaded file has no name: send each file with its file name")
+    assert "Traceback" not in capfd.readouterr().err
 
 
 def test_fresh_sessions_push_out_only_sessions_that_hold_nothing():
