@@ -125,6 +125,7 @@ def test_every_schedule_on_the_native_path_gives_transformers_paths_tokens(embed
     assert generate(reference, prompt, config, name).token_ids == ar
 
 
+@pytest.mark.slow
 def test_the_compiled_native_path_gives_the_eager_paths_logits_and_tokens():
     eager = tiny_llama(seed=4, logit_scale=3.0)
     compiled = DualModeModel(eager.model, eager.tokenizer, 1, 0, compiled=True)
