@@ -75,4 +75,3 @@ def tiny_any_order_dir(tmp_path_factory):
     model.model.float().save_pretrained(folder)
     model.tokenizer.save_pretrained(folder)
     return folder
-
