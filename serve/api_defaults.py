@@ -256,42 +256,52 @@ class FillApiDefaults:
         await forward(self.app, {**scope, "headers": headers}, body, receive, send)
 
     async def _check_join(self, scope, receive, send) -> None:
-        """Pass a queue join on unless it sends a file object to an event that takes no file (422)."""
+        """Pass a queue join on when it names an event of the server with its values and a session (one line, 404 or
+        422, otherwise) and its client has room in the queue (429)."""
+        read = await self._event_body(receive, send)
+        if read is None:
+            return
+        body, payload = read
+        problem = self.event_problem(payload) or ((429, self._crowded(scope)) if self._crowded(scope) else None)
+        if problem is not None:
+            await reply(send, problem[0], {"error": problem[1]})
+            return
+        if self.listeners is not None:
+            send = self._noting_event_ids(send, payload["session_hash"], client_of(scope))
+        await forward(self.app, scope, body, receive, send)
+
+    async def _event_body(self, receive, send) -> tuple[bytes, dict] | None:
+        """The body of an event's POST and its JSON object; None once it is answered (413, or 422: no object)."""
         body = await read_body(receive, MAX_BODY_BYTES)
         if body is None:
             await reply(send, 413, {"error": f"request body over {MAX_BODY_BYTES:,} bytes"})
-            return
+            return None
         try:
             payload = json.loads(body)
         except (ValueError, UnicodeDecodeError, RecursionError):
             payload = None
         if not isinstance(payload, dict):
             await reply(send, 422, {"error": "send a JSON object with the event's fn_index, data and session_hash"})
-            return
+            return None
+        return body, payload
+
+    def event_problem(self, payload: dict) -> tuple[int, str] | None:
+        """Why an event's values cannot go on, as (status, one line): no session hash Gradio could have made, an
+        ``fn_index`` naming no event of the server, a file sent to an event that takes none, another number of
+        values than the event takes. None when they can."""
         index, data = payload.get("fn_index"), payload.get("data")
-        session = payload.get("session_hash")
-        if not is_session_hash(session):
-            await reply(send, 422, {"error": f"a queue join needs a session_hash: 1 to {MAX_ID_CHARS} printable ASCII "
-                                              f"characters without spaces that name the client's session"})
-            return
+        if not is_session_hash(payload.get("session_hash")):
+            return 422, (f"an event needs a session_hash: 1 to {MAX_ID_CHARS} printable ASCII characters without "
+                         f"spaces that name the client's session")
         if self.events is not None and (not isinstance(index, int) or isinstance(index, bool)
                                         or index not in self.events):
-            await reply(send, 404, {"error": self.no_event(index)})
-            return
-        if index not in self.takes_files and holds_file(data):
-            await reply(send, 422, {"error": no_files(f"event {index}")})
-            return
+            return 404, self.no_event(index)
+        if index not in (self.takes_files or ()) and holds_file(data):
+            return 422, no_files(f"event {index}")
         if self.events is not None and (not isinstance(data, list) or len(data) != self.events[index]):
             got = f"{len(data)} values" if isinstance(data, list) else "no list of values"
-            await reply(send, 422, {"error": f"event {index} takes {self.events[index]} values in 'data', got {got}"})
-            return
-        crowded = self._crowded(scope)
-        if crowded:
-            await reply(send, 429, {"error": crowded})
-            return
-        if self.listeners is not None:
-            send = self._noting_event_ids(send, session, client_of(scope))
-        await forward(self.app, scope, body, receive, send)
+            return 422, f"event {index} takes {self.events[index]} values in 'data', got {got}"
+        return None
 
     def no_event(self, index) -> str:
         """The one line for an ``fn_index`` that names no event of the server."""
@@ -314,33 +324,22 @@ class FillApiDefaults:
 
     async def _check_direct(self, name: str, scope, receive, send) -> None:
         """A POST to Gradio's direct routes (``run/<name>``, ``api/<name>``): the page's unqueued events send their
-        ``fn_index`` to ``run/predict``; the values must be the event's, in number (422), and anything else gets
-        the same answer as a queued event called directly (404)."""
-        body = await read_body(receive, MAX_BODY_BYTES)
-        if body is None:
-            await reply(send, 413, {"error": f"request body over {MAX_BODY_BYTES:,} bytes"})
+        ``fn_index`` to ``run/predict`` and are checked as a queue join is (:meth:`event_problem`); anything else
+        gets the same answer as a queued event called directly (404)."""
+        read = await self._event_body(receive, send)
+        if read is None:
             return
-        try:
-            payload = json.loads(body)
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            payload = None
-        index = payload.get("fn_index") if isinstance(payload, dict) else None
-        data = payload.get("data") if isinstance(payload, dict) else None
+        body, payload = read
+        index = payload.get("fn_index")
         if name != "predict" or not isinstance(index, int) or isinstance(index, bool) or index not in self.events:
             await reply(send, 404, {"error": f"/{DIRECT_PREFIXES[0].split('/')[2]}/{name}: direct calls take the "
                                               f"page's own events only; call the API through the queue "
                                               f"({CALL_PREFIX}<name>, or gradio_client)"})
             return
-        if nesting(payload) > MAX_DEPTH or not isinstance(data, list) or len(data) != self.events[index]:
-            got = f"{len(data)} values" if isinstance(data, list) else "no list of values"
-            await reply(send, 422, {"error": f"event {index} takes {self.events[index]} values in 'data', got {got}"})
-            return
-        if index not in (self.takes_files or ()) and holds_file(data):
-            await reply(send, 422, {"error": no_files(f"event {index}")})
-            return
-        if not is_session_hash(payload.get("session_hash")):
-            await reply(send, 422, {"error": f"an event needs a session_hash: 1 to {MAX_ID_CHARS} printable ASCII "
-                                              f"characters without spaces"})
+        problem = (422, f"event {index}: its values nest more than {MAX_DEPTH} deep") \
+            if nesting(payload) > MAX_DEPTH else self.event_problem(payload)
+        if problem is not None:
+            await reply(send, problem[0], {"error": problem[1]})
             return
         await forward(self.app, scope, body, receive, refusals_as_422(send))
 
