@@ -198,6 +198,10 @@ def test_any_order_open_positions_show_a_placeholder_and_the_order_choice_follow
 def test_benchmark_tab_colours_are_distinct_and_its_table_fits(page):
     page.get_by_role("tab", name="Benchmark").click()
     page.wait_for_function("document.querySelectorAll('.bench-summary table').length > 0", timeout=30_000)
+    # The table can arrive before Plotly has drawn the three charts beside it (seen in CI): wait for the charts.
+    page.wait_for_function("""() => [...document.querySelectorAll('.js-plotly-plot')].filter(gd => gd.layout &&
+        gd.layout.title && /^(Paired ratios|Timing decomposition|Tokens\\/NFE)/.test(String(gd.layout.title.text)))
+        .length === 3""", timeout=30_000)
     colours = page.evaluate("""() => {
         const plots = [...document.querySelectorAll('.js-plotly-plot')].filter(gd => gd.layout &&
             gd.layout.title && String(gd.layout.title.text).startsWith('Paired ratios'));
