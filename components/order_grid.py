@@ -66,7 +66,7 @@ def order_grid_html(record: IterationRecord, before: dict[int, int], strings: To
     inside = [j for j in before if min(order) <= j <= max(window)]
     start, end = max(0, min(order) - tail), max(window + inside) + 1
     positions = list(range(start, end))
-    h, kappa = record.h, len(record.old_draft)
+    h = record.h
     ids = [before[j] for j in positions if j in before] + list(record.old_draft) + list(record.verifier_tokens) \
         + list(record.proposals) + list(record.appended)
     text = dict(zip(ids, strings(ids))) if ids else {}
@@ -83,41 +83,10 @@ def order_grid_html(record: IterationRecord, before: dict[int, int], strings: To
                   for j, r in rank.items()}
     native = record.schedule == "diffusion"
     pending = _pending(record)
-    cells_draft = {}
-    for r, (j, tok) in enumerate(zip(record.draft_positions, record.old_draft)):
-        cls, what = (("", "drafted, verified by the next call") if pending else
-                     ("accepted", "accepted draft") if r < h else
-                     ("rejected", "first rejected draft token") if r == h else
-                     ("unchecked", "not checked (after the first rejection, in rank order)"))
-        cells_draft[j] = _chip(text[tok], cls, f"rank {r + 1}: d = {tok} at position {j}: {what}", r + 1)
-    if not native:
-        for j in order[kappa:]:
-            cells_draft[j] = _chip("∅", "mask", f"position {j} has no draft token yet", rank[j])
-    cells_v = {}
-    for r, tok in enumerate(record.verifier_tokens):
-        j = order[r]
-        reached = r <= h
-        cells_v[j] = _chip(text[tok], "reached" if reached else "faded",
-                           f"rank {r + 1}: v = {tok} at position {j}: "
-                           f"{'reached' if reached else 'computed, not reached'}", r + 1)
-    kept = set(record.kept)
-    cells_z = {}
-    for r, (j, tok) in enumerate(zip(record.proposal_positions, record.proposals)):
-        if native:
-            cls, what = (("kept", "committed: confident enough") if r in kept else
-                         ("discarded", "not confident enough: the position stays open"))
-        elif pending:
-            cls, what = "kept", "the draft the second call verifies"
-        else:
-            cls, what = ("kept", "kept: next draft") if r in kept else ("discarded", "discarded: position filled now")
-        cells_z[j] = _chip(text[tok], cls, f"z = {tok} at position {j}: {what}")
-    cells_out = {}
-    for j, (tok, source) in accepted_now.items():
-        jump = any(k < j for k in unresolved_after)
-        cls = source_class(source) + (" out-of-order" if jump else "")
-        what = f"{source}: token {tok} at position {j}" + (
-            ", accepted while an earlier position is still open" if jump else "")
-        cells_out[j] = _chip(text[tok], cls, what, rank.get(j))
+    cells_draft = _draft_cells(record, text, rank, pending, native)
+    cells_v = _verifier_cells(record, text)
+    cells_z = _proposal_cells(record, text, pending, native)
+    cells_out = _accepted_cells(accepted_now, unresolved_after, rank, text)
     head = "".join(f'<th class="{"pos-new" if j in rank else ""}">{j}</th>' for j in positions)
     rows = [
         f'<tr><td class="row-label">position</td>{head}</tr>',
@@ -140,6 +109,60 @@ def order_grid_html(record: IterationRecord, before: dict[int, int], strings: To
     return (f'<div class="token-grid-wrap" data-iteration="{record.index}">'
             f'<div class="token-grid-head">{heading}</div>{"" if native else LEGEND}'
             f'<table class="token-grid order-grid">{"".join(rows)}</table></div>')
+
+
+def _draft_cells(record: IterationRecord, text: dict[int, str], rank: dict[int, int], pending: bool,
+                 native: bool) -> dict[int, str]:
+    """The draft row: each drafted position's chip, by how far verification reached (h), by position."""
+    cells = {}
+    for r, (j, tok) in enumerate(zip(record.draft_positions, record.old_draft)):
+        cls, what = (("", "drafted, verified by the next call") if pending else
+                     ("accepted", "accepted draft") if r < record.h else
+                     ("rejected", "first rejected draft token") if r == record.h else
+                     ("unchecked", "not checked (after the first rejection, in rank order)"))
+        cells[j] = _chip(text[tok], cls, f"rank {r + 1}: d = {tok} at position {j}: {what}", r + 1)
+    if not native:
+        for j in record.order[len(record.old_draft):]:
+            cells[j] = _chip("∅", "mask", f"position {j} has no draft token yet", rank[j])
+    return cells
+
+
+def _verifier_cells(record: IterationRecord, text: dict[int, str]) -> dict[int, str]:
+    """The verifier row: v at each ranked position, faded past the first rejection."""
+    cells = {}
+    for r, tok in enumerate(record.verifier_tokens):
+        j, reached = record.order[r], r <= record.h
+        cells[j] = _chip(text[tok], "reached" if reached else "faded",
+                         f"rank {r + 1}: v = {tok} at position {j}: "
+                         f"{'reached' if reached else 'computed, not reached'}", r + 1)
+    return cells
+
+
+def _proposal_cells(record: IterationRecord, text: dict[int, str], pending: bool, native: bool) -> dict[int, str]:
+    """The proposals row (the native lane's predictions): kept or discarded, by position."""
+    kept, cells = set(record.kept), {}
+    for r, (j, tok) in enumerate(zip(record.proposal_positions, record.proposals)):
+        if native:
+            cls, what = (("kept", "committed: confident enough") if r in kept else
+                         ("discarded", "not confident enough: the position stays open"))
+        elif pending:
+            cls, what = "kept", "the draft the second call verifies"
+        else:
+            cls, what = ("kept", "kept: next draft") if r in kept else ("discarded", "discarded: position filled now")
+        cells[j] = _chip(text[tok], cls, f"z = {tok} at position {j}: {what}")
+    return cells
+
+
+def _accepted_cells(accepted_now: dict[int, tuple[int, str]], unresolved_after: set[int], rank: dict[int, int],
+                    text: dict[int, str]) -> dict[int, str]:
+    """The accepted row: each token accepted now, marked where an earlier position is still open."""
+    cells = {}
+    for j, (tok, source) in accepted_now.items():
+        jump = any(k < j for k in unresolved_after)
+        what = f"{source}: token {tok} at position {j}" + (
+            ", accepted while an earlier position is still open" if jump else "")
+        cells[j] = _chip(text[tok], source_class(source) + (" out-of-order" if jump else ""), what, rank.get(j))
+    return cells
 
 
 def narrate_order(record: IterationRecord, strings: TokenStrings, policy: str = "ltr") -> str:

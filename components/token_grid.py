@@ -109,32 +109,19 @@ def grid_html(record: IterationRecord, sequence: Sequence[int], strings: TokenSt
         cells_prefix[pos] = _chip(text[tok], cls, f"prefix token {tok} at position {pos}")
     cells_draft = {before + i: _draft_chip(i, tok, before + i, text, mask_token_id, verified, h, old_sources)
                    for i, tok in enumerate(draft)}
-    cells_v = {}
-    for i, tok in enumerate(v):
-        pos = before + i
-        reached = i <= h
-        cls = "reached" if reached else "faded"
-        prob = f", p = {record.verifier_probs[i]:.3f}" if i < len(record.verifier_probs) else ""
-        what = "reached" if reached else "computed, not reached"
-        cells_v[pos] = _chip(text[tok], cls, f"v({i + 1}) = {tok} at position {pos}{prob}: {what}")
     diffusion = record.schedule == "diffusion"
+    cells_v = _verifier_cells(record, before, text)
     cells_z = {}
     for i, tok in enumerate(z):
         pos = record.proposal_start + i
         cls, what = (_diffusion_proposal(i, kept, draft, mask_token_id) if diffusion
                      else _proposal(i, pos, kept, before + len(appended), record.stop_reason, next_sources))
         cells_z[pos] = _chip(text[tok], cls, f"z({i + 1}) = {tok} at position {pos}: {what}")
-    cells_out = {}
-    for i, (tok, source) in enumerate(zip(appended, record.appended_sources)):
-        pos = before + i
-        cells_out[pos] = _chip(text[tok], source_class(source), f"{source}: token {tok} at position {pos}")
-
-    cells_next = {}
-    for i, tok in enumerate(nxt):
-        pos = after + i
-        source = next_sources[pos]
-        cells_next[pos] = _chip(text[tok], "ngram" if source == "n-gram" else "kept",
-                                f"D_t({i + 1}) = {tok} at position {pos}: from the {source}")
+    cells_out = {before + i: _chip(text[tok], source_class(source), f"{source}: token {tok} at position {before + i}")
+                 for i, (tok, source) in enumerate(zip(appended, record.appended_sources))}
+    cells_next = {after + i: _chip(text[tok], "ngram" if next_sources[after + i] == "n-gram" else "kept",
+                                   f"D_t({i + 1}) = {tok} at position {after + i}: from the {next_sources[after + i]}")
+                  for i, tok in enumerate(nxt)}
     head = "".join(f'<th class="{"pos-new" if p >= before else ""}">{p}</th>' for p in positions)
     adv_cells = _advance_cells(record, positions, verified, diffusion)
     # Linear-SS verifies the draft its own first call just made; the others verify last call's draft.
@@ -153,6 +140,18 @@ def grid_html(record: IterationRecord, sequence: Sequence[int], strings: TokenSt
     return (f'<div class="token-grid-wrap" data-iteration="{record.index}">'
             f'<div class="token-grid-head">{_heading(record, title, bool(draft), prefill, mask_token_id)}</div>'
             f'<table class="token-grid">{"".join(rows)}</table>{_residual_note(record, text)}</div>')
+
+
+def _verifier_cells(record: IterationRecord, before: int, text: dict[int, str]) -> dict[int, str]:
+    """The verifier row: v(i) at position ``before`` + i with its probability, faded past the first rejection."""
+    cells = {}
+    for i, tok in enumerate(record.verifier_tokens):
+        pos, reached = before + i, i <= record.h
+        prob = f", p = {record.verifier_probs[i]:.3f}" if i < len(record.verifier_probs) else ""
+        what = "reached" if reached else "computed, not reached"
+        cells[pos] = _chip(text[tok], "reached" if reached else "faded",
+                           f"v({i + 1}) = {tok} at position {pos}{prob}: {what}")
+    return cells
 
 
 def _residual_note(record: IterationRecord, text: dict[int, str]) -> str:

@@ -129,53 +129,20 @@ def run_small_benchmark(load_model: Callable[[str], object], model_name: str, pr
     Returns: ``(markdown, {name: figure}, [report.html, examples.csv, summary.json, ...])``.
     Raises: BenchError with a one-line message for any user error or model loading failure.
     """
-    limit, samples, max_new_tokens = whole(limit, "prompts"), whole(samples, "samples"), whole(max_new_tokens,
-                                                                                            "max new tokens")
-    temperature, seed = real(temperature or 0.0, "temperature"), whole(seed or 0, "seed")
-    if temperature < 0:
-        raise BenchError(f"temperature must be >= 0 (0 = greedy), got {temperature:g}")
-    if not isinstance(schedules, (list, tuple)) or not all(isinstance(s, str) for s in schedules):
-        raise BenchError(f"schedules must be a list of schedule names, got {type(schedules).__name__}")
-    if block_size is not None and not isinstance(block_size, str):
-        raise BenchError(f"the block size must be text such as '8' or 'linear=8,quadratic=4', got "
-                         f"{type(block_size).__name__}")
+    limit = whole(limit, "prompts")
+    config = _checked_config(schedules, block_size, whole(max_new_tokens, "max new tokens"), temperature,
+                             whole(samples, "samples"), seed, resamples, order)
     if not 1 <= limit <= MAX_PROMPTS:
         raise BenchError(f"the app runs 1 to {MAX_PROMPTS} prompts; use python -m packed_ss.bench for more")
-    if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
-        raise BenchError(f"max new tokens must be in [1, {MAX_NEW_TOKENS}] here")
-    if not schedules:
-        raise BenchError("select at least one schedule")
-    unknown = [s for s in schedules if s not in ALL_SCHEDULES]
-    if unknown:
-        raise BenchError(f"unknown schedule {shown(unknown[0])}; choose from: {', '.join(ALL_SCHEDULES)}")
     if prompt_source not in (None, HUMANEVAL, UPLOAD):
         raise BenchError(f"the prompts come from {HUMANEVAL!r} or {UPLOAD!r}, got {shown(prompt_source)}")
-    default, overrides = parse_block_sizes(block_size or "8")
-    chosen = tuple(s for s in ALL_SCHEDULES if s in schedules)
-    config = BenchConfig(schedules=chosen, block_sizes=overrides, default_block_size=default,
-                         temperature=temperature, samples=samples, max_new_tokens=max_new_tokens,
-                         seed=seed, resamples=resamples, order=order)
-    if prompt_source == UPLOAD:
-        if not prompt_file:
-            raise BenchError("upload a JSONL file with a 'prompt' field on each line, or choose HumanEval")
-        source = Path(str(prompt_file)).name
-        try:
-            prompts = load_prompts(str(prompt_file), limit)
-        except BenchError as error:  # name the upload, not Gradio's temporary copy of it
-            raise BenchError(str(error).replace(str(prompt_file), source)) from None
-    else:
-        prompts, source = load_prompts("humaneval", limit), "humaneval"
-    try:
-        model = load_model(model_name)
-    except Exception as error:  # the loader's own message is the most useful one-liner
-        message = str(error).splitlines()[0] if str(error) else repr(error)
-        if not message.startswith(("cannot load model", "model ")):  # ModelLoadError already names the model
-            message = f"cannot load model {model_name!r}: {message}"
-        raise BenchError(message) from None
+    chosen = config.schedules
+    prompts, source = _prompts(prompt_source, prompt_file, limit)
+    model = _loaded(load_model, model_name)
     model = model.share() if hasattr(model, "share") else model  # own cache: other sessions keep theirs
     any_order_problem(model, config)  # schedules, order and temperature this model can run
     # The same worst cases as every other request (serve.limits), summed over the prompts and samples.
-    runs = samples if temperature > 0 else 1
+    runs = config.samples if config.temperature > 0 else 1
     base, sizes = config.decode_config(chosen[0], config.default_block_size, 0), {s: config.block_size(s) for s in chosen}
     lengths = [len(model.encode(p.text)) for p in prompts]
     any_order = bool(getattr(model, "any_order", False))
@@ -186,7 +153,7 @@ def run_small_benchmark(load_model: Callable[[str], object], model_name: str, pr
                              f"{max_rows:,} per request: use fewer prompts, schedules or new tokens, or a smaller B")
     meta = {"model": report_model_name(model_name), "model_sha256": model_fingerprint(model_name),
             "prompt_source": source, "limit": limit, "threads": _threads(), "origin": "app",
-            "any_order": bool(getattr(model, "any_order", False))}
+            "any_order": any_order}
     result = run_benchmark(model, prompts, config, progress, meta, turn=turn, between=between)
     if result.interrupted and result.examples.empty:
         raise BenchError("stopped at this server's time limit before any run finished: use fewer prompts, "
@@ -194,6 +161,54 @@ def run_small_benchmark(load_model: Callable[[str], object], model_name: str, pr
     paths = write_outputs(result, _fresh_folder())
     files = [str(paths[k]) for k in ("report", "examples", "summary_json", "summary_md", "probe") if k in paths]
     return summary_markdown(result.summary), figures(result.summary), files
+
+
+def _checked_config(schedules: list[str], block_size: str | None, max_new_tokens: int, temperature: float,
+                    samples: int, seed: int, resamples: int, order: str) -> BenchConfig:
+    """The benchmark's settings from the tab's values. Raises: BenchError, one line naming the value."""
+    temperature, seed = real(temperature or 0.0, "temperature"), whole(seed or 0, "seed")
+    if temperature < 0:
+        raise BenchError(f"temperature must be >= 0 (0 = greedy), got {temperature:g}")
+    if not isinstance(schedules, (list, tuple)) or not all(isinstance(s, str) for s in schedules):
+        raise BenchError(f"schedules must be a list of schedule names, got {type(schedules).__name__}")
+    if block_size is not None and not isinstance(block_size, str):
+        raise BenchError(f"the block size must be text such as '8' or 'linear=8,quadratic=4', got "
+                         f"{type(block_size).__name__}")
+    if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
+        raise BenchError(f"max new tokens must be in [1, {MAX_NEW_TOKENS}] here")
+    if not schedules:
+        raise BenchError("select at least one schedule")
+    unknown = [s for s in schedules if s not in ALL_SCHEDULES]
+    if unknown:
+        raise BenchError(f"unknown schedule {shown(unknown[0])}; choose from: {', '.join(ALL_SCHEDULES)}")
+    default, overrides = parse_block_sizes(block_size or "8")
+    return BenchConfig(schedules=tuple(s for s in ALL_SCHEDULES if s in schedules), block_sizes=overrides,
+                       default_block_size=default, temperature=temperature, samples=samples,
+                       max_new_tokens=max_new_tokens, seed=seed, resamples=resamples, order=order)
+
+
+def _prompts(prompt_source: str | None, prompt_file: str | None, limit: int) -> tuple[list, str]:
+    """(prompts, source name): the first ``limit`` of HumanEval's or of the upload. Raises: BenchError."""
+    if prompt_source != UPLOAD:
+        return load_prompts("humaneval", limit), "humaneval"
+    if not prompt_file:
+        raise BenchError("upload a JSONL file with a 'prompt' field on each line, or choose HumanEval")
+    source = Path(str(prompt_file)).name
+    try:
+        return load_prompts(str(prompt_file), limit), source
+    except BenchError as error:  # name the upload, not Gradio's temporary copy of it
+        raise BenchError(str(error).replace(str(prompt_file), source)) from None
+
+
+def _loaded(load_model: Callable[[str], object], model_name: str):
+    """``load_model(model_name)``, its failure as one BenchError line naming the model."""
+    try:
+        return load_model(model_name)
+    except Exception as error:  # the loader's own message is the most useful one-liner
+        message = str(error).splitlines()[0] if str(error) else repr(error)
+        if not message.startswith(("cannot load model", "model ")):  # ModelLoadError already names the model
+            message = f"cannot load model {model_name!r}: {message}"
+        raise BenchError(message) from None
 
 
 def _fresh_folder(keep_s: float = 3600.0) -> str:

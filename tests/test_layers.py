@@ -144,3 +144,27 @@ def test_the_scanner_sees_lazy_imports_and_layers(tmp_path):
     assert forbidden("packed_ss.sandbox.runner", "packed_ss.evals.task")  # the sandbox knows no task
     assert forbidden("packed_ss.sandbox.runner", "packed_ss.inputs") and not forbidden("packed_ss.sandbox", "packed_ss.sandbox.names")
     assert forbidden("packed_ss.bench.run", "packed_ss.evals.harness")
+
+
+MAX_FUNCTION_LINES = 80  # above the engine (serve, components, tabs, app.py): a function reads on one screen
+
+
+def long_functions(path: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """``file:line name (n lines)`` of every function or method in ``path`` longer than ``limit`` lines."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name}:{node.lineno} {node.name} "
+            f"({node.end_lineno - node.lineno + 1} lines)"
+            for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > limit]
+
+
+def test_no_function_above_the_engine_is_longer_than_a_screen():
+    files = [ROOT / "app.py", *(p for d in ("serve", "components", "tabs") for p in sorted((ROOT / d).rglob("*.py")))]
+    assert len(files) > 10
+    assert not [f for path in files for f in long_functions(path)]
+
+
+def test_the_length_check_counts_a_long_function(tmp_path):
+    path = tmp_path / "long.py"
+    path.write_text("def short():\n    pass\n\n\ndef long():\n" + "    x = 1\n" * 80, encoding="utf-8")
+    assert long_functions(path) == ["long.py:5 long (81 lines)"]
