@@ -1,9 +1,8 @@
 """Files a visitor sends or gets (uploads, the Benchmark tab's outputs, Step and Race downloads), tied to the session
 that made them.
 
-* :class:`SessionFiles` gives each session its own files: an upload is moved out of Gradio's shared upload folder
-  into a private folder of the first session that uses it (Gradio names an upload by its bytes, so two visitors who
-  upload the same file get one path; each upload is taken once, so neither is told of the other); an output (the
+* :class:`SessionFiles` gives each session its own files: an upload (each in a folder of its own,
+  :func:`own_paths`) is moved into a private folder of the first session that uses it; an output (the
   Benchmark tab's report, a Step or Race download, :mod:`serve.downloads`) is written to a folder of its own with a random name and registered to
   the session it was written for. Another session naming a copy or an output gets the same refusal as a path that
   does not exist, nothing is deleted on read, a session keeps at most
@@ -11,14 +10,19 @@ that made them.
   and its files are removed when the session ends. The Benchmark tab takes a file only from
   the session's own upload event (:meth:`SessionFiles.choose`), so its API endpoints take no file at all.
 * :class:`BoundUploads` (ASGI middleware) refuses an upload request of more than :data:`FILES_PER_UPLOAD` files, a
-  file part without a name, and uploads beyond the bytes all visitors and one address may upload within minutes.
+  file part without a name, and uploads beyond the bytes all visitors and one address may upload within minutes;
+  it gives every stored file a path of its own (Gradio names an upload by its bytes, so two visitors sending the
+  same file would share one path, and whether it was still there would tell one of the other).
 
 Messages name files as the visitor gave them (their own names), never by a server path.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import json
+import os
 import re
 import secrets
 import shutil
@@ -35,6 +39,7 @@ FILES_PER_SESSION = 8  # uploads and outputs one session keeps (the oldest are r
 FILES_PER_UPLOAD = 4  # files one upload request may carry
 UPLOAD_PATH = "/gradio_api/upload"
 MAX_UPLOAD_BYTES = 2 * 2**20  # one file (app.MAX_UPLOAD); a request may carry FILES_PER_UPLOAD of them
+UPLOAD_PREFIX = "upload-"  # the folder of its own each stored upload gets in Gradio's upload folder (own_paths)
 
 
 def upload_folder() -> Path:
@@ -85,11 +90,10 @@ class SessionFiles:
         """The file ``value`` names for ``session``: its own earlier upload or output, or a new upload (copied into
         the session's folder on first use). None when ``value`` names no file.
 
-        An upload in Gradio's folder is named by its bytes (the same bytes uploaded twice give one path), so it is
-        nobody's: the first session naming it gets it, moved into its own folder (Gradio's original is removed at
-        once, so that whether it is still there tells nobody that someone else uploaded the same bytes). Anything
-        else (another session's copy or output, any other server path, a path that does not exist, an upload
-        another session took) gets the same refusal: a visitor learns nothing of another's files.
+        An upload (a file in a folder :func:`own_paths` made for it alone) is taken by the first session naming
+        it: moved into that session's folder. Anything else (another session's copy or output, Gradio's
+        hash-named files, any other server path, a path that does not exist, an upload another session took) gets
+        the same refusal: a visitor learns nothing of another's files.
 
         Raises: UserError for a value that is no file, or one that is neither an upload nor the session's own; the
             message names the file by its own name.
@@ -114,6 +118,7 @@ class SessionFiles:
                 shutil.move(key, private)
             except OSError:
                 raise UserError(f"{name!r} is no longer on the server: upload it again") from None
+            Path(key).parent.rmdir()  # the upload's own folder (own_paths), empty now
             self._keep(session, key, private)
             return private
 
@@ -221,8 +226,9 @@ class SessionFiles:
             return None
 
     def _is_upload(self, path: Path) -> bool:
-        """Whether ``path`` is a visitor's upload in Gradio's folder (not an output :meth:`publish` wrote there)."""
-        return self.uploads in path.parents and not path.parent.name.startswith("out-")
+        """Whether ``path`` is a visitor's upload: a file in a folder of its own that :func:`own_paths` made in
+        Gradio's upload folder (not Gradio's hash-named original, not an output :meth:`publish` wrote there)."""
+        return path.parent.parent == self.uploads and path.parent.name.startswith(UPLOAD_PREFIX)
 
 
 def _is_file(path: str) -> bool:
@@ -251,16 +257,21 @@ class BoundUploads:
     within ``recent_s`` seconds (429: the disk holds unused uploads that long, so this bounds what they can fill).
 
     Only uploads Gradio stores count (its answer is 200): a refused one (a file over the size limit) costs nobody
-    anything, and one client's uploads leave the others' budget open."""
+    anything, and one client's uploads leave the others' budget open.
+
+    Each stored file is given a path of its own (:func:`own_paths`): Gradio names an upload by its bytes, so two
+    visitors sending the same file would otherwise share one path, and one's use of it would tell the other."""
 
     def __init__(self, app, max_files: int = FILES_PER_UPLOAD, max_file_bytes: int = MAX_UPLOAD_BYTES,
                  recent_bytes: int = RECENT_UPLOAD_BYTES, recent_s: float = RECENT_S,
-                 client_bytes: int = CLIENT_UPLOAD_BYTES):
+                 client_bytes: int = CLIENT_UPLOAD_BYTES, uploads: str | Path | None = None):
         self.app = app
         self.max_files = max_files
         self.max_bytes = max_files * max_file_bytes + 64 * 1024  # room for the parts' headers
         self.recent_bytes, self.recent_s, self.client_bytes = recent_bytes, recent_s, client_bytes
         self._recent: deque[list] = deque()  # [monotonic time, bytes, client] of the recent uploads
+        self._one_at_a_time = asyncio.Lock()
+        self.folder = uploads  # where uploads land (None: Gradio's, upload_folder())
 
     async def __call__(self, scope, receive, send):
         if scope.get("type") != "http" or scope.get("method") != "POST" or \
@@ -288,18 +299,24 @@ class BoundUploads:
                                              f"({self.client_bytes // 2**20} MB from one address): try again in a "
                                              f"few minutes"})
             return
-        stored = []
+        answer: list[dict] = []
 
-        async def noting(message):
-            if message.get("type") == "http.response.start":
-                stored.append(message.get("status") == 200)
-            await send(message)
+        async def keeping(message):
+            answer.append(message)
 
+        stored = False
         try:
-            await forward(self.app, scope, body, receive, noting)
+            async with self._one_at_a_time:  # Gradio's file and its own copies are made before the next upload
+                await forward(self.app, scope, body, receive, keeping)
+                start = next((m for m in answer if m.get("type") == "http.response.start"), {})
+                stored = start.get("status") == 200
+                if stored:
+                    answer = own_paths(answer, self.folder, _gradio_uploads(scope))
         finally:
-            if not (stored and stored[0]):  # refused or failed: it holds nothing on disk
+            if not stored:  # refused or failed: it holds nothing on disk
                 self._release(entry)
+        for message in answer:
+            await send(message)
 
     def _reserve(self, size: int, client: str) -> list | None:
         """Note ``size`` bytes from ``client`` when they fit in both budgets (their entry); None when not."""
@@ -319,6 +336,58 @@ class BoundUploads:
             self._recent.remove(entry)
         except ValueError:  # aged out meanwhile
             pass
+
+
+def own_paths(answer: list[dict], uploads: str | Path | None = None, known: set | None = None) -> list[dict]:
+    """Gradio's answer to an upload (its messages: a JSON list of the stored files' paths) with each file moved to a
+    folder of its own (``upload-<random>/<its name>``) and the answer naming those paths instead.
+
+    Gradio stores an upload at ``<its bytes' hash>/<its name>``, so the same bytes sent twice share one path; after
+    this, no two uploads do, and the hash-named file is gone (one request at a time: see :class:`BoundUploads`).
+    ``known``: Gradio's set of uploaded files (``blocks.upload_file_set``, which its ``delete_cache`` clears of files
+    older than its age), given the new paths in place of the old. An answer of another shape is returned unchanged."""
+    body = b"".join(m.get("body", b"") for m in answer if m.get("type") == "http.response.body")
+    try:
+        paths = json.loads(body)
+    except ValueError:
+        return answer
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        return answer
+    root = (Path(uploads) if uploads is not None else upload_folder()).resolve()
+    given, originals = [], set()
+    for path in paths:
+        original = Path(path).resolve()
+        if root not in original.parents or not original.is_file():
+            return answer
+        own = Path(tempfile.mkdtemp(prefix=UPLOAD_PREFIX, dir=root)) / original.name
+        try:
+            os.link(original, own)
+        except OSError:  # a file system without hard links
+            shutil.copyfile(original, own)
+        given.append(str(own))
+        originals.add(original)
+    if known is not None:
+        known.difference_update(paths)
+        known.update(given)
+    for original in originals:
+        original.unlink(missing_ok=True)
+        try:
+            original.parent.rmdir()
+        except OSError:  # not empty
+            pass
+    data = json.dumps(given).encode()
+    start = next(m for m in answer if m.get("type") == "http.response.start")
+    headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+    return [{**start, "headers": [*headers, (b"content-length", str(len(data)).encode())]},
+            {"type": "http.response.body", "body": data, "more_body": False}]
+
+
+def _gradio_uploads(scope) -> set | None:
+    """The running Gradio app's set of uploaded files (None outside one)."""
+    try:
+        return scope["app"].get_blocks().upload_file_set
+    except (KeyError, AttributeError, TypeError, ValueError):
+        return None
 
 
 FILENAME = re.compile(rb'(?:^|;)\s*filename\s*=\s*(?:"([^"]*)"|([^;\s]*))', re.IGNORECASE)

@@ -10,7 +10,7 @@ import pytest
 from helpers import serve
 
 from serve.errors import UserError
-from serve.uploads import FILES_PER_SESSION, SessionFiles
+from serve.uploads import FILES_PER_SESSION, SessionFiles, own_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 SUMMARY = ROOT / "docs" / "bench-humaneval" / "summary.json"
@@ -23,11 +23,26 @@ def folders(tmp_path):
     return uploads, SessionFiles(root=tmp_path / "sessions", uploads=uploads)
 
 
-def _uploaded(uploads: Path, name: str, text: str = "{}") -> str:
-    folder = uploads / f"sha-{name}"
-    folder.mkdir(exist_ok=True)  # the same bytes again: Gradio's same folder
+def _answer(paths: list[str]) -> list[dict]:
+    """Gradio's answer to an upload request, as ASGI messages."""
+    body = json.dumps(paths).encode()
+    return [{"type": "http.response.start", "status": 200,
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]},
+            {"type": "http.response.body", "body": body}]
+
+
+def _stored(uploads: Path, name: str, text: str) -> str:
+    """Where Gradio stores an upload: a folder named by its bytes (the same bytes again: the same path)."""
+    folder = uploads / f"sha-{name}-{len(text)}"
+    folder.mkdir(exist_ok=True)
     (folder / name).write_text(text)
     return str(folder / name)
+
+
+def _uploaded(uploads: Path, name: str, text: str = "{}") -> str:
+    """An upload as the server answers it: Gradio's stored file given a folder of its own (own_paths)."""
+    answer = own_paths(_answer([_stored(uploads, name, text)]), uploads)
+    return json.loads(answer[1]["body"])[0]
 
 
 # --- SessionFiles ----------------------------------------------------------------------------------------
@@ -43,24 +58,51 @@ def test_an_upload_becomes_its_sessions_own_and_is_never_deleted_on_read(folders
 
 
 def test_the_same_bytes_uploaded_by_two_visitors_tell_neither_of_the_other(folders):
-    """Gradio names an upload by its bytes: B uploading A's file gets A's path, and was refused as "belongs to
-    another visitor's session" (issue 35, item 3); later the original stayed while another session had used it, so
-    whether it was still there told B of A (issue 35 rerun, F2). An upload is taken by its first user now: moved
-    into that session's folder, the original gone, so each later upload of the same bytes is one's own."""
+    """Gradio names an upload by its bytes: B uploading A's file got A's path (issue 35, item 3), and when both
+    uploaded before either used it, the second to use it was told to upload again (issue 35, left open in session
+    18). Every upload has a path of its own now, whoever sent the same bytes and whenever they use them."""
     uploads, files = folders
-    path = _uploaded(uploads, "summary.json", '{"a": 1}')
-    mine = files.open("a", {"path": path})
-    assert mine.read_text() == '{"a": 1}' and not Path(path).exists()
-    assert files.open("a", {"path": path}) == mine  # named again by its session, after the original went
-    with pytest.raises(UserError, match="'summary.json' is not a file you uploaded in this session"):
-        files.open("b", {"path": path})  # the same answer as for a path that never existed
-    assert _uploaded(uploads, "summary.json", '{"a": 1}') == path  # B uploads the same bytes: the same path
-    theirs = files.open("b", {"path": path})
-    assert theirs != mine and theirs.read_text() == '{"a": 1}' and not Path(path).exists()
+    a, b = _uploaded(uploads, "summary.json", '{"a": 1}'), _uploaded(uploads, "summary.json", '{"a": 1}')
+    assert a != b and not list(uploads.glob("sha-*/*"))  # Gradio's shared original is gone
+    mine = files.open("a", {"path": a})
+    with pytest.raises(UserError, match="'summary.json' is not a file you uploaded in this session") as taken:
+        files.open("b", {"path": a})  # the same answer as for a path that never existed (below)
+    with pytest.raises(UserError) as never:
+        files.open("b", {"path": str(Path(a).parent / "other.json")})
+    assert str(taken.value).replace("summary.json", "x") == str(never.value).replace("other.json", "x")
+    theirs = files.open("b", {"path": b})  # A's use cost B nothing
+    assert mine != theirs and mine.read_text() == theirs.read_text() == '{"a": 1}'
+    assert not Path(a).parent.exists() and not Path(b).parent.exists()  # each upload's own folder went with it
     files.forget("a")
     assert not mine.exists() and theirs.is_file()  # B's upload is still B's
     files.forget("b")
     assert not theirs.exists()
+
+
+def test_gradios_hash_named_files_are_nobodys_upload(folders):
+    """Only the paths the server answered with are uploads: Gradio's hash-named file (which a visitor can compute
+    from bytes it knows) is refused like any other path."""
+    uploads, files = folders
+    original = _stored(uploads, "summary.json", "{}")
+    with pytest.raises(UserError, match="'summary.json' is not a file you uploaded in this session"):
+        files.open("a", {"path": original})
+    assert Path(original).is_file()
+
+
+def test_each_file_of_an_upload_answer_gets_a_folder_of_its_own(tmp_path):
+    uploads = tmp_path / "uploads"
+    uploads.mkdir()
+    same = _stored(uploads, "p.jsonl", "{}")
+    known = {same, "/elsewhere/kept"}
+    answer = own_paths(_answer([same, same]), uploads, known)  # one request carrying the same file twice
+    given = json.loads(answer[1]["body"])
+    assert len(set(given)) == 2 and all(Path(p).read_text() == "{}" for p in given)
+    assert all(Path(p).parent.parent == uploads.resolve() and Path(p).parent.name.startswith("upload-") for p in given)
+    assert dict(answer[0]["headers"])[b"content-length"] == str(len(answer[1]["body"])).encode()
+    assert not Path(same).exists() and known == {*given, "/elsewhere/kept"}  # Gradio's cache clean-up sees the new ones
+    for other in ([{"type": "http.response.start", "status": 200}, {"type": "http.response.body", "body": b"x"}],
+                  _answer(["/etc/passwd"]), _answer([str(uploads / "missing.json")])):
+        assert own_paths(other, uploads) == other  # not an answer naming stored uploads: unchanged
 
 
 def test_outputs_belong_to_the_session_they_were_written_for(folders, tmp_path):
@@ -327,21 +369,20 @@ def test_refused_uploads_leave_uploads_open(server):
 
 def test_the_same_upload_by_two_visitors_is_each_ones_own(server):
     """B uploading A's exact bytes under A's name got A's path and was told it "belongs to another visitor's
-    session" (issue 35, item 3)."""
+    session" (issue 35, item 3); when both uploaded before either used it, the second to use it was told to upload
+    again. Both upload first here, then both use their own."""
     from helpers import page_event
 
     data = SUMMARY.read_bytes()
-    paths = []
-    for visitor in ("visitor-c", "visitor-d"):
-        paths.append(_upload_file(server, "summary.json", data))
-        assert page_event(server, "chosen", [{"path": paths[-1], "meta": {"_type": "gradio.FileData"}}],
+    paths = {visitor: _upload_file(server, "summary.json", data) for visitor in ("visitor-c", "visitor-d")}
+    assert paths["visitor-c"] != paths["visitor-d"]
+    for visitor, path in paths.items():
+        assert page_event(server, "chosen", [{"path": path, "meta": {"_type": "gradio.FileData"}}],
                           session=visitor)[0] == "complete"
         assert page_event(server, "benchmark_show", [""], session=visitor)[1][0] == "Showing the uploaded summary.json."
-        # Taken by its first user: whether Gradio's original is still there tells nobody of another's upload.
-        assert not Path(paths[-1]).exists()
-    assert paths[0] == paths[1]  # Gradio names an upload by its bytes
-    # A third session naming that path is refused as for any path it did not upload (issue 35 rerun, F2).
-    kind, answer = page_event(server, "chosen", [{"path": paths[0], "meta": {"_type": "gradio.FileData"}}],
+        assert not Path(path).exists()  # taken into the session's own folder
+    # A third session naming either path is refused as for any path it did not upload (issue 35 rerun, F2).
+    kind, answer = page_event(server, "chosen", [{"path": paths["visitor-c"], "meta": {"_type": "gradio.FileData"}}],
                               session="visitor-e")
     assert kind == "error" or "not a file you uploaded in this session" in str(answer)
 
