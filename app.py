@@ -60,7 +60,8 @@ def launch_kwargs(demo: gr.Blocks | None = None) -> dict:
                   if f.fn is not None}  # an event that runs in the browser only has nothing to call on the server
         middleware.append(Middleware(FillApiDefaults, endpoints=endpoints, arity=arity,
                                      listeners=getattr(demo, "call_listeners", None), takes_files=takes_files,
-                                     events=events, queue=lambda: demo._queue))
+                                     events=events, queue=lambda: demo._queue,
+                                     component_server=any(getattr(b, "server_fns", None) for b in demo.blocks.values())))
     kwargs["app_kwargs"] = {"middleware": middleware}
     return kwargs
 

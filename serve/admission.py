@@ -1,7 +1,8 @@
 """Admission of heavy requests: light ones are always let in, heavy ones are bounded.
 
 A request is heavy when its predicted worst case (:func:`serve.limits.worst_case_seconds`) exceeds
-``light_s``. At most ``heavy_limit`` heavy requests compute at once and each visitor has at most one;
+``light_s``. At most ``heavy_limit`` heavy requests compute at once and each visitor (a client address,
+:meth:`serve.server.Server.admit`) has at most one;
 beyond that a heavy request is refused at once with a message (never queued behind the others), so a
 short request is answered within seconds whatever else runs: it waits only for a free queue slot and, at
 the compute gate, for the iteration in progress (the least work goes first).
@@ -44,8 +45,8 @@ class Admission:
         ticket = object()
         with self._lock:
             if visitor is not None and visitor in self._visitors:
-                raise UserError("you already have a heavy request running (a race or a long run): wait for it to "
-                                "finish, or make this one lighter")
+                raise UserError("you already have a heavy request running (a race or a long run, from this tab or "
+                                "another at your address): wait for it to finish, or make this one lighter")
             if len(self._running) >= self.heavy_limit:
                 lighter = (f", or lower {lower} (a request predicted under {self.light_s:g} s is served at once)"
                            if lower else "")

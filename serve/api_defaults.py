@@ -64,6 +64,7 @@ class CallListeners:
         self._read: set[str] = set()
         self._reading: dict[str, None] = {}  # sessions that opened their queue/data stream (oldest first)
         self._clients: dict[str, str] = {}  # event id -> the address it was sent from
+        self._sending: dict[str, int] = {}  # address -> its requests checked and not yet answered (hold)
         self._lock = threading.Lock()
 
     def posted(self, event_id: str, session: str | None = None, client: str = "") -> None:
@@ -80,11 +81,34 @@ class CallListeners:
 
     def queued(self, client: str, events) -> int:
         """Events sent from the address ``client`` that Gradio's queue still holds (``events``: its event ids, waiting
-        or running)."""
+        or running), and requests of ``client`` being sent (:meth:`hold`)."""
         with self._lock:
-            now = time.monotonic()
-            return sum(1 for event, who in self._clients.items() if who == client and event in events
-                       and now - self._posted.get(event, (now, None))[0] < QUEUED_S)
+            return self._queued(client, events)
+
+    def hold(self, client: str, events, limit: int) -> int | None:
+        """Hold a place for one more request of ``client`` when it has fewer than ``limit`` (:meth:`queued`):
+        None, and :meth:`arrived` gives the place back once the request is answered; else its count."""
+        with self._lock:
+            mine = self._queued(client, events)
+            if mine >= limit:
+                return mine
+            self._sending[client] = self._sending.get(client, 0) + 1
+            return None
+
+    def arrived(self, client: str) -> None:
+        """A request :meth:`hold` held a place for is answered: its event (if any) now counts as queued."""
+        with self._lock:
+            left = self._sending.get(client, 0) - 1
+            if left > 0:
+                self._sending[client] = left
+            else:
+                self._sending.pop(client, None)
+
+    def _queued(self, client: str, events) -> int:
+        now = time.monotonic()
+        return self._sending.get(client, 0) + sum(
+            1 for event, who in self._clients.items() if who == client and event in events
+            and now - self._posted.get(event, (now, None))[0] < QUEUED_S)
 
     def read(self, event_id: str) -> None:
         """Somebody opened the result stream of the raw call ``event_id``."""
@@ -145,6 +169,11 @@ DIRECT_PREFIXES = ("/gradio_api/run/", "/gradio_api/api/")  # Gradio's direct (u
 # unqueued events post to run/predict with an fn_index; the queued events refuse them (the queue's api_open is off)
 PER_CLIENT_EVENTS = 8  # events one client address may have waiting or running in the queue at once
 QUEUED_S = 900.0  # an event counted that long at most (should Gradio's queue fail to let a finished one go)
+COMPONENT_SERVER_PATH = "/gradio_api/component_server"  # a component's own server functions (none on this page)
+UPLOAD_ROUTE = "/upload"  # multipart: its own middleware (serve.uploads.BoundUploads) reads it
+PATH_SESSION_ROUTES = ("heartbeat", "stream")  # GET /gradio_api/<route>/<session_hash>/...
+NO_SESSION_HASH = (f"session_hash: 1 to {MAX_ID_CHARS} printable ASCII characters without spaces that name the "
+                   f"client's session")
 
 
 class FillApiDefaults:
@@ -164,12 +193,15 @@ class FillApiDefaults:
         events: ``{fn_index: number of inputs}`` of every event of the page (None: not checked).
         queue: ``() -> Gradio's queue`` (``blocks._queue``), to tell whether a result stream has anything to
             send (None: not checked).
+        component_server: whether a component of the page has server functions (else that route answers 404).
     """
 
     def __init__(self, app, endpoints: dict[str, list[tuple[str, object]]], arity: dict[str, int] | None = None,
                  listeners: CallListeners | None = None, takes_files: set | None = None,
-                 events: dict[int, int] | None = None, queue: Callable[[], object] | None = None):
+                 events: dict[int, int] | None = None, queue: Callable[[], object] | None = None,
+                 component_server: bool = True):
         self.app = app
+        self.component_server = component_server
         self.endpoints = endpoints
         self.arity = arity
         self.listeners = listeners
@@ -179,6 +211,14 @@ class FillApiDefaults:
 
     async def __call__(self, scope, receive, send):
         path = scope.get("path", "") if scope.get("type") == "http" else ""
+        if path.startswith("/gradio_api/"):
+            problem = id_problem(path, scope.get("query_string", b""))
+            if problem is not None:
+                await reply(send, 422, {"error": problem})
+                return
+            if path.rstrip("/") == COMPONENT_SERVER_PATH and not self.component_server:
+                await reply(send, 404, {"error": "no component of this page answers server calls"})
+                return
         if scope.get("method") == "POST" and path.rstrip("/") == JOIN_PATH and self.takes_files is not None:
             await self._check_join(scope, receive, send)
             return
@@ -200,6 +240,10 @@ class FillApiDefaults:
         if scope.get("method") == "POST" and direct is not None and self.events is not None:
             await self._check_direct(direct, scope, receive, send)
             return
+        if scope.get("method") == "POST" and not endpoint and path.startswith("/gradio_api/") and \
+                not path.rstrip("/").endswith(UPLOAD_ROUTE):
+            await self._check_session_field(scope, receive, send)  # cancel, reset, the other routes' bodies
+            return
         if scope.get("method") != "POST" or not endpoint:
             await self.app(scope, receive, send)
             return
@@ -213,6 +257,14 @@ class FillApiDefaults:
             return
         if self.listeners is not None:
             send = self._noting_event_ids(send, None, client_of(scope))
+        try:
+            await self._check_call(endpoint, keywords, scope, receive, send)
+        finally:
+            self._arrived(scope)
+
+    async def _check_call(self, endpoint: str, keywords: bool, scope, receive, send) -> None:
+        """A raw ``POST /gradio_api/call/<endpoint>``: checked, padded with the documented defaults and passed on,
+        or answered in one line (see the class docstring)."""
         if self.arity is not None and endpoint not in self.arity and endpoint not in self.endpoints:
             await reply(send, 404, {"error": f"/{endpoint}: no such endpoint; the documented ones are "
                                               f"{', '.join('/' + name for name in self.endpoints)}"})
@@ -231,6 +283,9 @@ class FillApiDefaults:
         if too_deep or (payload is not None and nesting(payload) > MAX_DEPTH):
             await reply(send, 422, {"error": f"/{endpoint}: the request body nests lists or objects more than "
                                               f"{MAX_DEPTH} deep; the values are numbers, text and short lists"})
+            return
+        if isinstance(payload, dict) and "session_hash" in payload and not is_session_hash(payload["session_hash"]):
+            await reply(send, 422, {"error": f"/{endpoint}: {NO_SESSION_HASH}"})
             return
         if self.takes_files is not None and endpoint not in self.takes_files and holds_file(payload):
             await reply(send, 422, {"error": no_files(f"/{endpoint}")})
@@ -262,14 +317,18 @@ class FillApiDefaults:
         if read is None:
             return
         body, payload = read
-        crowded = self._crowded(scope)
-        problem = self.event_problem(payload) or ((429, crowded) if crowded else None)
+        problem = self.event_problem(payload)
+        crowded = self._crowded(scope) if problem is None else None
+        problem = problem or ((429, crowded) if crowded else None)
         if problem is not None:
             await reply(send, problem[0], {"error": problem[1]})
             return
         if self.listeners is not None:
             send = self._noting_event_ids(send, payload["session_hash"], client_of(scope))
-        await forward(self.app, scope, body, receive, send)
+        try:
+            await forward(self.app, scope, body, receive, send)
+        finally:
+            self._arrived(scope)
 
     async def _event_body(self, receive, send) -> tuple[bytes, dict] | None:
         """The body of an event's POST and its JSON object; None once it is answered (413, or 422: no object)."""
@@ -292,8 +351,7 @@ class FillApiDefaults:
         values than the event takes. None when they can."""
         index, data = payload.get("fn_index"), payload.get("data")
         if not is_session_hash(payload.get("session_hash")):
-            return 422, (f"an event needs a session_hash: 1 to {MAX_ID_CHARS} printable ASCII characters without "
-                         f"spaces that name the client's session")
+            return 422, f"an event needs a {NO_SESSION_HASH}"
         if self.events is not None and (not isinstance(index, int) or isinstance(index, bool)
                                         or index not in self.events):
             return 404, self.no_event(index)
@@ -311,17 +369,24 @@ class FillApiDefaults:
         return f"no event {shown(index, 40)}: the page's events are {min(self.events)} to {max(self.events)}"
 
     def _crowded(self, scope) -> str | None:
-        """Why this client may not queue another event now (it has :data:`PER_CLIENT_EVENTS` waiting or running),
-        or None."""
+        """Why this client may not queue another event now (it has :data:`PER_CLIENT_EVENTS` waiting, running or
+        being sent), or None: then a place is held for it until :meth:`_arrived` (checked and held at once, so
+        that a burst of requests sent together cannot all pass the check before any is queued)."""
         queue = self.queue() if self.queue is not None else None
         events = getattr(queue, "event_ids_to_events", None)
         if self.listeners is None or events is None:
             return None
-        mine = self.listeners.queued(client_of(scope), events)
-        if mine < PER_CLIENT_EVENTS:
+        mine = self.listeners.hold(client_of(scope), events, PER_CLIENT_EVENTS)
+        if mine is None:
             return None
         return (f"{mine} requests from your address are waiting or running: let them finish (or cancel them) "
                 f"before sending more")
+
+    def _arrived(self, scope) -> None:
+        """The request :meth:`_crowded` held a place for has been answered (its event, if any, is noted)."""
+        if self.listeners is not None and self.queue is not None and \
+                getattr(self.queue(), "event_ids_to_events", None) is not None:
+            self.listeners.arrived(client_of(scope))
 
     async def _check_direct(self, name: str, scope, receive, send) -> None:
         """A POST to Gradio's direct routes (``run/<name>``, ``api/<name>``): the page's unqueued events send their
@@ -343,6 +408,22 @@ class FillApiDefaults:
             await reply(send, problem[0], {"error": problem[1]})
             return
         await forward(self.app, scope, body, receive, refusals_as_422(send))
+
+    async def _check_session_field(self, scope, receive, send) -> None:
+        """Any other POST of Gradio's routes (``cancel``, ``reset``, ...): a ``session_hash`` in its JSON body must
+        be one Gradio could have made (422 otherwise); the body is handed on as it came."""
+        body = await read_body(receive, MAX_BODY_BYTES)
+        if body is None:
+            await reply(send, 413, {"error": f"request body over {MAX_BODY_BYTES:,} bytes"})
+            return
+        try:
+            payload = json.loads(body)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            payload = None
+        if isinstance(payload, dict) and "session_hash" in payload and not is_session_hash(payload["session_hash"]):
+            await reply(send, 422, {"error": f"{scope.get('path', '')[len('/gradio_api'):]}: {NO_SESSION_HASH}"})
+            return
+        await forward(self.app, scope, body, receive, send)
 
     async def _check_keywords(self, endpoint: str, payload, body: bytes, scope, receive, send) -> None:
         """Gradio's keyword form (``POST /gradio_api/call/v2/<name>`` with ``{"param": value, ...}``): documented
@@ -425,6 +506,19 @@ class FillApiDefaults:
                                               f"defaults), got {got}"})
             return
         await forward(self.app, scope, body, receive, send)
+
+
+def id_problem(path: str, query: bytes) -> str | None:
+    """Why a request's session hash (in its query string's ``session_hash``, or in the path of a ``heartbeat`` or
+    a stream's GET) is none Gradio could have made, or None. Gradio hands them to its analytics and to httpx, which
+    fail on a lone surrogate or a NUL and took later events down with them (issue 35, N1)."""
+    hashes = parse_qs(query.decode("latin-1"), keep_blank_values=True).get("session_hash", [])
+    parts = path.split("/")  # "", "gradio_api", route, ... (the ASGI path is decoded already)
+    if len(parts) > 3 and parts[2] in PATH_SESSION_ROUTES:
+        hashes.append(parts[3])
+    if all(is_session_hash(h) for h in hashes):
+        return None
+    return f"/{parts[2] if len(parts) > 2 else ''}: {NO_SESSION_HASH}"
 
 
 def is_session_hash(value) -> bool:

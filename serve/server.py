@@ -80,8 +80,10 @@ class Server:
 
     def admit(self, request, lower: str | None = "the new-token limit or the prompt length") -> Callable:
         """``predicted seconds -> context manager``: this request's heavy slot (:class:`Admission`); ``lower``
-        names the settings of the asking tab that make a request lighter."""
-        visitor = getattr(request, "session_hash", None)
+        names the settings of the asking tab that make a request lighter. One heavy request per client address
+        (session hashes cost nothing, so one address could otherwise hold every slot); per session where a
+        request has no address (a direct Python call)."""
+        visitor = client_address(request) or getattr(request, "session_hash", None)
         return lambda seconds: self.admission.admit(visitor, seconds, lower)
 
     def alive(self, request) -> Callable[[], bool] | None:

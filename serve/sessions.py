@@ -2,7 +2,8 @@
 
 A step-through run holds its records and its own KV cache (about 20 MB for a 1,500-token prompt on the
 embedded model), so the number of sessions alone does not bound memory: at most ``max_runs`` sessions
-keep a run (the least recently used one's run is dropped first, and its owner is told on the next Step),
+keep a run, at most ``runs_per_client`` of one client address (its own least recently used run is dropped
+first, and its owner is told on the next Step),
 and sessions idle for ``idle_s`` seconds are forgotten. Freed memory is handed back to the system.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -22,6 +23,7 @@ MAX_SESSIONS = 64  # sessions that hold nothing remembered at once (least recent
 MAX_HELD = 256  # sessions remembered at once, those holding files or results included
 MAX_HELD_PER_CLIENT = 16  # sessions holding something that one client address keeps at once
 MAX_RUNS = 16  # sessions that keep a step-through run at once
+MAX_RUNS_PER_CLIENT = 4  # of those, sessions of one client address
 IDLE_S = 900.0  # seconds after which an unused session is forgotten
 
 
@@ -57,8 +59,10 @@ class Sessions:
 
     def __init__(self, capacity: int = MAX_SESSIONS, max_runs: int = MAX_RUNS, idle_s: float = IDLE_S,
                  on_forget: Callable[[str], None] | None = None, holds: Callable[[str], bool] | None = None,
-                 held: int = MAX_HELD, per_client: int = MAX_HELD_PER_CLIENT):
+                 held: int = MAX_HELD, per_client: int = MAX_HELD_PER_CLIENT,
+                 runs_per_client: int = MAX_RUNS_PER_CLIENT):
         self.capacity = capacity
+        self.runs_per_client = runs_per_client
         self.per_client = per_client
         self.max_runs = max_runs
         self.idle_s = idle_s
@@ -113,12 +117,23 @@ class Sessions:
                 self.on_forget(key)
 
     def hold_run(self, session: UserSession, run: StepRun) -> None:
-        """Give ``session`` its new step-through run; beyond ``max_runs`` runs, drop the runs of the least
-        recently used other sessions (they are told on their next Step)."""
+        """Give ``session`` its new step-through run. Beyond ``runs_per_client`` runs from its address, that
+        address's least recently used other runs are dropped; beyond ``max_runs`` in all, the least recently used
+        run of the address holding the most (so one address opening session after session drops its own runs, not
+        another visitor's). Their sessions are told on their next Step."""
         session.step, session.run_dropped = run, False
         with self._lock:
-            holders = [s for s in self._data.values() if s.step is not None and s is not session]
-            surplus = holders[:max(0, len(holders) + 1 - self.max_runs)]  # oldest first (the dict's order)
+            holders = [s for s in self._data.values() if s.step is not None and s is not session]  # oldest first
+            own = [s for s in holders if s.client == session.client]
+            surplus = own[:max(0, len(own) + 1 - self.runs_per_client)]
+            holders = [s for s in holders if s not in surplus]
+            while len(holders) + 1 > self.max_runs:
+                counts = Counter(s.client for s in holders)
+                counts[session.client] += 1
+                most = max(counts.values())
+                victim = next(s for s in holders if counts[s.client] == most)
+                holders.remove(victim)
+                surplus.append(victim)
             for other in surplus:
                 other.step, other.plot_key, other.playing, other.run_dropped = None, None, False, True
         if surplus:

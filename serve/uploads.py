@@ -23,7 +23,6 @@ import asyncio
 import itertools
 import json
 import os
-import re
 import secrets
 import shutil
 import tempfile
@@ -283,14 +282,17 @@ class BoundUploads:
             await reply(send, 413, {"error": f"an upload may carry at most {self.max_files} files of "
                                               f"{MAX_UPLOAD_BYTES // 2**20} MB"})
             return
-        boundary = _boundary(scope)
-        parts = body.count(b"--" + boundary) - 1 if boundary else 0
+        boundary, why = boundary_of(scope)
+        if boundary is None:
+            await reply(send, 400, {"error": why})
+            return
+        parts = body.count(b"--" + boundary) - 1
         if parts > self.max_files:
             await reply(send, 413, {"error": f"an upload may carry at most {self.max_files} files, got {parts}"})
             return
-        if boundary and unnamed_part(body, boundary):
-            await reply(send, 400, {"error": "an uploaded file has no name: send each file with its file name "
-                                             "(filename=\"...\")"})
+        if unnamed_part(body, boundary):
+            await reply(send, 400, {"error": "an uploaded file has no name: send each file as a part named "
+                                             "\"files\" with its file name (name=\"files\"; filename=\"...\")"})
             return
         client = client_of(scope)
         entry = self._reserve(len(body), client)
@@ -390,29 +392,37 @@ def _gradio_uploads(scope) -> set | None:
         return None
 
 
-FILENAME = re.compile(rb'(?:^|;)\s*filename\s*=\s*(?:"([^"]*)"|([^;\s]*))', re.IGNORECASE)
+MAX_BOUNDARY = 256  # the longest multipart boundary Gradio's parser (python-multipart) takes
 
 
 def unnamed_part(body: bytes, boundary: bytes) -> bool:
-    """Whether a part of a multipart ``body`` has no plain file name: none given, an empty one (``filename=""``),
-    or only the extended form (``filename*=``); Gradio's upload route fails on each with a server error."""
+    """Whether a part of a multipart ``body`` has no plain file name (none given, an empty one, or only the extended
+    form ``filename*=``) or no field name: Gradio's upload route fails on each with a server error. Headers are
+    read with python-multipart's own ``parse_options_header``, as Gradio reads them."""
+    from python_multipart.multipart import parse_options_header
+
     for part in body.split(b"--" + boundary)[1:]:
         headers = part.split(b"\r\n\r\n", 1)[0]
         if headers.strip() in (b"--", b""):  # the closing delimiter
             continue
-        disposition = next((line for line in headers.split(b"\r\n")
+        disposition = next((line.split(b":", 1)[-1] for line in headers.split(b"\r\n")
                             if line.lower().startswith(b"content-disposition")), b"")
-        found = FILENAME.search(disposition.split(b":", 1)[-1])
-        if found is None or not (found.group(1) or found.group(2)) or b"filename*" in disposition.lower():
+        _, options = parse_options_header(disposition.strip())
+        if not options.get(b"filename") or not options.get(b"name"):
             return True
     return False
 
 
-def _boundary(scope) -> bytes | None:
-    """The multipart boundary of a request's Content-Type header (None: not multipart); the parameter's name in any
-    case, its value as given."""
-    for key, value in scope.get("headers", []):
-        at = value.lower().find(b"boundary=")
-        if key.lower() == b"content-type" and at >= 0:
-            return value[at + len(b"boundary="):].split(b";", 1)[0].strip().strip(b'"')
-    return None
+def boundary_of(scope) -> tuple[bytes | None, str | None]:
+    """(the multipart boundary of a request, None) or (None, why there is none usable): the first Content-Type
+    header parsed as Gradio parses it (python-multipart's ``parse_options_header``)."""
+    from python_multipart.multipart import parse_options_header
+
+    header = next((value for key, value in scope.get("headers", []) if key.lower() == b"content-type"), b"")
+    kind, options = parse_options_header(header)
+    if kind != b"multipart/form-data":
+        return None, "an upload is sent as multipart/form-data"
+    boundary = options.get(b"boundary", b"")
+    if not boundary or len(boundary) > MAX_BOUNDARY:
+        return None, f"an upload's Content-Type needs a multipart boundary of 1 to {MAX_BOUNDARY} characters"
+    return boundary, None

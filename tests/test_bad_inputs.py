@@ -409,6 +409,12 @@ def test_a_known_call_still_streams_its_result(server):
     ("/gradio_api/queue/join", '{"data": [], "fn_index": [4], "session_hash": "abc123def45"}', 404, "no event [4]"),
     ("/gradio_api/queue/join", '{"data": [0], "fn_index": 0, "session_hash": ""}', 422, "needs a session_hash"),
     ("/gradio_api/queue/join", '{"data": [0], "fn_index": 0}', 422, "needs a session_hash"),
+    # a lone surrogate in a raw call's body poisoned Gradio's analytics for everyone (second recheck, session 19)
+    ("/gradio_api/call/generate", '{"data": ["x"], "session_hash": "\\ud800"}', 422, "/generate: session_hash: 1 to"),
+    ("/gradio_api/call/v2/generate", '{"prompt": "x", "session_hash": 5}', 422, "/generate: session_hash: 1 to"),
+    ("/gradio_api/cancel", '{"session_hash": "\\ud800", "fn_index": 0, "event_id": "x"}', 422, "/cancel: session_hash"),
+    ("/gradio_api/component_server", '{"data": 1, "component_id": 99999, "session_hash": "x", "fn_name": "y"}', 404,
+     "no component of this page answers server calls"),
 ])
 def test_every_route_past_the_defaults_answers_a_bad_request_in_one_line(server, capfd, path, body, status, message):
     """Gradio's keyword form (call/v2), its direct routes (run/, api/) and odd queue joins answered HTTP 500 with a
@@ -418,6 +424,21 @@ def test_every_route_past_the_defaults_answers_a_bad_request_in_one_line(server,
     capfd.readouterr()
     code, text = _raw(server, "POST", path, body)
     assert code == status and message in json.loads(text)["error"], text[:300]
+    assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("path", ["/gradio_api/heartbeat/%00", "/gradio_api/heartbeat/" + "a" * 5000,
+                                  "/gradio_api/heartbeat/%C3%A9", "/gradio_api/heartbeat/a%20b",
+                                  "/gradio_api/stream/%00/0/1/playlist.m3u8", "/gradio_api/queue/data?session_hash=%00",
+                                  "/gradio_api/deep_link?session_hash=%ED%A0%80"])
+def test_a_session_hash_in_a_path_or_query_is_checked_on_every_route(server, capfd, path):
+    """A heartbeat for a NUL session logged about 100 lines of tracebacks (httpx.InvalidURL) and ran no unload;
+    spaces, accents and 5,000 characters were taken (second recheck, session 19)."""
+    import json
+
+    capfd.readouterr()
+    code, text = _raw(server, "GET", path)
+    assert code == 422 and "session_hash: 1 to 256 printable ASCII characters" in json.loads(text)["error"], text
     assert "Traceback" not in capfd.readouterr().err
 
 
@@ -475,6 +496,57 @@ def test_one_address_cannot_fill_the_queue():
     assert join("198.51.100.7") == 200  # another visitor still gets in
     Queue.event_ids_to_events.clear()  # the first address's events are done
     assert join("203.0.113.9") == 200
+
+
+def test_a_burst_from_one_address_is_counted_as_it_arrives():
+    """30 joins sent together from one address were all accepted (the count saw only events already answered) and
+    filled the queue (second recheck, session 19): a place is now held from the check to the answer."""
+    import asyncio
+    import itertools
+    import json
+
+    from serve.api_defaults import PER_CLIENT_EVENTS, CallListeners, FillApiDefaults
+
+    numbers = itertools.count()
+
+    class Queue:
+        event_ids_to_events = {}
+
+    async def gradio(scope, receive, send):  # Gradio's join takes a while to answer
+        await asyncio.sleep(0.05)
+        event = f"e{next(numbers)}"
+        Queue.event_ids_to_events[event] = object()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": json.dumps({"event_id": event}).encode()})
+
+    listeners = CallListeners()
+    app = FillApiDefaults(gradio, endpoints={}, listeners=listeners, takes_files=set(), events={0: 1},
+                          queue=lambda: Queue)
+
+    async def join(address: str, route: str = "queue/join") -> int:
+        body = json.dumps({"data": [1], "fn_index": 0, "session_hash": f"s{next(numbers)}"}).encode()
+        answers = []
+
+        async def receive():
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async def send(message):
+            answers.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": f"/gradio_api/{route}", "headers": [],
+                 "client": (address, 5000)}
+        await app(scope, receive, send)
+        return answers[0]["status"]
+
+    async def burst():
+        return await asyncio.gather(*(join("203.0.113.9") for _ in range(30)), join("198.51.100.7"))
+
+    statuses = asyncio.run(burst())
+    assert statuses[:30].count(200) == PER_CLIENT_EVENTS and statuses[:30].count(429) == 30 - PER_CLIENT_EVENTS
+    assert statuses[30] == 200  # another address is not affected
+    assert listeners.queued("203.0.113.9", Queue.event_ids_to_events) == PER_CLIENT_EVENTS  # no place left held
+    Queue.event_ids_to_events.clear()
+    assert asyncio.run(join("203.0.113.9")) == 200
 
 
 def _event(server: str, api_name: str) -> int:

@@ -136,3 +136,23 @@ def test_idle_and_surplus_sessions_are_forgotten_and_runs_bounded():
     for session in (a, b, c):
         sessions.hold_run(session, object())
     assert sessions.runs_held() == 2 and a.step is None and a.run_dropped and c.step is not None
+
+
+def test_one_addresss_runs_never_drop_another_visitors_run():
+    """A victim stepped to iteration 3; one address then sent a Step from each of 17 sessions, and the victim's
+    next Step started over (second recheck of issue 35, session 19)."""
+    from serve.sessions import MAX_RUNS, MAX_RUNS_PER_CLIENT, Sessions
+
+    sessions = Sessions()
+    victim = sessions.get("victim", "198.51.100.7")
+    sessions.hold_run(victim, object())
+    flood = [sessions.get(f"flood-{n}", "203.0.113.9") for n in range(MAX_RUNS + 1)]
+    for session in flood:
+        sessions.hold_run(session, object())
+    assert victim.step is not None and not victim.run_dropped
+    assert sum(s.step is not None for s in flood) == MAX_RUNS_PER_CLIENT and flood[-1].step is not None
+    # Many addresses at their share: the total stays bounded, the address holding the most gives way first.
+    others = [sessions.get(f"v{n}", f"192.0.2.{n}") for n in range(MAX_RUNS)]
+    for session in others:
+        sessions.hold_run(session, object())
+    assert sessions.runs_held() == MAX_RUNS and sum(s.step is not None for s in flood) < MAX_RUNS_PER_CLIENT

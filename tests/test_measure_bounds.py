@@ -61,3 +61,20 @@ def test_measure_is_admitted_as_a_heavy_request(server):
     assert "you already have a heavy request running" in outputs[1]
     outputs = handlers.on_measure(RequestValues(prompt="w1 w2 w3"), Visitor("busy"))  # its race ended
     assert "pss-error" not in str(outputs[1])
+
+
+def test_one_heavy_request_per_address_whatever_its_session_hashes(server):
+    """Two races sent at once from one address, under two session hashes, took both heavy slots and every other
+    visitor's race was refused as busy (second recheck of issue 35, session 19)."""
+    from types import SimpleNamespace
+
+    def visitor(session: str, address: str):
+        return SimpleNamespace(session_hash=session, client=SimpleNamespace(host=address))
+
+    with server.admit(visitor("tab-1", "203.0.113.9"))(1e9):
+        with pytest.raises(UserError, match="you already have a heavy request running"):
+            with server.admit(visitor("tab-2", "203.0.113.9"))(1e9):
+                pass
+        with server.admit(visitor("other", "198.51.100.7"))(1e9):  # another address still gets the second slot
+            assert server.admission.heavy_running == 2
+    assert server.admission.heavy_running == 0

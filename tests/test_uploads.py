@@ -186,10 +186,14 @@ def test_one_addresss_sessions_never_push_out_another_addresss_visitor():
     (b"form-data; name=\"files\"; filename*=UTF-8''", b"multipart/form-data; boundary=b0"),
     (b'form-data; name="files"', b"multipart/form-data; boundary=b0"),
     (b'form-data; name="files"; filename=""', b"multipart/form-data; BOUNDARY=b0"),
+    (b'form-data; name="files"', b"multipart/form-data; xboundary=zzz; boundary=b0"),  # second recheck (session 19)
+    (b'form-data; name="files"', b"multipart/form-data; boundary = b0"),
+    (b'form-data; filename="a.jsonl"', b"multipart/form-data; boundary=b0"),  # no field name
 ])
 def test_an_upload_part_without_a_file_name_is_one_line(server, capfd, disposition, content_type):
     """An empty file name gave HTTP 500 and a traceback (issue 35's hostile rerun, F3), then its variants did
-    (no file name, only the extended form, spaces around the =, an uppercase BOUNDARY)."""
+    (no file name, only the extended form, spaces around the =, an uppercase BOUNDARY, a parameter ending in
+    "boundary" before the boundary: the header is now read with python-multipart's parser, as Gradio reads it)."""
     host, port = server.split("//")[1].strip("/").split(":")
     body = (b"--b0\r\nContent-Disposition: " + disposition + b"\r\n"
             b"Content-Type: application/octet-stream\r\n\r\n0123456789\r\n--b0--\r\n")
@@ -198,7 +202,28 @@ def test_an_upload_part_without_a_file_name_is_one_line(server, capfd, dispositi
     conn.request("POST", "/gradio_api/upload", body, {"Content-Type": content_type.decode()})
     answer = conn.getresponse()
     assert answer.status == 400 and json.loads(answer.read())["error"].startswith(
-        "an uploaded file has no name: send each file with its file name")
+        "an uploaded file has no name: send each file as a part named \"files\" with its file name")
+    assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("content_type, status, message", [
+    ("multipart/form-data; boundary=", 400, "needs a multipart boundary of 1 to 256 characters"),
+    ("multipart/form-data; boundary=" + "b" * 300, 400, "needs a multipart boundary of 1 to 256 characters"),
+    ("multipart/form-data", 400, "needs a multipart boundary"),
+    ("application/json", 400, "an upload is sent as multipart/form-data"),
+    ("multipart/form-data; xboundary=zzz; boundary=b0", 413, "at most 4 files, got 6"),  # 6 named files got stored
+])
+def test_an_upload_with_an_odd_boundary_is_one_line(server, capfd, content_type, status, message):
+    """Gradio answered 500 for an empty or 300-character boundary, and stored 6 files past the limit of 4 when a
+    parameter ending in "boundary" came first (second hostile recheck, session 19)."""
+    host, port = server.split("//")[1].strip("/").split(":")
+    body = b"".join(b"--b0\r\nContent-Disposition: form-data; name=\"files\"; filename=\"p%d.jsonl\"\r\n\r\n{}\r\n" % n
+                    for n in range(6)) + b"--b0--\r\n"
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    capfd.readouterr()
+    conn.request("POST", "/gradio_api/upload", body, {"Content-Type": content_type})
+    answer = conn.getresponse()
+    assert answer.status == status and message in json.loads(answer.read())["error"]
     assert "Traceback" not in capfd.readouterr().err
 
 
