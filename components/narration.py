@@ -154,7 +154,7 @@ def narrate(record: IterationRecord, schedule: str, strings: TokenStrings, promp
         text += _verdict(record, strings) + " Linear-SS needs both calls every iteration: drafting waits for the prefix."
     elif schedule == "quadratic":
         text = ("One call verified the draft and, in the same call, drafted one branch for every possible h "
-                f"(B branches). ") + _verdict(record, strings)
+                "(B branches). ") + _verdict(record, strings)
         text += f" Branch h = {record.h} was selected by this verification." + _next_draft(record, strings)
     elif schedule == "partial":
         hs = ", ".join(map(str, record.branches)) or "none"

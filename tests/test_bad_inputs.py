@@ -157,7 +157,7 @@ def test_a_raw_step_with_a_wrong_type_gets_one_line_and_the_log_one_line(server,
 
     assert code == 200 and kind == "complete" and message in html.unescape(data[-1]), text[:400]
     log = capfd.readouterr().err
-    assert f"refused /step: " in log and message in log and "Traceback" not in log
+    assert "refused /step: " in log and message in log and "Traceback" not in log
     code, text = _call(server, "step", STEP_VALUES)  # the session still steps
     assert stream_result(text)[0] == "complete"
 
