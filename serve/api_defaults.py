@@ -518,7 +518,8 @@ def id_problem(path: str, query: bytes) -> str | None:
         hashes.append(parts[3])
     if all(is_session_hash(h) for h in hashes):
         return None
-    return f"/{parts[2] if len(parts) > 2 else ''}: {NO_SESSION_HASH}"
+    route = parts[2] if parts[2] in PATH_SESSION_ROUTES else "/".join(parts[2:4])  # never the hash itself
+    return f"/{route}: {NO_SESSION_HASH}"
 
 
 def is_session_hash(value) -> bool:
