@@ -94,15 +94,15 @@ def test_short_requests_are_answered_within_seconds_while_heavy_races_run():
         Client(url, verbose=False).predict("def f(x):\n", max_new_tokens=2, api_name="/generate")  # loads
         outcomes: list[str] = []
 
-        def heavy():
+        def heavy(n: int):  # each from an address of its own (one heavy request per address)
             try:
-                Client(url, verbose=False).predict("def fibonacci(n):\n", max_new_tokens=200, block_size=4,
-                                                   api_name="/race")
+                Client(url, verbose=False, headers={"X-Forwarded-For": f"198.51.100.{n + 1}"}).predict(
+                    "def fibonacci(n):\n", max_new_tokens=200, block_size=4, api_name="/race")
                 outcomes.append("raced")
             except AppError as error:
                 outcomes.append(str(error))
 
-        races = [threading.Thread(target=heavy) for _ in range(4)]
+        races = [threading.Thread(target=heavy, args=(n,)) for n in range(4)]
         for thread in races:
             thread.start()
         time.sleep(3.0)  # the admitted races are computing
