@@ -451,31 +451,32 @@ def test_the_keyword_form_of_a_documented_call_still_streams_its_result(server):
     assert code == 200 and "event: complete" in stream, stream[:300]
 
 
-def test_one_address_cannot_fill_the_queue():
-    """One client's 40 queued benchmark joins filled Gradio's queue (32): everyone else's short requests got 503
-    (issue 35's hostile rerun, F6). An address may have PER_CLIENT_EVENTS events waiting or running; another
-    address is not affected, and the first may send more once its events are done."""
+def _queue_stub(delay_s: float = 0.0):
+    """The middleware over a stand-in for Gradio's join route (each join answered with a new event id after
+    ``delay_s``, the event then held by the queue). Returns (the queue's events, the listeners, ``join(address)``:
+    a coroutine giving the join's HTTP status)."""
     import asyncio
     import itertools
     import json
 
-    from serve.api_defaults import PER_CLIENT_EVENTS, CallListeners, FillApiDefaults
+    from serve.api_defaults import CallListeners, FillApiDefaults
 
-    numbers = itertools.count()
+    numbers, events, listeners = itertools.count(), {}, CallListeners()
 
     class Queue:
-        event_ids_to_events = {}  # what Gradio's queue holds: waiting or running
+        event_ids_to_events = events  # what Gradio's queue holds: waiting or running
 
-    async def gradio(scope, receive, send):  # answers a join with a new event id, as Gradio's route does
+    async def gradio(scope, receive, send):
+        await asyncio.sleep(delay_s)
         event = f"e{next(numbers)}"
-        Queue.event_ids_to_events[event] = object()
+        events[event] = object()
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": json.dumps({"event_id": event}).encode()})
 
-    app = FillApiDefaults(gradio, endpoints={}, listeners=CallListeners(), takes_files=set(), events={0: 1},
+    app = FillApiDefaults(gradio, endpoints={}, listeners=listeners, takes_files=set(), events={0: 1},
                           queue=lambda: Queue)
 
-    def join(address: str) -> int:
+    async def join(address: str) -> int:
         body = json.dumps({"data": [1], "fn_index": 0, "session_hash": f"s{next(numbers)}"}).encode()
         answers = []
 
@@ -487,55 +488,36 @@ def test_one_address_cannot_fill_the_queue():
 
         scope = {"type": "http", "method": "POST", "path": "/gradio_api/queue/join", "headers": [],
                  "client": (address, 5000)}
-        asyncio.run(app(scope, receive, send))
+        await app(scope, receive, send)
         return answers[0]["status"]
 
-    assert [join("203.0.113.9") for _ in range(PER_CLIENT_EVENTS)] == [200] * PER_CLIENT_EVENTS
-    assert join("203.0.113.9") == 429
-    assert join("198.51.100.7") == 200  # another visitor still gets in
-    Queue.event_ids_to_events.clear()  # the first address's events are done
-    assert join("203.0.113.9") == 200
+    return events, listeners, join
+
+
+def test_one_address_cannot_fill_the_queue():
+    """One client's 40 queued benchmark joins filled Gradio's queue (32): everyone else's short requests got 503
+    (issue 35's hostile rerun, F6). An address may have PER_CLIENT_EVENTS events waiting or running; another
+    address is not affected, and the first may send more once its events are done."""
+    import asyncio
+
+    from serve.api_defaults import PER_CLIENT_EVENTS
+
+    events, _, join = _queue_stub()
+    assert [asyncio.run(join("203.0.113.9")) for _ in range(PER_CLIENT_EVENTS)] == [200] * PER_CLIENT_EVENTS
+    assert asyncio.run(join("203.0.113.9")) == 429
+    assert asyncio.run(join("198.51.100.7")) == 200  # another visitor still gets in
+    events.clear()  # the first address's events are done
+    assert asyncio.run(join("203.0.113.9")) == 200
 
 
 def test_a_burst_from_one_address_is_counted_as_it_arrives():
     """30 joins sent together from one address were all accepted (the count saw only events already answered) and
     filled the queue (second recheck, session 19): a place is now held from the check to the answer."""
     import asyncio
-    import itertools
-    import json
 
-    from serve.api_defaults import PER_CLIENT_EVENTS, CallListeners, FillApiDefaults
+    from serve.api_defaults import PER_CLIENT_EVENTS
 
-    numbers = itertools.count()
-
-    class Queue:
-        event_ids_to_events = {}
-
-    async def gradio(scope, receive, send):  # Gradio's join takes a while to answer
-        await asyncio.sleep(0.05)
-        event = f"e{next(numbers)}"
-        Queue.event_ids_to_events[event] = object()
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": json.dumps({"event_id": event}).encode()})
-
-    listeners = CallListeners()
-    app = FillApiDefaults(gradio, endpoints={}, listeners=listeners, takes_files=set(), events={0: 1},
-                          queue=lambda: Queue)
-
-    async def join(address: str, route: str = "queue/join") -> int:
-        body = json.dumps({"data": [1], "fn_index": 0, "session_hash": f"s{next(numbers)}"}).encode()
-        answers = []
-
-        async def receive():
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        async def send(message):
-            answers.append(message)
-
-        scope = {"type": "http", "method": "POST", "path": f"/gradio_api/{route}", "headers": [],
-                 "client": (address, 5000)}
-        await app(scope, receive, send)
-        return answers[0]["status"]
+    events, listeners, join = _queue_stub(delay_s=0.05)  # Gradio's join takes a while to answer
 
     async def burst():
         return await asyncio.gather(*(join("203.0.113.9") for _ in range(30)), join("198.51.100.7"))
@@ -543,8 +525,8 @@ def test_a_burst_from_one_address_is_counted_as_it_arrives():
     statuses = asyncio.run(burst())
     assert statuses[:30].count(200) == PER_CLIENT_EVENTS and statuses[:30].count(429) == 30 - PER_CLIENT_EVENTS
     assert statuses[30] == 200  # another address is not affected
-    assert listeners.queued("203.0.113.9", Queue.event_ids_to_events) == PER_CLIENT_EVENTS  # no place left held
-    Queue.event_ids_to_events.clear()
+    assert listeners.queued("203.0.113.9", events) == PER_CLIENT_EVENTS  # no place left held
+    events.clear()
     assert asyncio.run(join("203.0.113.9")) == 200
 
 
