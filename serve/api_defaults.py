@@ -172,6 +172,12 @@ QUEUED_S = 900.0  # an event counted that long at most (should Gradio's queue fa
 COMPONENT_SERVER_PATH = "/gradio_api/component_server"  # a component's own server functions (none on this page)
 UPLOAD_ROUTE = "/upload"  # multipart: its own middleware (serve.uploads.BoundUploads) reads it
 PATH_SESSION_ROUTES = ("heartbeat", "stream")  # GET /gradio_api/<route>/<session_hash>/...
+# Gradio's routes for what this page does not use: each wrote files or told of other visitors (third recheck of
+# issue 35): deep links saved a session's whole state to disk per call, the monitoring summary counted everyone's
+# requests, screen recordings were posted outside the upload limits, streams took new values for checked events.
+UNUSED_ROUTES = {"/gradio_api/deep_link": "deep links", "/gradio_api/process_recording": "screen recording",
+                 "/gradio_api/stream": "streaming inputs or outputs", "/monitoring": "public monitoring",
+                 "/gradio_api/monitoring": "public monitoring"}
 NO_SESSION_HASH = (f"session_hash: 1 to {MAX_ID_CHARS} printable ASCII characters without spaces that name the "
                    f"client's session")
 
@@ -219,6 +225,11 @@ class FillApiDefaults:
             if path.rstrip("/") == COMPONENT_SERVER_PATH and not self.component_server:
                 await reply(send, 404, {"error": "no component of this page answers server calls"})
                 return
+        unused = next((why for route, why in UNUSED_ROUTES.items()
+                       if path.rstrip("/") == route or path.startswith(route + "/")), None)
+        if unused is not None:  # Gradio's routes for features this page does not have
+            await reply(send, 404, {"error": f"this page has no {unused}"})
+            return
         if scope.get("method") == "POST" and path.rstrip("/") == JOIN_PATH and self.takes_files is not None:
             await self._check_join(scope, receive, send)
             return

@@ -31,6 +31,8 @@ import time
 from collections import OrderedDict, deque
 from pathlib import Path
 
+from packed_ss.inputs import shown
+
 from serve.api_defaults import client_of, forward, read_body, reply
 from serve.errors import UserError
 
@@ -197,8 +199,13 @@ class SessionFiles:
         files = self._files.setdefault(session, OrderedDict())
         files[given] = disk
         self._owner[str(disk)] = session
-        while len(files) > self.per_session:  # the oldest file goes first
-            _, old = files.popitem(last=False)
+        folder = self._folders.get(session)  # its uploads are there; its outputs in folders of their own
+        chosen = {d for d in self._slots.get(session, {}).values() if folder is not None and folder in d.parents}
+        while len(files) > self.per_session:  # the oldest file goes first, not an upload a widget holds
+            given = next((g for g, d in files.items() if d not in chosen), None)
+            if given is None:
+                break
+            old = files.pop(given)
             self._owner.pop(str(old), None)
             _remove(old)
 
@@ -290,9 +297,9 @@ class BoundUploads:
         if parts > self.max_files:
             await reply(send, 413, {"error": f"an upload may carry at most {self.max_files} files, got {parts}"})
             return
-        if unnamed_part(body, boundary):
-            await reply(send, 400, {"error": "an uploaded file has no name: send each file as a part named "
-                                             "\"files\" with its file name (name=\"files\"; filename=\"...\")"})
+        problem = part_problem(body, boundary)
+        if problem is not None:
+            await reply(send, 400, {"error": problem})
             return
         client = client_of(scope)
         entry = self._reserve(len(body), client)
@@ -395,12 +402,18 @@ def _gradio_uploads(scope) -> set | None:
 MAX_BOUNDARY = 256  # the longest multipart boundary Gradio's parser (python-multipart) takes
 
 
-def unnamed_part(body: bytes, boundary: bytes) -> bool:
-    """Whether a part of a multipart ``body`` has no plain file name (none given, an empty one, or only the extended
-    form ``filename*=``) or no field name: Gradio's upload route fails on each with a server error. Headers are
-    read with python-multipart's own ``parse_options_header``, as Gradio reads them."""
+def part_problem(body: bytes, boundary: bytes) -> str | None:
+    """Why Gradio's upload route would fail on a multipart ``body`` after storing some of its files (kept on disk
+    and counted nowhere), or None: a body without its closing delimiter; a part with no plain file name (none, an
+    empty one, or only the extended form ``filename*=``) or no field name; a file name Gradio refuses to store
+    (``..``, checked with Gradio's own ``strip_invalid_filename_characters`` and ``safe_join``). Headers are read
+    with python-multipart's ``parse_options_header``, as Gradio reads them."""
+    from gradio.utils import DeveloperPath, InvalidPathError, UserProvidedPath, safe_join
+    from gradio_client.utils import strip_invalid_filename_characters
     from python_multipart.multipart import parse_options_header
 
+    if not body.rstrip(b"\r\n\t ").endswith(b"--" + boundary + b"--"):
+        return "an upload's body ends with its closing boundary (--BOUNDARY--): send the whole request"
     for part in body.split(b"--" + boundary)[1:]:
         headers = part.split(b"\r\n\r\n", 1)[0]
         if headers.strip() in (b"--", b""):  # the closing delimiter
@@ -409,8 +422,14 @@ def unnamed_part(body: bytes, boundary: bytes) -> bool:
                             if line.lower().startswith(b"content-disposition")), b"")
         _, options = parse_options_header(disposition.strip())
         if not options.get(b"filename") or not options.get(b"name"):
-            return True
-    return False
+            return ("an uploaded file has no name: send each file as a part named \"files\" with its file name "
+                    "(name=\"files\"; filename=\"...\")")
+        name = strip_invalid_filename_characters(Path(options[b"filename"].decode("latin-1")).name)
+        try:
+            safe_join(DeveloperPath("/uploads"), UserProvidedPath(name))
+        except InvalidPathError:
+            return f"an uploaded file's name cannot be stored: {shown(name, 40)}"
+    return None
 
 
 def boundary_of(scope) -> tuple[bytes | None, str | None]:

@@ -413,6 +413,10 @@ def test_a_known_call_still_streams_its_result(server):
     ("/gradio_api/cancel", '{"session_hash": "\\ud800", "fn_index": 0, "event_id": "x"}', 422, "/cancel: session_hash"),
     ("/gradio_api/component_server", '{"data": 1, "component_id": 99999, "session_hash": "x", "fn_name": "y"}', 404,
      "no component of this page answers server calls"),
+    # third recheck (session 19): routes of features the page does not have
+    ("/gradio_api/process_recording", "{}", 404, "this page has no screen recording"),
+    ("/gradio_api/stream/abc", '{"data": [1]}', 404, "this page has no streaming inputs or outputs"),
+    ("/gradio_api/stream/abc/close", "{}", 404, "this page has no streaming inputs or outputs"),
 ])
 def test_every_route_past_the_defaults_answers_a_bad_request_in_one_line(server, capfd, path, body, status, message):
     """Gradio's keyword form (call/v2), its direct routes (run/, api/) and odd queue joins answered HTTP 500 with a
@@ -439,6 +443,21 @@ def test_a_session_hash_in_a_path_or_query_is_checked_on_every_route(server, cap
     code, text = _raw(server, "GET", path)
     assert code == 422 and "session_hash: 1 to 256 printable ASCII characters" in json.loads(text)["error"], text
     assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("path, message", [
+    ("/gradio_api/deep_link?session_hash=abcdefghijk", "this page has no deep links"),  # wrote 176 KB a call
+    ("/monitoring/summary", "this page has no public monitoring"),  # every visitor's request counts
+    ("/monitoring", "this page has no public monitoring"),  # printed the monitoring key to the log
+])
+def test_routes_of_features_the_page_does_not_have_answer_404(server, capfd, path, message):
+    import json
+
+    capfd.readouterr()
+    code, text = _raw(server, "GET", path)
+    assert code == 404 and message in json.loads(text)["error"], text
+    log = capfd.readouterr()
+    assert "Traceback" not in log.err and "Monitoring URL" not in log.out + log.err
 
 
 def test_the_keyword_form_of_a_documented_call_still_streams_its_result(server):

@@ -4,6 +4,7 @@ as the visitor gave them, never by a server path."""
 
 import http.client
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -204,6 +205,41 @@ def test_an_upload_part_without_a_file_name_is_one_line(server, capfd, dispositi
     assert answer.status == 400 and json.loads(answer.read())["error"].startswith(
         "an uploaded file has no name: send each file as a part named \"files\" with its file name")
     assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("tail, message", [
+    (b'--b0\r\nContent-Disposition: form-data; name="files"; filename=".."\r\n\r\nx\r\n--b0--\r\n',
+     "an uploaded file's name cannot be stored: '..'"),
+    (b"", "ends with its closing boundary"),  # a body never closed: Gradio kept a tmp file and answered []
+])
+def test_an_upload_gradio_would_half_store_is_refused_before_it_stores_anything(server, tail, message):
+    """Three 2 MB files and then a part named ".." made Gradio answer 400 after storing the three under its hash
+    names, counted nowhere and never removed: 58 MB from one address past its 16 MB (third recheck, session 19)."""
+    from serve.uploads import upload_folder
+
+    host, port = server.split("//")[1].strip("/").split(":")
+    data = os.urandom(1000)
+    body = b'--b0\r\nContent-Disposition: form-data; name="files"; filename="f.bin"\r\n\r\n' + data + b"\r\n" + tail
+    before = {p for p in upload_folder().rglob("*") if p.is_file()}
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.request("POST", "/gradio_api/upload", body, {"Content-Type": "multipart/form-data; boundary=b0"})
+    answer = conn.getresponse()
+    assert answer.status == 400 and message in json.loads(answer.read())["error"]
+    stored = {p for p in upload_folder().rglob("*") if p.is_file()} - before
+    assert not [p for p in stored if p.read_bytes() == data]
+
+
+def test_a_chosen_upload_outlives_the_outputs_written_after_it(folders, tmp_path):
+    """After a benchmark or two, the report files pushed the visitor's own prompt file out of the 8 files a session
+    keeps, and the next run was refused as "upload a JSONL file" (third recheck, session 19)."""
+    uploads, files = folders
+    prompts = files.choose("a", "prompts", {"path": _uploaded(uploads, "p.jsonl", '{"prompt": "w1"}')})
+    for n in range(3 * FILES_PER_SESSION):
+        output = tmp_path / f"report-{n}.html"
+        output.write_text("x")
+        files.add_output("a", output)
+    assert files.chosen("a", "prompts") == prompts and prompts.is_file()
+    assert files.count("a") == FILES_PER_SESSION  # still bounded: the outputs went, oldest first
 
 
 @pytest.mark.parametrize("content_type, status, message", [
