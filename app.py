@@ -115,7 +115,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                                     touch=server.session, any_order=server.store.any_order,
                                     admit_for=lambda request: server.admit(request, "the prompts, schedules or new "
                                                                                     "tokens"),
-                                    waiting=lambda: server.gate.waiting)
+                                    gate=server.gate)
         # Raw HTTP calls that leave parameters out get these defaults (launch_kwargs adds the middleware).
         demo.api_defaults = add_api(server, compute_concurrency)
         demo.call_listeners = server.listeners  # the middleware notes who reads raw calls' results

@@ -124,6 +124,8 @@ class ComputeGate:
         self._wakers: dict[int, tuple[threading.Event, object]] = {}  # arrival -> (its turn has come, owner)
         self._tickets = itertools.count()
         self._watched: dict[object, int] = {}  # owner -> turns other owners took while it was watched
+        self._started = 0  # turns begun so far
+        self._released = time.monotonic()  # when the last turn ended
 
     @contextmanager
     def turn(self, priority: float, owner: object = None):
@@ -139,6 +141,7 @@ class ComputeGate:
                 event = None
                 self._busy = True
                 self._count_turn(owner)
+                self._started += 1  # counted when granted (a woken turn may not have run a line yet)
         if event is not None:
             event.wait()  # the gate is ours once set (handed over, still busy)
         try:
@@ -149,10 +152,12 @@ class ComputeGate:
         finally:
             with self._lock:
                 self.holder = None
+                self._released = time.monotonic()
                 if self._waiting:
                     _, arrival = heapq.heappop(self._waiting)
                     event, following = self._wakers.pop(arrival)
                     self._count_turn(following)
+                    self._started += 1
                     event.set()
                 else:
                     self._busy = False
@@ -174,6 +179,14 @@ class ComputeGate:
         finally:
             with self._lock:
                 self._watched.pop(owner, None)
+
+    def activity(self) -> tuple[int, float]:
+        """(turns begun so far, seconds since the last turn ended: 0 while one is held or waiting). A long request
+        that notes the count inside its own turn can tell later whether anybody else has used the gate since, and
+        how long ago (see :mod:`tabs.benchmark`)."""
+        with self._lock:
+            idle = 0.0 if self._busy or self._waiting else time.monotonic() - self._released
+            return self._started, idle
 
     @property
     def waiting(self) -> int:

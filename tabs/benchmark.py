@@ -32,6 +32,7 @@ from serve.uploads import SessionFiles
 
 HEAVY_S = 60.0  # predicted seconds a benchmark is admitted at on a server without a time limit (always heavy)
 RUN_HOLD_S = 3.0  # seconds a timed run may hold the compute gate while other requests wait (then the runs stop)
+QUIET_S = 0.3  # a run starts only once other requests have left the gate alone this long (a short one takes several turns)
 
 FIGURES = ("ratios", "decomposition", "block_size")
 LEGEND_WIDTH = 30  # characters per line of a legend entry in a third of the page
@@ -136,7 +137,7 @@ class BenchmarkHandlers:
     files: SessionFiles = field(default_factory=SessionFiles)  # each session's uploads and outputs
     touch: Callable | None = None  # request -> its session (keeps it known, so its files go when it ends)
     admit_for: Callable | None = None  # request -> (seconds -> context manager): the server's heavy admission
-    waiting: Callable[[], int] | None = None  # turns waiting at the compute gate (None: runs are never cut for them)
+    gate: object | None = None  # the compute gate ``turn`` takes (serve.limits.ComputeGate): who else waits or computes
 
     def session(self, request) -> str:
         """The session key of ``request`` (noted with ``touch``); "" without a request (a direct call)."""
@@ -190,14 +191,22 @@ class BenchmarkHandlers:
         stopped = []  # (runs done, runs planned, why) once the time limit or the others' waiting ended the runs
         position = [0, 0]  # (runs done, runs planned) as last reported
         held = []  # when the run in progress took the compute gate
+        seen = []  # the gate's turn count at the end of this benchmark's last turn
 
         @contextmanager
         def turn():  # the gate around each timed run, noting how long it is held
+            while self.gate is not None and seen:  # someone else computed since our last run: let them finish
+                started, idle = self.gate.activity()
+                if started == seen[0] or idle >= QUIET_S:
+                    break
+                check()
+                time.sleep(QUIET_S / 10)
             with self.turn():
                 held[:] = [time.monotonic()]
                 try:
                     yield
                 finally:
+                    seen[:] = [self.gate.activity()[0]] if self.gate is not None else []
                     held.clear()
 
         def check():  # before each run and each iteration inside one
@@ -207,7 +216,7 @@ class BenchmarkHandlers:
                 stopped.append((*position, f"at this server's time limit of {self.max_seconds:g} s",
                                 "fewer schedules, prompts or new tokens"))
                 raise RunsStopped(f"stopped at the time limit after {position[0]} of {position[1]} runs")
-            if held and time.monotonic() - held[0] > RUN_HOLD_S and self.waiting is not None and self.waiting() > 0:
+            if held and time.monotonic() - held[0] > RUN_HOLD_S and self.gate is not None and self.gate.waiting > 0:
                 stopped.append((*position, f"when a run had held the model over {RUN_HOLD_S:g} s while other "
                                            f"requests waited", "shorter prompts or fewer new tokens (on a shared server "
                                            "each run must fit in a few seconds; the command line has no such bound)"))
@@ -274,7 +283,7 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
                         max_rows: int | None = None, alive_for: Callable | None = None,
                         max_seconds: float | None = None, session_files: SessionFiles | None = None,
                         touch: Callable | None = None, any_order: Callable[[str], bool] | None = None,
-                        admit_for: Callable | None = None, waiting: Callable[[], int] | None = None) -> BenchmarkTab:
+                        admit_for: Callable | None = None, gate: object | None = None) -> BenchmarkTab:
     """Create the Benchmark view's widgets in the enclosing ``gr.Blocks``/``gr.Tab`` and wire their events.
 
     Args:
@@ -285,8 +294,10 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
         root: the folder the reports' names are taken from.
         concurrency_id: queue group of the benchmark runs (one at a time).
         turn: held around each timed run: the app's compute gate, so no other model work runs during one.
-        waiting: ``() -> turns waiting at that gate``: a run holding it over :data:`RUN_HOLD_S` while others wait
-            stops the runs there (the report covers those done), so that short requests wait seconds at most.
+        gate: the compute gate ``turn`` takes (:class:`serve.limits.ComputeGate`): a run holding it over
+            :data:`RUN_HOLD_S` while others wait stops the runs there (the report covers those done), and a run
+            starts only once other requests have left it alone for :data:`QUIET_S` (a short request takes several
+            turns), so that short requests wait seconds at most.
         max_rows: worst-case model rows one benchmark may need (None = no limit).
         alive_for: ``request -> alive()`` (the server's): a run stops once its visitor has left.
         max_seconds: predicted worst-case decoder seconds one benchmark may take, and its time limit from the clock
@@ -321,7 +332,7 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
 
     handlers = BenchmarkHandlers(load_model, list(models), tuple(reports), root, turn, max_rows, alive_for, max_seconds,
                                  session_files if session_files is not None else SessionFiles(), touch, admit_for,
-                                 waiting)
+                                 gate)
     # Page events, not part of the documented API (/generate and /race are): callable, but not listed.
     # A file reaches the handlers only through the session's own upload (private page events: no API client can
     # name a path, another visitor's file or anything else); clearing the widget clears the session's file.
