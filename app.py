@@ -61,9 +61,21 @@ def launch_kwargs(demo: gr.Blocks | None = None) -> dict:
         middleware.append(Middleware(FillApiDefaults, endpoints=endpoints, arity=arity,
                                      listeners=getattr(demo, "call_listeners", None), takes_files=takes_files,
                                      events=events, queue=lambda: demo._queue,
-                                     component_server=any(getattr(b, "server_fns", None) for b in demo.blocks.values())))
+                                     component_server=any(getattr(b, "server_fns", None) for b in demo.blocks.values()),
+                                     single=single_events(demo)))
     kwargs["app_kwargs"] = {"middleware": middleware}
     return kwargs
+
+
+def single_events(demo: gr.Blocks) -> dict:
+    """``{fn_index and api name: a name for it}`` of the events run one at a time for everyone (concurrency 1: the
+    in-app benchmark), of which one address may have one waiting or running (serve.api_defaults)."""
+    found = {}
+    for index, f in demo.fns.items():
+        if f.fn is not None and f.concurrency_limit == 1:
+            name = (f.api_name or "event").replace("_run", "").replace("_", " ")
+            found.update({index: name, **({f.api_name: name} if f.api_name else {})})
+    return found
 
 
 def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=None, preloaded: dict | None = None,

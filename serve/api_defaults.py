@@ -64,20 +64,24 @@ class CallListeners:
         self._read: set[str] = set()
         self._reading: dict[str, None] = {}  # sessions that opened their queue/data stream (oldest first)
         self._clients: dict[str, str] = {}  # event id -> the address it was sent from
-        self._sending: dict[str, int] = {}  # address -> its requests checked and not yet answered (hold)
+        self._sending: dict[tuple, int] = {}  # (address, kind or None) -> its requests checked, not yet answered
+        self._kinds: dict[str, str] = {}  # event id -> its kind, for the events an address may have one of
         self._lock = threading.Lock()
 
-    def posted(self, event_id: str, session: str | None = None, client: str = "") -> None:
+    def posted(self, event_id: str, session: str | None = None, client: str = "", kind: str | None = None) -> None:
         """Note a raw call's event (``session`` None) or a queue join's event of ``session``, sent from the address
-        ``client``."""
+        ``client``; ``kind``: the event's name where an address may have one of it at a time (:meth:`hold`)."""
         with self._lock:
             self._posted[event_id] = (time.monotonic(), session)
             self._clients[event_id] = client
+            if kind is not None:
+                self._kinds[event_id] = kind
             while len(self._posted) > self.keep:  # bounded: the oldest ids are forgotten
                 old = next(iter(self._posted))
                 del self._posted[old]
                 self._read.discard(old)
                 self._clients.pop(old, None)
+                self._kinds.pop(old, None)
 
     def queued(self, client: str, events) -> int:
         """Events sent from the address ``client`` that Gradio's queue still holds (``events``: its event ids, waiting
@@ -85,29 +89,35 @@ class CallListeners:
         with self._lock:
             return self._queued(client, events)
 
-    def hold(self, client: str, events, limit: int) -> int | None:
-        """Hold a place for one more request of ``client`` when it has fewer than ``limit`` (:meth:`queued`):
-        None, and :meth:`arrived` gives the place back once the request is answered; else its count."""
+    def hold(self, client: str, events, limit: int, kind: str | None = None) -> int | None:
+        """Hold a place for one more request of ``client`` when it has fewer than ``limit`` (:meth:`queued`) and,
+        for a ``kind`` of event an address may have one of at a time, none of that kind: None, and :meth:`arrived`
+        gives the place back once the request is answered; else its count (0: one of that kind is there)."""
         with self._lock:
             mine = self._queued(client, events)
             if mine >= limit:
                 return mine
-            self._sending[client] = self._sending.get(client, 0) + 1
+            if kind is not None and self._queued(client, events, kind):
+                return 0
+            for key in {(client, None), (client, kind)}:
+                self._sending[key] = self._sending.get(key, 0) + 1
             return None
 
-    def arrived(self, client: str) -> None:
+    def arrived(self, client: str, kind: str | None = None) -> None:
         """A request :meth:`hold` held a place for is answered: its event (if any) now counts as queued."""
         with self._lock:
-            left = self._sending.get(client, 0) - 1
-            if left > 0:
-                self._sending[client] = left
-            else:
-                self._sending.pop(client, None)
+            for key in {(client, None), (client, kind)}:
+                left = self._sending.get(key, 0) - 1
+                if left > 0:
+                    self._sending[key] = left
+                else:
+                    self._sending.pop(key, None)
 
-    def _queued(self, client: str, events) -> int:
+    def _queued(self, client: str, events, kind: str | None = None) -> int:
         now = time.monotonic()
-        return self._sending.get(client, 0) + sum(
+        return self._sending.get((client, kind), 0) + sum(
             1 for event, who in self._clients.items() if who == client and event in events
+            and (kind is None or self._kinds.get(event) == kind)
             and now - self._posted.get(event, (now, None))[0] < QUEUED_S)
 
     def read(self, event_id: str) -> None:
@@ -200,14 +210,17 @@ class FillApiDefaults:
         queue: ``() -> Gradio's queue`` (``blocks._queue``), to tell whether a result stream has anything to
             send (None: not checked).
         component_server: whether a component of the page has server functions (else that route answers 404).
+        single: ``{fn_index or api name: kind}`` of the events the server runs one at a time for everyone (a
+            benchmark): one address may have one of each kind waiting or running (the others would wait behind it).
     """
 
     def __init__(self, app, endpoints: dict[str, list[tuple[str, object]]], arity: dict[str, int] | None = None,
                  listeners: CallListeners | None = None, takes_files: set | None = None,
                  events: dict[int, int] | None = None, queue: Callable[[], object] | None = None,
-                 component_server: bool = True):
+                 component_server: bool = True, single: dict | None = None):
         self.app = app
         self.component_server = component_server
+        self.single = single or {}
         self.endpoints = endpoints
         self.arity = arity
         self.listeners = listeners
@@ -262,16 +275,17 @@ class FillApiDefaults:
             await reply(send, 404, {"error": f"{path[len('/gradio_api'):]}: no such endpoint; the documented ones "
                                               f"are {', '.join('/' + name for name in self.endpoints)}"})
             return
-        crowded = self._crowded(scope)
+        kind = self.single.get(endpoint)
+        crowded = self._crowded(scope, kind)
         if crowded:
             await reply(send, 429, {"error": crowded})
             return
         if self.listeners is not None:
-            send = self._noting_event_ids(send, None, client_of(scope))
+            send = self._noting_event_ids(send, None, client_of(scope), kind)
         try:
             await self._check_call(endpoint, keywords, scope, receive, send)
         finally:
-            self._arrived(scope)
+            self._arrived(scope, kind)
 
     async def _check_call(self, endpoint: str, keywords: bool, scope, receive, send) -> None:
         """A raw ``POST /gradio_api/call/<endpoint>``: checked, padded with the documented defaults and passed on,
@@ -329,17 +343,18 @@ class FillApiDefaults:
             return
         body, payload = read
         problem = self.event_problem(payload)
-        crowded = self._crowded(scope) if problem is None else None
+        kind = self.single.get(payload.get("fn_index")) if problem is None else None
+        crowded = self._crowded(scope, kind) if problem is None else None
         problem = problem or ((429, crowded) if crowded else None)
         if problem is not None:
             await reply(send, problem[0], {"error": problem[1]})
             return
         if self.listeners is not None:
-            send = self._noting_event_ids(send, payload["session_hash"], client_of(scope))
+            send = self._noting_event_ids(send, payload["session_hash"], client_of(scope), kind)
         try:
             await forward(self.app, scope, body, receive, send)
         finally:
-            self._arrived(scope)
+            self._arrived(scope, kind)
 
     async def _event_body(self, receive, send) -> tuple[bytes, dict] | None:
         """The body of an event's POST and its JSON object; None once it is answered (413, or 422: no object)."""
@@ -379,7 +394,7 @@ class FillApiDefaults:
             return f"event {index} runs in the browser only: there is nothing to call on the server"
         return f"no event {shown(index, 40)}: the page's events are {min(self.events)} to {max(self.events)}"
 
-    def _crowded(self, scope) -> str | None:
+    def _crowded(self, scope, kind: str | None = None) -> str | None:
         """Why this client may not queue another event now (it has :data:`PER_CLIENT_EVENTS` waiting, running or
         being sent), or None: then a place is held for it until :meth:`_arrived` (checked and held at once, so
         that a burst of requests sent together cannot all pass the check before any is queued)."""
@@ -387,17 +402,20 @@ class FillApiDefaults:
         events = getattr(queue, "event_ids_to_events", None)
         if self.listeners is None or events is None:
             return None
-        mine = self.listeners.hold(client_of(scope), events, PER_CLIENT_EVENTS)
+        mine = self.listeners.hold(client_of(scope), events, PER_CLIENT_EVENTS, kind)
         if mine is None:
             return None
+        if mine == 0:
+            return (f"a {kind} from your address is already waiting or running (one at a time per address, as the "
+                    f"server runs one for everyone): wait for it to finish")
         return (f"{mine} requests from your address are waiting or running: let them finish (or cancel them) "
                 f"before sending more")
 
-    def _arrived(self, scope) -> None:
+    def _arrived(self, scope, kind: str | None = None) -> None:
         """The request :meth:`_crowded` held a place for has been answered (its event, if any, is noted)."""
         if self.listeners is not None and self.queue is not None and \
                 getattr(self.queue(), "event_ids_to_events", None) is not None:
-            self.listeners.arrived(client_of(scope))
+            self.listeners.arrived(client_of(scope), kind)
 
     async def _check_direct(self, name: str, scope, receive, send) -> None:
         """A POST to Gradio's direct routes (``run/<name>``, ``api/<name>``): the page's unqueued events send their
@@ -490,7 +508,7 @@ class FillApiDefaults:
         return (f"/{api}: no event {shown(event_id, 40)} is waiting: POST {CALL_PREFIX}{api} first and read its "
                 f"result with the event_id it answers")
 
-    def _noting_event_ids(self, send, session: str | None = None, client: str = ""):
+    def _noting_event_ids(self, send, session: str | None = None, client: str = "", kind: str | None = None):
         """``send`` that also notes the event id a POST's answer carries (``{"event_id": ...}``), as a queue join's
         of ``session`` (from the address ``client``) when given."""
         listeners = self.listeners
@@ -502,7 +520,7 @@ class FillApiDefaults:
                 except (ValueError, AttributeError, RecursionError):
                     event_id = None
                 if isinstance(event_id, str):
-                    listeners.posted(event_id, session, client)
+                    listeners.posted(event_id, session, client, kind)
             await send(message)
 
         return noting

@@ -470,7 +470,7 @@ def test_the_keyword_form_of_a_documented_call_still_streams_its_result(server):
     assert code == 200 and "event: complete" in stream, stream[:300]
 
 
-def _queue_stub(delay_s: float = 0.0):
+def _queue_stub(delay_s: float = 0.0, single: dict | None = None):
     """The middleware over a stand-in for Gradio's join route (each join answered with a new event id after
     ``delay_s``, the event then held by the queue). Returns (the queue's events, the listeners, ``join(address)``:
     a coroutine giving the join's HTTP status)."""
@@ -492,11 +492,11 @@ def _queue_stub(delay_s: float = 0.0):
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": json.dumps({"event_id": event}).encode()})
 
-    app = FillApiDefaults(gradio, endpoints={}, listeners=listeners, takes_files=set(), events={0: 1},
-                          queue=lambda: Queue)
+    app = FillApiDefaults(gradio, endpoints={}, listeners=listeners, takes_files=set(), events={0: 1, 1: 1},
+                          queue=lambda: Queue, single=single)
 
-    async def join(address: str) -> int:
-        body = json.dumps({"data": [1], "fn_index": 0, "session_hash": f"s{next(numbers)}"}).encode()
+    async def join(address: str, fn_index: int = 0) -> int:
+        body = json.dumps({"data": [1], "fn_index": fn_index, "session_hash": f"s{next(numbers)}"}).encode()
         answers = []
 
         async def receive():
@@ -527,6 +527,24 @@ def test_one_address_cannot_fill_the_queue():
     assert asyncio.run(join("198.51.100.7")) == 200  # another visitor still gets in
     events.clear()  # the first address's events are done
     assert asyncio.run(join("203.0.113.9")) == 200
+
+
+def test_one_address_queues_one_benchmark_at_a_time():
+    """The server runs one benchmark at a time for everyone: one address queued three from three sessions and a
+    visitor's waited 53 s behind them (third recheck of issue 35, session 19)."""
+    import asyncio
+
+    events, _, join = _queue_stub(delay_s=0.01, single={1: "benchmark"})
+
+    async def burst():
+        return await asyncio.gather(*(join("203.0.113.9", 1) for _ in range(3)), join("198.51.100.7", 1),
+                                    join("203.0.113.9", 0))
+
+    statuses = asyncio.run(burst())
+    assert sorted(statuses[:3]) == [200, 429, 429] and statuses[3:] == [200, 200]  # other events are not limited
+    assert asyncio.run(join("203.0.113.9", 1)) == 429  # its benchmark is still queued
+    events.clear()  # done
+    assert asyncio.run(join("203.0.113.9", 1)) == 200
 
 
 def test_a_burst_from_one_address_is_counted_as_it_arrives():
