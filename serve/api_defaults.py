@@ -9,6 +9,7 @@ missing, when there are more values than parameters, or when the body is not ``{
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import sys
@@ -179,6 +180,7 @@ DIRECT_PREFIXES = ("/gradio_api/run/", "/gradio_api/api/")  # Gradio's direct (u
 # unqueued events post to run/predict with an fn_index; the queued events refuse them (the queue's api_open is off)
 PER_CLIENT_EVENTS = 8  # events one client address may have waiting or running in the queue at once
 QUEUED_S = 900.0  # an event counted that long at most (should Gradio's queue fail to let a finished one go)
+SETTLE_S = 1.0  # seconds a request over its address's limit waits for a finished event to leave the queue
 COMPONENT_SERVER_PATH = "/gradio_api/component_server"  # a component's own server functions (none on this page)
 UPLOAD_ROUTE = "/upload"  # multipart: its own middleware (serve.uploads.BoundUploads) reads it
 PATH_SESSION_ROUTES = ("heartbeat", "stream")  # GET /gradio_api/<route>/<session_hash>/...
@@ -276,7 +278,7 @@ class FillApiDefaults:
                                               f"are {', '.join('/' + name for name in self.endpoints)}"})
             return
         kind = self.single.get(endpoint)
-        crowded = self._crowded(scope, kind)
+        crowded = await self._crowded(scope, kind)
         if crowded:
             await reply(send, 429, {"error": crowded})
             return
@@ -344,7 +346,7 @@ class FillApiDefaults:
         body, payload = read
         problem = self.event_problem(payload)
         kind = self.single.get(payload.get("fn_index")) if problem is None else None
-        crowded = self._crowded(scope, kind) if problem is None else None
+        crowded = await self._crowded(scope, kind) if problem is None else None
         problem = problem or ((429, crowded) if crowded else None)
         if problem is not None:
             await reply(send, problem[0], {"error": problem[1]})
@@ -394,7 +396,7 @@ class FillApiDefaults:
             return f"event {index} runs in the browser only: there is nothing to call on the server"
         return f"no event {shown(index, 40)}: the page's events are {min(self.events)} to {max(self.events)}"
 
-    def _crowded(self, scope, kind: str | None = None) -> str | None:
+    async def _crowded(self, scope, kind: str | None = None) -> str | None:
         """Why this client may not queue another event now (it has :data:`PER_CLIENT_EVENTS` waiting, running or
         being sent), or None: then a place is held for it until :meth:`_arrived` (checked and held at once, so
         that a burst of requests sent together cannot all pass the check before any is queued)."""
@@ -402,7 +404,11 @@ class FillApiDefaults:
         events = getattr(queue, "event_ids_to_events", None)
         if self.listeners is None or events is None:
             return None
-        mine = self.listeners.hold(client_of(scope), events, PER_CLIENT_EVENTS, kind)
+        waited = 0.0
+        while (mine := self.listeners.hold(client_of(scope), events, PER_CLIENT_EVENTS, kind)) is not None \
+                and waited < SETTLE_S:  # Gradio lets a finished event go a moment after its last message
+            await asyncio.sleep(SETTLE_S / 20)
+            waited += SETTLE_S / 20
         if mine is None:
             return None
         if mine == 0:

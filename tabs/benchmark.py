@@ -117,6 +117,42 @@ def refusal(message: str, others: int) -> tuple:
             *(gr.skip() for _ in range(others)))
 
 
+class RunTurns:
+    """The compute gate's turns of one in-app benchmark's runs (each run holds the gate whole, so that its timing is
+    its own). A run starts only once other requests have left the gate alone for :data:`QUIET_S` (a short request
+    takes several turns: without this it waited a whole run for each); :meth:`hogging` says a run has held the gate
+    over :data:`RUN_HOLD_S` while others wait.
+
+    Args: turn: ``() -> context manager``, one turn of the gate. gate: that :class:`serve.limits.ComputeGate`
+        (None: no one else to wait for). check: called while waiting (it may raise to stop the runs)."""
+
+    def __init__(self, turn: Callable[[], ContextManager], gate, check: Callable[[], None]):
+        self.turn, self.gate, self.check = turn, gate, check
+        self.held_since: float | None = None  # when the run in progress took the gate
+        self.seen: int | None = None  # the gate's turn count at the end of this benchmark's last turn
+
+    @contextmanager
+    def __call__(self):
+        while self.gate is not None and self.seen is not None:  # someone else computed since: let them finish
+            started, idle = self.gate.activity()
+            if started == self.seen or idle >= QUIET_S:
+                break
+            self.check()
+            time.sleep(QUIET_S / 10)
+        with self.turn():
+            self.held_since = time.monotonic()
+            try:
+                yield
+            finally:
+                self.seen = self.gate.activity()[0] if self.gate is not None else None
+                self.held_since = None
+
+    def hogging(self) -> bool:
+        """Whether the run in progress has held the gate over :data:`RUN_HOLD_S` while another turn waits."""
+        return (self.held_since is not None and time.monotonic() - self.held_since > RUN_HOLD_S
+                and self.gate is not None and self.gate.waiting > 0)
+
+
 @dataclass(frozen=True)
 class BenchmarkHandlers:
     """The tab's two events: show a saved report, run a small benchmark (see :func:`build_benchmark_tab`).
@@ -190,25 +226,6 @@ class BenchmarkHandlers:
         deadline = None if self.max_seconds is None else time.monotonic() + self.max_seconds
         stopped = []  # (runs done, runs planned, why) once the time limit or the others' waiting ended the runs
         position = [0, 0]  # (runs done, runs planned) as last reported
-        held = []  # when the run in progress took the compute gate
-        seen = []  # the gate's turn count at the end of this benchmark's last turn
-
-        @contextmanager
-        def turn():  # the gate around each timed run, noting how long it is held
-            while self.gate is not None and seen:  # someone else computed since our last run: let them finish
-                started, idle = self.gate.activity()
-                if started == seen[0] or idle >= QUIET_S:
-                    break
-                check()
-                time.sleep(QUIET_S / 10)
-            with self.turn():
-                held[:] = [time.monotonic()]
-                try:
-                    yield
-                finally:
-                    seen[:] = [self.gate.activity()[0]] if self.gate is not None else []
-                    held.clear()
-
         def check():  # before each run and each iteration inside one
             if alive is not None and not alive():  # the visitor left: free the queue for the next one
                 raise BenchError("the visitor left: the benchmark was stopped")
@@ -216,11 +233,13 @@ class BenchmarkHandlers:
                 stopped.append((*position, f"at this server's time limit of {self.max_seconds:g} s",
                                 "fewer schedules, prompts or new tokens"))
                 raise RunsStopped(f"stopped at the time limit after {position[0]} of {position[1]} runs")
-            if held and time.monotonic() - held[0] > RUN_HOLD_S and self.gate is not None and self.gate.waiting > 0:
+            if turns.hogging():
                 stopped.append((*position, f"when a run had held the model over {RUN_HOLD_S:g} s while other "
                                            f"requests waited", "shorter prompts or fewer new tokens (on a shared server "
                                            "each run must fit in a few seconds; the command line has no such bound)"))
                 raise RunsStopped("a run held the model too long while others waited")
+
+        turns = RunTurns(self.turn, self.gate, check)
 
         def step(done, total, label):
             position[:] = [done, total]
@@ -239,7 +258,7 @@ class BenchmarkHandlers:
             with admit(self.max_seconds or HEAVY_S) if admit is not None else nullcontext():
                 markdown, figs, paths = run_small_benchmark(self.load_model, name, source,
                                                             str(prompt_file) if prompt_file else None, n, chosen,
-                                                            blocks, length, temp, k, seed_value, step, turn=turn,
+                                                            blocks, length, temp, k, seed_value, step, turn=turns,
                                                             max_rows=self.max_rows, order=order_value or "ltr",
                                                             between=check)
             measured = int(float(n))  # a valid count by now (run_small_benchmark checked it)
