@@ -119,7 +119,10 @@ class SessionFiles:
                 shutil.move(key, private)
             except OSError:
                 raise UserError(f"{name!r} is no longer on the server: upload it again") from None
-            Path(key).parent.rmdir()  # the upload's own folder (own_paths), empty now
+            try:
+                Path(key).parent.rmdir()  # the upload's own folder (own_paths), empty now
+            except OSError:  # something else is there too
+                pass
             self._keep(session, key, private)
             return private
 
