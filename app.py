@@ -68,13 +68,12 @@ def launch_kwargs(demo: gr.Blocks | None = None) -> dict:
 
 
 def single_events(demo: gr.Blocks) -> dict:
-    """``{fn_index and api name: a name for it}`` of the events run one at a time for everyone (concurrency 1: the
-    in-app benchmark), of which one address may have one waiting or running (serve.api_defaults)."""
+    """``{fn_index and api name: its queue group}`` of the events run one at a time for everyone (concurrency 1: the
+    in-app benchmark, group "benchmark"), of which one address may have one waiting or running (serve.api_defaults)."""
     found = {}
     for index, f in demo.fns.items():
         if f.fn is not None and f.concurrency_limit == 1:
-            name = (f.api_name or "event").replace("_run", "").replace("_", " ")
-            found.update({index: name, **({f.api_name: name} if f.api_name else {})})
+            found.update({index: f.concurrency_id, **({f.api_name: f.concurrency_id} if f.api_name else {})})
     return found
 
 
