@@ -49,6 +49,19 @@ def open_app(browser, url: str, prompt: str, limit: int):
     return page
 
 
+# The Benchmark tab's three report charts, found by their titles.
+BENCH_CHARTS = ("[...document.querySelectorAll('.js-plotly-plot')].filter(gd => gd.layout && gd.layout.title && "
+                "/^(Paired ratios|Timing decomposition|Tokens\\/NFE)/.test(String(gd.layout.title.text)))")
+
+
+def open_benchmark(page, timeout: int = 30_000) -> None:
+    """Open the Benchmark tab and wait for its report: the table and the three charts (the table can arrive before
+    Plotly has drawn the charts beside it, as seen in CI, so a test reading either waits for both)."""
+    page.get_by_role("tab", name="Benchmark").click()
+    page.wait_for_function("document.querySelectorAll('.bench-summary table').length > 0", timeout=timeout)
+    page.wait_for_function(f"() => {BENCH_CHARTS}.length === 3", timeout=timeout)
+
+
 def test_page_steps_races_and_renders(app_url):
     from playwright.sync_api import expect, sync_playwright
 

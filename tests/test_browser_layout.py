@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from test_browser import ARTIFACTS, CHROMIUM, open_app
+from test_browser import ARTIFACTS, BENCH_CHARTS, CHROMIUM, open_app, open_benchmark
 from test_browser_page import _step
 from test_browser_teach import _choose, browser  # noqa: F401  (browser: the module's chromium fixture)
 
@@ -264,11 +264,8 @@ def test_a_step_runs_records_download_as_json(page):
 
 
 def test_benchmark_panels_draw_every_legend_entry_whole(page):
-    page.get_by_role("tab", name="Benchmark").click()
-    page.wait_for_function("document.querySelectorAll('.bench-summary table').length > 0", timeout=30_000)
-    panels = page.evaluate(f"""() => [...document.querySelectorAll('.js-plotly-plot')].filter(gd => gd.layout &&
-        gd.layout.title && /^(Paired ratios|Timing decomposition|Tokens\\/NFE)/.test(String(gd.layout.title.text)))
-        .map(gd => {{ const box = {BOX};
+    open_benchmark(page)
+    panels = page.evaluate(f"""() => {BENCH_CHARTS}.map(gd => {{ const box = {BOX};
             return {{title: String(gd.layout.title.text), frame: box(gd.querySelector('.main-svg')),
                      items: [...gd.querySelectorAll('g.legend .traces')].map(e => ({{...box(e),
                          text: [...e.querySelectorAll('text')].map(t => t.textContent).join(' ')}}))}}; }})""")

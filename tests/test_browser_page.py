@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from test_browser import ARTIFACTS, CHROMIUM, open_app
+from test_browser import ARTIFACTS, BENCH_CHARTS, CHROMIUM, open_app, open_benchmark
 from test_browser_teach import _choose, browser  # noqa: F401  (browser: the module's chromium fixture)
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is not installed at /usr/bin/chromium "
@@ -196,12 +196,7 @@ def test_any_order_open_positions_show_a_placeholder_and_the_order_choice_follow
 
 
 def test_benchmark_tab_colours_are_distinct_and_its_table_fits(page):
-    page.get_by_role("tab", name="Benchmark").click()
-    page.wait_for_function("document.querySelectorAll('.bench-summary table').length > 0", timeout=30_000)
-    # The table can arrive before Plotly has drawn the three charts beside it (seen in CI): wait for the charts.
-    page.wait_for_function("""() => [...document.querySelectorAll('.js-plotly-plot')].filter(gd => gd.layout &&
-        gd.layout.title && /^(Paired ratios|Timing decomposition|Tokens\\/NFE)/.test(String(gd.layout.title.text)))
-        .length === 3""", timeout=30_000)
+    open_benchmark(page)
     colours = page.evaluate("""() => {
         const plots = [...document.querySelectorAll('.js-plotly-plot')].filter(gd => gd.layout &&
             gd.layout.title && String(gd.layout.title.text).startsWith('Paired ratios'));
@@ -212,9 +207,7 @@ def test_benchmark_tab_colours_are_distinct_and_its_table_fits(page):
     pairs = [tuple(c) for c in colours]
     assert len(set(pairs)) == len(pairs), f"repeated colour and symbol: {pairs}"
     # Each panel's legend is drawn in full, below its axis labels (not over them, not cut off).
-    panels = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].filter(gd => gd.layout &&
-        gd.layout.title && /^(Paired ratios|Timing decomposition|Tokens\\/NFE)/.test(String(gd.layout.title.text)))
-        .map(gd => {
+    panels = page.evaluate("() => " + BENCH_CHARTS + """.map(gd => {
             const box = (sel) => [...gd.querySelectorAll(sel)].map(e => e.getBoundingClientRect())
                 .filter(r => r.height > 0);
             const ticks = box('.xtick text'), items = box('.legend .traces'), frame = gd.getBoundingClientRect();

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from packed_ss.bench.cli import main
-from packed_ss.bench.files import LOCK, OutLock, write_texts
+from packed_ss.bench.files import LOCK, OutLock
 from packed_ss.bench.plan import BenchError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -509,7 +509,6 @@ def test_no_server_path_in_the_page_config(tiny_model_dir):
 
 def test_the_best_block_size_probe_is_bounded_in_time_too(tiny_model_dir):
     from serve.block_sizes import BestBlockSizes
-    from serve.errors import UserError
     from serve.gpu import GpuTasks
     from serve.models import ModelStore
     from serve.settings import make_settings

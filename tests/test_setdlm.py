@@ -7,8 +7,7 @@ import json
 import pytest
 import torch
 from transformers import Qwen3ForCausalLM
-from helpers import (SETDLM_EOS_ID, SETDLM_LENGTH, SETDLM_MASK_ID, SETDLM_PAD_ID, qwen3_base_config,
-                     setdlm_config, write_setdlm_checkpoint)
+from helpers import SETDLM_EOS_ID, SETDLM_LENGTH, SETDLM_MASK_ID, qwen3_base_config, write_setdlm_checkpoint
 from test_any_order import serial_reference
 
 from packed_ss import DecodeConfig, generate

@@ -109,7 +109,6 @@ def test_a_cut_lane_is_compared_with_ar_over_their_common_length():
     from packed_ss.engine import decode, finish_run, generate
     from serve.lanes import lane_from_run, verdict_text
     from serve.limits import cut_off
-    from packed_ss.wording import counted
 
     model = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0, eos=False)
     config = DecodeConfig(block_size=3, max_new_tokens=12)
@@ -177,7 +176,6 @@ def test_the_race_panel_draws_lanes_the_limit_left_empty_or_partial():
     from packed_ss.engine import decode, finish_run, generate
     from serve.lanes import lane_from_run
     from serve.limits import cut_off
-    from packed_ss.wording import counted
 
     model = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0, eos=False)
     config = DecodeConfig(block_size=3, max_new_tokens=12)
