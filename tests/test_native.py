@@ -11,7 +11,7 @@ from packed_ss import DecodeConfig, generate
 from packed_ss.layout import packed_layout, prefill_layout, quadratic_layout, verify_layout
 from packed_ss.models import DualModeModel
 from packed_ss.models.errors import ModelLoadError
-from packed_ss.models.native import native_problem
+from packed_ss.models.native import COMPILE_OPTIONS, TUNED_DTYPES, native_problem
 
 
 def _tiny(kind: str, seed: int = 0):
@@ -126,16 +126,23 @@ def test_every_schedule_on_the_native_path_gives_transformers_paths_tokens(embed
 
 
 @pytest.mark.slow
-def test_the_compiled_native_path_gives_the_eager_paths_logits_and_tokens():
+def test_the_compiled_native_path_in_float32_tunes_its_gemms_and_gives_the_eager_paths_tokens():
+    """float32 is compiled with COMPILE_OPTIONS (frozen weights, GEMMs chosen by measurement): AR's tokens equal the
+    eager native path's, with one shape (decode calls of one row). Every schedule on the compiled native path is
+    checked in float64 by test_static (one compiled shape costs seconds of compiling, so one shape here)."""
+    import torch._inductor.config
+
+    with torch._inductor.config.patch(COMPILE_OPTIONS):  # every setting is one inductor knows
+        pass
     eager = tiny_llama(seed=4, logit_scale=3.0)
+    eager.model.float()
     compiled = DualModeModel(eager.model, eager.tokenizer, 1, 0, compiled=True)
-    assert compiled.path == "native" and compiled.compiled
+    assert compiled.path == "native" and compiled.compiled and next(compiled.model.parameters()).dtype in TUNED_DTYPES
     prompt = [2, 3, 4, 5, 6, 7]
-    for name in ("ar", "packed", "quadratic"):
-        config = DecodeConfig(block_size=4, max_new_tokens=24)
-        assert generate(compiled, prompt, config, name).token_ids == generate(eager, prompt, config, name).token_ids
+    config = DecodeConfig(block_size=4, max_new_tokens=16)
+    assert generate(compiled, prompt, config, "ar").token_ids == generate(eager, prompt, config, "ar").token_ids
     assert compiled.compiled and compiled.compile_note is None
-    assert {rows for rows, _ in compiled.static.shapes} <= {1, 4, 8, 20}
+    assert {rows for rows, _ in compiled.static.shapes} == {1}
 
 
 def test_a_drafter_lora_an_any_order_model_and_the_dynamic_cache_keep_transformers_forward(nld_dir,

@@ -109,6 +109,7 @@ def test_every_schedule_on_the_compiled_path_gives_the_compiled_ars_tokens_with_
     """Tiny float64 model, B = 4: greedy outputs equal compiled AR's (and eager AR's); each run adds at most
     two compiled shapes (Partial-branch SS: one per branch count k = 0..W and its cost probe's row counts)."""
     compiled = tiny_llama(seed=6, logit_scale=3.0, compiled=True)
+    assert compiled.path == "native"
     eager = DualModeModel(compiled.model, compiled.tokenizer, 1, 0)
     prompt = [4, 9, 2, 7, 3]
     config = DecodeConfig(block_size=4, max_new_tokens=24)
@@ -135,9 +136,9 @@ def test_the_shipped_model_compiled_gives_ars_tokens(embedded_model):
     prompt = embedded_model.encode("def add(a, b):\n    return")
     config = DecodeConfig(block_size=4, max_new_tokens=16)
     ar = generate(embedded_model, prompt, config, "ar").token_ids
-    for name in ("ar", "linear", "quadratic", "packed"):
+    for name in ("ar", "packed"):  # the rest, each on the tiny model (test above): each shape compiles for seconds
         assert generate(compiled, prompt, config, name).token_ids == ar, name
-    assert compiled.compiled and {rows for rows, _ in compiled.static.shapes} <= {1, 4, 8, 20}
+    assert compiled.compiled and {rows for rows, _ in compiled.static.shapes} <= {1, 4, 8}
 
 
 def test_compile_with_the_dynamic_cache_is_one_line_from_the_cli_and_the_benchmark(tiny_model_dir, capsys, tmp_path):
@@ -174,7 +175,8 @@ def test_the_app_store_loads_compiled_models_and_keeps_serving_when_compiling_fa
 def test_the_benchmarks_compiled_reference_rows(tiny_model_dir, tmp_path):
     """``ar-eager`` beside compiled AR and transformers' static-cache compiled ``generate``: same tokens as AR,
     compile time reported apart (every shape met in the warm-up, the probe's B = 3 included: reported, its
-    compile time fell inside the probe's runs)."""
+    compile time fell inside the probe's runs). float64: float32's GEMM tuning would double the compile time here
+    (test_native compiles float32)."""
     import json
 
     from packed_ss.bench.cli import main as bench_main
@@ -184,7 +186,7 @@ def test_the_benchmarks_compiled_reference_rows(tiny_model_dir, tmp_path):
     out = tmp_path / "out"
     assert bench_main(["--model", str(tiny_model_dir), "--prompts", str(prompts), "--schedules",
                        "ar,ar-eager,packed,hf-greedy-compiled", "--block-size", "4", "--max-new-tokens", "8",
-                       "--threads", "1", "--compile", "--resamples", "200", "--probe-block-sizes", "3",
+                       "--threads", "1", "--compile", "--resamples", "200", "--probe-block-sizes", "3", "--dtype", "float64",
                        "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     meta = summary["meta"]
