@@ -73,7 +73,8 @@ def both_url():
     from helpers import serve
     from serve.models import ANY_ORDER_MODEL, DEFAULT_MODEL
 
-    yield from serve(app.build_demo(DEFAULT_MODEL, allowed_models=[ANY_ORDER_MODEL]))
+    yield from serve(app.build_demo(DEFAULT_MODEL, allowed_models=[ANY_ORDER_MODEL],
+                            max_seconds=None))  # no clock limit: a busy machine must not cut a race
 
 
 @pytest.fixture
