@@ -20,7 +20,7 @@ from packed_ss.cli import one_line_warnings, quiet_loaders
 
 from components.style import ASSETS, page_script
 from serve.api import add_api
-from serve.api_defaults import FillApiDefaults
+from serve.api_defaults import FillApiDefaults, address_share
 from serve.blocks import PageBlocks
 from serve.limits import MAX_ROWS_PER_REQUEST, MAX_SECONDS_PER_REQUEST
 from serve.models import DEFAULT_MODEL
@@ -62,18 +62,26 @@ def launch_kwargs(demo: gr.Blocks | None = None) -> dict:
                                      listeners=getattr(demo, "call_listeners", None), takes_files=takes_files,
                                      events=events, queue=lambda: demo._queue,
                                      component_server=any(getattr(b, "server_fns", None) for b in demo.blocks.values()),
-                                     single=single_events(demo)))
+                                     shares=group_shares(demo)))
     kwargs["app_kwargs"] = {"middleware": middleware}
     return kwargs
 
 
-def single_events(demo: gr.Blocks) -> dict:
-    """``{fn_index and api name: its queue group}`` of the events run one at a time for everyone (concurrency 1: the
-    in-app benchmark, group "benchmark"), of which one address may have one waiting or running (serve.api_defaults)."""
+# Queue groups whose events hold the model for seconds (a request, a race, Explain's fits; the benchmark). The Step
+# tab's and the replay's events are short and come several at once from one page (a slider dragged), so they are
+# bounded by the address's event limit alone.
+SHARED_GROUPS = ("compute", "benchmark")
+
+
+def group_shares(demo: gr.Blocks) -> dict:
+    """``{fn_index and api name: (its queue group, the places one address may hold)}`` of the events of
+    :data:`SHARED_GROUPS`: one address may have :func:`serve.api_defaults.address_share` of a group's events
+    waiting or running (one benchmark, since the server runs one for everyone; 4 of the 8 model requests)."""
     found = {}
     for index, f in demo.fns.items():
-        if f.fn is not None and f.concurrency_limit == 1:
-            found.update({index: f.concurrency_id, **({f.api_name: f.concurrency_id} if f.api_name else {})})
+        if f.fn is not None and f.concurrency_id in SHARED_GROUPS and isinstance(f.concurrency_limit, int):
+            share = (f.concurrency_id, address_share(f.concurrency_limit))
+            found.update({index: share, **({f.api_name: share} if f.api_name else {})})
     return found
 
 

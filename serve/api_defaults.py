@@ -71,7 +71,8 @@ class CallListeners:
 
     def posted(self, event_id: str, session: str | None = None, client: str = "", kind: str | None = None) -> None:
         """Note a raw call's event (``session`` None) or a queue join's event of ``session``, sent from the address
-        ``client``; ``kind``: the event's name where an address may have one of it at a time (:meth:`hold`)."""
+        ``client``; ``kind``: the event's queue group where an address may hold only some of its places
+        (:meth:`hold`)."""
         with self._lock:
             self._posted[event_id] = (time.monotonic(), session)
             self._clients[event_id] = client
@@ -90,15 +91,15 @@ class CallListeners:
         with self._lock:
             return self._queued(client, events)
 
-    def hold(self, client: str, events, limit: int, kind: str | None = None) -> int | None:
+    def hold(self, client: str, events, limit: int, kind: str | None = None, share: int = 1) -> int | None:
         """Hold a place for one more request of ``client`` when it has fewer than ``limit`` (:meth:`queued`) and,
-        for a ``kind`` of event an address may have one of at a time, none of that kind: None, and :meth:`arrived`
-        gives the place back once the request is answered; else its count (0: one of that kind is there)."""
+        for an event of the queue group ``kind``, fewer than ``share`` of that group: None, and :meth:`arrived`
+        gives the place back once the request is answered; else its count (0: it has ``share`` of the group)."""
         with self._lock:
             mine = self._queued(client, events)
             if mine >= limit:
                 return mine
-            if kind is not None and self._queued(client, events, kind):
+            if kind is not None and self._queued(client, events, kind) >= share:
                 return 0
             for key in {(client, None), (client, kind)}:
                 self._sending[key] = self._sending.get(key, 0) + 1
@@ -179,6 +180,13 @@ MAX_ID_CHARS = 256  # a session hash or event id longer than this is no id Gradi
 DIRECT_PREFIXES = ("/gradio_api/run/", "/gradio_api/api/")  # Gradio's direct (unqueued) routes: the page's
 # unqueued events post to run/predict with an fn_index; the queued events refuse them (the queue's api_open is off)
 PER_CLIENT_EVENTS = 8  # events one client address may have waiting or running in the queue at once
+
+
+def address_share(concurrency_limit: int) -> int:
+    """The places of a queue group running ``concurrency_limit`` events at once that one client address may hold
+    (waiting or running): half of them, at least 1. One address's 8 model requests took all 8 of the compute
+    group's places, and another visitor's four-token request waited 9 s (fourth recheck of issue 35)."""
+    return max(1, int(concurrency_limit) // 2)
 QUEUED_S = 900.0  # an event counted that long at most (should Gradio's queue fail to let a finished one go)
 SETTLE_S = 1.0  # seconds a request over its address's limit waits for a finished event to leave the queue
 COMPONENT_SERVER_PATH = "/gradio_api/component_server"  # a component's own server functions (none on this page)
@@ -212,17 +220,18 @@ class FillApiDefaults:
         queue: ``() -> Gradio's queue`` (``blocks._queue``), to tell whether a result stream has anything to
             send (None: not checked).
         component_server: whether a component of the page has server functions (else that route answers 404).
-        single: ``{fn_index or api name: kind}`` of the events the server runs one at a time for everyone (a
-            benchmark): one address may have one of each kind waiting or running (the others would wait behind it).
+        shares: ``{fn_index or api name: (its queue group, the places of that group one address may hold)}``: one
+            address may have that many of the group's events waiting or running (:func:`address_share`), so that
+            it cannot take every place the server runs at once and leave the others waiting behind it.
     """
 
     def __init__(self, app, endpoints: dict[str, list[tuple[str, object]]], arity: dict[str, int] | None = None,
                  listeners: CallListeners | None = None, takes_files: set | None = None,
                  events: dict[int, int] | None = None, queue: Callable[[], object] | None = None,
-                 component_server: bool = True, single: dict | None = None):
+                 component_server: bool = True, shares: dict | None = None):
         self.app = app
         self.component_server = component_server
-        self.single = single or {}
+        self.shares = shares or {}
         self.endpoints = endpoints
         self.arity = arity
         self.listeners = listeners
@@ -277,8 +286,8 @@ class FillApiDefaults:
             await reply(send, 404, {"error": f"{path[len('/gradio_api'):]}: no such endpoint; the documented ones "
                                               f"are {', '.join('/' + name for name in self.endpoints)}"})
             return
-        kind = self.single.get(endpoint)
-        crowded = await self._crowded(scope, kind)
+        kind, share = self.shares.get(endpoint, (None, 1))
+        crowded = await self._crowded(scope, kind, share)
         if crowded:
             await reply(send, 429, {"error": crowded})
             return
@@ -345,8 +354,8 @@ class FillApiDefaults:
             return
         body, payload = read
         problem = self.event_problem(payload)
-        kind = self.single.get(payload.get("fn_index")) if problem is None else None
-        crowded = await self._crowded(scope, kind) if problem is None else None
+        kind, share = self.shares.get(payload.get("fn_index"), (None, 1)) if problem is None else (None, 1)
+        crowded = await self._crowded(scope, kind, share) if problem is None else None
         problem = problem or ((429, crowded) if crowded else None)
         if problem is not None:
             await reply(send, problem[0], {"error": problem[1]})
@@ -396,24 +405,28 @@ class FillApiDefaults:
             return f"event {index} runs in the browser only: there is nothing to call on the server"
         return f"no event {shown(index, 40)}: the page's events are {min(self.events)} to {max(self.events)}"
 
-    async def _crowded(self, scope, kind: str | None = None) -> str | None:
+    async def _crowded(self, scope, kind: str | None = None, share: int = 1) -> str | None:
         """Why this client may not queue another event now (it has :data:`PER_CLIENT_EVENTS` waiting, running or
-        being sent), or None: then a place is held for it until :meth:`_arrived` (checked and held at once, so
-        that a burst of requests sent together cannot all pass the check before any is queued)."""
+        being sent, or ``share`` of the queue group ``kind``), or None: then a place is held for it until
+        :meth:`_arrived` (checked and held at once, so that a burst of requests sent together cannot all pass the
+        check before any is queued)."""
         queue = self.queue() if self.queue is not None else None
         events = getattr(queue, "event_ids_to_events", None)
         if self.listeners is None or events is None:
             return None
         waited = 0.0
-        while (mine := self.listeners.hold(client_of(scope), events, PER_CLIENT_EVENTS, kind)) is not None \
+        while (mine := self.listeners.hold(client_of(scope), events, PER_CLIENT_EVENTS, kind, share)) is not None \
                 and waited < SETTLE_S:  # Gradio lets a finished event go a moment after its last message
             await asyncio.sleep(SETTLE_S / 20)
             waited += SETTLE_S / 20
         if mine is None:
             return None
-        if mine == 0:
+        if mine == 0 and share == 1:
             return (f"a {kind} from your address is already waiting or running (one at a time per address, as the "
                     f"server runs one for everyone): wait for it to finish")
+        if mine == 0:
+            return (f"{share} {kind} requests from your address are waiting or running (one address may have "
+                    f"{share} at once, so that others find the server free): wait for one to finish")
         return (f"{mine} requests from your address are waiting or running: let them finish (or cancel them) "
                 f"before sending more")
 

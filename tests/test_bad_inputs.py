@@ -470,7 +470,7 @@ def test_the_keyword_form_of_a_documented_call_still_streams_its_result(server):
     assert code == 200 and "event: complete" in stream, stream[:300]
 
 
-def _queue_stub(delay_s: float = 0.0, single: dict | None = None):
+def _queue_stub(delay_s: float = 0.0, shares: dict | None = None):
     """The middleware over a stand-in for Gradio's join route (each join answered with a new event id after
     ``delay_s``, the event then held by the queue). Returns (the queue's events, the listeners, ``join(address)``:
     a coroutine giving the join's HTTP status)."""
@@ -493,7 +493,7 @@ def _queue_stub(delay_s: float = 0.0, single: dict | None = None):
         await send({"type": "http.response.body", "body": json.dumps({"event_id": event}).encode()})
 
     app = FillApiDefaults(gradio, endpoints={}, listeners=listeners, takes_files=set(), events={0: 1, 1: 1},
-                          queue=lambda: Queue, single=single)
+                          queue=lambda: Queue, shares=shares)
 
     async def join(address: str, fn_index: int = 0) -> int:
         body = json.dumps({"data": [1], "fn_index": fn_index, "session_hash": f"s{next(numbers)}"}).encode()
@@ -529,12 +529,40 @@ def test_one_address_cannot_fill_the_queue():
     assert asyncio.run(join("203.0.113.9")) == 200
 
 
+def test_one_address_holds_half_the_model_requests_places():
+    """One address's 8 model requests, each waited for before the next, took all 8 of the compute group's places: a
+    four-token request from another address waited 9 s (fourth recheck of issue 35). An address may hold half of a
+    group's places, so another address always finds one free."""
+    import asyncio
+
+    from app import group_shares
+    from serve.api_defaults import address_share
+
+    assert [address_share(n) for n in (1, 2, 8, 9)] == [1, 1, 4, 4]
+    events, _, join = _queue_stub(delay_s=0.01, shares={0: ("compute", address_share(8))})
+
+    async def burst():
+        return await asyncio.gather(*(join("203.0.113.9", 0) for _ in range(8)), join("198.51.100.7", 0))
+
+    statuses = asyncio.run(burst())
+    assert sorted(statuses[:8]) == [200] * 4 + [429] * 4 and statuses[8] == 200
+    events.clear()  # its requests are done: it may send more
+    assert asyncio.run(join("203.0.113.9", 0)) == 200
+    import app
+
+    demo = app.build_demo(compute_concurrency=8)
+    shares = group_shares(demo)
+    compute = {f.api_name for i, f in demo.fns.items() if shares.get(i) == ("compute", 4)}
+    assert {"generate", "race"} <= compute and ("benchmark", 1) in shares.values()
+    assert not any(group == "step" for group, _ in shares.values())  # a dragged slider sends several at once
+
+
 def test_one_address_queues_one_benchmark_at_a_time():
     """The server runs one benchmark at a time for everyone: one address queued three from three sessions and a
     visitor's waited 53 s behind them (third recheck of issue 35, session 19)."""
     import asyncio
 
-    events, _, join = _queue_stub(delay_s=0.01, single={1: "benchmark"})
+    events, _, join = _queue_stub(delay_s=0.01, shares={1: ("benchmark", 1)})
 
     async def burst():
         return await asyncio.gather(*(join("203.0.113.9", 1) for _ in range(3)), join("198.51.100.7", 1),
