@@ -241,6 +241,11 @@ class FillApiDefaults:
 
     async def __call__(self, scope, receive, send):
         path = scope.get("path", "") if scope.get("type") == "http" else ""
+        unused = next((why for route, why in UNUSED_ROUTES.items()
+                       if path.rstrip("/") == route or path.startswith(route + "/")), None)
+        if unused is not None:  # Gradio's routes for features this page does not have (before any id in them)
+            await reply(send, 404, {"error": f"this page has no {unused}"})
+            return
         if path.startswith("/gradio_api/"):
             problem = id_problem(path, scope.get("query_string", b""))
             if problem is not None:
@@ -249,11 +254,6 @@ class FillApiDefaults:
             if path.rstrip("/") == COMPONENT_SERVER_PATH and not self.component_server:
                 await reply(send, 404, {"error": "no component of this page answers server calls"})
                 return
-        unused = next((why for route, why in UNUSED_ROUTES.items()
-                       if path.rstrip("/") == route or path.startswith(route + "/")), None)
-        if unused is not None:  # Gradio's routes for features this page does not have
-            await reply(send, 404, {"error": f"this page has no {unused}"})
-            return
         if scope.get("method") == "POST" and path.rstrip("/") == JOIN_PATH and self.takes_files is not None:
             await self._check_join(scope, receive, send)
             return
@@ -519,10 +519,12 @@ class FillApiDefaults:
                     f"{', '.join('/' + name for name in self.endpoints)}")
         api, event_id = parts
         if len(event_id) <= MAX_ID_CHARS:
+            # The event's session (Gradio's route falls back to the id itself, so that a session hash read as an
+            # event id streamed that session's results to whoever knew it: fourth recheck of issue 35).
             event = queue.event_ids_to_events.get(event_id)
             session = event.session_hash if event is not None else next(
-                (s for s, ids in queue.pending_event_ids_session.items() if event_id in ids), event_id)
-            if session in pending:
+                (s for s, ids in queue.pending_event_ids_session.items() if event_id in ids), None)
+            if session is not None and session in pending:
                 return None
         return (f"/{api}: no event {shown(event_id, 40)} is waiting: POST {CALL_PREFIX}{api} first and read its "
                 f"result with the event_id it answers")

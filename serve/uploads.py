@@ -300,7 +300,7 @@ class BoundUploads:
         if parts > self.max_files:
             await reply(send, 413, {"error": f"an upload may carry at most {self.max_files} files, got {parts}"})
             return
-        problem = part_problem(body, boundary)
+        problem = part_problem(body, boundary, charset_of(scope))
         if problem is not None:
             await reply(send, 400, {"error": problem})
             return
@@ -405,34 +405,74 @@ def _gradio_uploads(scope) -> set | None:
 MAX_BOUNDARY = 256  # the longest multipart boundary Gradio's parser (python-multipart) takes
 
 
-def part_problem(body: bytes, boundary: bytes) -> str | None:
+def part_problem(body: bytes, boundary: bytes, charset: bytes | None = None) -> str | None:
     """Why Gradio's upload route would fail on a multipart ``body`` after storing some of its files (kept on disk
-    and counted nowhere), or None: a body without its closing delimiter; a part with no plain file name (none, an
-    empty one, or only the extended form ``filename*=``) or no field name; a file name Gradio refuses to store
-    (``..``, checked with Gradio's own ``strip_invalid_filename_characters`` and ``safe_join``). Headers are read
-    with python-multipart's ``parse_options_header``, as Gradio reads them."""
+    and counted nowhere), or keep a file it does not answer with, or None. The body is read with the parser Gradio
+    reads it with (python-multipart's ``MultipartParser``, its headers gathered as Gradio's ``GradioMultiPartParser``
+    gathers them), so that the check and the upload cannot see different parts: a hand-made reading took the first
+    of two ``Content-Disposition`` headers where Gradio keeps the last (fourth recheck of issue 35).
+
+    Refused: a body the parser cannot read, or one whose last part or closing delimiter never ends; a part with
+    more or fewer than one ``Content-Disposition`` header; a part not named ``files`` (Gradio keeps the others'
+    files as temporary files and moves none of them); a part with no plain file name (none, an empty one, or only
+    the extended form ``filename*=``); a file name Gradio refuses to store (``..``, checked with Gradio's own
+    ``strip_invalid_filename_characters`` and ``safe_join``); a ``charset`` other than UTF-8 (``charset``: the
+    request's, from its Content-Type; file names are decoded with it)."""
+    from gradio.route_utils import _user_safe_decode  # how Gradio decodes a file name
     from gradio.utils import DeveloperPath, InvalidPathError, UserProvidedPath, safe_join
     from gradio_client.utils import strip_invalid_filename_characters
-    from python_multipart.multipart import parse_options_header
+    from python_multipart.exceptions import MultipartParseError
+    from python_multipart.multipart import MultipartParser, MultipartState, parse_options_header
 
-    if not body.rstrip(b"\r\n\t ").endswith(b"--" + boundary + b"--"):
-        return "an upload's body ends with its closing boundary (--BOUNDARY--): send the whole request"
-    for part in body.split(b"--" + boundary)[1:]:
-        headers = part.split(b"\r\n\r\n", 1)[0]
-        if headers.strip() in (b"--", b""):  # the closing delimiter
-            continue
-        disposition = next((line.split(b":", 1)[-1] for line in headers.split(b"\r\n")
-                            if line.lower().startswith(b"content-disposition")), b"")
-        _, options = parse_options_header(disposition.strip())
+    if charset is not None and charset.lower().replace(b"-", b"") != b"utf8":
+        return "an upload's file names are sent in UTF-8 (no other charset)"
+    parts: list[dict] = []
+    header = {"name": b"", "value": b""}
+
+    def on_header_end() -> None:
+        parts[-1]["headers"].append((header["name"].lower(), header["value"]))
+        header["name"] = header["value"] = b""
+
+    callbacks = {
+        "on_part_begin": lambda: parts.append({"headers": [], "ended": False}),
+        "on_header_field": lambda data, start, end: header.__setitem__("name", header["name"] + data[start:end]),
+        "on_header_value": lambda data, start, end: header.__setitem__("value", header["value"] + data[start:end]),
+        "on_header_end": on_header_end,
+        "on_part_end": lambda: parts[-1].__setitem__("ended", True),
+    }
+    parser = MultipartParser(boundary, callbacks)
+    try:
+        parser.write(body)
+        parser.finalize()
+    except (MultipartParseError, ValueError) as error:
+        return f"an upload's body cannot be read as multipart/form-data ({shown(str(error), 80)})"
+    if parser.state != MultipartState.END or not all(part["ended"] for part in parts):
+        return "an upload's body ends with its closing boundary (CRLF --BOUNDARY--): send the whole request"
+    for part in parts:
+        dispositions = [value for name, value in part["headers"] if name == b"content-disposition"]
+        if len(dispositions) != 1:
+            return (f"each part of an upload has one Content-Disposition header (a part has "
+                    f"{len(dispositions)})")
+        _, options = parse_options_header(dispositions[0])
         if not options.get(b"filename") or not options.get(b"name"):
             return ("an uploaded file has no name: send each file as a part named \"files\" with its file name "
                     "(name=\"files\"; filename=\"...\")")
-        name = strip_invalid_filename_characters(Path(options[b"filename"].decode("latin-1")).name)
+        if options[b"name"] != b"files":
+            return f"an upload's parts are named \"files\" (one is named {shown(options[b'name'].decode('latin-1'), 40)})"
+        name = strip_invalid_filename_characters(Path(_user_safe_decode(options[b"filename"], "utf-8")).name)
         try:
             safe_join(DeveloperPath("/uploads"), UserProvidedPath(name))
         except InvalidPathError:
             return f"an uploaded file's name cannot be stored: {shown(name, 40)}"
     return None
+
+
+def charset_of(scope) -> bytes | None:
+    """The ``charset`` parameter of a request's first Content-Type header (None: none given), as Gradio reads it."""
+    from python_multipart.multipart import parse_options_header
+
+    header = next((value for key, value in scope.get("headers", []) if key.lower() == b"content-type"), b"")
+    return parse_options_header(header)[1].get(b"charset")
 
 
 def boundary_of(scope) -> tuple[bytes | None, str | None]:

@@ -391,6 +391,24 @@ def test_a_known_call_still_streams_its_result(server):
 
     code, text = raw_call(server, "generate", {"data": ["w1 w2", "ar", 4, 0.0, 4]})
     assert code == 200 and stream_result(text)[0] == "complete", text[:300]
+    code, text = raw_call(server, "generate", {"data": ["w1 w2", "ar", 4, 0.0, 4], "session_hash": "own-session-1"})
+    assert code == 200 and stream_result(text)[0] == "complete", text[:300]  # with a session hash of its own
+
+
+def test_a_call_result_is_read_by_its_event_id_not_its_session_hash(server):
+    """Gradio's result route falls back to reading the id as a session hash: whoever knew a raw call's session hash
+    took its result, and its own client then got "no event" (fourth recheck of issue 35, session 20)."""
+    import json
+
+    from test_public_server import raw_call, stream_result
+
+    code, text = raw_call(server, "generate", {"data": ["w1 w2", "ar", 4, 0.0, 4], "session_hash": "probesess77"},
+                          read_stream=False)
+    assert code == 200, text
+    code, stolen = _raw(server, "GET", "/gradio_api/call/generate/probesess77")
+    assert code == 404 and "no event 'probesess77' is waiting" in json.loads(stolen)["error"], stolen
+    code, mine = _raw(server, "GET", f"/gradio_api/call/generate/{json.loads(text)['event_id']}")
+    assert code == 200 and stream_result(mine)[0] == "complete", mine[:300]
 
 
 # --- the hostile rerun of issue 35 (F3, F5): routes past the checks ------------------------------------------
@@ -431,9 +449,8 @@ def test_every_route_past_the_defaults_answers_a_bad_request_in_one_line(server,
 
 @pytest.mark.parametrize("path", ["/gradio_api/heartbeat/%00", "/gradio_api/heartbeat/" + "a" * 5000,
                                   "/gradio_api/heartbeat/%C3%A9", "/gradio_api/heartbeat/a%20b",
-                                  "/gradio_api/stream/%00/0/1/playlist.m3u8", "/gradio_api/queue/data?session_hash=%00",
-                                  "/gradio_api/queue/data?session_hash=" + "a" * 50_000,  # item 5: cut-off streams
-                                  "/gradio_api/deep_link?session_hash=%ED%A0%80"])
+                                  "/gradio_api/queue/data?session_hash=%00",
+                                  "/gradio_api/queue/data?session_hash=" + "a" * 50_000])  # item 5: cut-off streams
 def test_a_session_hash_in_a_path_or_query_is_checked_on_every_route(server, capfd, path):
     """A heartbeat for a NUL session logged about 100 lines of tracebacks (httpx.InvalidURL) and ran no unload;
     spaces, accents and 5,000 characters were taken (second recheck, session 19)."""
@@ -449,6 +466,10 @@ def test_a_session_hash_in_a_path_or_query_is_checked_on_every_route(server, cap
     ("/gradio_api/deep_link?session_hash=abcdefghijk", "this page has no deep links"),  # wrote 176 KB a call
     ("/monitoring/summary", "this page has no public monitoring"),  # every visitor's request counts
     ("/monitoring", "this page has no public monitoring"),  # printed the monitoring key to the log
+    # whatever ids they carry (fourth recheck, session 20: "stream/" was answered as a bad session hash)
+    ("/gradio_api/stream/", "this page has no streaming"), ("/gradio_api/stream/%00/0/1/playlist.m3u8",
+                                                            "this page has no streaming"),
+    ("/gradio_api/deep_link?session_hash=%ED%A0%80", "this page has no deep links"),
 ])
 def test_routes_of_features_the_page_does_not_have_answer_404(server, capfd, path, message):
     import json

@@ -207,26 +207,56 @@ def test_an_upload_part_without_a_file_name_is_one_line(server, capfd, dispositi
     assert "Traceback" not in capfd.readouterr().err
 
 
-@pytest.mark.parametrize("tail, message", [
-    (b'--b0\r\nContent-Disposition: form-data; name="files"; filename=".."\r\n\r\nx\r\n--b0--\r\n',
-     "an uploaded file's name cannot be stored: '..'"),
-    (b"", "ends with its closing boundary"),  # a body never closed: Gradio kept a tmp file and answered []
+PART = b'--b0\r\nContent-Disposition: form-data; name="files"; filename="%s"\r\n\r\n'
+
+
+@pytest.mark.parametrize("tail, message, charset", [
+    (PART % b".." + b"TAIL\r\n--b0--\r\n", "an uploaded file's name cannot be stored: '..'", ""),
+    (b"", "ends with its closing boundary", ""),  # a body never closed: Gradio kept a tmp file and answered []
+    # Fourth recheck (session 20): the check read the first of two Content-Disposition headers, Gradio the last;
+    (b'--b0\r\nContent-Disposition: form-data; name="files"; filename="ok.txt"\r\n'
+     b'Content-Disposition: form-data; name="files"; filename=".."\r\n\r\nTAIL\r\n--b0--\r\n',
+     "each part of an upload has one Content-Disposition header (a part has 2)", ""),
+    # a header whose name only begins with content-disposition;
+    (b'--b0\r\nContent-Disposition-X: form-data; name="files"; filename="ok.txt"\r\n'
+     b'Content-Disposition: form-data; name="files"; filename=".."\r\n\r\nTAIL\r\n--b0--\r\n',
+     "an uploaded file's name cannot be stored: '..'", ""),
+    # a closing delimiter straight after the data (no CRLF): the part never ended, and Gradio kept its tmp file;
+    (PART % b"g.txt" + b"TAIL--b0--\r\n", "ends with its closing boundary", ""),
+    # a file part named otherwise than "files": stored as a tmp file, never moved nor removed;
+    (b'--b0\r\nContent-Disposition: form-data; name="other"; filename="o.txt"\r\n\r\nTAIL\r\n--b0--\r\n',
+     "an upload's parts are named \"files\"", ""),
+    # a file name decoded by the request's charset (UTF-7 "+AC4ALg-" is "..").
+    (PART % b"+AC4ALg-" + b"TAIL\r\n--b0--\r\n", "file names are sent in UTF-8", "; charset=utf-7"),
 ])
-def test_an_upload_gradio_would_half_store_is_refused_before_it_stores_anything(server, tail, message):
+def test_an_upload_gradio_would_half_store_is_refused_before_it_stores_anything(server, tail, message, charset):
     """Three 2 MB files and then a part named ".." made Gradio answer 400 after storing the three under its hash
-    names, counted nowhere and never removed: 58 MB from one address past its 16 MB (third recheck, session 19)."""
+    names, counted nowhere and never removed: 58 MB from one address past its 16 MB (third recheck, session 19).
+    The body is now read by Gradio's own parser before Gradio reads it; no file holding either part's bytes is
+    left anywhere in the upload folder (Gradio's temporary files included)."""
     from serve.uploads import upload_folder
 
     host, port = server.split("//")[1].strip("/").split(":")
-    data = os.urandom(1000)
-    body = b'--b0\r\nContent-Disposition: form-data; name="files"; filename="f.bin"\r\n\r\n' + data + b"\r\n" + tail
+    data, rest = os.urandom(1000), os.urandom(1000)
+    body = PART % b"f.bin" + data + b"\r\n" + tail.replace(b"TAIL", rest)
     before = {p for p in upload_folder().rglob("*") if p.is_file()}
     conn = http.client.HTTPConnection(host, int(port), timeout=30)
-    conn.request("POST", "/gradio_api/upload", body, {"Content-Type": "multipart/form-data; boundary=b0"})
+    conn.request("POST", "/gradio_api/upload", body, {"Content-Type": "multipart/form-data; boundary=b0" + charset})
     answer = conn.getresponse()
     assert answer.status == 400 and message in json.loads(answer.read())["error"]
     stored = {p for p in upload_folder().rglob("*") if p.is_file()} - before
-    assert not [p for p in stored if p.read_bytes() == data]
+    assert not [p for p in stored if data in p.read_bytes() or rest in p.read_bytes()]
+
+
+def test_the_upload_check_reads_a_valid_upload_as_gradio_does():
+    """The check passes what the page sends (two files, CRLF-closed, a browser's part headers)."""
+    from serve.uploads import part_problem
+
+    body = (PART % b"a.jsonl" + b'{"prompt": "x"}\r\n'
+            + b'--b0\r\nContent-Disposition: form-data; name="files"; filename="b c.json"\r\n'
+              b"Content-Type: application/json\r\n\r\n{}\r\n--b0--\r\n")
+    assert part_problem(body, b"b0") is None and part_problem(body, b"b0", b"UTF-8") is None
+    assert "closing boundary" in part_problem(body[:-4], b"b0")
 
 
 def test_a_chosen_upload_outlives_the_outputs_written_after_it(folders, tmp_path):
