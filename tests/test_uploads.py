@@ -478,6 +478,21 @@ def test_the_same_upload_by_two_visitors_is_each_ones_own(server):
     assert kind == "error" or "not a file you uploaded in this session" in str(answer)
 
 
+def test_choosing_an_upload_leaves_no_empty_file_behind(server):
+    """gr.File's preprocess made an empty temporary file in Gradio's cache on every upload event and never removed
+    it: each visitor's event left one file on disk (fifth recheck of issue 35, session 20)."""
+    from helpers import page_event
+    from serve.uploads import upload_folder
+
+    before = {p for p in upload_folder().iterdir() if p.is_file()}
+    for n in range(3):
+        path = _upload_file(server, "summary.json", SUMMARY.read_bytes())
+        assert page_event(server, "chosen", [{"path": path, "meta": {"_type": "gradio.FileData"}}],
+                          session=f"visitor-empty-{n}")[0] == "complete"
+    made = {p for p in upload_folder().iterdir() if p.is_file()} - before
+    assert not [p for p in made if p.stat().st_size == 0], made
+
+
 def assert_refused_in_status(kind: str, answer, message: str, others: int) -> None:
     """A Benchmark refusal: one line in the tab's status (its result area), every other output left as it was."""
     import html
