@@ -187,6 +187,8 @@ def address_share(concurrency_limit: int) -> int:
     (waiting or running): half of them, at least 1. One address's 8 model requests took all 8 of the compute
     group's places, and another visitor's four-token request waited 9 s (fourth recheck of issue 35)."""
     return max(1, int(concurrency_limit) // 2)
+
+
 QUEUED_S = 900.0  # an event counted that long at most (should Gradio's queue fail to let a finished one go)
 SETTLE_S = 1.0  # seconds a request over its address's limit waits for a finished event to leave the queue
 COMPONENT_SERVER_PATH = "/gradio_api/component_server"  # a component's own server functions (none on this page)
