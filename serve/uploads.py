@@ -458,7 +458,8 @@ def part_problem(body: bytes, boundary: bytes, charset: bytes | None = None) -> 
             return ("an uploaded file has no name: send each file as a part named \"files\" with its file name "
                     "(name=\"files\"; filename=\"...\")")
         if options[b"name"] != b"files":
-            return f"an upload's parts are named \"files\" (one is named {shown(options[b'name'].decode('latin-1'), 40)})"
+            named = shown(options[b"name"].decode("latin-1"), 40)
+            return f"an upload's parts are named \"files\" (one is named {named})"
         name = strip_invalid_filename_characters(Path(_user_safe_decode(options[b"filename"], "utf-8")).name)
         try:
             safe_join(DeveloperPath("/uploads"), UserProvidedPath(name))
@@ -467,21 +468,23 @@ def part_problem(body: bytes, boundary: bytes, charset: bytes | None = None) -> 
     return None
 
 
-def charset_of(scope) -> bytes | None:
-    """The ``charset`` parameter of a request's first Content-Type header (None: none given), as Gradio reads it."""
+def content_type(scope) -> tuple[bytes, dict]:
+    """A request's first Content-Type header parsed as Gradio parses it (python-multipart's
+    ``parse_options_header``): (its type, its parameters)."""
     from python_multipart.multipart import parse_options_header
 
     header = next((value for key, value in scope.get("headers", []) if key.lower() == b"content-type"), b"")
-    return parse_options_header(header)[1].get(b"charset")
+    return parse_options_header(header)
+
+
+def charset_of(scope) -> bytes | None:
+    """The ``charset`` parameter of a request's Content-Type (None: none given)."""
+    return content_type(scope)[1].get(b"charset")
 
 
 def boundary_of(scope) -> tuple[bytes | None, str | None]:
-    """(the multipart boundary of a request, None) or (None, why there is none usable): the first Content-Type
-    header parsed as Gradio parses it (python-multipart's ``parse_options_header``)."""
-    from python_multipart.multipart import parse_options_header
-
-    header = next((value for key, value in scope.get("headers", []) if key.lower() == b"content-type"), b"")
-    kind, options = parse_options_header(header)
+    """(the multipart boundary of a request, None) or (None, why there is none usable), from its Content-Type."""
+    kind, options = content_type(scope)
     if kind != b"multipart/form-data":
         return None, "an upload is sent as multipart/form-data"
     boundary = options.get(b"boundary", b"")

@@ -32,7 +32,7 @@ from serve.uploads import SessionFiles
 
 HEAVY_S = 60.0  # predicted seconds a benchmark is admitted at on a server without a time limit (always heavy)
 RUN_HOLD_S = 3.0  # seconds a timed run may hold the compute gate while other requests wait (then the runs stop)
-QUIET_S = 0.3  # a run starts only once other requests have left the gate alone this long (a short one takes several turns)
+QUIET_S = 0.3  # a run starts once other requests have left the gate alone this long (a short one takes several turns)
 
 FIGURES = ("ratios", "decomposition", "block_size")
 LEGEND_WIDTH = 30  # characters per line of a legend entry in a third of the page

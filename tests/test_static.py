@@ -186,7 +186,8 @@ def test_the_benchmarks_compiled_reference_rows(tiny_model_dir, tmp_path):
     out = tmp_path / "out"
     assert bench_main(["--model", str(tiny_model_dir), "--prompts", str(prompts), "--schedules",
                        "ar,ar-eager,packed,hf-greedy-compiled", "--block-size", "4", "--max-new-tokens", "8",
-                       "--threads", "1", "--compile", "--resamples", "200", "--probe-block-sizes", "3", "--dtype", "float64",
+                       "--threads", "1", "--compile", "--resamples", "200", "--probe-block-sizes", "3",
+                       "--dtype", "float64",
                        "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     meta = summary["meta"]

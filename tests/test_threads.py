@@ -161,15 +161,14 @@ def _running(exclude: int) -> set[int]:
     return out
 
 
-def _default_race(server, max_new_tokens: int = 32, limited: bool = True):
-    """The app's default race on ``server``; ``limited=False``: without its time limit (a slow machine cannot cut it)."""
+def _default_race(server, max_new_tokens: int = 32):
+    """The app's default race on ``server``, without its time limit (how fast the machine is must not decide it)."""
     from serve.race import run_race
     from serve.settings import RequestValues
 
     settings = server.settings(RequestValues("", "def fibonacci(n):", "packed", 8, 0.0, 0, 1.0, 0, max_new_tokens,
                                              False, "", "model", 0.8, "ltr", False))
-    return run_race(server.tasks, settings, max_rows=server.max_rows,
-                    max_seconds=server.max_seconds if limited else None)
+    return run_race(server.tasks, settings, max_rows=server.max_rows, max_seconds=None)
 
 
 @pytest.fixture(scope="module")
@@ -202,7 +201,7 @@ def test_concurrent_races_never_run_more_busy_torch_threads_than_cores(shipped, 
 
     def race():
         try:
-            result = _default_race(server, 16, limited=False)
+            result = _default_race(server, 16)
             assert all(lane.metrics["tokens"] > 0 for lane in result.lanes)
         except Exception as error:  # noqa: BLE001 - reported below
             errors.append(error)
@@ -240,7 +239,7 @@ def test_the_default_race_beside_a_cpu_burner_finishes_its_lanes(shipped):
         per_call, chosen = {}, ""
         for threads in (None, 1):
             server = _server(shipped, threads)
-            result = _default_race(server, limited=False)
+            result = _default_race(server)
             chosen = chosen or server.threads.describe()
             assert not result.cut_off and all(lane.metrics["tokens"] > 0 for lane in result.lanes), threads
             per_call[threads] = {lane.schedule: lane.metrics["time_per_nfe_ms"] for lane in result.lanes}
