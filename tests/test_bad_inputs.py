@@ -60,20 +60,43 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
+def _refusal(done_code, stderr: str) -> None:
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    assert done_code not in (0, None) and "Traceback" not in stderr and "please report it" not in stderr
+    assert "no folder or hub id this machine can open" in lines[-1] or "--port must be a port number" in lines[-1]
+
+
 @pytest.mark.parametrize("command", [
     ["-m", "packed_ss", "generate", "--model", LONG_NAME, "--prompt", "a"],
-    ["-m", "packed_ss.bench", "--model", LONG_NAME, "--prompts", "humaneval", "--limit", "1", "--schedules", "ar"],
-    ["app.py", "--model", LONG_NAME],
     ["app.py", "--port", "99999"],
-    ["app.py", "--port", "-1"],
 ])
-def test_command_lines_refuse_impossible_names_and_ports_in_one_line(command, tmp_path):
-    if "packed_ss.bench" in command:  # its own --out: the project's bench-out may hold results already
-        command = [*command, "--out", str(tmp_path / "out")]
+def test_command_lines_refuse_impossible_names_and_ports_in_one_line(command):
+    """As processes: the two entry points a user starts (the rest of the cases run in this process, below)."""
     done = _run(*command)
-    lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
-    assert done.returncode != 0 and "Traceback" not in done.stderr and "please report it" not in done.stderr
-    assert "no folder or hub id this machine can open" in lines[-1] or "--port must be a port number" in lines[-1]
+    _refusal(done.returncode, done.stderr)
+
+
+@pytest.mark.parametrize("command", [
+    ["bench", "--model", LONG_NAME, "--prompts", "humaneval", "--limit", "1", "--schedules", "ar"],
+    ["app", "--model", LONG_NAME],
+    ["app", "--port", "-1"],
+])
+def test_the_command_lines_main_functions_refuse_them_in_one_line(command, tmp_path, capsys, monkeypatch):
+    import app
+    from packed_ss.bench.cli import main as bench_main
+
+    def built(*args, **kwargs):  # the refusal comes before any page is built (and no server blocks the test)
+        raise AssertionError("app.main went on to build the page")
+
+    monkeypatch.setattr(app, "build_demo", built)
+
+    if command[0] == "bench":  # its own --out: the project's bench-out may hold results already
+        code = bench_main([*command[1:], "--out", str(tmp_path / "out")])
+    else:
+        with pytest.raises(SystemExit) as stopped:
+            app.main(command[1:])
+        code = stopped.value.code
+    _refusal(code, capsys.readouterr().err)
 
 
 def test_a_checkpoint_with_nan_weights_is_refused_at_load(tmp_path):

@@ -11,16 +11,19 @@ from packed_ss.cli import main
 from packed_ss.config import DecodeConfig
 
 
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "packed_ss", "generate", *args], capture_output=True, text=True,
-                          timeout=300)
+def run_cli(capsys, *args) -> tuple[int, str, str]:
+    """``python -m packed_ss generate ARGS --threads 1`` in this process: (exit status, stdout, stderr). One thread:
+    the thread probe is the subject of tests/test_threads.py; here it would only add seconds."""
+    code = main(["generate", *args, "--threads", "1"])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
 
 
-def test_json_output(tiny_model_dir):
-    out = run_cli("--model", str(tiny_model_dir), "--prompt", "w1 w2 w3", "--max-new-tokens", "9", "--json",
-                  "--schedule", "packed", "--block-size", "4")
-    assert out.returncode == 0, out.stderr
-    data = json.loads(out.stdout)
+def test_json_output(tiny_model_dir, capsys):
+    code, out, err = run_cli(capsys, "--model", str(tiny_model_dir), "--prompt", "w1 w2 w3", "--max-new-tokens", "9",
+                             "--json", "--schedule", "packed", "--block-size", "4")
+    assert code == 0, err
+    data = json.loads(out)
     for key in ("text", "token_ids", "nfe", "wall_s", "tokens_per_nfe", "iterations"):
         assert key in data
     assert 1 <= len(data["token_ids"]) <= 9 and data["nfe"] >= 1
@@ -93,12 +96,13 @@ def test_unreachable_hub_fails_fast_with_a_clear_message(monkeypatch):
 
 # --- issue 11: inputs that used to end in a traceback or an unclear message ------------------------------
 @pytest.mark.parametrize("temperature", ["1e-308", "5e-324"])
-def test_tiny_temperature_works_and_equals_greedy(tiny_model_dir, temperature):
+def test_tiny_temperature_works_and_equals_greedy(tiny_model_dir, temperature, capsys):
     base = ["--model", str(tiny_model_dir), "--prompt", "w1 w2 w3", "--max-new-tokens", "8", "--json"]
-    tiny = run_cli(*base, "--temperature", temperature, "--seed", "4")
-    greedy = run_cli(*base)
-    assert tiny.returncode == 0, tiny.stderr
-    assert json.loads(tiny.stdout)["token_ids"] == json.loads(greedy.stdout)["token_ids"]
+    code, tiny, err = run_cli(capsys, *base, "--temperature", temperature, "--seed", "4")
+    assert code == 0, err
+    code, greedy, err = run_cli(capsys, *base)
+    assert code == 0, err
+    assert json.loads(tiny)["token_ids"] == json.loads(greedy)["token_ids"]
 
 
 def test_prompt_bytes_that_are_not_utf8_are_one_line(tiny_model_dir):
@@ -108,12 +112,12 @@ def test_prompt_bytes_that_are_not_utf8_are_one_line(tiny_model_dir):
     assert "not valid Unicode" in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
 
-def test_prompt_file_that_is_not_utf8_is_named(tiny_model_dir, tmp_path):
+def test_prompt_file_that_is_not_utf8_is_named(tiny_model_dir, tmp_path, capsys):
     path = tmp_path / "latin1.py"
     path.write_bytes("def café():\n".encode("latin-1"))
-    out = run_cli("--model", str(tiny_model_dir), "--prompt-file", str(path))
-    assert out.returncode == 2 and "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
-    assert f"prompt file {str(path)!r} is not UTF-8 text" in out.stderr
+    code, _, err = run_cli(capsys, "--model", str(tiny_model_dir), "--prompt-file", str(path))
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert f"prompt file {str(path)!r} is not UTF-8 text" in err
 
 
 def test_huge_block_size_message_stays_short(tiny_model_dir, capsys):
@@ -122,15 +126,15 @@ def test_huge_block_size_message_stays_short(tiny_model_dir, capsys):
     assert code == 2 and "block size" in err and "301-digit" in err and len(err) < 200
 
 
-def test_whitespace_prompt_and_the_reported_mask_token_case_on_the_shipped_model(embedded_model):
+def test_whitespace_prompt_and_the_reported_mask_token_case_on_the_shipped_model(embedded_model, capsys):
     from conftest import EMBEDDED
 
-    blank = run_cli("--model", str(EMBEDDED), "--prompt", "    ", "--max-new-tokens", "3", "--json")
-    assert blank.returncode == 0, blank.stderr
-    out = run_cli("--model", str(EMBEDDED), "--schedule", "packed", "--prompt", "    return ", "--temperature", "2",
-                  "--seed", "179", "--max-new-tokens", "4", "--json")
-    assert out.returncode == 0, out.stderr
-    assert embedded_model.mask_token_id not in json.loads(out.stdout)["token_ids"]
+    code, _, err = run_cli(capsys, "--model", str(EMBEDDED), "--prompt", "    ", "--max-new-tokens", "3", "--json")
+    assert code == 0, err
+    code, out, err = run_cli(capsys, "--model", str(EMBEDDED), "--schedule", "packed", "--prompt", "    return ",
+                             "--temperature", "2", "--seed", "179", "--max-new-tokens", "4", "--json")
+    assert code == 0, err
+    assert embedded_model.mask_token_id not in json.loads(out)["token_ids"]
 
 
 @pytest.fixture
