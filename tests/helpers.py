@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from packed_ss.models import CallOutput, DualModeModel
@@ -89,12 +90,17 @@ class ScriptedModel:
         return 2 + (self._truth(k) - 1) % (self.vocab_size - 2)
 
     def forward(self, layout, rows):
-        full = layout.full_mask()
-        keys = list(zip(range(layout.cached), self.cache)) + list(zip(layout.position_ids, layout.token_ids))
+        full = np.asarray(layout.full_mask())
+        cached = self.cache[:layout.cached]
+        key_positions = np.concatenate([np.arange(len(cached)), np.asarray(layout.position_ids, dtype=np.int64)])
+        key_tokens = np.concatenate([np.asarray(cached, dtype=np.int64), np.asarray(layout.token_ids, dtype=np.int64)])
+        unmasked = key_tokens != self.mask_token_id
+        full = np.concatenate([full[:, :len(cached)], full[:, layout.cached:]], axis=1)  # keys the cache holds
         n = len(self.prompt)
         logits = torch.zeros(len(rows), self.vocab_size, dtype=torch.float64)
         for out_row, r in enumerate(rows):
-            seen = {pos: tok for (pos, tok), ok in zip(keys, full[r].tolist()) if ok and tok != self.mask_token_id}
+            visible = full[r] & unmasked  # later keys at a position overwrite earlier ones, as in a dict built in order
+            seen = dict(zip(key_positions[visible].tolist(), key_tokens[visible].tolist()))
             position, token = layout.position_ids[r], layout.token_ids[r]
             c = self._verified_outputs(seen)
             if token == self.mask_token_id:  # drafter: predicts its own position

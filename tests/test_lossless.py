@@ -47,9 +47,11 @@ def test_eos_inside_an_accepted_draft_ends_the_output():
 def test_limit_never_exceeded_with_full_acceptance(name):
     """Whole draft + bonus accepted on every iteration; the limit still cuts exactly."""
     target = list(range(2, 14)) * 4
+    # One model for every run, as a server keeps one: Partial-branch SS probes its call cost once, not 57 times
+    # (each probe is thousands of scripted rows).
+    model = ScriptedModel([3], target, thresholds=[0] * 60)
     for limit in range(1, 20):
         for block in (2, 4, 8):
-            model = ScriptedModel([3], target, thresholds=[0] * 60)
             run = generate(model, [3], DecodeConfig(block_size=block, max_new_tokens=limit), name)
             assert run.token_ids == tuple(target[:limit])
             assert run.stop_reason == "limit"

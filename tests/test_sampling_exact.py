@@ -28,15 +28,17 @@ def model():
 
 
 def exact_distribution(model, temperature, top_k, top_p) -> dict[tuple, float]:
+    """P(first LENGTH tokens = seq) for every seq, from one transformers forward over all of them (a batch)."""
     tokens = [t for t in range(model.vocab_size) if t != model.mask_token_id]
-    out = {}
+    sequences = list(itertools.product(tokens, repeat=LENGTH))
     with torch.no_grad():
-        for seq in itertools.product(tokens, repeat=LENGTH):
-            ids = torch.tensor([PROMPT + list(seq)])
-            logits = model.model(input_ids=ids).logits[0, len(PROMPT) - 1: -1]
-            logits[:, list(model.never_emit_ids)] = float("-inf")  # AR never emits them (the mask token)
-            p = warp(logits, temperature, top_k, top_p)
-            out[seq] = float(torch.prod(p[torch.arange(LENGTH), torch.tensor(seq)]))
+        ids = torch.tensor([PROMPT + list(seq) for seq in sequences])
+        logits = model.model(input_ids=ids).logits[:, len(PROMPT) - 1: -1]  # (N, LENGTH, V)
+    logits[..., list(model.never_emit_ids)] = float("-inf")  # AR never emits them (the mask token)
+    out = {}
+    for seq, rows in zip(sequences, logits):
+        p = warp(rows, temperature, top_k, top_p)
+        out[seq] = float(torch.prod(p[torch.arange(LENGTH), torch.tensor(seq)]))
     return out
 
 
