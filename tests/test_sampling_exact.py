@@ -9,6 +9,7 @@ residual that ignores Q and a stored Q that is not the one the draft was drawn f
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 from helpers import tiny_llama
@@ -42,19 +43,19 @@ def exact_distribution(model, temperature, top_k, top_p) -> dict[tuple, float]:
     return out
 
 
-def p_value(model, name, temperature, top_k, top_p) -> float:
+def p_value(model, name, temperature, top_k, top_p, runs: int = RUNS) -> float:
     exact = exact_distribution(model, temperature, top_k, top_p)
     counts = dict.fromkeys(exact, 0)
-    for seed in range(RUNS):
+    for seed in range(runs):
         config = DecodeConfig(block_size=BLOCK, temperature=temperature, top_k=top_k, top_p=top_p,
                               max_new_tokens=LENGTH, seed=seed)
         counts[generate(model, PROMPT, config, name).token_ids] += 1
     impossible = [s for s in exact if exact[s] == 0]  # removed by top-k/top-p: must never appear
     assert sum(counts[s] for s in impossible) == 0
-    big = [s for s in exact if exact[s] * RUNS >= 5]
-    small = [s for s in exact if 0 < exact[s] * RUNS < 5]
+    big = [s for s in exact if exact[s] * runs >= 5]
+    small = [s for s in exact if 0 < exact[s] * runs < 5]
     observed = [counts[s] for s in big] + ([sum(counts[s] for s in small)] if small else [])
-    expected = [exact[s] * RUNS for s in big] + ([sum(exact[s] for s in small) * RUNS] if small else [])
+    expected = [exact[s] * runs for s in big] + ([sum(exact[s] for s in small) * runs] if small else [])
     scale = sum(observed) / sum(expected)
     return chisquare(observed, [e * scale for e in expected]).pvalue
 
@@ -63,6 +64,27 @@ def p_value(model, name, temperature, top_k, top_p) -> float:
 @pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (3, 0.85)])
 def test_matches_exact_ar_distribution(model, name, top_k, top_p):
     assert p_value(model, name, 1.0, top_k, top_p) > ALPHA
+
+
+def correction_from_p(draft, stored_q, p, generator) -> Verdict:
+    """verify_sampled with one fault: the correction drawn from p, not from norm([p - Q]+) (Algorithm 2, line 7)."""
+    p = p.double().numpy() if isinstance(p, torch.Tensor) else np.asarray(p, dtype=float)
+    for i, (token, q_i) in enumerate(zip(draft, stored_q)):
+        p_token, q_token = float(p[i, token]), q_i.prob(token)
+        alpha = 0.0 if p_token <= 0 else (1.0 if q_token <= 0 else min(1.0, p_token / q_token))
+        if float(torch.rand((), generator=generator, dtype=torch.float64)) >= alpha:
+            return Verdict(h=i, token=sample(p[i], generator), is_bonus=False)
+    return Verdict(h=len(draft), token=sample(p[len(draft)], generator), is_bonus=True)
+
+
+def test_the_distribution_check_rejects_a_schedule_whose_correction_ignores_the_residual(model, monkeypatch):
+    """The check above can fail: Packed-SS with that fault is rejected on 500 runs at top-k 3, top-p 0.85. (Without
+    top-k/top-p the fault moves this model's 4-token distribution too little for 2,000 runs to see (p about 0.04);
+    the one-step checks below reject it there.)"""
+    import packed_ss.schedules.base as schedules
+
+    monkeypatch.setattr(schedules, "verify_sampled", correction_from_p)
+    assert p_value(model, "packed", 1.0, 3, 0.85, runs=500) < ALPHA
 
 
 def first_token_pvalue(verify, p_row, q_drawn, q_stored, draws=20000) -> float:
