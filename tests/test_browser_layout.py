@@ -140,7 +140,7 @@ def test_race_legends_clear_the_axis_titles_and_the_race_table_downloads(page):
 
 def test_any_order_lanes_that_differ_from_ar_are_drawn_neutral(page):
     _any_order(page)
-    page.locator("#order").wait_for(state="visible", timeout=10_000)
+    page.locator("#order").wait_for(state="visible", timeout=60_000)
     _choose(page, "order", "by confidence")
     _race(page)
     badges = page.evaluate("""() => [...document.querySelectorAll('#race-lanes .lane .badge')].map(b => ({
@@ -162,23 +162,23 @@ def test_controls_show_only_where_they_apply(page):
     quality = page.locator("#drafter-quality")
     expect(quality).to_be_hidden()  # the model's own drafter: no q
     _choose(page, "drafter", "scripted")
-    expect(quality).to_be_visible(timeout=10_000)
+    expect(quality).to_be_visible(timeout=60_000)
     _any_order(page)  # refuses the scripted drafter
-    page.locator("#order").wait_for(state="visible", timeout=10_000)
-    expect(quality).to_be_hidden(timeout=10_000)
+    page.locator("#order").wait_for(state="visible", timeout=60_000)
+    expect(quality).to_be_hidden(timeout=60_000)
     page.locator("#model-box input").click()
     page.get_by_role("option", name="assets/model", exact=True).click()
-    expect(quality).to_be_visible(timeout=10_000)
+    expect(quality).to_be_visible(timeout=60_000)
     _choose(page, "drafter", "the model")
-    expect(quality).to_be_hidden(timeout=10_000)
+    expect(quality).to_be_hidden(timeout=60_000)
 
     page.get_by_role("tab", name="Benchmark").click()
     page.get_by_text("Run a small benchmark").click()
     bench_model = page.locator("input[aria-label='model']").first
-    bench_model.wait_for(timeout=10_000)
+    bench_model.wait_for(timeout=60_000)
     expect(page.locator("#bench-order")).to_be_hidden()  # the embedded model verifies left to right only
     _any_order(page, "input[aria-label='model'] >> nth=0")
-    expect(page.locator("#bench-order")).to_be_visible(timeout=10_000)
+    expect(page.locator("#bench-order")).to_be_visible(timeout=60_000)
     _shot(page, "bench-order")
 
 
@@ -223,7 +223,7 @@ def test_the_step_tab_fits_a_phone(browser, both_url):  # noqa: F811
         page.locator("#step-btn").wait_for(timeout=60_000)
         # The sidebar starts closed on a phone (open, it covers the page).
         page.wait_for_function("!document.querySelector('#settings-sidebar').classList.contains('open')",
-                               timeout=10_000)
+                               timeout=60_000)
         toggle = page.locator("#settings-sidebar .toggle-button")
         toggle.click()  # opened, its close arrow lies whole on the screen
         page.wait_for_function("document.querySelector('#settings-sidebar').classList.contains('open')")

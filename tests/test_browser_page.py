@@ -176,7 +176,7 @@ def test_any_order_open_positions_show_a_placeholder_and_the_order_choice_follow
     model = page.locator("#model-box input")
     model.click()
     page.get_by_role("option", name="assets/model-anyorder").click()
-    page.locator("#order").wait_for(state="visible", timeout=10_000)
+    page.locator("#order").wait_for(state="visible", timeout=60_000)
     _choose(page, "order", "by confidence")
 
     filled: set[int] = set()
@@ -225,6 +225,6 @@ def test_benchmark_tab_colours_are_distinct_and_its_table_fits(page):
     for scroll, client, right in fits:
         assert scroll <= client + 1 and right <= 1400, (scroll, client, right)
     page.get_by_text("Run a small benchmark").click()
-    model_choice = page.locator("input[aria-label='model']").first.input_value(timeout=10_000)
+    model_choice = page.locator("input[aria-label='model']").first.input_value(timeout=60_000)
     assert not model_choice.startswith("/"), model_choice
     _shot(page, "benchmark")

@@ -29,12 +29,12 @@ def test_play_advances_and_pause_stops(app_url):  # noqa: F811
             expect(page.locator('#token-grid [data-iteration="1"]')).to_be_visible(timeout=60_000)
 
             page.locator("#play-btn").click()
-            expect(page.locator("#play-btn")).to_have_text(re.compile("Pause"), timeout=10_000)
+            expect(page.locator("#play-btn")).to_have_text(re.compile("Pause"), timeout=60_000)
             page.wait_for_function(
                 "() => Number(document.querySelector('#token-grid .token-grid-wrap')?.dataset.iteration) >= 3",
                 timeout=60_000)
             page.locator("#play-btn").click()
-            expect(page.locator("#play-btn")).to_have_text(re.compile("Play"), timeout=10_000)
+            expect(page.locator("#play-btn")).to_have_text(re.compile("Play"), timeout=60_000)
             page.wait_for_timeout(1500)  # a tick already queued may still land
             paused_at = _iteration(page)
             page.wait_for_timeout(2500)
