@@ -17,7 +17,7 @@ from packed_ss.bench.palette import schedule_color, schedule_symbol
 from packed_ss.wording import counted
 
 from components.style import legend_below, legend_html, source_class
-from serve.lanes import Lane, cost_ratio, verdict_text
+from serve.lanes import Lane, cost_ratio, ratio_text, speed_ratio, verdict_text
 
 TokenStrings = Callable[[Sequence[int]], list[str]]
 CHART_HEIGHT = 400  # px (the legend under the chart takes its own rows)
@@ -89,7 +89,9 @@ def lanes_html(lanes: Sequence[Lane], clock_ms: float, strings: TokenStrings, gr
                         f'<span class="v" data-counter="{key}">{value}</span></div>' for key, label, value in counters)
         done = ("" if not c["finished"] else
                 f'<span class="done cut" data-cut="1">cut off at the time limit ({counted(len(lane.token_ids), "token")})</span>'
-                if lane.cut_off else '<span class="done">finished</span>')
+                if lane.cut_off else
+                f'<span class="done" data-stopped="1">stopped with every lane at {counted(len(lane.token_ids), "token")}'
+                f'</span>' if lane.stopped_early else '<span class="done">finished</span>')
         parts.append(
             f'<div class="lane{" lane-cut" if lane.cut_off and c["finished"] else ""}" data-lane="{lane.schedule}" '
             f'data-done="{int(c["finished"])}">'
@@ -126,11 +128,13 @@ def _block_label(lane: Lane) -> str:
 
 
 def _who_was_cut(lane: Lane, ar: Lane | None) -> str:
-    """Whose run the time limit cut, of a lane compared with AR over part of its output: "AR", "this lane",
-    "both"."""
+    """Why a lane was compared with AR over part of its output: the race stopped every lane at a common count,
+    or the time limit cut "AR cut off", "this lane cut off", "both cut off"."""
+    if lane.stopped_early or (ar is not None and ar.stopped_early):
+        return "the race stopped every lane there"
     if ar is not None and ar.cut_off and not lane.cut_off:
-        return "AR"
-    return "both" if ar is not None and ar.cut_off else "this lane"
+        return "AR cut off"
+    return "both cut off" if ar is not None and ar.cut_off else "this lane cut off"
 
 
 def badge_html(lanes: Sequence[Lane], greedy: bool, order: str = "ltr") -> str:
@@ -167,6 +171,11 @@ def badge_html(lanes: Sequence[Lane], greedy: bool, order: str = "ltr") -> str:
             badges.append(f'<span class="badge ok" data-badge="identical">✓ Greedy outputs of '
                           f'{html.escape(", ".join(lane.title for lane in compared))} are identical to AR\'s '
                           f'({counted(n, "token")})</span>')
+        elif not bad and all(lane.stopped_early or lane.compared == n for lane in compared) and n:
+            badges.append(f'<span class="badge ok" data-badge="identical-stopped">✓ Greedy outputs of '
+                          f'{html.escape(", ".join(lane.title for lane in compared))} are identical to AR\'s over '
+                          f'the {counted(n, "token")} every lane made before the race stopped them together (the '
+                          f'time limit): nothing is claimed past them</span>')
         elif not bad:  # a cut-off run: the agreement holds over the tokens both made, no further
             over = ", ".join(f"{lane.title}: {counted(lane.compared, 'token')}" for lane in compared)
             badges.append(f'<span class="badge info" data-badge="partial">Greedy outputs agree with AR\'s over the '
@@ -257,24 +266,27 @@ def summary_html(lanes: Sequence[Lane]) -> str:
     """A table of each lane's final metrics (hidden reference lanes included, marked)."""
     head = ("<tr><th>schedule</th><th>B</th><th>tokens</th><th>NFE</th><th>tokens/NFE</th>"
             "<th title='time per call over AR&#39;s: what one call costs in AR calls'>ms/NFE ÷ AR</th>"
-            "<th>wall s (median, min–max)</th><th>ms/NFE</th><th>tokens/s</th><th>mean A (prefill excluded)</th>"
-            "<th>= AR</th></tr>")
+            "<th>wall s</th><th>ms/NFE</th><th>tokens/s</th>"
+            "<th title='speed over AR&#39;s with its 95% interval over the paired slices'>speed ÷ AR [95%]</th>"
+            "<th>mean A (prefill excluded)</th><th>= AR</th></tr>")
     rows = []
     ar = next((lane for lane in lanes if lane.schedule == "ar"), None)
     for lane in lanes:
         m = lane.metrics
         same = ("reference" if lane.schedule == "ar" else "not compared" if lane.compared is None else
-                f"yes, over the first {counted(lane.compared, 'token')} ({_who_was_cut(lane, ar)} cut off)"
+                f"yes, over the first {counted(lane.compared, 'token')} ({_who_was_cut(lane, ar)})"
                 if lane.identical and lane.partial else
                 f"yes ({counted(lane.compared, 'token')})" if lane.identical else
                 f"no (token {lane.first_difference})")
         name = lane.title + ("" if lane.shown else " (hidden)")
         accept = f"{m['mean_acceptance_length']:.2f}" if lane.schedule != "diffusion" else "–"
-        med, lo, hi = lane.wall_range
         b = m.get("block_size") if lane.schedule != "ar" else "–"
+        speed = speed_ratio(lane, ar) if ar is not None and lane is not ar else None
+        versus = "1 (reference)" if lane is ar else "–" if speed is None else ratio_text(speed)
         ratio = "–" if cost_ratio(lane, ar) is None else f"{cost_ratio(lane, ar):.2f}"
         rows.append(f"<tr><td>{html.escape(name)}</td><td>{b}</td><td>{m['tokens']}</td><td>{m['nfe']}</td>"
                     f"<td>{m['tokens_per_nfe']:.2f}</td><td data-col='cost-ratio'>{ratio}</td>"
-                    f"<td>{med:.3f} ({lo:.3f}–{hi:.3f})</td><td>{m['time_per_nfe_ms']:.1f}</td>"
-                    f"<td>{m['throughput']:.1f}</td><td>{accept}</td><td>{same}</td></tr>")
+                    f"<td data-col='wall-s'>{m['wall_s']:.3f}</td><td>{m['time_per_nfe_ms']:.1f}</td>"
+                    f"<td data-col='throughput'>{m['throughput']:.1f}</td><td data-col='speed-vs-ar'>{versus}</td>"
+                    f"<td>{accept}</td><td>{same}</td></tr>")
     return f'<div class="race-summary-wrap"><table class="race-summary">{head}{"".join(rows)}</table></div>'

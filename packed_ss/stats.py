@@ -12,6 +12,7 @@ Shape legend: N prompts, M columns (per-prompt totals), R resamples.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -130,3 +131,25 @@ def mean_difference(sums: np.ndarray, observed: np.ndarray, a: int, b: int, coun
     estimate = _divide(total[a] - total[b], total[count])
     draws = _divide(sums[:, a] - sums[:, b], sums[:, count])
     return percentile_interval(float(estimate), draws, len(observed), level)
+
+
+SLICE_RESAMPLES = 5_000  # resamples of a race's paired slices (a few dozen slices: the interval settles by then)
+
+
+def paired_speed_ratio(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]],
+                       resamples: int = SLICE_RESAMPLES, seed: int = 0, level: float = LEVEL) -> Interval | None:
+    """Speed of lane a over lane b, ``(sum tokens_a / sum ms_a) / (sum tokens_b / sum ms_b)``, with a paired
+    percentile bootstrap interval over the slices both lanes ran (:mod:`packed_ss.turns`).
+
+    Args:
+        a, b: per round, (tokens, milliseconds) of each lane, aligned by round; a round where either lane made no
+            token or took no time is left out (it pairs nothing).
+        resamples, seed, level: as :func:`bootstrap_sums` and :func:`percentile_interval`.
+    Returns: the :class:`Interval` (``n`` = paired slices), or None when no round pairs the two lanes.
+    """
+    pairs = [(ta, ma, tb, mb) for (ta, ma), (tb, mb) in zip(a, b) if ta > 0 and ma > 0 and tb > 0 and mb > 0]
+    if not pairs:
+        return None
+    observed = np.asarray(pairs, dtype=np.float64)
+    sums = bootstrap_sums(observed, resamples=resamples, seed=seed)
+    return ratio_of_ratios(sums, observed, 0, 1, 2, 3, level)

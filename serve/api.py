@@ -71,10 +71,12 @@ def add_api(server: Server, concurrency_limit: int) -> dict[str, list[tuple[str,
         """Race AR, Linear, Quadratic and Packed (plus optional ``lanes``: comma-separated from "lookup",
         "packed-mixed", "partial", "diffusion") on one prompt.
 
-        Each lane is measured up to three times in rotating order, each call alone. Returns per-lane
-        metrics (those of the median run) with ``wall_s_repeats``, ``wall_s_median/min/max``,
-        ``identical_to_ar``, ``first_difference`` and ``divergence``; ``repeats``, ``verdict``, ``cut_off`` (lanes
-        the server's time limit stopped: partial, not ranked) and ``lossless_identical_to_ar`` overall. ``order``: an any-order model's verification order for the
+        The lanes run side by side in turns (each round raises a common token target by ``slice_tokens``, the
+        lanes' order rotated every round), each call alone; at the server's time limit every lane stops at the
+        same token count (``stopped_at_tokens``). Returns per-lane metrics with ``slices`` ([tokens, ms] per
+        round), ``speed_vs_ar`` (speed over AR's with its 95% interval over the paired slices),
+        ``identical_to_ar``, ``first_difference`` and ``divergence``; ``rounds``, ``verdict``, ``cut_off`` (lanes
+        stopped before they made a token: not ranked) and ``lossless_identical_to_ar`` overall. ``order``: an any-order model's verification order for the
         speculative lanes ("ltr" or "confidence"); such a model races AR, Linear, Quadratic and Packed only.
         ``chat``: send the prompt as one user message in the model's chat template (models that have one).
         """

@@ -15,13 +15,14 @@ import json
 from collections.abc import Sequence
 
 from serve.errors import UserError
-from serve.lanes import cost_ratio
+from serve.lanes import cost_ratio, speed_ratio
 from serve.race import RaceResult
 from serve.uploads import SessionFiles
 
 MAX_DOWNLOAD_BYTES = 8 * 2**20  # one download file (a 512-token run at B = 32 writes about 2 MB of records)
 RACE_COLUMNS = ("schedule", "title", "shown", "block_size", "tokens", "nfe", "tokens_per_nfe", "time_per_nfe_ms",
-                "time_per_nfe_vs_ar", "wall_s_median", "wall_s_min", "wall_s_max", "throughput",
+                "time_per_nfe_vs_ar", "wall_s", "throughput", "speed_vs_ar", "speed_vs_ar_low",
+                "speed_vs_ar_high", "paired_slices",
                 "mean_acceptance_length", "identical_to_ar", "first_difference")
 
 
@@ -73,12 +74,15 @@ def race_rows(result: RaceResult) -> list[dict]:
     rows = []
     for lane in result.lanes:
         m = lane.metrics
-        median, low, high = lane.wall_range
+        ratio = speed_ratio(lane, ar) if ar is not None and lane is not ar else None
         rows.append({"schedule": lane.schedule, "title": lane.title, "shown": lane.shown,
                      "block_size": m.get("block_size") if lane.schedule != "ar" else None,
                      "tokens": m["tokens"], "nfe": m["nfe"], "tokens_per_nfe": m["tokens_per_nfe"],
                      "time_per_nfe_ms": m["time_per_nfe_ms"], "time_per_nfe_vs_ar": cost_ratio(lane, ar),
-                     "wall_s_median": median, "wall_s_min": low, "wall_s_max": high, "throughput": m["throughput"],
+                     "wall_s": m["wall_s"], "throughput": m["throughput"],
+                     "speed_vs_ar": ratio.estimate if ratio else None,
+                     "speed_vs_ar_low": ratio.low if ratio else None, "speed_vs_ar_high": ratio.high if ratio else None,
+                     "paired_slices": ratio.n if ratio else None,
                      "mean_acceptance_length": m["mean_acceptance_length"] if lane.schedule != "diffusion" else None,
                      "identical_to_ar": (lane.identical if lane.compared is not None or lane.schedule == "ar" else ""),
                      "first_difference": lane.first_difference})

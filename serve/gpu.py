@@ -11,12 +11,13 @@ from dataclasses import replace
 from packed_ss.config import DecodeConfig
 from packed_ss.cost import CallCost, call_cost, roofline, warm_probe
 from packed_ss.divergence import Divergence, divergence
-from packed_ss.engine import decode, scripted_drafter
-from packed_ss.measure import rotation, timed_run, warm_up
+from packed_ss.engine import decode, finish_run, scripted_drafter
+from packed_ss.measure import timed_run, warm_up
 from packed_ss.models import ModelLoadError
 from packed_ss.models.scripted import ScriptedDrafter
 from packed_ss.records import IterationRecord, RunRecord
 from packed_ss.schedules import SPECULATIVE
+from packed_ss.turns import MIN_SLICE_TOKENS, Turns, stop_together, take_turns
 
 from serve.background import Background, wait_for
 from serve.costs import CostBook
@@ -118,18 +119,20 @@ class GpuTasks:
 
     def _race(self, model_ref: tuple, prompt_ids: Sequence[int], config: DecodeConfig,
               schedules: Sequence[str], priority: float = 0.0, alive: Callable[[], bool] | None = None,
-              repeats: int = 1, block_sizes: dict[str, int] | None = None,
-              limit_s: float | None = None) -> tuple[list[list[RunRecord]], int]:
-        """Each schedule to the end ``repeats`` times, one run after the other on its own adapter (each
-        iteration measured alone at the gate); the order rotates by one lane per repeat so that no lane
-        always runs first. ``block_sizes``: a schedule's own B where given. Returns the runs per schedule,
-        in ``schedules`` order, and how many iterations of other requests ran between this race's ones.
+              slice_size: int = MIN_SLICE_TOKENS, block_sizes: dict[str, int] | None = None,
+              limit_s: float | None = None) -> tuple[Turns, list[RunRecord], int]:
+        """Every schedule on its own adapter, side by side in turns (:func:`packed_ss.turns.take_turns`): each
+        round raises a common token target by ``slice_size`` tokens and each lane, in an order rotated every
+        round, runs its iterations up to it, every iteration measured alone at the gate. ``block_sizes``: a
+        schedule's own B where given. ``limit_s``: the race's time limit from the clock (None: none); when it
+        comes, every lane stops at the same token count (:func:`packed_ss.turns.stop_together`; stop reason
+        :data:`~packed_ss.turns.COMMON_STOP`, or :data:`~serve.limits.TIME_LIMIT` for all when a lane had made
+        no token).
 
-        A two-token AR warm-up runs first so that the first lane does not pay one-off start-up costs.
-        ``limit_s``: the race's time limit from the clock (None: none), shared fairly: each run may take the time
-        left divided by the runs left (:func:`fair_share`), so a slow lane cannot starve the lanes after it; a run
-        cut off ends with the stop reason :data:`~serve.limits.TIME_LIMIT` (:func:`kept_runs`).
-        Raises: ClientGone between two iterations once ``alive()`` is False.
+        A two-token AR warm-up runs first so that no lane pays one-off start-up costs. Returns the turns, one
+        run record per schedule (in ``schedules`` order, text decoded) and how many iterations of other
+        requests ran between this race's ones. Raises: ClientGone between two iterations once ``alive()`` is
+        False.
         """
         model = self.store.get(*model_ref[:2])
         owner = object()  # this race's turns at the gate
@@ -139,17 +142,20 @@ class GpuTasks:
         with self.gate.watch(owner) if self.gate is not None else nullcontext(lambda: 0) as others:
             warm_up(model.share(), prompt_ids, [("ar", DecodeConfig(block_size=config.block_size, max_new_tokens=2))],
                     isolate)
-            # A scripted drafter follows AR's output: computed once for every lane and repeat.
+            # A scripted drafter follows AR's output: computed once for every lane.
             reference = getattr(self._adapter(model_ref, prompt_ids, config, isolate=isolate), "reference", None)
-            runs: dict[str, list[RunRecord]] = {s: [] for s in schedules}
-            order = list(rotation(list(schedules), repeats))
-            for done, (_, _, schedule) in enumerate(order):
+            lanes, adapters, configs = [], [], []
+            for schedule in schedules:
                 own = replace(config, block_size=(block_sizes or {}).get(schedule, config.block_size))
                 adapter = self._adapter(model_ref, prompt_ids, own, reference)
-                share = self._isolate(priority, alive, owner, fair_share(deadline, len(order) - done))
-                runs[schedule].append(cut_off(timed_run(adapter, prompt_ids, own, schedule, share)))
+                lanes.append((schedule, isolate(decode(adapter, list(prompt_ids), own, schedule))))
+                adapters.append(adapter)
+                configs.append(own)
+            turns = stop_together(take_turns(lanes, slice_size, config.max_new_tokens))
             interleaved = others()
-        return [kept_runs(runs[s]) for s in schedules], interleaved
+        runs = [cut_off(finish_run(adapter, list(run.records), own, run.name, len(prompt_ids)))
+                for adapter, own, run in zip(adapters, configs, turns.runs)]
+        return turns, runs, interleaved
 
     def _generate(self, model_ref: tuple, prompt_ids: Sequence[int], config: DecodeConfig, schedule: str,
                   priority: float = 0.0, alive: Callable[[], bool] | None = None,
@@ -266,19 +272,3 @@ class GpuTasks:
                 if records:
                     out.append((b, records))
         return out
-
-
-def fair_share(deadline: float | None, runs_left: int) -> float | None:
-    """The ``time.monotonic()`` deadline of the next of ``runs_left`` runs that share the time until ``deadline``
-    (None: no limit): now plus the time left over the runs left (a run that ends early leaves its rest to the
-    others)."""
-    if deadline is None:
-        return None
-    now = time.monotonic()
-    return now + max(0.0, deadline - now) / max(1, runs_left)
-
-
-def kept_runs(runs: Sequence[RunRecord]) -> list[RunRecord]:
-    """A race lane's runs to report: its complete ones, else (every one cut off at the time limit) its first."""
-    complete = [run for run in runs if run.stop_reason != TIME_LIMIT]
-    return complete or list(runs[:1])

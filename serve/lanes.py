@@ -1,16 +1,19 @@
 """A race lane (:class:`Lane`): the compact, CPU-only timeline of one measured run (cumulative wall time, NFE
-and tokens at the end of each iteration), replayed by the page on a shared clock; and the race's verdict.
-Wall times are the engine's measured decoder times, so the replay speed never changes the numbers."""
+and tokens at the end of each iteration), replayed by the page on a shared clock, with its per-round slices
+(:mod:`packed_ss.turns`); and the race's verdict: speed ratios with paired bootstrap intervals over the slices
+(:func:`packed_ss.stats.paired_speed_ratio`). Wall times are the engine's measured decoder times, so the replay
+speed never changes the numbers."""
 
 from __future__ import annotations
 
 import bisect
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from packed_ss.divergence import Divergence, first_difference
 from packed_ss.records import RunRecord
+from packed_ss.stats import Interval, paired_speed_ratio
+from packed_ss.turns import COMMON_STOP
 from packed_ss.wording import counted
 
 from serve.limits import TIME_LIMIT
@@ -29,11 +32,12 @@ class Lane:
         first_difference: index of the first differing token (a length difference counts), or None.
         shown: whether the lane is displayed (the AR reference may run hidden).
         divergence: for a greedy lossless lane that differs: AR's top-2 margin there and the near-tie verdict.
-        wall_s_repeats: decoder wall time (s) of every measurement of this lane (the lane replays the median).
+        slices: (tokens, decoder ms) of each round of the race (:func:`packed_ss.turns.slices`), aligned by round
+            across the lanes: the paired observations of the verdict's intervals.
         max_rows_per_call: the most rows of one call after the first iteration (the prefill's excluded).
-        compared: the tokens compared with the reference: all of them, or (either run cut off at the time limit)
-            the ones both made; None where nothing could be compared (no reference, or a cut-off run with no
-            tokens on one side). partial: the comparison stopped at a cut-off run's end.
+        compared: the tokens compared with the reference: all of them, or (either run stopped early: cut off, or
+            stopped with the other lanes) the ones both made; None where nothing could be compared (no reference,
+            or a cut-off run with no tokens on one side). partial: the comparison stopped at a stopped run's end.
     """
 
     schedule: str
@@ -48,7 +52,7 @@ class Lane:
     first_difference: int | None = None
     shown: bool = True
     divergence: Divergence | None = None
-    wall_s_repeats: tuple[float, ...] = ()
+    slices: tuple[tuple[int, float], ...] = ()
     max_rows_per_call: int = 0
     compared: int | None = None
     partial: bool = False
@@ -72,8 +76,8 @@ class Lane:
             return ("made no tokens before the time limit: not compared" if not self.token_ids else
                     "not compared: AR made no tokens before the time limit")
         if self.identical:
-            return (f"= AR over the first {counted(self.compared, 'token')} (a run was cut off)" if self.partial
-                    else "= AR output")
+            return (f"= AR over the first {counted(self.compared, 'token')} (the race stopped there)"
+                    if self.partial else "= AR output")
         return (f"differs from AR at token {self.first_difference} ({sum(self.differs)} of {len(self.token_ids)} "
                 f"tokens)")
 
@@ -83,10 +87,14 @@ class Lane:
         return self.metrics.get("stop_reason") == TIME_LIMIT
 
     @property
-    def wall_range(self) -> tuple[float, float, float]:
-        """(median, min, max) decoder wall time in seconds over the repeats."""
-        times = sorted(self.wall_s_repeats) or [self.total_ms / 1000]
-        return statistics.median(times), times[0], times[-1]
+    def stopped_early(self) -> bool:
+        """Whether the race stopped this lane with the others at their common token count (a time limit)."""
+        return self.metrics.get("stop_reason") == COMMON_STOP
+
+    @property
+    def wall_s(self) -> float:
+        """Decoder wall time of the lane's run (seconds): the time its tokens took."""
+        return self.total_ms / 1000
 
     def at(self, clock_ms: float) -> int:
         """Iterations finished ``clock_ms`` into the run (0..len(wall_ms))."""
@@ -94,9 +102,10 @@ class Lane:
 
 
 def lane_from_run(run: RunRecord, title: str, reference: Sequence[int] | None, shown: bool = True,
-                  partial_reference: bool = False) -> Lane:
+                  partial_reference: bool = False, slices: Sequence[tuple[int, float]] = ()) -> Lane:
     """Build a lane from a finished run; ``reference`` is the AR output to compare with (or None). When the run or
-    the reference (``partial_reference``) was cut off at the time limit, only their common length is compared."""
+    the reference (``partial_reference``) stopped early (cut off at the time limit, or stopped with the other
+    lanes), only their common length is compared. ``slices``: the run's per-round (tokens, ms)."""
     wall, nfe, tokens = [], [], []
     w = n = k = 0
     for record in run.records:
@@ -111,7 +120,7 @@ def lane_from_run(run: RunRecord, title: str, reference: Sequence[int] | None, s
     partial = False
     if reference is not None:
         ref, ids = list(reference), list(run.token_ids)
-        partial = partial_reference or run.stop_reason == TIME_LIMIT
+        partial = partial_reference or run.stop_reason in (TIME_LIMIT, COMMON_STOP)
         if partial:
             ref, ids = ref[:len(ids)], ids[:len(ref)]
         if ids or not partial:  # a cut-off run with nothing on one side compares nothing
@@ -122,16 +131,8 @@ def lane_from_run(run: RunRecord, title: str, reference: Sequence[int] | None, s
     return Lane(schedule=run.schedule, title=title, token_ids=tuple(run.token_ids), sources=tuple(run.sources),
                 wall_ms=tuple(wall), nfe=tuple(nfe), tokens=tuple(tokens), metrics=run.metrics(), differs=differs,
                 first_difference=first, shown=shown,
-                max_rows_per_call=run.max_rows_per_call or 0, compared=compared, partial=partial)
-
-
-def lane_from_runs(runs: Sequence[RunRecord], title: str, reference: Sequence[int] | None,
-                   partial_reference: bool = False) -> Lane:
-    """A lane from repeated runs of one schedule: it replays the run of median wall time and keeps every
-    run's wall time (the outputs of repeats are identical: same settings, same seed)."""
-    ordered = sorted(runs, key=lambda run: run.wall_s)
-    lane = lane_from_run(ordered[(len(ordered) - 1) // 2], title, reference, partial_reference=partial_reference)
-    return replace(lane, wall_s_repeats=tuple(run.wall_s for run in runs))
+                max_rows_per_call=run.max_rows_per_call or 0, compared=compared, partial=partial,
+                slices=tuple((int(t), float(ms)) for t, ms in slices))
 
 
 GPU_NOTE = ("on a GPU a call of a few dozen rows costs about the same as a one-row call (paper, Appendix F), so "
@@ -149,7 +150,24 @@ def cost_ratio(lane: Lane, ar: Lane | None) -> float | None:
     return lane.metrics["time_per_nfe_ms"] / ar_ms if ar_ms > 0 else None
 
 
-MIN_REPEATS = 3  # runs per lane below which no winner is named: one or two runs show no spread to judge noise by
+MIN_SLICES = 4  # paired slices below which no winner is named: too few rounds to tell a difference from noise
+
+
+def speed_ratio(lane: Lane, other: Lane) -> Interval | None:
+    """``lane``'s speed (tokens per second of decoder time) over ``other``'s, with its 95% paired bootstrap
+    interval over the rounds both ran (:func:`packed_ss.stats.paired_speed_ratio`); None where no round pairs
+    them (a lane that made nothing)."""
+    return paired_speed_ratio(lane.slices, other.slices)
+
+
+def ratio_text(interval: Interval) -> str:
+    """"0.52 [0.48, 0.57]": a speed ratio and its interval."""
+    return f"{interval.estimate:.2f} [{interval.low:.2f}, {interval.high:.2f}]"
+
+
+def is_tie(interval: Interval | None) -> bool:
+    """Whether a speed ratio's interval holds 1 (no difference beyond noise); True without an interval."""
+    return interval is None or not interval.low > 1.0 and not interval.high < 1.0
 
 
 def noise_note(lane: Lane, ar: Lane | None) -> str:
@@ -189,28 +207,29 @@ def why_text(lanes: Sequence[Lane], winner: Lane) -> str:
 
 
 def paper_comparisons(lanes: Sequence[Lane]) -> str:
-    """Packed-SS against the paper's baselines (Linear-SS, Quadratic-SS, AR): its speed as a multiple of
-    each one's (ratio of median wall times), "a tie" where the min-max ranges overlap. Empty without Packed-SS."""
-    packed = next((lane for lane in lanes if lane.schedule == "packed"), None)
-    if packed is None or packed.wall_range[0] <= 0:
+    """Packed-SS against the paper's baselines (Linear-SS, Quadratic-SS, AR): its speed over each one's with the
+    paired interval over the race's slices, "a tie" where the interval holds 1. Empty without Packed-SS."""
+    packed = next((lane for lane in lanes if lane.schedule == "packed" and not lane.cut_off), None)
+    if packed is None or packed.total_ms <= 0:
         return ""
-    p_med, p_lo, p_hi = packed.wall_range
     parts = []
     for name in PAPER_BASELINES:
-        other = next((lane for lane in lanes if lane.schedule == name), None)
-        if other is None:
+        other = next((lane for lane in lanes if lane.schedule == name and not lane.cut_off), None)
+        interval = speed_ratio(packed, other) if other is not None else None
+        if interval is None:
             continue
-        med, lo, hi = other.wall_range
-        tie = lo <= p_hi and p_lo <= hi
-        parts.append(f"{med / p_med:.2f}x as fast as {other.title}{' (a tie: the ranges overlap)' if tie else ''}")
-    return f"The paper's comparisons: {packed.title} is " + ", ".join(parts) + "." if parts else ""
+        judged = ("a tie: the interval holds 1" if is_tie(interval) else
+                  "faster, beyond noise" if interval.low > 1 else "slower, beyond noise")
+        parts.append(f"{packed.title} / {other.title} {ratio_text(interval)} ({judged})")
+    return "The paper's comparisons, speed over speed: " + "; ".join(parts) + "." if parts else ""
 
 
 def verdict_text(lanes: Sequence[Lane]) -> str:
-    """Ranking by median wall time and the winner's speed against each other lane, "tie" where the
-    min-max ranges of the repeats overlap (speed ratio = the other lane's median / the winner's); then why the
+    """Ranking by speed (tokens per second of decoder time) and every other lane's speed over the fastest one's
+    with its 95% paired interval over the race's slices, "a tie" where the interval holds 1; then why the
     winner won (:func:`why_text`) and Packed-SS against the paper's baselines (:func:`paper_comparisons`).
-    Lanes cut off at the time limit are not ranked (their runs are partial); the verdict names them first."""
+    Lanes cut off at the time limit are not ranked (the race stopped before they made a token); the verdict
+    names them first."""
     cut = [lane.title for lane in lanes if lane.cut_off]
     ranked = verdict_of([lane for lane in lanes if not lane.cut_off])
     if not cut:
@@ -220,37 +239,34 @@ def verdict_text(lanes: Sequence[Lane]) -> str:
 
 
 def verdict_of(lanes: Sequence[Lane]) -> str:
-    """:func:`verdict_text` over complete lanes only."""
-    timed = sorted(lanes, key=lambda lane: lane.wall_range[0])
+    """:func:`verdict_text` over the lanes that were not cut off."""
+    timed = sorted((lane for lane in lanes if lane.total_ms > 0 and lane.token_ids),
+                   key=lambda lane: -lane.metrics["throughput"])
     if len(timed) < 2:
         return ""
     best = timed[0]
-    b_med, b_lo, b_hi = best.wall_range
-    repeats = len(best.wall_s_repeats) or 1
-    parts, ties = [], []
-    for lane in timed[1:]:
-        med, lo, hi = lane.wall_range
-        tie = lo <= b_hi and b_lo <= hi
-        ties += [lane.title] if tie else []
-        parts.append(f"{med / b_med:.2f}x {lane.title}{' (tie: ranges overlap)' if tie else ''}" if b_med > 0
-                     else lane.title)
-    ranking = ", ".join(f"{i}. {lane.title} {lane.wall_range[0]:.3f} s" for i, lane in enumerate(timed, 1))
-    fewest = min(len(lane.wall_s_repeats) or 1 for lane in timed)
-    noun = f"median of {repeats} runs each" if repeats > 1 else "one run each"
-    if fewest < MIN_REPEATS:
-        head = (f"No winner can be judged: {counted(fewest, 'run per lane')} show{'s' if fewest == 1 else ''} no spread to tell "
-                f"a difference from noise (it takes {MIN_REPEATS}); {best.title} had the lowest time")
-        parts = [f"{lane.wall_range[0] / b_med:.2f}x {lane.title}" if b_med > 0 else lane.title for lane in timed[1:]]
+    against = [(lane, speed_ratio(lane, best)) for lane in timed[1:]]
+    paired = min((interval.n if interval is not None else 0) for _, interval in against)
+    ties = [lane.title for lane, interval in against if is_tie(interval)]
+    parts = [f"{lane.title} {ratio_text(interval)}{' (a tie: the interval holds 1)' if is_tie(interval) else ''}"
+             if interval is not None else f"{lane.title} (no round in common)" for lane, interval in against]
+    ranking = ", ".join(f"{i}. {lane.title} {lane.metrics['throughput']:.1f} tokens/s" for i, lane in
+                        enumerate(timed, 1))
+    if paired < MIN_SLICES:
+        head = (f"No winner can be judged: {counted(paired, 'paired slice', 'paired slices')} {'is' if paired == 1 else 'are'} too "
+                f"few to tell a difference from noise (it takes {MIN_SLICES}: raise the new-token limit); "
+                f"{best.title} had the highest speed")
     elif ties:
-        head = (f"No clear winner: {best.title} has the lowest median but ties with {', '.join(ties)} "
-                f"(their min-max ranges overlap)")
+        head = (f"No clear winner: {best.title} is fastest but ties with {', '.join(ties)} (the interval of the "
+                f"speed ratio holds 1)")
     else:
-        head = f"Fastest: {best.title}, beyond the spread of the repeats"
-    if fewest < MIN_REPEATS:  # no winner, so no reason why it won; a ratio that can only be noise is still said
+        head = f"Fastest: {best.title}, beyond noise against every other lane"
+    if paired < MIN_SLICES:  # no winner, so no reason why it won; a ratio that can only be noise is still said
         ar = next((lane for lane in lanes if lane.schedule == "ar"), None)
         why = next((note for note in (noise_note(lane, ar) for lane in lanes) if note), "")
     else:
         why = why_text(lanes, best)
     extra = " ".join(s for s in (why, paper_comparisons(lanes)) if s)
-    return (f"{head}. By median: {', '.join(parts)}. Ranking by decoder wall time ({noun}): {ranking}."
+    return (f"{head}. Speed over {best.title}'s (95% interval over {counted(paired, 'paired slice', 'paired slices')}): "
+            f"{', '.join(parts)}. Ranking by tokens per second of decoder time: {ranking}."
             + (f" {extra}" if extra else ""))

@@ -1,5 +1,5 @@
-"""A race: AR, Linear-SS, Quadratic-SS and Packed-SS (and optional lanes) on one prompt, each measured
-several times in rotating order (:func:`run_race` -> :class:`RaceResult`)."""
+"""A race: AR, Linear-SS, Quadratic-SS and Packed-SS (and optional lanes) on one prompt, measured side by side
+in turns (:mod:`packed_ss.turns`; :func:`run_race` -> :class:`RaceResult`)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from packed_ss.any_order import ORDER_REGISTRY
 from packed_ss.engine import decode
 from packed_ss.registry import get_schedule
 from packed_ss.schedules import LOSSLESS, REGISTRY, SPECULATIVE
+from packed_ss.turns import COMMON_STOP, slice_tokens, slices as turn_slices
 
 from serve.block_sizes import BestBlockSizes
 from serve.gpu import GpuTasks
-from serve.lanes import Lane, cost_ratio, lane_from_runs, verdict_text
+from serve.lanes import Lane, cost_ratio, lane_from_run, speed_ratio, verdict_text
 from serve.limits import MAX_ROWS_PER_REQUEST, TIME_LIMIT, check_work, release_memory, worst_case_seconds
 from serve.notes import model_note
 from serve.runs import schedule_for
@@ -30,8 +31,11 @@ class RaceResult:
 
     Attributes:
         settings: the shared prompt and settings. lanes: AR first, then the requested schedules.
-        greedy: temperature 0. compute_s: wall-clock seconds the computation took (lanes run one by one).
-        repeats: measurements per lane (rotating order).
+        greedy: temperature 0. compute_s: wall-clock seconds the computation took (the lanes' turns together).
+        rounds: rounds of turns (each lane advanced once per round, the order rotated every round).
+        slice_tokens: how far the common token target rose per round (tokens).
+        stopped_at: the token count every lane was stopped at when the time limit came (None: every lane ran
+            to its own end; 0: a lane had made no token, so every lane is cut off and nothing is ranked).
         block_size_source: where each lane's own best B came from ("" = every lane at the settings' B).
         interleaved: iterations of other requests that ran between this race's iterations (0 = isolated).
         left_out: titles of requested lanes the model has no version of (an any-order model).
@@ -51,7 +55,9 @@ class RaceResult:
     greedy: bool
     compute_s: float
     prompt_tokens: int
-    repeats: int = 1
+    rounds: int = 0
+    slice_tokens: int = 0
+    stopped_at: int | None = None
     block_size_source: str = ""
     interleaved: int = 0
     left_out: tuple[str, ...] = ()
@@ -68,6 +74,7 @@ class RaceResult:
     def to_json(self) -> dict:
         """JSON-ready result: per-lane metrics and agreement with AR."""
         lanes = {}
+        ar = self.lane("ar")
         for lane in self.lanes:
             metrics = dict(lane.metrics)
             metrics["identical_to_ar"] = None if lane.compared is None and lane.schedule != "ar" else lane.identical
@@ -75,8 +82,9 @@ class RaceResult:
             metrics["first_difference"] = lane.first_difference
             metrics["divergence"] = lane.divergence.as_dict() if lane.divergence is not None else None
             metrics["shown"] = lane.shown
-            metrics["wall_s_repeats"] = list(lane.wall_s_repeats)
-            metrics["wall_s_median"], metrics["wall_s_min"], metrics["wall_s_max"] = lane.wall_range
+            metrics["slices"] = [list(pair) for pair in lane.slices]
+            ratio = speed_ratio(lane, ar) if ar is not None and lane is not ar else None
+            metrics["speed_vs_ar"] = ratio.as_dict() if ratio is not None else None
             metrics["max_rows_per_call"] = lane.max_rows_per_call
             metrics["time_per_nfe_vs_ar"] = cost_ratio(lane, self.lane("ar"))
             lanes[lane.schedule] = metrics
@@ -95,7 +103,9 @@ class RaceResult:
             "lossless_identical_to_ar": (all(lane.identical for lane in compared) if compared else None),
             "measured": not all(lane.cut_off for lane in self.lanes),
             "compute_s": self.compute_s,
-            "repeats": self.repeats,
+            "rounds": self.rounds,
+            "slice_tokens": self.slice_tokens,
+            "stopped_at_tokens": self.stopped_at,
             "interleaved_iterations": self.interleaved,
             "isolation": self.isolation,
             "block_sizes": {lane.schedule: lane.metrics["block_size"] for lane in self.lanes},
@@ -106,27 +116,26 @@ class RaceResult:
         }
 
 
-RACE_REPEATS = 3  # measurements per lane in a race (fewer when the row budget does not allow three)
+SAFETY = 0.8  # the share of the time limit a race plans its slices for (the prediction is rough)
 
 
 def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), log: TimingLog | None = None,
              max_rows: int = MAX_ROWS_PER_REQUEST, alive: Callable[[], bool] | None = None,
-             repeats: int = RACE_REPEATS, best: "BestBlockSizes | None" = None,
-             max_seconds: float | None = None, admit: Callable | None = None) -> RaceResult:
+             best: "BestBlockSizes | None" = None, max_seconds: float | None = None,
+             admit: Callable | None = None) -> RaceResult:
     """Race AR, Linear, Quadratic and Packed (plus ``extra`` lanes "lookup", "packed-mixed", "partial",
-    "diffusion") on one prompt.
+    "diffusion") on one prompt, side by side in turns (:meth:`serve.gpu.GpuTasks._race`).
 
-    Every lane is measured ``repeats`` times in rotating order (as many as ``max_rows`` and ``max_seconds``
-    allow, at least once); each lane replays its median-time run and reports the min-max of the repeats.
+    Each round raises a common token target by a slice (:func:`packed_ss.turns.slice_tokens`: about a
+    sixteenth of the tokens the time limit is predicted to allow) and every lane runs up to it, the order
+    rotated every round, so that every lane meets the same machine. ``max_seconds`` is a hard limit from the
+    clock: when it comes, every lane stops at the same token count and all are ranked over those tokens. The
+    verdict compares speeds with paired intervals over the rounds (:func:`serve.lanes.verdict_text`).
     With ``best``, each speculative lane runs at its own fastest B (:class:`BestBlockSizes`), else all at the
     settings' B. ``admit(predicted seconds)``: a context manager held while the race computes
-    (:class:`serve.admission.Admission`; used with ``max_seconds``, which gives the prediction). ``max_seconds``
-    is also a hard limit from the clock, shared fairly: each run may take the time left over the runs left, so
-    every lane runs; a lane still running at its share's end is cut off with its partial output and not ranked
-    (:attr:`RaceResult.cut_off`). A predicted time beyond ``max_seconds`` is no refusal: it lowers the repeats.
+    (:class:`serve.admission.Admission`).
     Raises: UserError for bad extra lanes, work beyond ``max_rows`` (checked before any run), or a race not
-    admitted; ModelLoadError;
-    PromptError for empty / too long prompts; ClientGone when ``alive()`` turns False.
+    admitted; ModelLoadError; PromptError for empty / too long prompts; ClientGone when ``alive()`` turns False.
     """
     extra = parse_lanes(list(extra))
     model = tasks.store.get(*settings.model_ref[:2])
@@ -144,36 +153,39 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
     sizes, source = best.choose(tasks, settings, ids, max_rows, max_seconds) if best is not None else (None, "")
     once = check_work(schedules + reference, len(ids), settings.config, max_rows, block_sizes=sizes,
                       any_order=any_order)
-    repeats = max(1, min(repeats, max_rows // max(1, once)))
-    once_s = 0.0  # predicted worst case of one measurement of every lane: fewer repeats when it is long
+    c = settings.config
+    predicted = 0.0  # predicted worst case of the whole race: the slices are planned for what the limit allows
+    reach = c.max_new_tokens
     if max_seconds is not None:
-        once_s = worst_case_seconds(schedules + reference, len(ids), settings.config,
-                                    tasks.cost(settings.model_ref, alive), block_sizes=sizes, any_order=any_order)
-        repeats = max(1, min(repeats, int(max_seconds // max(once_s, 1e-9))))
+        predicted = worst_case_seconds(schedules + reference, len(ids), c, tasks.cost(settings.model_ref, alive),
+                                       block_sizes=sizes, any_order=any_order)
+        reach = int(c.max_new_tokens * min(1.0, SAFETY * max_seconds / max(predicted, 1e-9)))
+    slice_size = slice_tokens(c.max_new_tokens, reach)
     left = None if max_seconds is None else max(0.0, max_seconds - (time.monotonic() - begun))
     start = time.perf_counter()
     try:
-        with admit(once_s * repeats) if admit is not None else nullcontext():
-            measured, interleaved = tasks.race(settings.model_ref, ids, settings.config, schedules,
-                                               float(once * repeats), alive, repeats, sizes, left)
+        with admit(min(predicted, max_seconds or predicted)) if admit is not None else nullcontext():
+            turns, runs, interleaved = tasks.race(settings.model_ref, ids, c, schedules, float(once), alive,
+                                                  slice_size, sizes, left)
     finally:
         release_memory()
     compute_s = time.perf_counter() - start
-    done = [run for runs in measured for run in runs]
     if log is not None:
-        for run in done:
+        for run in runs:
             log.add(run.records, run.block_size)
-    tasks.costs.observe(settings.model_ref, [record for run in done for record in run.records])
-    reference, partial = measured[0][0].token_ids, measured[0][0].stop_reason == TIME_LIMIT
+    tasks.costs.observe(settings.model_ref, [record for run in runs for record in run.records])
+    reference, partial = runs[0].token_ids, runs[0].stop_reason in (TIME_LIMIT, COMMON_STOP)
     scripted = "" if settings.scripted is None else f" · scripted\u00a0drafter\u00a0q={settings.scripted:g}"
-    order = f" · {settings.config.order} order" if any_order else ""
+    order = f" · {c.order} order" if any_order else ""
     titles = {s: get_schedule(s, model).title + (order if s in SPECULATIVE else "") for s in schedules}
-    lanes = tuple(lane_from_runs(runs, titles[runs[0].schedule] + (scripted if runs[0].schedule != "ar" else ""),
-                                 reference, partial) for runs in measured)
-    if settings.config.greedy and not any_order:  # a lossless lane that left AR: near-tie (low precision) or bug?
+    lanes = tuple(lane_from_run(run, titles[run.schedule] + (scripted if run.schedule != "ar" else ""), reference,
+                                partial_reference=partial, slices=turn_slices(turn))
+                  for run, turn in zip(runs, turns.runs))
+    if c.greedy and not any_order:  # a lossless lane that left AR: near-tie (low precision) or bug?
         lanes = tuple(replace(lane, divergence=tasks.divergence(settings.model_ref, ids, reference, lane.token_ids))
-                      if lane.schedule in LOSSLESS and not lane.identical and not lane.cut_off else lane
-                      for lane in lanes)
-    return RaceResult(settings=settings, lanes=lanes, greedy=settings.config.greedy, compute_s=compute_s,
-                      prompt_tokens=len(ids), repeats=repeats, block_size_source=source, interleaved=interleaved,
+                      if lane.schedule in LOSSLESS and not lane.identical and not lane.cut_off
+                      and lane.compared is not None else lane for lane in lanes)
+    return RaceResult(settings=settings, lanes=lanes, greedy=c.greedy, compute_s=compute_s,
+                      prompt_tokens=len(ids), rounds=turns.rounds, slice_tokens=turns.slice_tokens,
+                      stopped_at=turns.stopped_at, block_size_source=source, interleaved=interleaved,
                       left_out=left_out, model_note=model_note(tasks.store, settings.model, model))

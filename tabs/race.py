@@ -1,5 +1,5 @@
 """The Race tab: AR, Linear-SS, Quadratic-SS and Packed-SS (and optional lanes) on the same prompt, measured
-first (:func:`serve.race.run_race`), then replayed on one clock while the charts fill in."""
+side by side in turns (:func:`serve.race.run_race`), then replayed on one clock while the charts fill in."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import gradio as gr
 from components.race_panel import badge_html, lanes_html, race_figures, summary_html
 from components.style import error_html, model_note_html, note_html
 from packed_ss.inputs import shown
+from packed_ss.wording import counted
 from serve.api import best_sizes_for
 from serve.downloads import offer_race
 from serve.errors import UserError, refused
@@ -25,36 +26,38 @@ REPLAY_FRAME_S = 0.25  # seconds between replay frames (a few updates a second i
 CHART_EVERY = 2  # the race charts fill in every second frame (a new figure remounts the plot)
 INTRO = ("AR (the baseline), Linear-SS, Quadratic-SS and Packed-SS, and the optional lanes ticked below, decode the "
          "sidebar's prompt with the same settings. "
-         "Each lane is measured up to three times in rotating order (fewer when the time limit would not hold "
-         "them; the note below says how often), each model call **alone** (never sharing the CPU/GPU with another "
-         "request's call); the lanes then replay their median runs on one clock, and the verdict says "
-         "who won and whether the gap is more than the spread between repeats.")
+         "The lanes take **turns**: each round every lane decodes a few more tokens (a *slice*), in an order "
+         "rotated every round, each model call alone, so that every lane meets the same machine. If the time limit "
+         "nears, every lane stops at the same token count. The lanes then replay on one clock, and the verdict "
+         "gives each lane's speed over the fastest one's with a 95% interval over the paired slices: a gap whose "
+         "interval excludes 1 is beyond noise.")
 LANE_CHOICES = [("Prompt-lookup lane (the peer: n-gram drafts, no drafter)", "lookup"),
                 ("Packed-SS + n-gram lane (drafter or n-gram per position)", "packed-mixed"),
                 ("Partial-branch SS lane (k of Quadratic-SS's branches)", "partial"),
                 ("Block-diffusion lane", "diffusion")]
 
 
-
-
 def race_note(result: RaceResult, limit_s: float | None = None) -> str:
     """What was measured, how often, where the block sizes came from, and whether the race ran alone; for a race
     whose every lane the time limit (``limit_s`` seconds) cut off, that nothing could be measured and what would fit."""
+    left_out = (f" Left out: {', '.join(result.left_out)} (no version for an any-order model)."
+                if result.left_out else "")
     if result.lanes and all(lane.cut_off for lane in result.lanes):
-        return nothing_measured(result, limit_s) + " " + result.isolation
-    times = "once" if result.repeats == 1 else f"{result.repeats} times in rotating order"
-    note = (f"Measured {len(result.lanes)} lanes {times}, one run after the other, in {result.compute_s:.2f} s. "
-            f"Replaying each lane's median run on one clock. Timings on a shared machine vary between races: "
-            f"the Benchmark tab gives intervals over many prompts.")
+        return nothing_measured(result, limit_s) + left_out + " " + result.isolation
+    c = result.settings.config
+    note = (f"Measured {len(result.lanes)} lanes side by side in {counted(result.rounds, 'round')} of "
+            f"{counted(result.slice_tokens, 'token')}, the order rotated every round, in {result.compute_s:.2f} s. ")
+    if result.stopped_at is not None:
+        note += (f"The time limit came at {result.stopped_at} of {c.max_new_tokens} tokens: every lane stopped "
+                 f"there, so all are ranked over the same tokens. ")
+    note += "Replaying each lane's measured iterations on one clock."
     if result.block_size_source:
         note += f" Block sizes: {result.block_size_source}."
     if result.cut_off:
         titles = [lane.title for lane in result.lanes if lane.cut_off]
         note += (f" Cut off at this server's time limit: {', '.join(titles)} (partial output, not ranked; lower the "
                  f"new-token limit, the lanes or the prompt length).")
-    if result.left_out:
-        note += f" Left out: {', '.join(result.left_out)} (no version for an any-order model)."
-    return note + " " + result.isolation
+    return note + left_out + " " + result.isolation
 
 
 def nothing_measured(result: RaceResult, limit_s: float | None) -> str:
