@@ -171,7 +171,7 @@ def badge_html(lanes: Sequence[Lane], greedy: bool, order: str = "ltr") -> str:
             badges.append(f'<span class="badge ok" data-badge="identical">✓ Greedy outputs of '
                           f'{html.escape(", ".join(lane.title for lane in compared))} are identical to AR\'s '
                           f'({counted(n, "token")})</span>')
-        elif not bad and all(lane.stopped_early or lane.compared == n for lane in compared) and n:
+        elif not bad and ref is not None and ref.stopped_early:  # every lane stopped at one count
             badges.append(f'<span class="badge ok" data-badge="identical-stopped">✓ Greedy outputs of '
                           f'{html.escape(", ".join(lane.title for lane in compared))} are identical to AR\'s over '
                           f'the {counted(n, "token")} every lane made before the race stopped them together (the '

@@ -1,7 +1,8 @@
 """Lanes measured in turns: several runs on one prompt advanced side by side, so that every lane meets the same
 machine (a race on a busy computer measures each lane under the same load, not whichever came last).
 
-* :func:`slice_tokens` chooses how many new tokens one turn (a *slice*) advances a lane.
+* :func:`slice_tokens` chooses how many new tokens one turn (a *slice*) advances a lane without a time limit;
+  with one, :func:`next_slice` plans each round from the speed of the rounds before.
 * :func:`take_turns` drives the lanes' iteration generators in rounds: round r raises a common token target by
   one slice, and each lane, in an order rotated by one lane every round, runs iterations until it reaches the
   target (or ends). Between two iterations a server may serve other requests (the generators are its own gated
@@ -18,7 +19,8 @@ the lanes never changes what any lane computes.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from packed_ss.measure import rotated
@@ -29,16 +31,12 @@ TARGET_ROUNDS = 16  # rounds a race aims at: enough paired slices for a bootstra
 MIN_SLICE_TOKENS = 2  # the smallest slice: a turn of at least a couple of iterations of AR
 
 
-def slice_tokens(max_new_tokens: int, reachable_tokens: int | None = None, rounds: int = TARGET_ROUNDS) -> int:
-    """New tokens per slice: the tokens the race expects to reach (``reachable_tokens``, e.g. what a time limit
-    allows at the predicted speed; None: ``max_new_tokens``) over ``rounds``, at least :data:`MIN_SLICE_TOKENS`.
-
-    Raises: ValueError for a token count or round count below 1.
-    """
+def slice_tokens(max_new_tokens: int, rounds: int = TARGET_ROUNDS) -> int:
+    """New tokens per slice without a time limit: ``max_new_tokens`` over ``rounds``, at least
+    :data:`MIN_SLICE_TOKENS`. Raises: ValueError for a token count or round count below 1."""
     if max_new_tokens < 1 or rounds < 1:
         raise ValueError(f"max_new_tokens and rounds must be at least 1, got {max_new_tokens} and {rounds}")
-    reach = max_new_tokens if reachable_tokens is None else max(1, min(max_new_tokens, reachable_tokens))
-    return max(MIN_SLICE_TOKENS, -(-reach // rounds))
+    return max(MIN_SLICE_TOKENS, -(-max_new_tokens // rounds))
 
 
 def new_tokens(record: IterationRecord) -> int:
@@ -73,23 +71,38 @@ class Turns:
 
     Attributes:
         runs: one :class:`TurnRun` per lane, in the order the lanes were given.
-        slice_tokens: the target's step from one round to the next (tokens).
-        rounds: rounds begun.
+        targets: the common token target of each round begun (rising by a slice each round).
         stopped_at: the common token count every lane was trimmed to when the turns stopped early (None: every
             lane ran to its own end); 0 when a lane had made no token, so nothing can be compared.
     """
 
     runs: tuple[TurnRun, ...]
-    slice_tokens: int
-    rounds: int
+    targets: tuple[int, ...]
     stopped_at: int | None = None
 
+    @property
+    def rounds(self) -> int:
+        return len(self.targets)
 
-def take_turns(lanes: Sequence[tuple[str, Iterator[IterationRecord]]], slice_size: int,
-               max_new_tokens: int) -> Turns:
-    """Advance ``lanes`` (name, iteration generator) side by side in rounds of ``slice_size`` tokens (see the
-    module docstring), until every run has ended or one generator stops without its run ending (the caller's
-    time limit: the turns stop there for every lane; :func:`stop_together` then trims them).
+    @property
+    def slice_range(self) -> tuple[int, int]:
+        """(smallest, largest) slice of the rounds (tokens); (0, 0) without rounds."""
+        steps = [b - a for a, b in zip((0, *self.targets), self.targets)]
+        return (min(steps), max(steps)) if steps else (0, 0)
+
+
+def take_turns(lanes: Sequence[tuple[str, Iterator[IterationRecord]]], slice_size: int, max_new_tokens: int,
+               time_left: Callable[[], float] | None = None, rounds_aim: int = TARGET_ROUNDS,
+               clock: Callable[[], float] = time.monotonic) -> Turns:
+    """Advance ``lanes`` (name, iteration generator) side by side in rounds (see the module docstring), until
+    every run has ended or one generator stops without its run ending (the caller's time limit: the turns stop
+    there for every lane; :func:`stop_together` then trims them).
+
+    Without ``time_left`` every round raises the target by ``slice_size`` tokens. With it (seconds left of the
+    caller's limit, read on ``clock``), the first round is :data:`MIN_SLICE_TOKENS` and each later one is planned
+    from the rounds before (:func:`next_slice`): the tokens the remaining time is expected to hold at the speed so
+    far, spread over the rounds left of ``rounds_aim``, so that a machine slower than predicted still gives every
+    lane many rounds before the limit.
 
     Raises: ValueError for no lanes or a slice below 1 token; whatever the generators raise (a server's
     ClientGone) passes through.
@@ -103,12 +116,21 @@ def take_turns(lanes: Sequence[tuple[str, Iterator[IterationRecord]]], slice_siz
     tokens = dict.fromkeys(records, 0)
     ended = dict.fromkeys(records, False)
     generators = dict(lanes)
-    target, rounds, stopped = 0, 0, False
-    progressed = True
+    targets: list[int] = []
+    begun = clock()
+    stopped, progressed = False, True
     while progressed and not stopped and not all(ended.values()):
-        target = min(max_new_tokens, target + slice_size)
+        target = targets[-1] if targets else 0
+        if time_left is None:
+            step = slice_size
+        elif not targets:
+            step = MIN_SLICE_TOKENS
+        else:
+            step = next_slice(target, clock() - begun, time_left(), max_new_tokens, rounds_aim - len(targets))
+        target = min(max_new_tokens, target + step)
+        targets.append(target)
         progressed = target < max_new_tokens  # a round at the limit that runs nothing is the last
-        for name in rotated([name for name, _ in lanes], rounds):
+        for name in rotated([name for name, _ in lanes], len(targets) - 1):
             while not ended[name] and tokens[name] < target:
                 record = next(generators[name], None)
                 if record is None:  # the generator stopped before the engine ended the run: out of time
@@ -120,11 +142,22 @@ def take_turns(lanes: Sequence[tuple[str, Iterator[IterationRecord]]], slice_siz
                 ended[name] = record.stop_reason is not None
             if stopped:
                 break
-        rounds += 1
         for name in records:
             ends[name].append(len(records[name]))
     runs = tuple(TurnRun(name, tuple(records[name]), tuple(ends[name]), ended[name]) for name, _ in lanes)
-    return Turns(runs=runs, slice_tokens=slice_size, rounds=rounds, stopped_at=None)
+    return Turns(runs=runs, targets=tuple(targets))
+
+
+SAFETY = 0.8  # the share of the time left that the next rounds are planned to fill
+
+
+def next_slice(reached: int, spent_s: float, left_s: float, max_new_tokens: int, rounds_left: int) -> int:
+    """The next round's slice (tokens): the tokens ``left_s`` seconds should hold at the speed of the rounds so far
+    (``reached`` tokens of every lane in ``spent_s`` seconds), times :data:`SAFETY`, and no more than the tokens
+    still to make, spread over ``rounds_left`` rounds (at least one); at least :data:`MIN_SLICE_TOKENS`."""
+    remaining = max(0, max_new_tokens - reached)
+    reachable = SAFETY * left_s * reached / spent_s if spent_s > 0 else remaining
+    return max(MIN_SLICE_TOKENS, -(-int(min(reachable, remaining)) // max(1, rounds_left)))
 
 
 def stop_together(turns: Turns) -> Turns:

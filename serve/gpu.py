@@ -122,8 +122,9 @@ class GpuTasks:
               slice_size: int = MIN_SLICE_TOKENS, block_sizes: dict[str, int] | None = None,
               limit_s: float | None = None) -> tuple[Turns, list[RunRecord], int]:
         """Every schedule on its own adapter, side by side in turns (:func:`packed_ss.turns.take_turns`): each
-        round raises a common token target by ``slice_size`` tokens and each lane, in an order rotated every
-        round, runs its iterations up to it, every iteration measured alone at the gate. ``block_sizes``: a
+        round raises a common token target by a slice (``slice_size`` tokens without a limit, else planned from
+        the time left) and each lane, in an order rotated every round, runs its iterations up to it, every
+        iteration measured alone at the gate. ``block_sizes``: a
         schedule's own B where given. ``limit_s``: the race's time limit from the clock (None: none); when it
         comes, every lane stops at the same token count (:func:`packed_ss.turns.stop_together`; stop reason
         :data:`~packed_ss.turns.COMMON_STOP`, or :data:`~serve.limits.TIME_LIMIT` for all when a lane had made
@@ -151,7 +152,8 @@ class GpuTasks:
                 lanes.append((schedule, isolate(decode(adapter, list(prompt_ids), own, schedule))))
                 adapters.append(adapter)
                 configs.append(own)
-            turns = stop_together(take_turns(lanes, slice_size, config.max_new_tokens))
+            left = None if deadline is None else (lambda: deadline - time.monotonic())
+            turns = stop_together(take_turns(lanes, slice_size, config.max_new_tokens, time_left=left))
             interleaved = others()
         runs = [cut_off(finish_run(adapter, list(run.records), own, run.name, len(prompt_ids)))
                 for adapter, own, run in zip(adapters, configs, turns.runs)]

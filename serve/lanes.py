@@ -76,8 +76,8 @@ class Lane:
             return ("made no tokens before the time limit: not compared" if not self.token_ids else
                     "not compared: AR made no tokens before the time limit")
         if self.identical:
-            return (f"= AR over the first {counted(self.compared, 'token')} (the race stopped there)"
-                    if self.partial else "= AR output")
+            why = "the race stopped every lane there" if self.stopped_early else "a run was cut off"
+            return f"= AR over the first {counted(self.compared, 'token')} ({why})" if self.partial else "= AR output"
         return (f"differs from AR at token {self.first_difference} ({sum(self.differs)} of {len(self.token_ids)} "
                 f"tokens)")
 

@@ -33,7 +33,7 @@ class RaceResult:
         settings: the shared prompt and settings. lanes: AR first, then the requested schedules.
         greedy: temperature 0. compute_s: wall-clock seconds the computation took (the lanes' turns together).
         rounds: rounds of turns (each lane advanced once per round, the order rotated every round).
-        slice_tokens: how far the common token target rose per round (tokens).
+        slice_range: (smallest, largest) rise of the common token target from one round to the next (tokens).
         stopped_at: the token count every lane was stopped at when the time limit came (None: every lane ran
             to its own end; 0: a lane had made no token, so every lane is cut off and nothing is ranked).
         block_size_source: where each lane's own best B came from ("" = every lane at the settings' B).
@@ -56,7 +56,7 @@ class RaceResult:
     compute_s: float
     prompt_tokens: int
     rounds: int = 0
-    slice_tokens: int = 0
+    slice_range: tuple[int, int] = (0, 0)
     stopped_at: int | None = None
     block_size_source: str = ""
     interleaved: int = 0
@@ -104,7 +104,7 @@ class RaceResult:
             "measured": not all(lane.cut_off for lane in self.lanes),
             "compute_s": self.compute_s,
             "rounds": self.rounds,
-            "slice_tokens": self.slice_tokens,
+            "slice_tokens": list(self.slice_range),
             "stopped_at_tokens": self.stopped_at,
             "interleaved_iterations": self.interleaved,
             "isolation": self.isolation,
@@ -116,9 +116,6 @@ class RaceResult:
         }
 
 
-SAFETY = 0.8  # the share of the time limit a race plans its slices for (the prediction is rough)
-
-
 def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), log: TimingLog | None = None,
              max_rows: int = MAX_ROWS_PER_REQUEST, alive: Callable[[], bool] | None = None,
              best: "BestBlockSizes | None" = None, max_seconds: float | None = None,
@@ -126,9 +123,9 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
     """Race AR, Linear, Quadratic and Packed (plus ``extra`` lanes "lookup", "packed-mixed", "partial",
     "diffusion") on one prompt, side by side in turns (:meth:`serve.gpu.GpuTasks._race`).
 
-    Each round raises a common token target by a slice (:func:`packed_ss.turns.slice_tokens`: about a
-    sixteenth of the tokens the time limit is predicted to allow) and every lane runs up to it, the order
-    rotated every round, so that every lane meets the same machine. ``max_seconds`` is a hard limit from the
+    Each round raises a common token target by a slice (a sixteenth of the new-token limit without a time
+    limit; with one, planned each round from the time left and the speed so far) and every lane runs up to it,
+    the order rotated every round, so that every lane meets the same machine. ``max_seconds`` is a hard limit from the
     clock: when it comes, every lane stops at the same token count and all are ranked over those tokens. The
     verdict compares speeds with paired intervals over the rounds (:func:`serve.lanes.verdict_text`).
     With ``best``, each speculative lane runs at its own fastest B (:class:`BestBlockSizes`), else all at the
@@ -154,19 +151,15 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
     once = check_work(schedules + reference, len(ids), settings.config, max_rows, block_sizes=sizes,
                       any_order=any_order)
     c = settings.config
-    predicted = 0.0  # predicted worst case of the whole race: the slices are planned for what the limit allows
-    reach = c.max_new_tokens
-    if max_seconds is not None:
-        predicted = worst_case_seconds(schedules + reference, len(ids), c, tasks.cost(settings.model_ref, alive),
-                                       block_sizes=sizes, any_order=any_order)
-        reach = int(c.max_new_tokens * min(1.0, SAFETY * max_seconds / max(predicted, 1e-9)))
-    slice_size = slice_tokens(c.max_new_tokens, reach)
+    predicted = 0.0 if max_seconds is None else worst_case_seconds(
+        schedules + reference, len(ids), c, tasks.cost(settings.model_ref, alive), block_sizes=sizes,
+        any_order=any_order)  # what admission weighs; the clock, not this, plans the slices
     left = None if max_seconds is None else max(0.0, max_seconds - (time.monotonic() - begun))
     start = time.perf_counter()
     try:
         with admit(min(predicted, max_seconds or predicted)) if admit is not None else nullcontext():
             turns, runs, interleaved = tasks.race(settings.model_ref, ids, c, schedules, float(once), alive,
-                                                  slice_size, sizes, left)
+                                                  slice_tokens(c.max_new_tokens), sizes, left)
     finally:
         release_memory()
     compute_s = time.perf_counter() - start
@@ -186,6 +179,6 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
                       if lane.schedule in LOSSLESS and not lane.identical and not lane.cut_off
                       and lane.compared is not None else lane for lane in lanes)
     return RaceResult(settings=settings, lanes=lanes, greedy=c.greedy, compute_s=compute_s,
-                      prompt_tokens=len(ids), rounds=turns.rounds, slice_tokens=turns.slice_tokens,
+                      prompt_tokens=len(ids), rounds=turns.rounds, slice_range=turns.slice_range,
                       stopped_at=turns.stopped_at, block_size_source=source, interleaved=interleaved,
                       left_out=left_out, model_note=model_note(tasks.store, settings.model, model))

@@ -45,8 +45,10 @@ def race_note(result: RaceResult, limit_s: float | None = None) -> str:
     if result.lanes and all(lane.cut_off for lane in result.lanes):
         return nothing_measured(result, limit_s) + left_out + " " + result.isolation
     c = result.settings.config
-    note = (f"Measured {len(result.lanes)} lanes side by side in {counted(result.rounds, 'round')} of "
-            f"{counted(result.slice_tokens, 'token')}, the order rotated every round, in {result.compute_s:.2f} s. ")
+    low, high = result.slice_range
+    size = counted(low, "token") if low == high else f"{low}-{high} tokens"
+    note = (f"Measured {len(result.lanes)} lanes side by side in {counted(result.rounds, 'round')} of {size} "
+            f"each, the order rotated every round, in {result.compute_s:.2f} s. ")
     if result.stopped_at is not None:
         note += (f"The time limit came at {result.stopped_at} of {c.max_new_tokens} tokens: every lane stopped "
                  f"there, so all are ranked over the same tokens. ")

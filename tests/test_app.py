@@ -128,44 +128,24 @@ def test_race_api_greedy_lanes_agree(client):
     assert plain["lanes"]["ar"]["shown"] is True and plain["lossless_identical_to_ar"] is True  # AR is a lane
 
 
-def test_race_measures_every_lane_three_times_and_states_a_verdict(client):
+def test_race_measures_lanes_in_turns_and_states_a_verdict_from_paired_slices(client):
     result = client.predict("w1 w2 w3", max_new_tokens=8, block_size=4, api_name="/race")
-    assert result["repeats"] == 3
-    for name, lane in result["lanes"].items():
-        times = lane["wall_s_repeats"]
-        assert len(times) == 3 and all(t > 0 for t in times), name
-        assert lane["wall_s_min"] == min(times) <= lane["wall_s_median"] <= lane["wall_s_max"] == max(times)
-        assert lane["wall_s"] in times  # the replayed run is one of the measurements (the median one)
-    fastest = min(result["lanes"].values(), key=lambda lane: lane["wall_s_median"])
+    assert result["rounds"] >= 2 and result["slice_tokens"] >= 1 and result["stopped_at_tokens"] is None
     titles = {"ar": "Autoregressive", "linear": "Linear-SS", "quadratic": "Quadratic-SS", "packed": "Packed-SS"}
-    winner = next(k for k, v in result["lanes"].items() if v is fastest)
-    ties = []
     for name, lane in result["lanes"].items():
-        if lane is not fastest:
-            ratio = lane["wall_s_median"] / fastest["wall_s_median"]
-            assert f"{ratio:.2f}x {titles[name]}" in result["verdict"]
-            overlap = lane["wall_s_min"] <= fastest["wall_s_max"] and fastest["wall_s_min"] <= lane["wall_s_max"]
-            assert (f"{titles[name]} (tie: ranges overlap)" in result["verdict"]) == overlap
-            ties += [titles[name]] if overlap else []
-    if ties:  # a winner is named only beyond the spread of the repeats
-        assert result["verdict"].startswith(f"No clear winner: {titles[winner]} has the lowest median but ties with")
-    else:
-        assert result["verdict"].startswith(f"Fastest: {titles[winner]}, beyond the spread of the repeats")
-
-
-def test_race_repeats_shrink_to_fit_the_row_budget(tiny_model_dir):
-    from serve.gpu import GpuTasks
-    from serve.models import ModelStore
-    from serve.race import run_race
-    from serve.settings import make_settings
-    from packed_ss.schedules import REGISTRY
-
-    tasks = GpuTasks(ModelStore(str(tiny_model_dir)))
-    settings = make_settings("", "w1 w2 w3", "packed", 4, 0, 0, 1, 0, 8)
-    once = sum(REGISTRY[s].max_rows(3, settings.config) for s in ("ar", "linear", "quadratic", "packed"))
-    assert run_race(tasks, settings, max_rows=3 * once).repeats == 3
-    assert run_race(tasks, settings, max_rows=2 * once).repeats == 2
-    assert run_race(tasks, settings, max_rows=once).repeats == 1
+        assert len(lane["slices"]) == result["rounds"], name  # one (tokens, ms) per round, aligned
+        assert sum(t for t, _ in lane["slices"]) == lane["tokens"] == 8, name
+        assert sum(ms for _, ms in lane["slices"]) == pytest.approx(1000 * lane["wall_s"]), name
+        assert lane["throughput"] == pytest.approx(lane["tokens"] / lane["wall_s"])
+        if name != "ar":
+            ratio = lane["speed_vs_ar"]
+            assert ratio["low"] <= ratio["estimate"] <= ratio["high"] and ratio["n"] >= 1
+    fastest = max(result["lanes"], key=lambda name: result["lanes"][name]["throughput"])
+    ranked = sorted(result["lanes"], key=lambda name: -result["lanes"][name]["throughput"])
+    ranking = ", ".join(f"{i}. {titles[name]} {result['lanes'][name]['throughput']:.1f} tokens/s"
+                        for i, name in enumerate(ranked, 1))
+    assert f"Ranking by tokens per second of decoder time: {ranking}." in result["verdict"]
+    assert f"Speed over {titles[fastest]}'s (95% interval over" in result["verdict"]
 
 
 def test_race_page_event_and_replay(client):

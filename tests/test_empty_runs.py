@@ -95,7 +95,7 @@ def test_a_finished_race_still_claims_identity_over_every_token():
                                                           ar.token_ids)]
     assert lanes[1].agreement() == "= AR output" and lanes[1].compared == 12 and not lanes[1].partial
     assert "are identical to AR's (12 tokens)" in badge_html(lanes, True)
-    assert race_note(_result(lanes, config), 20.0).startswith("Measured 2 lanes once")
+    assert race_note(_result(lanes, config), 20.0).startswith("Measured 2 lanes side by side")
     assert "lane-cut" not in lanes_html(lanes, float("inf"), STRINGS, True)
 
 

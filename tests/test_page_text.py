@@ -1,6 +1,7 @@
 """What the page says, checked without a browser: the race verdict's reason and the paper's comparisons,
 the break-even tokens/NFE, the model note, the lane grid's columns, the few-prompt warning."""
 
+import numpy as np
 import pytest
 
 from components.charts import CostModel, break_even, break_even_figure
@@ -9,18 +10,23 @@ from packed_ss.bench.report import FEW_PROMPTS, few_prompts_warning
 from serve.lanes import Lane, cost_ratio, paper_comparisons, verdict_text, why_text
 
 
-def lane(schedule: str, title: str, tokens_per_nfe: float, ms_per_call: float, walls: tuple[float, ...],
-         rows: int = 1) -> Lane:
+def lane(schedule: str, title: str, tokens_per_nfe: float, ms_per_call: float, wall_s: float, rows: int = 1,
+         rounds: int = 16, jitter: float = 0.01, seed: int = 0) -> Lane:
+    """A lane of 64 tokens in ``wall_s`` seconds, made over ``rounds`` rounds of equal tokens whose times scatter
+    by ``jitter`` (relative, seeded)."""
     metrics = {"tokens_per_nfe": tokens_per_nfe, "time_per_nfe_ms": ms_per_call, "block_size": 8, "tokens": 64,
-               "nfe": round(64 / tokens_per_nfe), "throughput": 64 / walls[0], "mean_acceptance_length": 1.0}
-    return Lane(schedule=schedule, title=title, token_ids=(), sources=(), wall_ms=(walls[0] * 1000,), nfe=(1,),
-                tokens=(64,), metrics=metrics, wall_s_repeats=walls, max_rows_per_call=rows)
+               "nfe": round(64 / tokens_per_nfe), "throughput": 64 / wall_s, "mean_acceptance_length": 1.0,
+               "wall_s": wall_s}
+    noise = 1 + jitter * np.random.default_rng(seed).standard_normal(rounds)
+    slices = tuple((64 // rounds, float(ms)) for ms in wall_s * 1000 / rounds * noise / noise.mean())
+    return Lane(schedule=schedule, title=title, token_ids=(1,) * 64, sources=(), wall_ms=(wall_s * 1000,), nfe=(1,),
+                tokens=(64,), metrics=metrics, slices=slices, max_rows_per_call=rows)
 
 
-AR = lane("ar", "Autoregressive", 1.0, 1.6, (0.10, 0.099, 0.101))
-LINEAR = lane("linear", "Linear-SS", 1.5, 2.4, (0.16, 0.158, 0.162), rows=8)
-QUADRATIC = lane("quadratic", "Quadratic-SS", 2.2, 4.4, (0.19, 0.185, 0.195), rows=72)
-SLOW_PACKED = lane("packed", "Packed-SS", 2.0, 3.0, (0.12, 0.118, 0.122), rows=16)
+AR = lane("ar", "Autoregressive", 1.0, 1.6, 0.10, seed=1)
+LINEAR = lane("linear", "Linear-SS", 1.5, 2.4, 0.16, rows=8, seed=2)
+QUADRATIC = lane("quadratic", "Quadratic-SS", 2.2, 4.4, 0.19, rows=72, seed=3)
+SLOW_PACKED = lane("packed", "Packed-SS", 2.0, 3.0, 0.12, rows=16, seed=4)
 
 
 def test_when_ar_wins_the_verdict_says_packed_ss_accepted_more_but_paid_more_per_call():
@@ -34,19 +40,19 @@ def test_when_ar_wins_the_verdict_says_packed_ss_accepted_more_but_paid_more_per
 
 
 def test_when_packed_ss_wins_the_reason_is_tokens_per_call_over_cost_per_call():
-    fast = lane("packed", "Packed-SS", 2.0, 1.8, (0.06, 0.059, 0.061), rows=16)
+    fast = lane("packed", "Packed-SS", 2.0, 1.8, 0.06, rows=16)
     why = why_text([AR, fast], fast)
     assert why == ("Why: Packed-SS accepted 2.00 tokens per call and its calls (up to 16 rows) cost 1.12x AR's "
                    "one-row calls on this machine, so it runs at about 1.78x AR's speed.")
 
 
-def test_the_papers_comparisons_name_each_baseline_and_flag_ties():
-    tied = lane("linear", "Linear-SS", 1.5, 2.4, (0.121, 0.119, 0.125), rows=8)
+def test_the_papers_comparisons_give_each_ratio_with_its_interval_and_flag_ties():
+    tied = lane("linear", "Linear-SS", 1.5, 2.4, 0.121, rows=8, jitter=0.15, seed=5)
     text = paper_comparisons([AR, tied, QUADRATIC, SLOW_PACKED])
-    assert text.startswith("The paper's comparisons: Packed-SS is ")
-    assert "1.01x as fast as Linear-SS (a tie: the ranges overlap)" in text
-    assert "1.58x as fast as Quadratic-SS," in text
-    assert "0.83x as fast as Autoregressive." in text  # slower than AR: said as a ratio below 1
+    assert text.startswith("The paper's comparisons, speed over speed: Packed-SS / Linear-SS 1.01 [")
+    assert "Packed-SS / Linear-SS 1.01 [" in text and "(a tie: the interval holds 1)" in text
+    assert "Packed-SS / Quadratic-SS 1.58 [" in text and "(faster, beyond noise)" in text
+    assert "Packed-SS / Autoregressive 0.83 [" in text and "(slower, beyond noise)" in text  # below 1: slower
     assert paper_comparisons([AR, LINEAR]) == ""  # no Packed-SS lane, nothing to compare
 
 
@@ -95,25 +101,36 @@ def test_the_model_note_of_the_embedded_model_and_of_any_other(tiny_model_dir):
     assert [count_text(n) for n in (900, 5_512_000, 3_000_000_000)] == ["900", "5.5M", "3.0B"]
 
 
-def test_with_fewer_than_three_runs_per_lane_no_winner_is_named_and_no_reason_given():
-    once = [lane("ar", "Autoregressive", 1.0, 1.6, (0.10,)), lane("lookup", "Prompt lookup", 1.9, 0.53, (0.05,), rows=8)]
-    text = verdict_text(once)
-    assert text.startswith("No winner can be judged: 1 run per lane shows no spread")
-    assert "beyond the spread" not in text and "Why:" not in text and "Fastest" not in text
-    twice = [lane("ar", "Autoregressive", 1.0, 1.6, (0.10, 0.11)), lane("packed", "Packed-SS", 2.0, 3.0, (0.2, 0.21),
-                                                                       rows=16)]
-    assert verdict_text(twice).startswith("No winner can be judged: 2 runs per lane")
+def test_with_fewer_than_four_paired_slices_no_winner_is_named_and_no_reason_given():
+    few = [lane("ar", "Autoregressive", 1.0, 1.6, 0.10, rounds=2),
+           lane("lookup", "Prompt lookup", 1.9, 0.53, 0.05, rows=8, rounds=2)]
+    text = verdict_text(few)
+    assert text.startswith("No winner can be judged: 2 paired slices are too few to tell a difference from noise")
+    assert "beyond noise" not in text and "Why:" not in text and "Fastest" not in text
+    enough = [lane("ar", "Autoregressive", 1.0, 1.6, 0.10, rounds=4),
+              lane("lookup", "Prompt lookup", 1.9, 1.0, 0.05, rows=8, rounds=4)]
+    assert verdict_text(enough).startswith("Fastest: Prompt lookup, beyond noise against every other lane")
+
+
+def test_the_verdict_names_the_fastest_lane_and_every_other_lanes_ratio_with_its_interval():
+    text = verdict_text([AR, LINEAR, QUADRATIC, SLOW_PACKED])
+    assert text.startswith("Fastest: Autoregressive, beyond noise against every other lane. Speed over "
+                           "Autoregressive's (95% interval over 16 paired slices): Packed-SS 0.83 [")
+    assert "1. Autoregressive 640.0 tokens/s, 2. Packed-SS 533.3 tokens/s" in text
+    close = lane("packed", "Packed-SS", 2.0, 3.0, 0.101, rows=16, jitter=0.2, seed=9)
+    assert verdict_text([AR, close]).startswith("No clear winner: Autoregressive is fastest but ties with Packed-SS")
 
 
 def test_multi_row_calls_cheaper_than_ars_one_row_calls_are_called_noise_not_a_reason():
-    cheap = lane("lookup", "Prompt lookup", 1.9, 0.53, (0.05, 0.051, 0.049), rows=8)
+    cheap = lane("lookup", "Prompt lookup", 1.9, 0.53, 0.05, rows=8)
     why = why_text([AR, cheap], cheap)
     assert why.startswith("Noise, not a reason: Prompt lookup's calls of up to 8 rows measured 0.33x AR's one-row")
     assert "runs at about" not in why
-    single = lane("lookup", "Prompt lookup", 1.0, 1.5, (0.09, 0.091, 0.089), rows=1)
+    single = lane("lookup", "Prompt lookup", 1.0, 1.5, 0.09, rows=1)
     assert not why_text([AR, single], single).startswith("Noise")  # one-row calls may cost less: no claim
-    once = [lane("ar", "Autoregressive", 1.0, 1.6, (0.10,)), lane("lookup", "Prompt lookup", 1.9, 0.53, (0.05,), rows=8)]
-    assert "Noise, not a reason" in verdict_text(once)
+    few = [lane("ar", "Autoregressive", 1.0, 1.6, 0.10, rounds=1),
+           lane("lookup", "Prompt lookup", 1.9, 0.53, 0.05, rows=8, rounds=1)]
+    assert "Noise, not a reason" in verdict_text(few)
 
 
 @pytest.mark.parametrize("rmse_ms, verdict", [(0.5, "beats AR here"), (50.0, "too noisy to judge")])
