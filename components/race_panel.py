@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 import plotly.graph_objects as go
 
 from packed_ss.bench.palette import schedule_color, schedule_symbol
+from packed_ss.projection import CallTable, project
 from packed_ss.wording import counted
 
 from components.style import legend_below, legend_html, source_class
@@ -290,3 +291,41 @@ def summary_html(lanes: Sequence[Lane]) -> str:
                     f"<td data-col='throughput'>{m['throughput']:.1f}</td><td data-col='speed-vs-ar'>{versus}</td>"
                     f"<td>{accept}</td><td>{same}</td></tr>")
     return f'<div class="race-summary-wrap"><table class="race-summary">{head}{"".join(rows)}</table></div>'
+
+
+def projection_html(lanes: Sequence[Lane], tables: Sequence[CallTable]) -> str:
+    """The race's own calls priced by call costs measured on a GPU (:mod:`packed_ss.projection`): per lane its
+    tokens per call and, per table, its projected speed over AR's and tokens per second; labelled as a projection
+    (model time only), beside the measured verdict, never mixed into it. Empty without tables, an AR lane that
+    made calls, or a lane with tokens."""
+    ar = next((lane for lane in lanes if lane.schedule == "ar" and lane.call_rows and lane.token_ids), None)
+    shown = [lane for lane in lanes if lane.shown and lane.call_rows and lane.token_ids]
+    if not tables or ar is None or len(shown) < 2:
+        return ""
+
+    def speed(lane: Lane, table: CallTable) -> float:
+        return len(lane.token_ids) / project(lane.call_rows, table) * 1000  # tokens per second of model time
+
+    heads = "".join(f"<th>{html.escape(table.model)}: × AR (tokens/s)</th>" for table in tables)
+    rows = []
+    for lane in shown:
+        cells = "".join(f"<td data-col='projected'>{speed(lane, t) / speed(ar, t):.2f}x ({speed(lane, t):,.0f})</td>"
+                        for t in tables)
+        rows.append(f"<tr><td>{html.escape(lane.title)}</td><td>{lane.metrics['tokens_per_nfe']:.2f}</td>{cells}</tr>")
+    first = tables[0]
+    spread = f"{min(first.ms):.1f}-{max(first.ms):.1f} ms"
+    measured = next((lane for lane in shown if lane.schedule == "packed"), None)
+    packed = ""
+    if measured is not None:
+        here = measured.metrics["throughput"] / ar.metrics["throughput"] if ar.metrics["throughput"] else 0.0
+        packed = (f" {html.escape(measured.title)} would run at {speed(measured, first) / speed(ar, first):.2f}x AR's "
+                  f"speed there, against {here:.2f}x measured in this race.")
+    return (f'<div class="race-projection" data-badge="projection"><h4>Projection, not a measurement: this race\'s '
+            f'calls priced by call costs measured on an {html.escape(first.device)} ({html.escape(first.date)}, '
+            f'<code>scripts/gpu_check.py</code>, <code>assets/gpu/{html.escape(first.source)}</code>)</h4>'
+            f'<p>There a call of {first.rows[0]} to {first.rows[-1]} rows of {html.escape(first.model)} costs {spread} '
+            f'of model time, so the tokens a schedule gets per call turn almost directly into speed, while on this '
+            f'machine more rows cost more.{packed} Model time only (no host work between calls), from each lane\'s '
+            f'own calls (their row counts) in this race.</p>'
+            f'<div class="race-summary-wrap"><table class="race-summary"><tr><th>schedule</th><th>tokens/NFE</th>'
+            f'{heads}</tr>{"".join(rows)}</table></div></div>')

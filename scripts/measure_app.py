@@ -111,9 +111,9 @@ def main(argv=None) -> int:
     result = run_race(GpuTasks(store), settings)
     lanes = ", ".join(f"{lane.title} {lane.total_ms / 1000:.2f} s ({lane.metrics['nfe']} NFE)" for lane in result.lanes)
     three = sum(lane.total_ms for lane in result.lanes if lane.schedule != "ar") / 1000
-    print(f"Race ({args.new_tokens} new tokens, B={args.block_size}, {result.repeats} measurements per lane): the "
-          f"three lanes' median runs (linear, quadratic, packed) {three:.2f} s of decoding [target <= 5 s]; the "
-          f"whole request with the AR lane, the warm-up and every repeat {result.compute_s:.2f} s; median decoder "
+    print(f"Race ({args.new_tokens} new tokens, B={args.block_size}, lanes in {result.rounds} rounds of turns): the "
+          f"three lanes' runs (linear, quadratic, packed) {three:.2f} s of decoding [target <= 5 s]; the "
+          f"whole request with the AR lane and the warm-up {result.compute_s:.2f} s; decoder "
           f"time per lane: {lanes}; identical to AR: {result.to_json()['lossless_identical_to_ar']}; "
           f"verdict: {result.to_json()['verdict']}")
 

@@ -46,7 +46,7 @@ def main() -> None:
     cost = server.tasks.cost(("", "", None))
     print(f"fitted call cost: tau = {cost.tau_ms:.2f} ms, delta = {cost.delta_ms:.4f} ms/row, mu = {cost.mu_ms:.5f} "
           f"ms/key, kappa = {cost.kappa_ms:.2e} ms/(row key); budget {args.max_seconds:g} s\n")
-    print("| race | outcome | repeats | measured (s) |")
+    print("| race | outcome | rounds | measured (s) |")
     print("|---|---|---|---|")
     for label, values, lanes in CASES:
         start = time.perf_counter()
@@ -56,8 +56,9 @@ def main() -> None:
         except UserError as error:
             print(f"| {label} | refused: {str(error).split(';')[0]} | - | - |", flush=True)
             continue
-        outcome = f"admitted, cut off at the limit: {', '.join(result.cut_off)}" if result.cut_off else "admitted"
-        print(f"| {label} | {outcome} | {result.repeats} | {time.perf_counter() - start:.1f} |", flush=True)
+        outcome = (f"admitted, cut off at the limit: {', '.join(result.cut_off)}" if result.cut_off else
+                   f"admitted, every lane stopped at {result.stopped_at} tokens" if result.stopped_at else "admitted")
+        print(f"| {label} | {outcome} | {result.rounds} | {time.perf_counter() - start:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,8 @@ class Lane:
         slices: (tokens, decoder ms) of each round of the race (:func:`packed_ss.turns.slices`), aligned by round
             across the lanes: the paired observations of the verdict's intervals.
         max_rows_per_call: the most rows of one call after the first iteration (the prefill's excluded).
+        call_rows: the rows of each of its calls in order (the prefill's included): what a projection onto another
+            device's measured call costs prices (:mod:`packed_ss.projection`).
         compared: the tokens compared with the reference: all of them, or (either run stopped early: cut off, or
             stopped with the other lanes) the ones both made; None where nothing could be compared (no reference,
             or a cut-off run with no tokens on one side). partial: the comparison stopped at a stopped run's end.
@@ -53,6 +55,7 @@ class Lane:
     shown: bool = True
     divergence: Divergence | None = None
     slices: tuple[tuple[int, float], ...] = ()
+    call_rows: tuple[int, ...] = ()
     max_rows_per_call: int = 0
     compared: int | None = None
     partial: bool = False
@@ -132,7 +135,8 @@ def lane_from_run(run: RunRecord, title: str, reference: Sequence[int] | None, s
                 wall_ms=tuple(wall), nfe=tuple(nfe), tokens=tuple(tokens), metrics=run.metrics(), differs=differs,
                 first_difference=first, shown=shown,
                 max_rows_per_call=run.max_rows_per_call or 0, compared=compared, partial=partial,
-                slices=tuple((int(t), float(ms)) for t, ms in slices))
+                slices=tuple((int(t), float(ms)) for t, ms in slices),
+                call_rows=tuple(call.layout.rows for record in run.records for call in record.calls))
 
 
 GPU_NOTE = ("on a GPU a call of a few dozen rows costs about the same as a one-row call (paper, Appendix F), so "

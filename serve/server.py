@@ -6,8 +6,11 @@ the user sessions, the best-block-size finder, the timing log and the limits of 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
+from packed_ss.projection import CallTable, load_tables
 from packed_ss.threads import ThreadTuner
 
 from serve.admission import Admission
@@ -69,6 +72,7 @@ class Server:
         self.drafter_lora = drafter_lora
         self.blocks = None
         self.listeners = CallListeners()  # which raw API calls somebody reads (the app's middleware notes them)
+        self.gpu_tables = gpu_tables()  # call costs measured on a GPU: the race's projection (read once)
 
     def settings(self, values: RequestValues) -> RunSettings:
         """``values`` validated under this server's new-token cap. Raises: UserError."""
@@ -92,3 +96,22 @@ class Server:
         if self.eager or request is None or self.blocks is None:
             return None
         return client_alive(self.blocks, request.session_hash, self.listeners)
+
+
+GPU_TABLES = Path(__file__).resolve().parent.parent / "assets" / "gpu"  # scripts/gpu_check.py's JSON, shipped
+PROJECTED = ("the embedded model, bfloat16", "a 1.34B NLD-shaped model, bfloat16")  # the race's projection columns
+
+
+def gpu_tables(folder: Path = GPU_TABLES) -> list[CallTable]:
+    """The per-call tables the race projects onto: of the newest ``scripts/gpu_check.py`` JSON in ``folder`` (by
+    the date in its name), those of :data:`PROJECTED` found there. An unreadable file is one line on stderr and
+    no projection; no file, no projection."""
+    files = sorted(folder.glob("gpu_check-*.json"), key=lambda f: f.stem[-10:])
+    if not files:
+        return []
+    try:
+        tables = load_tables(files[-1])
+    except (OSError, ValueError) as error:
+        print(f"no GPU projection: {error}", file=sys.stderr, flush=True)
+        return []
+    return [table for name in PROJECTED for table in tables if table.model == name]

@@ -8,7 +8,7 @@ import time
 
 import gradio as gr
 
-from components.race_panel import badge_html, lanes_html, race_figures, summary_html
+from components.race_panel import badge_html, lanes_html, projection_html, race_figures, summary_html
 from components.style import error_html, model_note_html, note_html
 from packed_ss.inputs import shown
 from packed_ss.wording import counted
@@ -113,7 +113,8 @@ class RaceHandlers:
             return error_html(message), earlier_note(earlier), gr.skip()
         us.race = result
         return (model_note_html(result.model_note) + note_html(race_note(result, server.max_seconds)),
-                badge_html(result.lanes, result.greedy, result.settings.config.order), '<div class="race-lanes"></div>')
+                badge_html(result.lanes, result.greedy, result.settings.config.order)
+                + projection_html(result.lanes, server.gpu_tables), '<div class="race-lanes"></div>')
 
     def on_files(self, request: gr.Request):
         """The session's last race as two files, its own (:func:`serve.downloads.offer_race`): the table (CSV) and

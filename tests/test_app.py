@@ -130,7 +130,7 @@ def test_race_api_greedy_lanes_agree(client):
 
 def test_race_measures_lanes_in_turns_and_states_a_verdict_from_paired_slices(client):
     result = client.predict("w1 w2 w3", max_new_tokens=8, block_size=4, api_name="/race")
-    assert result["rounds"] >= 2 and result["slice_tokens"] >= 1 and result["stopped_at_tokens"] is None
+    assert result["rounds"] >= 2 and min(result["slice_tokens"]) >= 1 and result["stopped_at_tokens"] is None
     titles = {"ar": "Autoregressive", "linear": "Linear-SS", "quadratic": "Quadratic-SS", "packed": "Packed-SS"}
     for name, lane in result["lanes"].items():
         assert len(lane["slices"]) == result["rounds"], name  # one (tokens, ms) per round, aligned
@@ -156,7 +156,7 @@ def test_race_page_event_and_replay(client):
     for name in ("linear", "quadratic", "packed", "diffusion"):
         assert f'data-lane="{name}" data-done="1"' in lanes
     assert 'data-lane="ar" data-done="1"' in lanes  # AR, the baseline, is a lane by default
-    assert 'data-badge="verdict"' in badge and "Ranking by decoder wall time" in badge
+    assert 'data-badge="verdict"' in badge and "Ranking by tokens per second of decoder time" in badge
     assert re.search(r'data-counter="nfe">[1-9]', lanes)
     assert fig_nfe is not None and fig_wall is not None and "race-summary" in summary
 

@@ -381,7 +381,7 @@ def test_the_time_budget_predicts_from_the_fitted_call_cost():
 
 def test_a_request_predicted_over_the_time_budget_is_admitted_and_cut_off_at_it(tiny_model_dir):
     """A prediction refused the default requests of a loaded machine (issue 30): now such a race runs and is cut
-    off at the limit (each lane's fair share: tests/test_time_limit.py)."""
+    off at the limit, every lane at the same token count (tests/test_time_limit.py)."""
     from gradio_client import Client
 
     import app
@@ -391,9 +391,11 @@ def test_a_request_predicted_over_the_time_budget_is_admitted_and_cut_off_at_it(
         client = Client(url, verbose=False)
         start = time.monotonic()
         result = client.predict(PROMPT, max_new_tokens=400, api_name="/race")
-        assert time.monotonic() - start < 10.0 and result["repeats"] == 1
-        assert set(result["cut_off"]) == {"ar", "linear", "quadratic", "packed"}
-        assert all(lane["tokens"] < 400 for lane in result["lanes"].values())
+        assert time.monotonic() - start < 10.0
+        tokens = {lane["tokens"] for lane in result["lanes"].values()}
+        assert len(tokens) == 1 and tokens.pop() < 400  # every lane stopped at one count (none when nothing ran)
+        if not result["stopped_at_tokens"]:  # no lane made a token: all cut off, none ranked
+            assert set(result["cut_off"]) == {"ar", "linear", "quadratic", "packed"}
         assert client.predict(PROMPT, max_new_tokens=2, block_size=2, api_name="/generate")["tokens"] >= 1
 
 

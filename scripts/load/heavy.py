@@ -52,11 +52,11 @@ for name, api, prompt, kw in cases:
         r = c.predict(prompt, api_name=api, **kw)
         wall = time.time() - t0
         rec = dict(request=name, admitted=True, wall=round(wall, 2), cut_off=r.get("cut_off"),
-                   stop_reason=r.get("stop_reason") or {k: (l.get("stop_reason"), l.get("tokens"), l.get("repeats", len(l.get("wall_s_repeats") or []))) for k, l in (r.get("lanes") or {}).items()},
+                   stop_reason=r.get("stop_reason") or {k: (l.get("stop_reason"), l.get("tokens"), len(l.get("slices") or [])) for k, l in (r.get("lanes") or {}).items()},
                    note=r.get("note"), tokens=r.get("tokens"), server_wall_s=r.get("wall_s"),
                    keys=sorted(r.keys()))
         if api == "/race":
-            rec["race"] = {k: r.get(k) for k in ("verdict", "cut_off", "repeats", "compute_s", "interleaved_iterations", "isolation")}
+            rec["race"] = {k: r.get(k) for k in ("verdict", "cut_off", "rounds", "stopped_at_tokens", "compute_s", "interleaved_iterations", "isolation")}
         rec["raw_head"] = json.dumps({k: v for k, v in r.items() if k not in ("lanes", "token_ids", "text", "model_note")})[:1200]
     except Exception as e:
         rec = dict(request=name, admitted=False, wall=round(time.time() - t0, 2), refusal=str(e)[:600])
