@@ -1,0 +1,58 @@
+"""The race's projection onto call costs measured on a GPU (packed_ss.projection, components.race_panel): the
+shipped table is read with its device and date, calls are priced by their row counts, and the page labels the
+result as a projection, never as a measurement."""
+
+import json
+import re
+
+import pytest
+
+from components.race_panel import projection_html
+from packed_ss.config import DecodeConfig
+from packed_ss.engine import generate
+from packed_ss.projection import CallTable, load_tables, project
+from serve.lanes import lane_from_run
+from serve.server import GPU_TABLES, PROJECTED, gpu_tables
+
+from helpers import tiny_llama
+
+
+def test_the_shipped_h200_tables_are_read_with_their_device_and_date():
+    tables = gpu_tables()
+    assert [t.model for t in tables] == list(PROJECTED)
+    for table in tables:
+        assert table.device == "NVIDIA H200" and table.date == "2026-12-04"
+        assert table.rows[0] == 1 and table.rows[-1] == 256 and len(table.ms) == len(table.rows)
+    raw = json.loads(next(GPU_TABLES.glob("gpu_check-*.json")).read_text())["per_call_cost"]["embedded_bfloat16"]
+    assert tables[0].cost_ms(1) == pytest.approx(raw["by_rows"][0]["median_ms"])
+
+
+def test_calls_are_priced_by_their_rows_between_the_measured_counts():
+    table = CallTable("GPU", "2026-01-01", "m", rows=(1, 4, 16), ms=(1.0, 2.0, 5.0), source="x.json")
+    assert table.cost_ms(1) == 1.0 and table.cost_ms(10) == pytest.approx(3.5)  # linear between 4 and 16
+    assert table.cost_ms(1000) == 5.0  # beyond the last measured count: its cost, no extrapolation
+    assert project([1, 4, 16, 16], table) == pytest.approx(13.0)
+
+
+def test_a_file_that_is_not_the_scripts_json_gives_no_projection(tmp_path, capsys):
+    (tmp_path / "gpu_check-x-2026-01-01.json").write_text(json.dumps({"per_call_cost": {}}))
+    assert gpu_tables(tmp_path) == [] and "no GPU projection" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="not the JSON of scripts/gpu_check.py"):
+        load_tables(tmp_path / "gpu_check-x-2026-01-01.json")
+    assert gpu_tables(tmp_path / "missing") == []
+
+
+def test_the_page_labels_the_projection_and_prices_each_lanes_own_calls():
+    model = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0, eos=False)
+    config = DecodeConfig(block_size=4, max_new_tokens=16)
+    ar = generate(model, [4, 5, 6], config, "ar")
+    packed = generate(model, [4, 5, 6], config, "packed")
+    lanes = [lane_from_run(ar, "Autoregressive", None), lane_from_run(packed, "Packed-SS", ar.token_ids)]
+    flat = CallTable("NVIDIA H200", "2026-12-04", "a flat model", rows=(1, 256), ms=(2.0, 2.0), source="f.json")
+    text = projection_html(lanes, [flat])
+    assert "Projection, not a measurement" in text and "NVIDIA H200 (2026-12-04" in text
+    cells = re.findall(r"data-col='projected'>([0-9.]+)x \(([0-9,]+)\)", text)
+    assert cells[0] == ("1.00", "500")  # AR: one token per 2 ms call
+    # Every call costs the same: Packed-SS's projected speed over AR's is its tokens per call over AR's.
+    assert float(cells[1][0]) == pytest.approx(packed.tokens_per_nfe, abs=0.006)
+    assert projection_html(lanes, []) == "" and projection_html(lanes[:1], [flat]) == ""
