@@ -54,8 +54,14 @@ class RunSettings:
         return self.model, self.precision, self.scripted
 
 
+EMPTY_WHY = " (a number too long for the page to hold, such as one of hundreds of digits, arrives empty)"
+
+
 def whole_number(value, name: str, low: int | None = None, high: int | None = None) -> int:
     """``value`` (any raw value) as an int in ``[low, high]``. Raises: UserError naming ``name``."""
+    if value is None:
+        span = f" from {low} to {high}" if low is not None and high is not None else ""
+        raise UserError(f"{name} must be a whole number{span}, got an empty field{EMPTY_WHY}")
     if isinstance(value, bool):  # JSON true is no number of tokens (Python would read it as 1)
         raise UserError(f"{name} must be a whole number, got {shown(value)}")
     try:
@@ -74,6 +80,8 @@ def whole_number(value, name: str, low: int | None = None, high: int | None = No
 
 def real_number(value, name: str) -> float:
     """``value`` (any raw value) as a finite float. Raises: UserError naming ``name``."""
+    if value is None:
+        raise UserError(f"{name} must be a number, got an empty field{EMPTY_WHY}")
     if isinstance(value, bool):  # JSON true is no temperature (Python would read it as 1.0)
         raise UserError(f"{name} must be a number, got {shown(value)}")
     try:
