@@ -73,7 +73,7 @@ class GpuTasks:
 
     def _tuned(self, model, alive: Callable[[], bool] | None = None) -> None:
         """Measure the torch thread count again where it is due (first use, drift, age:
-        :meth:`packed_ss.threads.ThreadTuner.check`), at the gate; the server log gets a line for a new choice.
+        :meth:`packed_ss.threads.ThreadTuner.check`), at the gate; the server log gets a line for a new choice, and for a probe too slow to measure.
         Raises: ClientGone before a probe call once ``alive()`` is False (a cancelled request stops at once)."""
         tuner = getattr(self.gate, "threads", None)
         if tuner is None:
@@ -84,9 +84,11 @@ class GpuTasks:
                 raise ClientGone("the client disconnected; the run was stopped")
 
         with self.gate.turn(0.0):
+            before = tuner.describe()
             choice = tuner.check(model, between)
-        if choice is not None:
-            print(f"threads: {tuner.describe()}", file=sys.stderr, flush=True)
+            now = tuner.describe()
+        if choice is not None or now != before:  # a new choice, or why none was measured (a slow probe)
+            print(f"threads: {now}", file=sys.stderr, flush=True)
 
     def _adapter(self, model_ref: tuple, prompt_ids: Sequence[int], config: DecodeConfig,
                  reference: Sequence[int] | None = None, isolate=None):

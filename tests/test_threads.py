@@ -257,3 +257,25 @@ def test_the_default_race_beside_a_cpu_burner_finishes_its_lanes(shipped):
     ratios = {s: per_call[None][s] / per_call[1][s] for s in per_call[1]}
     print(f"default: {chosen}; per-call ms, default against --threads 1 beside the burner: "
           + ", ".join(f"{s} {per_call[None][s]:.2f}/{per_call[1][s]:.2f} ({ratios[s]:.2f}x)" for s in ratios))
+
+
+def test_the_server_log_says_when_a_probe_is_too_slow_to_measure(monkeypatch, capsys):
+    """A newcomer saw no `threads:` line after 25 requests on a busy machine: the probe was over its limit, so
+    nothing was chosen and nothing said (issue 53)."""
+    from serve.gpu import GpuTasks
+    from serve.limits import ComputeGate
+    from serve.models import ModelStore
+
+    from helpers import tiny_llama
+
+    def slow_probe(model):
+        return lambda: time.sleep(th.MAX_PROBE_MS / 1000 * 1.5) or th.MAX_PROBE_MS * 1.5
+
+    monkeypatch.setattr(th, "probe_call", slow_probe)
+    tuner = th.ThreadTuner(options=(1, 2))
+    tasks = GpuTasks(ModelStore(preloaded={"m": tiny_llama()}), ComputeGate(tuner))
+    tasks._tuned(tasks.store.get("m", ""))
+    err = capsys.readouterr().err
+    assert "threads: torch's default threads (not measured: one probe takes" in err, err
+    tasks._tuned(tasks.store.get("m", ""))  # nothing new: no second line
+    assert "threads:" not in capsys.readouterr().err
