@@ -230,3 +230,42 @@ def _threads() -> int:
     import torch
 
     return torch.get_num_threads()
+
+
+def against_bundled(live: dict, bundled: dict, name: str = DEFAULT_REPORT) -> str:
+    """One paragraph comparing an in-app run's summary (``live``) with the bundled report's (``bundled``): Packed-SS
+    over AR in both, with their intervals, and, where the intervals do not overlap, why they may differ: the
+    settings that differ (prompts, new tokens, B) and AR's time per call here against there (how fast and how
+    busy each machine was). Empty when either lacks Packed-SS over AR."""
+    def ratio(summary: dict) -> dict | None:
+        return next((c["throughput_ratio"] for c in summary.get("comparisons", [])
+                     if c.get("numerator") == "packed" and c.get("denominator") == "ar"), None)
+
+    here, there = ratio(live), ratio(bundled)
+    if here is None or there is None:
+        return ""
+    meta = bundled.get("meta", {})
+    made = f"{meta.get('machine', 'an unrecorded machine')}, {str(meta.get('created', '?'))[:10]}"
+    text = (f"Against the bundled report `{name}` (made on {made}): Packed-SS / AR {here['estimate']:.2f} "
+            f"[{here['low']:.2f}, {here['high']:.2f}] here, {there['estimate']:.2f} [{there['low']:.2f}, "
+            f"{there['high']:.2f}] there.")
+    if here["low"] <= there["high"] and there["low"] <= here["high"]:
+        return text + " The intervals overlap: this run agrees with it."
+    why = []
+    live_config, config = live.get("config", {}), bundled.get("config", {})
+    prompts = (live.get("meta", {}).get("prompts_measured"), meta.get("prompts_measured"))
+    if prompts[0] != prompts[1]:
+        why.append(f"{prompts[0]} prompts here against {prompts[1]} there")
+    if live_config.get("max_new_tokens") != config.get("max_new_tokens"):
+        why.append(f"{live_config.get('max_new_tokens')} new tokens here against {config.get('max_new_tokens')}")
+    b_here = (live_config.get("block_sizes") or {}).get("packed", live_config.get("default_block_size"))
+    b_there = (config.get("block_sizes") or {}).get("packed", config.get("default_block_size"))
+    if b_here != b_there:
+        why.append(f"Packed-SS at B = {b_here} here against B = {b_there}")
+    ms_here = (live.get("schedules", {}).get("ar") or {}).get("time_per_nfe_ms")
+    ms_there = (bundled.get("schedules", {}).get("ar") or {}).get("time_per_nfe_ms")
+    if ms_here and ms_there:
+        why.append(f"AR's calls took {ms_here:.2f} ms here against {ms_there:.2f} ms there ({ms_here / ms_there:.1f}x): "
+                   f"another machine, or this one busy with other work, prices calls of many rows differently "
+                   f"from one-row calls, and the ratio moves with it (Explain draws this machine's call costs)")
+    return text + " They differ beyond both intervals: " + "; ".join(why) + "."

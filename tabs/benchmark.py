@@ -10,6 +10,7 @@ the session's own uploads and go to it only (:class:`serve.uploads.SessionFiles`
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -26,7 +27,8 @@ from packed_ss.bench.run import RunsStopped
 from packed_ss.inputs import model_name as report_model_name
 
 from serve.benchmark import (HUMANEVAL, MAX_NEW_TOKENS, MAX_PROMPTS, NOTHING_FINISHED, REPORTS, ROOT, UPLOAD,
-                             bundled_report, load_report, read_summary_file, report_files, run_small_benchmark)
+                             against_bundled, bundled_report, load_report, read_summary_file, report_files,
+                             run_small_benchmark)
 from serve.errors import refused
 from serve.uploads import SessionFiles
 
@@ -284,7 +286,19 @@ class BenchmarkHandlers:
                     f"{stopped[-1][1]} runs: its comparisons rest on the {measured} prompt{'s' if measured != 1 else ''} "
                     f"measured on every schedule (use fewer prompts, schedules or new tokens for a whole one). "
                     + note)
-        return (note, markdown, *(panel_figure(figs.get(name)) for name in FIGURES), paths)
+        return (note + self.compared(paths), markdown, *(panel_figure(figs.get(name)) for name in FIGURES), paths)
+
+    def compared(self, paths: Sequence[str]) -> str:
+        """" " and :func:`serve.benchmark.against_bundled` of the run's summary.json (among ``paths``) and the first
+        bundled report's; empty when either cannot be read (the run's note stands without it)."""
+        try:
+            live = next(json.loads(Path(p).read_text(encoding="utf-8")) for p in paths if Path(p).name == "summary.json")
+            bundled = json.loads((bundled_report(self.reports[0], self.reports, self.root) / "summary.json").read_text(
+                encoding="utf-8"))
+            text = against_bundled(live, bundled, self.reports[0])
+        except (StopIteration, OSError, ValueError, BenchError, KeyError, TypeError, AttributeError, IndexError):
+            return ""
+        return f" {text}" if text else ""
 
     def outputs(self, session: str, paths: Sequence[str]) -> list[str]:
         """The run's files copied where the page serves them from (:meth:`SessionFiles.publish`), registered as

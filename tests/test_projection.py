@@ -56,3 +56,29 @@ def test_the_page_labels_the_projection_and_prices_each_lanes_own_calls():
     # Every call costs the same: Packed-SS's projected speed over AR's is its tokens per call over AR's.
     assert float(cells[1][0]) == pytest.approx(packed.tokens_per_nfe, abs=0.006)
     assert projection_html(lanes, []) == "" and projection_html(lanes[:1], [flat]) == ""
+
+
+def _summary(estimate, low, high, ar_ms, prompts=164, tokens=128, b=6, machine="CPU A"):
+    return {"meta": {"machine": machine, "created": "2026-12-04T20:00:00+00:00", "prompts_measured": prompts},
+            "config": {"max_new_tokens": tokens, "block_sizes": {"packed": b}, "default_block_size": 8},
+            "schedules": {"ar": {"time_per_nfe_ms": ar_ms}},
+            "comparisons": [{"numerator": "packed", "denominator": "ar",
+                             "throughput_ratio": {"estimate": estimate, "low": low, "high": high}}]}
+
+
+def test_a_live_benchmark_that_disagrees_with_the_bundled_report_is_told_why():
+    """A newcomer's in-app benchmarks gave Packed-SS / AR about 0.5 while the bundled report says 1.17, and nothing
+    said why (issue 53)."""
+    from serve.benchmark import against_bundled
+
+    bundled = _summary(1.17, 1.10, 1.245, 3.44)
+    live = _summary(0.52, 0.47, 0.58, 15.1, prompts=3, tokens=64, b=8, machine="CPU B")
+    text = against_bundled(live, bundled, "docs/bench-humaneval")
+    assert text.startswith("Against the bundled report `docs/bench-humaneval` (made on CPU A, 2026-12-04): "
+                           "Packed-SS / AR 0.52 [0.47, 0.58] here, 1.17 [1.10, 1.25] there.")
+    assert "They differ beyond both intervals: 3 prompts here against 164 there" in text
+    assert "64 new tokens here against 128" in text and "Packed-SS at B = 8 here against B = 6" in text
+    assert "AR's calls took 15.10 ms here against 3.44 ms there (4.4x)" in text
+    agreeing = against_bundled(_summary(1.2, 1.0, 1.4, 3.5, prompts=5), bundled)
+    assert agreeing.endswith("The intervals overlap: this run agrees with it.")
+    assert against_bundled({"comparisons": []}, bundled) == ""

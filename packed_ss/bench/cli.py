@@ -5,6 +5,7 @@ exit 2; 130 on an interrupt). With ``--task`` the same flags drive the evaluatio
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from packed_ss import stats
 from packed_ss.config import ORDERS, DecodeConfig
 from packed_ss.models import DTYPES
 from packed_ss.inputs import model_fingerprint, model_name, threads_problem
+from packed_ss.machine import machine
 from packed_ss.threads import configure_threads
 from packed_ss.bench.plan import KNOWN, BenchConfig, BenchError, Prompt, config_from_args, load_prompts
 from packed_ss.bench.files import OutLock, check_out_folder, set_aside
@@ -103,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     lock = None
     try:
         args = _parser().parse_args(argv)
+        args.command_line = list(sys.argv[1:] if argv is None else argv)  # written into the report's header
         try:
             resolve_compile(args)
         except ValueError as error:
@@ -187,7 +190,8 @@ def _run(args, config: BenchConfig, prompts: list[Prompt]) -> int:
     meta = {"model": model_name(args.model), "any_order": bool(getattr(model, "any_order", False)),
             "model_sha256": model_fingerprint(args.model), "prompt_source": str(args.prompts or "humaneval"),
             "limit": args.limit,
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads(), "machine": machine(),
+            "command": "python -m packed_ss.bench " + " ".join(shlex.quote(a) for a in getattr(args, "command_line", []))}
     result = run_benchmark(model, prompts, config, progress, meta)
     for bar in bars:
         bar.close()

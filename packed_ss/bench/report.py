@@ -151,7 +151,12 @@ def _header(summary: dict) -> list[str]:
     elif meta.get("compile_note"):
         lines.append(f"Model calls: eager ({meta['compile_note']}).")
     elif meta.get("cache"):
-        lines.append(f"Model calls: eager, {meta['cache']} KV cache.")
+        forward = {"native": "the project's native forward", "transformers": "transformers' forward"}.get(
+            meta.get("forward"), "")
+        lines.append(f"Model calls: eager, {meta['cache']} KV cache" + (f", {forward}." if forward else "."))
+    if meta.get("machine") or meta.get("command"):
+        made = f"Made on {meta.get('machine', 'an unrecorded machine')}, {str(meta.get('created', '?'))[:10]}"
+        lines.append(made + (f", with `{meta['command']}`." if meta.get("command") else "."))
     if meta.get("interrupted"):
         lines.append(f"**Interrupted**: {meta['runs_done']} of {meta['runs_planned']} runs measured.")
     return lines

@@ -242,7 +242,8 @@ def compile_meta(model, warm_s: float, rows: list[dict]) -> dict:
     compile time that fell inside timed runs (0 when the warm-up covered every shape), apart from decoding."""
     static = getattr(model, "static", None)
     inside = sum(r.get("compile_s", 0.0) for r in rows)
-    return {"cache": getattr(model, "cache_kind", "n/a"), "compiled": bool(getattr(model, "compiled", False)),
+    return {"cache": getattr(model, "cache_kind", "n/a"), "forward": getattr(model, "path", "n/a"),
+            "compiled": bool(getattr(model, "compiled", False)),
             "compile_note": getattr(model, "compile_note", None), "compile_s_warm_up": round(warm_s, 3),
             "compile_s_in_timed_runs": round(inside, 3),
             "compiled_shapes": [list(shape) for shape in static.shapes] if static is not None else []}
