@@ -273,3 +273,18 @@ def test_downloads_are_the_sessions_own_one_per_kind_and_bounded(files, monkeypa
     assert second.is_file()  # a refused export keeps the earlier file
     files.forget("a")
     assert not second.exists() and not table.exists() and files.count("a") == 0
+
+
+def test_every_legend_entry_of_the_timing_chart_has_a_bar():
+    """HF greedy and HF lookup were listed in the legend with no bar (issue 53): timed as one call, they now have
+    a grey bar of their whole time."""
+    import json
+
+    from packed_ss.bench.report import figures
+
+    summary = json.loads((Path(__file__).resolve().parents[1] / "docs/bench-humaneval/summary.json").read_text())
+    chart = figures(summary)["decomposition"]
+    for trace in chart.data:
+        assert any(y is not None for y in trace.y), trace.name
+    whole = next(trace for trace in chart.data if trace.name.startswith("whole time"))
+    assert {x for x, y in zip(whole.x, whole.y) if y is not None} == {"HF greedy", "HF lookup"}

@@ -197,22 +197,23 @@ def figures(summary: dict) -> dict[str, go.Figure]:
 
     decomposition = go.Figure()
     everything = summary["decomposition"]["by_schedule"]
-    # reference lanes timed as a whole (transformers' generate, llama.cpp) have no model / non-model split: no bar
+    # reference lanes timed as a whole (transformers' generate, llama.cpp) have no model / non-model split: their
+    # whole time is one grey bar of its own (a legend entry without a bar read as a missing bar)
     by = {s: d for s, d in everything.items() if (d.get("model") or 0) + (d.get("other") or 0) > 0}
-    unsplit = [SHORT.get(s, _label(s)) for s in everything if s not in by]
-    names = [SHORT.get(s, _label(s)) for s in by]  # short axis labels: a panel is a third of the page wide
-    decomposition.add_trace(go.Bar(x=names, y=[d["model"] for d in by.values()], name="model time",
-                                   marker_color="#1f77b4"))
-    decomposition.add_trace(go.Bar(x=names, y=[d["other"] for d in by.values()], name="non-model decoder time",
-                                   marker_color="#ff7f0e"))
+    unsplit = {s: d for s, d in everything.items() if s not in by and d.get("total")}
+    names = [SHORT.get(s, _label(s)) for s in (*by, *unsplit)]  # short axis labels: a panel is a third of the page
+    decomposition.add_trace(go.Bar(x=names, y=[d["model"] for d in by.values()] + [None] * len(unsplit),
+                                   name="model time", marker_color="#1f77b4"))
+    decomposition.add_trace(go.Bar(x=names, y=[d["other"] for d in by.values()] + [None] * len(unsplit),
+                                   name="non-model decoder time", marker_color="#ff7f0e"))
+    if unsplit:
+        decomposition.add_trace(go.Bar(x=names, y=[None] * len(by) + [d["total"] for d in unsplit.values()],
+                                       name="whole time (timed as one call, not split)", marker_color="#94a3b8"))
     if by:
         decomposition.add_hline(y=1, line_dash="dash", line_color="#444")
     else:
         decomposition.add_annotation(text="no decomposition:<br>it is normalised to Linear-SS,<br>which was not "
                                           "measured", showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5)
-    if unsplit:  # a legend entry of its own (no bar): a note under the plot ran into the legend in a narrow panel
-        decomposition.add_trace(go.Bar(x=[None], y=[None], name="no split (timed whole): " + ", ".join(unsplit),
-                                       marker_color="#cbd5e1", showlegend=True, hoverinfo="skip"))
     reference = summary["decomposition"]["reference"]
     reference_name = _label(reference) if reference else "n/a (Linear-SS not measured)"
     decomposition.update_layout(barmode="stack", height=420, template="plotly_white",
