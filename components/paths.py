@@ -10,20 +10,37 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from components.charts import LOG_TICKS
+from packed_ss.cost import KEY_PROBE_ROWS, PROBE_ROWS
 
 CHART_HEIGHT = 380  # px
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128)  # row counts the chart spans (AR's 1 to Quadratic-SS's B(B+1) at small B)
 COLORS = {"eager": "#1f77b4", "compiled": "#2ca02c", "limit": "#7f7f7f"}
+# The most rows of a call each path's fit measured (packed_ss.cost: eager calls up to KEY_PROBE_ROWS, compiled
+# calls at PROBE_ROWS' shapes): beyond them a fit is an extrapolation.
+MEASURED_ROWS = {"eager": max(KEY_PROBE_ROWS), "compiled": max(PROBE_ROWS)}
 
 
 def paths_figure(eager, compiled, roof) -> go.Figure:
-    """Milliseconds per call against rows (log-log): the eager and compiled fits and the machine's limit."""
+    """Milliseconds per call against rows (log-log): the eager and compiled fits and the machine's limit. A fit is
+    drawn solid over the row counts it was measured at (:data:`MEASURED_ROWS`) and dashed beyond them, where it is
+    an extrapolation and never drawn below the machine's limit (no call can be faster than that)."""
     traces = []
     for name, fit in (("eager", eager), ("compiled", compiled)):
-        if fit is not None:
-            traces.append(dict(type="scatter", mode="lines+markers", name=f"{name} calls (fit)", x=list(ROWS),
-                               y=[fit.ms(r) for r in ROWS], line=dict(color=COLORS[name], width=2),
-                               hovertemplate=f"{name}<br>%{{x}} rows: %{{y:.3f}} ms<extra></extra>"))
+        if fit is None:
+            continue
+        top = MEASURED_ROWS[name]
+        inside = [r for r in ROWS if r <= top]
+        outside = [r for r in ROWS if r >= inside[-1]] if inside[-1] < ROWS[-1] else []
+        traces.append(dict(type="scatter", mode="lines+markers", name=f"{name} calls (fit, 1-{top} rows measured)",
+                           x=inside, y=[fit.ms(r) for r in inside], line=dict(color=COLORS[name], width=2),
+                           hovertemplate=f"{name}<br>%{{x}} rows: %{{y:.3f}} ms<extra></extra>"))
+        if outside:
+            floor = (lambda r: roof.ms(r)) if roof is not None else (lambda r: 0.0)
+            traces.append(dict(type="scatter", mode="lines", name=f"{name} calls beyond {top} rows (extrapolated, "
+                                                                   f"never below the limit)",
+                               x=outside, y=[max(fit.ms(r), floor(r)) for r in outside],
+                               line=dict(color=COLORS[name], width=2, dash="dot"),
+                               hovertemplate=f"{name}, extrapolated<br>%{{x}} rows: %{{y:.3f}} ms<extra></extra>"))
     if roof is not None:
         traces.append(dict(type="scatter", mode="lines", name="machine limit", x=list(ROWS),
                            y=[roof.ms(r) for r in ROWS], line=dict(color=COLORS["limit"], width=2, dash="dash"),

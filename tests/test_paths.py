@@ -29,12 +29,29 @@ def test_paths_chart_and_text_show_both_fits_and_the_limit():
     roof = roofline(model, repeats=1)
     eager, compiled = CallCost(2.0, 0.08), CallCost(0.5, 0.07)
     figure = paths_figure(eager, compiled, roof)
-    assert [t.name for t in figure.data] == ["eager calls (fit)", "compiled calls (fit)", "machine limit"]
+    assert [t.name for t in figure.data] == ["eager calls (fit, 1-192 rows measured)",
+                                             "compiled calls (fit, 1-48 rows measured)",
+                                             "compiled calls beyond 48 rows (extrapolated, never below the limit)",
+                                             "machine limit"]
     assert figure.data[1].y[0] == compiled.ms(1)
     text = paths_summary(eager, compiled, roof)
     assert "| eager | 2.000 | 0.0800 | 2.080 |" in text and "| compiled | 0.500 | 0.0700 | 0.570 |" in text
     assert "Compute limit" in text and "Weight-read limit" in text
     assert "No compiled fit: torch.compile failed" in paths_summary(eager, None, roof, "torch.compile failed (x)")
+
+
+def test_an_extrapolated_fit_is_never_drawn_below_the_machine_limit():
+    """Explain drew the compiled fit below its own "machine limit" line at 32-128 rows while saying no call can be
+    faster than the limit (issue 53)."""
+    from packed_ss.cost import Roofline
+
+    roof = Roofline(flops_per_row=1e9, gflops=100.0, weight_bytes=1e6, read_gbs=100.0)  # 10 ms per row
+    compiled = CallCost(0.5, 0.01)  # far below the limit at many rows: only possible as an extrapolation
+    figure = paths_figure(None, compiled, roof)
+    limit = {x: y for x, y in zip(figure.data[-1].x, figure.data[-1].y)}
+    beyond = figure.data[1]
+    assert beyond.line.dash == "dot" and list(beyond.x) == [32, 64, 128]
+    assert all(y >= limit[x] for x, y in zip(beyond.x, beyond.y) if x in limit)
 
 
 def broken_compile(fn, **options):
