@@ -119,7 +119,7 @@ def _call_spec(layout: CallLayout, strings: TokenStrings, i: int, domain: tuple[
                             title=dict(text="keys (cached prefix,<br>then this call's rows)")),  # two lines: fits a phone
         f"yaxis{sfx}": dict(anchor=xref, type="category", autorange="reversed", showgrid=False, zeroline=False,
                             tickvals=row_ticks, ticktext=row_text, tickfont=dict(size=11), automargin=True,
-                            title=dict(text="query rows (role · token @ position)" if i == 0 else "")),
+                            title=dict(text="query rows<br>(role · token @ position)" if i == 0 else "")),
     }
     line = dict(color="#0f172a", width=1.5)
     shapes = []

@@ -22,6 +22,7 @@ from serve.lanes import Lane, cost_ratio, ratio_text, speed_ratio, verdict_text
 
 TokenStrings = Callable[[Sequence[int]], list[str]]
 CHART_HEIGHT = 400  # px (the legend under the chart takes its own rows)
+REPLAYING = '<span class="badge muted" data-badge="replaying">replaying: compared with AR once its tokens are in</span>'
 
 
 def lane_counters(lane: Lane, clock_ms: float) -> dict[str, float]:
@@ -88,18 +89,18 @@ def lanes_html(lanes: Sequence[Lane], clock_ms: float, strings: TokenStrings, gr
                     ("throughput", "tokens/s", f"{c['throughput']:.1f}")]
         cards = "".join(f'<div class="stat"><span class="k">{label}</span>'
                         f'<span class="v" data-counter="{key}">{value}</span></div>' for key, label, value in counters)
+        made = counted(len(lane.token_ids), "token")
         done = ("" if not c["finished"] else
-                f'<span class="done cut" data-cut="1">cut off at the time limit ({counted(len(lane.token_ids), "token")})</span>'
-                if lane.cut_off else
-                f'<span class="done" data-stopped="1">stopped with every lane at {counted(len(lane.token_ids), "token")}'
-                f'</span>' if lane.stopped_early else '<span class="done">finished</span>')
+                f'<span class="done cut" data-cut="1">cut off at the time limit ({made})</span>' if lane.cut_off else
+                f'<span class="done" data-stopped="1">stopped with every lane at {made}</span>' if lane.stopped_early
+                else '<span class="done">finished</span>')
         parts.append(
             f'<div class="lane{" lane-cut" if lane.cut_off and c["finished"] else ""}" data-lane="{lane.schedule}" '
             f'data-done="{int(c["finished"])}">'
             f'<h4><span class="lane-key" style="background:{schedule_color(lane.schedule)}"></span>'
             f'{html.escape(lane.title)}'
             f'{_block_label(lane)} {done}</h4>'
-            f'{_lane_badge(lane, greedy, order)}'
+            f'{_lane_badge(lane, greedy, order) if c["finished"] else REPLAYING}'
             f'<div class="bar" title="decoder wall time replayed"><div style="width:{progress:.1f}%"></div>'
             f'<span class="bar-label">{min(clock_ms, lane.total_ms) / 1000:.2f} / {lane.total_ms / 1000:.2f} s · '
             f'{c["tokens"]} tokens</span></div>'
@@ -255,7 +256,7 @@ def nfe_path_figure(lanes: Sequence[Lane], clock_ms: float = float("inf")) -> go
     y_end = max((lane.nfe[-1] for lane in lanes if lane.schedule in ("linear", "packed") and lane.nfe), default=1)
     x_end = max((lane.tokens[-1] for lane in lanes if lane.schedule in ("linear", "packed") and lane.tokens),
                 default=1)
-    layout = dict(title=dict(text="Theorem 3.2: calls (NFE) needed for the first n tokens", x=0.01),
+    layout = dict(title=dict(text="Theorem 3.2: NFE for the first n tokens", x=0.01),
                   height=CHART_HEIGHT, margin=dict(l=50, r=10, t=40, b=45),
                   xaxis=dict(title=dict(text="tokens generated"), range=[0, 1.04 * x_end], automargin=True),
                   yaxis=dict(title=dict(text="NFE"), range=[0, 1.06 * y_end]),
@@ -263,13 +264,25 @@ def nfe_path_figure(lanes: Sequence[Lane], clock_ms: float = float("inf")) -> go
     return go.Figure(dict(data=traces, layout=layout))
 
 
+SUMMARY_COLUMNS = (  # (key, header, tooltip): the race table's columns; the key names the cells (data-col)
+    ("schedule", "schedule", ""), ("b", "B", ""), ("tokens", "tokens", ""), ("nfe", "NFE", ""),
+    ("tokens-per-nfe", "tokens/NFE", ""),
+    ("cost-ratio", "ms/NFE ÷ AR", "time per call over AR's: what one call costs in AR calls"),
+    ("wall-s", "wall s", ""), ("ms-per-nfe", "ms/NFE", ""), ("throughput", "tokens/s", ""),
+    ("speed-vs-ar", "speed ÷ AR [95%]", "speed over AR's with its 95% interval over the paired slices"),
+    ("mean-a", "mean A (prefill excluded)",
+     "mean acceptance length A = h + 1: tokens a verifying iteration committed (accepted draft tokens plus the "
+     "correction or bonus token), the prefill excluded; tokens/NFE counts every call"),
+    ("same", "= AR", ""),
+)
+
+
 def summary_html(lanes: Sequence[Lane]) -> str:
-    """A table of each lane's final metrics (hidden reference lanes included, marked)."""
-    head = ("<tr><th>schedule</th><th>B</th><th>tokens</th><th>NFE</th><th>tokens/NFE</th>"
-            "<th title='time per call over AR&#39;s: what one call costs in AR calls'>ms/NFE ÷ AR</th>"
-            "<th>wall s</th><th>ms/NFE</th><th>tokens/s</th>"
-            "<th title='speed over AR&#39;s with its 95% interval over the paired slices'>speed ÷ AR [95%]</th>"
-            "<th>mean A (prefill excluded)</th><th>= AR</th></tr>")
+    """A table of each lane's final metrics (hidden reference lanes included, marked). Each cell carries its
+    column's key (``data-col``) and header (``data-label``: on a phone each row is drawn as a card of labelled
+    values, assets/style.css)."""
+    head = "".join(f"<th title='{html.escape(tip, quote=True)}'>{label}</th>" if tip else f"<th>{label}</th>"
+                   for _, label, tip in SUMMARY_COLUMNS)
     rows = []
     ar = next((lane for lane in lanes if lane.schedule == "ar"), None)
     for lane in lanes:
@@ -279,18 +292,22 @@ def summary_html(lanes: Sequence[Lane]) -> str:
                 if lane.identical and lane.partial else
                 f"yes ({counted(lane.compared, 'token')})" if lane.identical else
                 f"no (token {lane.first_difference})")
-        name = lane.title + ("" if lane.shown else " (hidden)")
-        accept = f"{m['mean_acceptance_length']:.2f}" if lane.schedule != "diffusion" else "–"
-        b = m.get("block_size") if lane.schedule != "ar" else "–"
         speed = speed_ratio(lane, ar) if ar is not None and lane is not ar else None
-        versus = "1 (reference)" if lane is ar else "–" if speed is None else ratio_text(speed)
-        ratio = "–" if cost_ratio(lane, ar) is None else f"{cost_ratio(lane, ar):.2f}"
-        rows.append(f"<tr><td>{html.escape(name)}</td><td>{b}</td><td>{m['tokens']}</td><td>{m['nfe']}</td>"
-                    f"<td>{m['tokens_per_nfe']:.2f}</td><td data-col='cost-ratio'>{ratio}</td>"
-                    f"<td data-col='wall-s'>{m['wall_s']:.3f}</td><td>{m['time_per_nfe_ms']:.1f}</td>"
-                    f"<td data-col='throughput'>{m['throughput']:.1f}</td><td data-col='speed-vs-ar'>{versus}</td>"
-                    f"<td>{accept}</td><td>{same}</td></tr>")
-    return f'<div class="race-summary-wrap"><table class="race-summary">{head}{"".join(rows)}</table></div>'
+        values = {
+            "schedule": html.escape(lane.title + ("" if lane.shown else " (hidden)")),
+            "b": m.get("block_size") if lane.schedule != "ar" else "–",
+            "tokens": m["tokens"], "nfe": m["nfe"], "tokens-per-nfe": f"{m['tokens_per_nfe']:.2f}",
+            "cost-ratio": "–" if cost_ratio(lane, ar) is None else f"{cost_ratio(lane, ar):.2f}",
+            "wall-s": f"{m['wall_s']:.3f}", "ms-per-nfe": f"{m['time_per_nfe_ms']:.1f}",
+            "throughput": f"{m['throughput']:.1f}",
+            "speed-vs-ar": "1 (reference)" if lane is ar else "–" if speed is None else ratio_text(speed),
+            "mean-a": f"{m['mean_acceptance_length']:.2f}" if lane.schedule != "diffusion" else "–",
+            "same": same,
+        }
+        rows.append("<tr>" + "".join(f"<td data-col='{key}' data-label='{html.escape(label, quote=True)}'>"
+                                     f"{values[key]}</td>" for key, label, _ in SUMMARY_COLUMNS) + "</tr>")
+    return (f'<div class="race-summary-wrap"><table class="race-summary"><tr>{head}</tr>{"".join(rows)}</table>'
+            f'</div>')
 
 
 def projection_html(lanes: Sequence[Lane], tables: Sequence[CallTable]) -> str:

@@ -142,14 +142,32 @@ def paired_speed_ratio(a: Sequence[tuple[float, float]], b: Sequence[tuple[float
     percentile bootstrap interval over the slices both lanes ran (:mod:`packed_ss.turns`).
 
     Args:
-        a, b: per round, (tokens, milliseconds) of each lane, aligned by round; a round where either lane made no
-            token or took no time is left out (it pairs nothing).
+        a, b: per round, (tokens, milliseconds) of each lane, aligned by round. A round where either lane made
+            no token (it sat out: its previous round overshot the target, or its run had ended) is joined to the
+            following rounds until both lanes have worked (:func:`paired_blocks`), so that every round's work
+            counts and the estimate is the ratio of the two lanes' whole speeds.
         resamples, seed, level: as :func:`bootstrap_sums` and :func:`percentile_interval`.
-    Returns: the :class:`Interval` (``n`` = paired slices), or None when no round pairs the two lanes.
+    Returns: the :class:`Interval` (``n`` = paired blocks), or None when the two lanes never both worked.
     """
-    pairs = [(ta, ma, tb, mb) for (ta, ma), (tb, mb) in zip(a, b) if ta > 0 and ma > 0 and tb > 0 and mb > 0]
-    if not pairs:
+    blocks = paired_blocks(a, b)
+    if not blocks:
         return None
-    observed = np.asarray(pairs, dtype=np.float64)
+    observed = np.asarray(blocks, dtype=np.float64)
     sums = bootstrap_sums(observed, resamples=resamples, seed=seed)
     return ratio_of_ratios(sums, observed, 0, 1, 2, 3, level)
+
+
+def paired_blocks(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]
+                  ) -> list[tuple[float, float, float, float]]:
+    """(tokens_a, ms_a, tokens_b, ms_b) per block of consecutive rounds: a block closes at the first round after
+    which both lanes have made tokens in it; rounds left open at the end join the last block (none without one)."""
+    blocks: list[list[float]] = []
+    open_block = [0.0, 0.0, 0.0, 0.0]
+    for (ta, ma), (tb, mb) in zip(a, b):
+        open_block = [open_block[0] + ta, open_block[1] + ma, open_block[2] + tb, open_block[3] + mb]
+        if all(value > 0 for value in open_block):
+            blocks.append(open_block)
+            open_block = [0.0, 0.0, 0.0, 0.0]
+    if blocks and any(open_block):
+        blocks[-1] = [x + y for x, y in zip(blocks[-1], open_block)]
+    return [tuple(block) for block in blocks]

@@ -22,7 +22,7 @@ from packed_ss.turns import MIN_SLICE_TOKENS, Turns, stop_together, take_turns
 from serve.background import Background, wait_for
 from serve.costs import CostBook
 from serve.errors import ClientGone
-from serve.limits import TIME_LIMIT, ComputeGate, cut_off, deadline_after, gated, worst_case_rows
+from serve.limits import TIME_LIMIT, ComputeGate, cut_off, deadline_after, gated, reference_rows, worst_case_rows
 from serve.models import ModelStore
 
 
@@ -116,7 +116,8 @@ class GpuTasks:
         deadline = deadline_after(limit_s)
         self._tuned(self.store.get(*model_ref[:2]))
         isolate = self._isolate(priority, deadline=deadline)
-        adapter = self._adapter(model_ref, prompt_ids, config, isolate=isolate)
+        weighed = self._isolate(reference_rows(len(prompt_ids), config), deadline=deadline)  # a whole AR run
+        adapter = self._adapter(model_ref, prompt_ids, config, isolate=weighed)
         return list(isolate(decode(adapter, list(prompt_ids), config, schedule)))
 
     def _race(self, model_ref: tuple, prompt_ids: Sequence[int], config: DecodeConfig,

@@ -165,8 +165,18 @@ def speed_ratio(lane: Lane, other: Lane) -> Interval | None:
 
 
 def ratio_text(interval: Interval) -> str:
-    """"0.52 [0.48, 0.57]": a speed ratio and its interval."""
-    return f"{interval.estimate:.2f} [{interval.low:.2f}, {interval.high:.2f}]"
+    """"0.52 [0.48, 0.57]": a speed ratio and its interval; an end that two decimals would round to 1.00 gets as
+    many as show which side of 1 it is on ("[0.71, 0.9981]" is beyond noise, "[0.65, 1.0004]" a tie)."""
+    return f"{interval.estimate:.2f} [{_edge(interval.low)}, {_edge(interval.high)}]"
+
+
+def _edge(value: float) -> str:
+    if value == 1.0 or abs(value - 1.0) >= 0.005:
+        return f"{value:.2f}"
+    digits = 3
+    while f"{value:.{digits}f}" == f"{1.0:.{digits}f}" and digits < 8:
+        digits += 1
+    return f"{value:.{digits}f}"
 
 
 def is_tie(interval: Interval | None) -> bool:
@@ -252,12 +262,13 @@ def verdict_of(lanes: Sequence[Lane]) -> str:
     against = [(lane, speed_ratio(lane, best)) for lane in timed[1:]]
     paired = min((interval.n if interval is not None else 0) for _, interval in against)
     ties = [lane.title for lane, interval in against if is_tie(interval)]
+    slices = counted(paired, "paired slice", "paired slices")
     parts = [f"{lane.title} {ratio_text(interval)}{' (a tie: the interval holds 1)' if is_tie(interval) else ''}"
              if interval is not None else f"{lane.title} (no round in common)" for lane, interval in against]
     ranking = ", ".join(f"{i}. {lane.title} {lane.metrics['throughput']:.1f} tokens/s" for i, lane in
                         enumerate(timed, 1))
     if paired < MIN_SLICES:
-        head = (f"No winner can be judged: {counted(paired, 'paired slice', 'paired slices')} {'is' if paired == 1 else 'are'} too "
+        head = (f"No winner can be judged: {slices} {'is' if paired == 1 else 'are'} too "
                 f"few to tell a difference from noise (it takes {MIN_SLICES}: raise the new-token limit); "
                 f"{best.title} had the highest speed")
     elif ties:
@@ -271,6 +282,6 @@ def verdict_of(lanes: Sequence[Lane]) -> str:
     else:
         why = why_text(lanes, best)
     extra = " ".join(s for s in (why, paper_comparisons(lanes)) if s)
-    return (f"{head}. Speed over {best.title}'s (95% interval over {counted(paired, 'paired slice', 'paired slices')}): "
+    return (f"{head}. Speed over {best.title}'s (95% interval over {slices}): "
             f"{', '.join(parts)}. Ranking by tokens per second of decoder time: {ranking}."
             + (f" {extra}" if extra else ""))

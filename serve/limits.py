@@ -50,6 +50,14 @@ def worst_case_rows(schedules: Sequence[str], prompt_len: int, config: DecodeCon
     return out
 
 
+def reference_rows(prompt_len: int, config: DecodeConfig) -> float:
+    """The gate weight (worst-case rows) of a scripted drafter's AR reference run: AR over the run's new tokens plus
+    one block (:func:`packed_ss.engine.scripted_drafter`). Its turns weigh this much, not as the Step or run that
+    caused it: a visitor's short request goes ahead of it between two of its iterations."""
+    longer = replace(config, max_new_tokens=config.max_new_tokens + config.block_size)
+    return float(worst_case_rows(["ar"], prompt_len, longer)[0][2])
+
+
 def check_work(schedules: Sequence[str], prompt_len: int, config: DecodeConfig, limit: int,
                runs: int = 1, block_sizes: Mapping[str, int] | None = None, any_order: bool = False) -> int:
     """Refuse a request whose worst case exceeds ``limit`` rows; return that worst case.

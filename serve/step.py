@@ -12,7 +12,8 @@ from packed_ss.records import IterationRecord, RunRecord, summarize
 
 from serve.errors import UserError
 from serve.gpu import GpuTasks
-from serve.limits import MAX_ROWS_PER_REQUEST, TIME_LIMIT, ComputeGate, check_work, deadline_after, gated
+from serve.limits import (MAX_ROWS_PER_REQUEST, TIME_LIMIT, ComputeGate, check_work, deadline_after, gated,
+                          reference_rows)
 from serve.runs import schedule_for
 from serve.settings import RunSettings
 from serve.timing import TimingLog
@@ -58,11 +59,14 @@ class StepRun:
         self.priority = float(runner.max_rows(1, replace(settings.config, max_new_tokens=2)))
         if settings.scripted is None or eager:
             self.adapter = model.share()  # this run's own KV cache
-        else:  # the drafter's AR reference: one iteration per turn at the gate, within this request's time limit
+        else:  # the drafter's AR reference: one iteration per turn at the gate, within this request's time limit,
+            # each turn weighed as the whole reference run (its worst-case rows), not as a Step: the reference is a
+            # full AR run, and a visitor's short request goes ahead of it between two of its iterations
             deadline = deadline_after(max_seconds)
+            weight = reference_rows(len(self.prompt_ids), settings.config)
             self.adapter = scripted_drafter(model, self.prompt_ids, settings.config, settings.scripted,
                                             settings.config.seed,
-                                            lambda records: gated(records, gate, self.priority, deadline=deadline))
+                                            lambda records: gated(records, gate, weight, deadline=deadline))
             if deadline is not None and time.monotonic() >= deadline:
                 raise UserError(f"the scripted drafter's reference (AR's output) took past this server's time limit "
                                 f"of {max_seconds:g} s: lower the new-token limit or the prompt length")

@@ -24,6 +24,7 @@ RACE_LIGHTER = "the new-token limit, the optional lanes or the prompt length"  #
 MAX_REPLAY_SPEED = 100.0  # times real time; the page's slider goes to 4
 REPLAY_FRAME_S = 0.25  # seconds between replay frames (a few updates a second is enough)
 CHART_EVERY = 2  # the race charts fill in every second frame (a new figure remounts the plot)
+TABLE_AFTER_REPLAY = '<div class="race-summary-wait">The table of this race follows when the replay ends.</div>'
 INTRO = ("AR (the baseline), Linear-SS, Quadratic-SS and Packed-SS, and the optional lanes ticked below, decode the "
          "sidebar's prompt with the same settings. "
          "The lanes take **turns**: each round every lane decodes a few more tokens (a *slice*), in an order "
@@ -156,7 +157,9 @@ class RaceHandlers:
             if clock_ms >= total or us.race is not result:
                 break
             charts = race_figures(result.lanes, clock_ms) if frame % CHART_EVERY == 0 else (gr.skip(),) * 3
-            yield lanes_html(result.lanes, clock_ms, strings, result.greedy, order), *charts, gr.skip()
+            # the first frame clears the earlier race's table: it comes back, this race's, when the replay ends
+            table = TABLE_AFTER_REPLAY if frame == 0 else gr.skip()
+            yield lanes_html(result.lanes, clock_ms, strings, result.greedy, order), *charts, table
             frame += 1
             time.sleep(REPLAY_FRAME_S)
         if us.race is not result:  # a newer race replaced this one

@@ -278,3 +278,43 @@ def test_benchmark_panels_draw_every_legend_entry_whole(page):
             assert panel["frame"]["left"] - 0.5 <= item["left"] and item["right"] <= panel["frame"]["right"] + 0.5, \
                 (panel["title"], item)
     _shot(page, "benchmark")
+
+
+PAINT = """(selector) => [...document.querySelectorAll(selector)].filter(e => e.getClientRects().length).slice(0, 3)
+    .map(e => { const s = getComputedStyle(e), svg = e.closest('svg');
+                return {text: s.fill && s.fill !== 'none' && svg ? s.fill : s.color, opacity: s.opacity,
+                        back: getComputedStyle(svg || e).backgroundColor, sample: e.textContent.trim()}; })"""
+
+
+def _rgb(css: str) -> str:
+    return _hex([float(v) for v in re.findall(r"[\d.]+", css)[:3]])
+
+
+@pytest.mark.parametrize("theme", ["dark", "light"])
+def test_the_explain_diagram_and_unreached_rows_read_in_either_theme(browser, both_url, theme):  # noqa: F811
+    """In the dark theme the Explain diagram's labels stood at 1.07:1 on the page, and the "computed, not reached"
+    rows were 3.1:1 (2.2:1 in the light theme) under an opacity of 0.35 (issue 53)."""
+    from packed_ss.bench.palette import contrast
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(f"{both_url}?__theme={theme}", wait_until="domcontentloaded")
+        page.locator("#step-btn").wait_for(timeout=60_000)
+        chips = []
+        for _ in range(8):  # until an iteration leaves verifier rows unreached
+            _step(page, 1)
+            chips = page.evaluate(PAINT, "#token-grid .chip.faded")
+            if chips:
+                break
+        assert chips, "no iteration left a verifier row unreached in 8 steps"
+        for chip in chips:
+            assert chip["opacity"] == "1", chip
+            assert contrast(_rgb(chip["text"]), _rgb(chip["back"])) >= MIN_CONTRAST, (theme, chip)
+        page.get_by_role("tab", name="Explain").click()
+        labels = page.evaluate(PAINT, ".schedule-diagram svg text")
+        assert labels, "the diagram has no text"
+        for label in labels:
+            assert contrast(_rgb(label["text"]), _rgb(label["back"])) >= MIN_CONTRAST, (theme, label)
+        _shot(page, f"{theme}-explain")
+    finally:
+        page.context.close()

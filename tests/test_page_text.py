@@ -59,7 +59,8 @@ def test_the_papers_comparisons_give_each_ratio_with_its_interval_and_flag_ties(
 def test_the_race_table_gives_time_per_call_over_ars():
     table = summary_html([AR, SLOW_PACKED])
     assert "ms/NFE ÷ AR" in table
-    assert "<td data-col='cost-ratio'>1.00</td>" in table and "<td data-col='cost-ratio'>1.88</td>" in table
+    assert "data-col='cost-ratio' data-label='ms/NFE ÷ AR'>1.00</td>" in table
+    assert "data-col='cost-ratio' data-label='ms/NFE ÷ AR'>1.88</td>" in table
 
 
 def test_break_even_is_the_mean_call_cost_over_one_row_calls():
@@ -164,3 +165,14 @@ def test_the_break_even_judges_only_where_the_fit_predicts_the_measured_iteratio
     clear = break_even_summary(close, [("packed", 7, 3.5, 40)], [("ar", 7, 2.1)] * 5 + [("packed", 7, 3.6)] * 5)
     assert "beats AR here" in clear
     assert "loses to AR here" in break_even_summary(close, [("packed", 7, 1.0, 40)], [("ar", 7, 2.1)] * 5)
+
+
+def test_an_interval_end_next_to_1_shows_which_side_it_is_on():
+    """"0.83 [0.71, 1.00]" was called beyond noise and "0.81 [0.65, 1.00]" a tie on the same page (issue 53)."""
+    from packed_ss.stats import Interval
+    from serve.lanes import is_tie, ratio_text
+
+    beyond, tie = Interval(0.83, 0.71, 0.9981, 16), Interval(0.81, 0.65, 1.0004, 16)
+    assert ratio_text(beyond) == "0.83 [0.71, 0.998]" and not is_tie(beyond)
+    assert ratio_text(tie) == "0.81 [0.65, 1.0004]" and is_tie(tie)
+    assert ratio_text(Interval(0.5, 0.48, 0.57, 14)) == "0.50 [0.48, 0.57]"

@@ -163,9 +163,13 @@ def test_pairing_removes_the_machines_drift_that_unpaired_timing_would_keep():
     assert ratio.low > 1.0 and ratio.high - ratio.low < 0.1
 
 
-def test_rounds_that_pair_nothing_are_left_out():
+def test_a_round_a_lane_sat_out_is_joined_to_the_next_so_every_rounds_work_counts():
+    """A newcomer saw "16 rounds" beside "15 paired slices" and a ratio unlike the lanes' tokens per second: the
+    round one lane sat out was dropped with the other lane's work in it (issue 53)."""
     a = [(4, 10.0), (0, 0.0), (4, 10.0)]
     b = [(4, 20.0), (4, 20.0), (0, 0.0)]
     ratio = paired_speed_ratio(a, b)
-    assert ratio.n == 1 and ratio.estimate == pytest.approx(2.0)
+    assert ratio.n == 2 and ratio.estimate == pytest.approx((8 / 20) / (8 / 40))  # the lanes' whole speeds
     assert paired_speed_ratio([(0, 0.0)], [(4, 1.0)]) is None
+    ended = paired_speed_ratio([(4, 10.0), (4, 10.0), (0, 0.0)], [(4, 10.0), (4, 10.0), (4, 10.0)])
+    assert ended.n == 2 and ended.estimate == pytest.approx((8 / 20) / (12 / 30))  # the tail joins the last block

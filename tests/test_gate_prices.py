@@ -1,0 +1,60 @@
+"""Work at the compute gate is priced by what it computes (issue 54, item 1): a scripted drafter's AR reference
+run, computed inside a first Step, waits behind another visitor's short request between two of its iterations,
+as any long run does. Measured as gate turns, never as times."""
+
+import threading
+import time
+
+from packed_ss.config import DecodeConfig
+from packed_ss.engine import decode
+from packed_ss.models import DualModeModel
+from serve.limits import ComputeGate, gated, reference_rows, worst_case_rows
+from serve.settings import make_settings
+from serve.step import StepRun
+
+from helpers import tiny_llama
+
+PROMPT = " ".join(f"w{i % 15 + 1}" for i in range(200))  # a long prompt: the short request's rows are many
+
+
+class Slow(DualModeModel):
+    """The tiny model, 5 ms of sleep in every call (so the reference run lasts long enough to be overtaken)."""
+
+    def forward(self, *args, **kwargs):
+        time.sleep(0.005)
+        return super().forward(*args, **kwargs)
+
+    def share(self):
+        return Slow(self.model, self.tokenizer, self.mask_token_id, self.eos_token_id)
+
+
+def test_a_scripted_drafters_reference_run_gives_way_to_a_short_request():
+    base = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0, eos=False)
+    model = Slow(base.model, base.tokenizer, base.mask_token_id, None)
+    gate = ComputeGate()
+    settings = make_settings("slow", PROMPT, "packed", 8, 0, 0, 1, 0, 128, False, "", "scripted", 0.9)
+    ids = settings.prompt_ids(model)
+    short = DecodeConfig(block_size=8, max_new_tokens=4)
+    short_rows = float(worst_case_rows(["ar"], len(ids), short)[0][2])
+    assert reference_rows(len(ids), settings.config) > short_rows  # the reference is the larger work
+    created = []
+    first_steps = [threading.Thread(target=lambda: created.append(StepRun(settings, model, gate=gate)))
+                   for _ in range(2)]  # two visitors' first Steps: one reference always waits for the gate
+    for thread in first_steps:
+        thread.start()
+    try:
+        while gate.activity()[0] < 6:  # the reference runs are under way
+            time.sleep(0.01)
+        owner = object()
+        with gate.watch(owner) as others:
+            made = list(gated(decode(model.share(), ids, short, "ar"), gate, short_rows, owner=owner))
+            overtaken_by = others()
+        assert len(made) >= 4
+        # Before each of the short request's turns (its iterations and the turn that finds the run over) at most one
+        # reference iteration, the one under way when it asked; before, a reference weighed a 2-token Step and the
+        # two took every turn until they were done (over 200 here).
+        assert overtaken_by <= len(made) + 1, overtaken_by
+    finally:
+        for thread in first_steps:
+            thread.join()
+    assert len(created) == 2 and all(run.adapter.reference for run in created)  # the Steps still got their drafters
