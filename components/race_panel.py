@@ -18,7 +18,7 @@ from packed_ss.projection import CallTable, project
 from packed_ss.wording import counted
 
 from components.style import legend_below, legend_html, source_class
-from serve.lanes import Lane, cost_ratio, ratio_text, speed_ratio, verdict_text
+from serve.lanes import Lane, cost_ratio, ratio_text, speed_ratio, verdict_parts
 
 TokenStrings = Callable[[Sequence[int]], list[str]]
 CHART_HEIGHT = 400  # px (the legend under the chart takes its own rows)
@@ -148,9 +148,11 @@ def badge_html(lanes: Sequence[Lane], greedy: bool, order: str = "ltr") -> str:
     """
     lossless = [lane for lane in lanes if lane.schedule not in ("ar", "diffusion")]
     badges = []
-    verdict = verdict_text(lanes)
-    if verdict:
-        badges.append(f'<div class="race-verdict" data-badge="verdict">{html.escape(verdict)}</div>')
+    parts = verdict_parts(lanes)
+    if parts:  # the headline in bold, then one line per sentence (one paragraph was hard to read)
+        lines = "".join(f'<span class="verdict-line">{html.escape(part)}</span>' for part in parts[1:])
+        badges.append(f'<div class="race-verdict" data-badge="verdict"><strong>{html.escape(parts[0])}</strong>'
+                      f'{lines}</div>')
     ref = next((lane for lane in lanes if lane.schedule == "ar"), None)
     n = len(ref.token_ids) if ref else 0
     compared = [lane for lane in lossless if lane.compared is not None]
@@ -323,12 +325,14 @@ def projection_html(lanes: Sequence[Lane], tables: Sequence[CallTable]) -> str:
     def speed(lane: Lane, table: CallTable) -> float:
         return len(lane.token_ids) / project(lane.call_rows, table) * 1000  # tokens per second of model time
 
-    heads = "".join(f"<th>{html.escape(table.model)}: × AR (tokens/s)</th>" for table in tables)
+    labels = [html.escape(f"{table.model}: × AR (tokens/s)", quote=True) for table in tables]
+    heads = "".join(f"<th>{label}</th>" for label in labels)
     rows = []
-    for lane in shown:
-        cells = "".join(f"<td data-col='projected'>{speed(lane, t) / speed(ar, t):.2f}x ({speed(lane, t):,.0f})</td>"
-                        for t in tables)
-        rows.append(f"<tr><td>{html.escape(lane.title)}</td><td>{lane.metrics['tokens_per_nfe']:.2f}</td>{cells}</tr>")
+    for lane in shown:  # data-label: on a phone each row is a card of labelled values (assets/style.css)
+        cells = "".join(f"<td data-col='projected' data-label='{label}'>{speed(lane, t) / speed(ar, t):.2f}x "
+                        f"({speed(lane, t):,.0f})</td>" for label, t in zip(labels, tables))
+        rows.append(f"<tr><td data-col='schedule'>{html.escape(lane.title)}</td><td data-label='tokens/NFE'>"
+                    f"{lane.metrics['tokens_per_nfe']:.2f}</td>{cells}</tr>")
     first = tables[0]
     spread = f"{min(first.ms):.1f}-{max(first.ms):.1f} ms"
     measured = next((lane for lane in shown if lane.schedule == "packed"), None)

@@ -243,21 +243,25 @@ def verdict_text(lanes: Sequence[Lane]) -> str:
     with its 95% paired interval over the race's slices, "a tie" where the interval holds 1; then why the
     winner won (:func:`why_text`) and Packed-SS against the paper's baselines (:func:`paper_comparisons`).
     Lanes cut off at the time limit are not ranked (the race stopped before they made a token); the verdict
-    names them first."""
+    names them first. The sentences of :func:`verdict_parts`, joined."""
+    return " ".join(verdict_parts(lanes))
+
+
+def verdict_parts(lanes: Sequence[Lane]) -> list[str]:
+    """The verdict's sentences in order (the page sets each on a line of its own, the headline first)."""
     cut = [lane.title for lane in lanes if lane.cut_off]
     ranked = verdict_of([lane for lane in lanes if not lane.cut_off])
     if not cut:
         return ranked
-    return (f"Cut off at the server's time limit, so not ranked (partial output): {', '.join(cut)}."
-            + (f" {ranked}" if ranked else ""))
+    return [f"Cut off at the server's time limit, so not ranked (partial output): {', '.join(cut)}.", *ranked]
 
 
-def verdict_of(lanes: Sequence[Lane]) -> str:
-    """:func:`verdict_text` over the lanes that were not cut off."""
+def verdict_of(lanes: Sequence[Lane]) -> list[str]:
+    """:func:`verdict_parts` over the lanes that were not cut off (none for fewer than two timed lanes)."""
     timed = sorted((lane for lane in lanes if lane.total_ms > 0 and lane.token_ids),
                    key=lambda lane: -lane.metrics["throughput"])
     if len(timed) < 2:
-        return ""
+        return []
     best = timed[0]
     against = [(lane, speed_ratio(lane, best)) for lane in timed[1:]]
     paired = min((interval.n if interval is not None else 0) for _, interval in against)
@@ -281,7 +285,6 @@ def verdict_of(lanes: Sequence[Lane]) -> str:
         why = next((note for note in (noise_note(lane, ar) for lane in lanes) if note), "")
     else:
         why = why_text(lanes, best)
-    extra = " ".join(s for s in (why, paper_comparisons(lanes)) if s)
-    return (f"{head}. Speed over {best.title}'s (95% interval over {slices}): "
-            f"{', '.join(parts)}. Ranking by tokens per second of decoder time: {ranking}."
-            + (f" {extra}" if extra else ""))
+    return [s for s in (f"{head}.", f"Speed over {best.title}'s (95% interval over {slices}): {', '.join(parts)}.",
+                        f"Ranking by tokens per second of decoder time: {ranking}.", why, paper_comparisons(lanes))
+            if s]

@@ -90,9 +90,9 @@ def test_race_verdict_says_why_and_gives_the_papers_comparisons(page):
                     r"machine", verdict)
     noise = re.search(r"Noise, not a reason: .+ measured \d+\.\d\dx AR's one-row calls", verdict)
     assert why or noise, verdict
-    assert "The paper's comparisons: Packed-SS is" in verdict
+    assert "The paper's comparisons, speed over speed: Packed-SS / Linear-SS" in verdict
     for baseline in ("Linear-SS", "Quadratic-SS", "Autoregressive"):
-        assert re.search(rf"\d+\.\d\dx as fast as {baseline}", verdict), (baseline, verdict)
+        assert re.search(rf"Packed-SS / {baseline} \d+\.\d\d \[\d+\.\d+, \d+\.\d+\]", verdict), (baseline, verdict)
     note = page.locator("#race-status .model-note").inner_text()
     assert "embedded demo model" in note
     page.wait_for_function("document.querySelector('#race-summary td[data-col=\"cost-ratio\"]') !== null",

@@ -193,7 +193,7 @@ def test_race_verdict_summary_and_theorem_chart(page):
     _race(page)
     verdict = page.locator('#race-badge [data-badge="verdict"]').inner_text()
     heads = r"(Fastest: |No clear winner: |No winner can be judged: )"
-    assert re.search(heads + r".+Ranking by tokens per second of decoder time", verdict), verdict
+    assert re.search(heads + r".+Ranking by tokens per second of decoder time", verdict, re.S), verdict
     for lane in ("ar", "linear", "quadratic", "packed", "lookup", "packed-mixed"):
         assert page.locator(f'#race-lanes [data-lane="{lane}"]').count() == 1, lane
     header = page.locator("#race-summary table.race-summary tr").first.inner_text()

@@ -51,7 +51,7 @@ def test_the_page_labels_the_projection_and_prices_each_lanes_own_calls():
     flat = CallTable("NVIDIA H200", "2026-12-04", "a flat model", rows=(1, 256), ms=(2.0, 2.0), source="f.json")
     text = projection_html(lanes, [flat])
     assert "Projection, not a measurement" in text and "NVIDIA H200 (2026-12-04" in text
-    cells = re.findall(r"data-col='projected'>([0-9.]+)x \(([0-9,]+)\)", text)
+    cells = re.findall(r"data-col='projected' data-label='[^']*'>([0-9.]+)x \(([0-9,]+)\)", text)
     assert cells[0] == ("1.00", "500")  # AR: one token per 2 ms call
     # Every call costs the same: Packed-SS's projected speed over AR's is its tokens per call over AR's.
     assert float(cells[1][0]) == pytest.approx(packed.tokens_per_nfe, abs=0.006)
