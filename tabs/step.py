@@ -196,8 +196,13 @@ def build_step_tab(server: Server, panel: SettingsPanel, concurrency_limit: int)
     settings = list(panel.components)
     # preprocess=False: the settings arrive raw and RequestValues validates them (one message for any bad value,
     # where Gradio's own checks answered a wrong type with a traceback or {"error": null}).
-    step_btn.click(panel.handler(handlers.on_step), settings, outputs, api_name="step", api_visibility="undocumented",
-                   preprocess=False, **kw)
+    stepped = step_btn.click(panel.handler(handlers.on_step), settings, outputs, api_name="step",
+                             api_visibility="undocumented", preprocess=False, **kw)
+    # A changed setting (schedule, model, prompt...) starts a new run at the next Step: until then the run on
+    # screen is marked as the earlier one (dimmed, labelled), and the mark goes when a Step or Reset answers.
+    for component in settings:
+        component.change(None, None, None, js=_earlier_run(True), api_visibility="private", queue=False)
+    stepped.then(None, None, None, js=_earlier_run(False), api_visibility="private", queue=False)
     timer.tick(panel.handler(handlers.on_tick), settings, outputs + [timer, play_btn], api_visibility="private",
                trigger_mode="once", preprocess=False, **kw)
     play_btn.click(handlers.on_play, [speed], [timer, play_btn], api_visibility="private", queue=False)
@@ -207,7 +212,8 @@ def build_step_tab(server: Server, panel: SettingsPanel, concurrency_limit: int)
     back_btn.click(handlers.on_back, None, outputs, api_name="back", api_visibility="undocumented", **kw)
     export_btn.click(handlers.on_export, None, [export_file], api_visibility="private", **kw)
     reset_btn.click(handlers.on_reset, None, outputs + [timer, play_btn], api_name="reset",
-                    api_visibility="undocumented", **kw)
+                    api_visibility="undocumented", **kw).then(None, None, None, js=_earlier_run(False),
+                                                               api_visibility="private", queue=False)
     # preprocess=False: a number typed past either end is clamped by on_scrub (the slider then shows
     # the iteration drawn) instead of failing Gradio's bound check and leaving the two out of step.
     iteration.release(handlers.on_scrub, [iteration], outputs, api_name="scrub", api_visibility="undocumented",
@@ -215,3 +221,17 @@ def build_step_tab(server: Server, panel: SettingsPanel, concurrency_limit: int)
     # A number typed into the slider's box arrives as input events (no release): follow the last one.
     iteration.input(handlers.on_scrub, [iteration], outputs, api_visibility="private", preprocess=False,
                     trigger_mode="always_last", **kw)
+
+
+STEP_IDS = ("token-grid", "token-text", "step-stats", "mask-plot")
+
+
+def _earlier_run(on: bool) -> str:
+    """Page script adding (or removing) the ``step-earlier`` class on the Step tab's outputs when they show a run
+    (assets/style.css: dimmed, with a label saying a Step starts one with the new settings)."""
+    ids = ", ".join(f"'{i}'" for i in STEP_IDS)
+    if not on:
+        return f"() => {{ for (const id of [{ids}]) document.getElementById(id)?.classList.remove('step-earlier'); }}"
+    shown = "#token-grid [data-iteration]:not([data-iteration=\\'0\\'])"  # a run's grid, not the empty one
+    return (f"() => {{ if (!document.querySelector('{shown}')) return; "
+            f"for (const id of [{ids}]) document.getElementById(id)?.classList.add('step-earlier'); }}")

@@ -318,3 +318,17 @@ def test_the_explain_diagram_and_unreached_rows_read_in_either_theme(browser, bo
         _shot(page, f"{theme}-explain")
     finally:
         page.context.close()
+
+
+def test_a_changed_setting_marks_the_run_on_screen_as_the_earlier_one(page):
+    """Changing the schedule or the model left the previous run's grid on screen without a word (issue 53)."""
+    _step(page, 2)
+    assert "step-earlier" not in (page.locator("#token-grid").get_attribute("class") or "")
+    _choose(page, "schedule", "Linear-SS")
+    page.wait_for_function("document.getElementById('token-grid').classList.contains('step-earlier')",
+                           timeout=10_000)
+    label = page.evaluate("getComputedStyle(document.getElementById('token-grid'), '::before').content")
+    assert "Earlier run" in label, label
+    _step(page, 1)  # the new run's first iteration: the mark goes
+    page.wait_for_function("!document.getElementById('token-grid').classList.contains('step-earlier')",
+                           timeout=STEP_MS)
