@@ -190,7 +190,8 @@ def build_race_tab(server: Server, panel: SettingsPanel, concurrency_limit: int)
             optional = gr.CheckboxGroup(LANE_CHOICES, value=["lookup", "packed-mixed"], label="Optional lanes")
             sizes_box = gr.Radio([("same B for every lane", "same"), ("each schedule at its best B", "best")],
                                  value="same", label="Block size per lane", elem_id="race-sizes")
-            replay = gr.Slider(0.1, 4, value=1, step=0.1, label="Replay speed (× real time)")
+            replay = gr.Slider(0.1, 4, value=1, step=0.1, elem_id="replay-speed",
+                               label="Replay speed (× real time, 0.1-4; a value outside is set to the nearer end)")
             race_btn = gr.Button("Race", variant="primary", elem_id="race-btn")
         race_status = gr.HTML("", elem_id="race-status")
         badge = gr.HTML("", elem_id="race-badge")
