@@ -151,7 +151,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _generate(args) -> int:
     from packed_ss.engine import generate
-    from packed_ss.inputs import check_prompt, read_prompt_file
+    from packed_ss.inputs import check_prompt, positions_problem, read_prompt_file
     from packed_ss.models import ModelLoadError
     from packed_ss.registry import get_schedule
 
@@ -164,6 +164,9 @@ def _generate(args) -> int:
         # One rule for prompts in every front end (packed_ss.inputs); --prompt bytes that are not UTF-8
         # reach Python as lone surrogates and are refused there.
         prompt = read_prompt_file(args.prompt_file) if args.prompt_file is not None else check_prompt(args.prompt)
+        problem = positions_problem(args.model, config.max_new_tokens, config.block_size)  # before loading
+        if problem:
+            raise UsageError(problem)
         model = load_model(args.model, args.device, args.dtype, args.family, args.drafter_lora, args.base_model,
                            args.cache, args.compile, args.path)
         get_schedule(args.schedule, model)

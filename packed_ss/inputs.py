@@ -144,3 +144,26 @@ def model_fingerprint(name: str | Path) -> str:
                 size = int.from_bytes(stream.read(8), "little")
                 digest.update(str(f.stat().st_size).encode() + stream.read(min(size, 100 * 2**20)))
     return digest.hexdigest()[:12] + ("" if full else " (headers)")
+
+
+def positions_problem(model: str | Path, max_new_tokens: int, block_size: int) -> str | None:
+    """Why a run of ``max_new_tokens`` at ``block_size`` cannot fit ``model``'s positions even with a one-token
+    prompt, read from a local folder's ``config.json`` before anything is loaded (``max_position_embeddings``, also
+    under ``text_config``); None when it fits, or when the limit cannot be read without loading (a hub id, no such
+    field). The engine checks the real prompt once the model is loaded (:class:`packed_ss.schedules.base.Session`)."""
+    import json
+
+    try:
+        config = json.loads((Path(model) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    limit = config.get("max_position_embeddings") or (config.get("text_config") or {}).get("max_position_embeddings")
+    if not isinstance(limit, int) or isinstance(limit, bool):
+        return None
+    needed = 1 + max_new_tokens + 2 * block_size
+    if needed <= limit:
+        return None
+    return (f"{max_new_tokens:,} new tokens + 2 blocks of {block_size} exceed the model's {limit:,} positions even with "
+            f"a one-token prompt: lower --max-new-tokens to at most {max(0, limit - 1 - 2 * block_size):,}")

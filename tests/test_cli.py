@@ -162,3 +162,17 @@ def test_inputs_that_would_block_crash_or_trace_get_one_line(tmp_path, fifo, com
     assert out.returncode == 2, (out.returncode, out.stderr[-500:])
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in out.stderr, out.stderr[-500:]
+
+
+def test_a_run_that_cannot_fit_the_models_positions_is_refused_before_the_model_loads(monkeypatch, capsys):
+    """`--max-new-tokens 1000000000` was refused only after loading the model and measuring threads (issue 54)."""
+    import packed_ss.cli as cli
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(cli, "load_model", never)
+    assert cli.main(["generate", "--prompt", "x", "--max-new-tokens", "1000000000"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("error: 1,000,000,000 new tokens + 2 blocks of 8 exceed the model's 2,048 positions even with a "
+                   "one-token prompt: lower --max-new-tokens to at most 2,031"), err

@@ -27,6 +27,28 @@ def test_a_second_lock_on_one_folder_is_refused_until_the_first_ends(tmp_path):
         OutLock(tmp_path / "out")
     first.release()
     OutLock(tmp_path / "out").release()  # free again
+    assert not (tmp_path / "out").exists()  # the lock made the folder and nothing was written: both gone
+
+
+def test_a_refused_run_leaves_no_lock_file_in_the_users_folder(tmp_path, capsys):
+    """`--max-new-tokens 1000000000` was refused only after the model had loaded, and the lock's out/.run-lock
+    stayed behind (issue 54): now it is refused before anything is loaded or made, and a run refused after the lock
+    (no prompt fits the model) leaves the folder as it found it."""
+    out, kept = tmp_path / "new", tmp_path / "mine"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    huge = ["--model", str(EMBEDDED), "--threads", "1", "--max-new-tokens", "1000000000", "--limit", "1"]
+    assert main(huge + ["--out", str(out)]) == 2
+    assert "even with a one-token prompt: lower --max-new-tokens to at most 2,031" in capsys.readouterr().err
+    assert not out.exists()
+    prompts = tmp_path / "long.jsonl"
+    prompts.write_text(json.dumps({"prompt": "x " * 5000}) + "\n")  # no prompt fits: refused once the model loaded
+    for folder, why in ((out, "no prompt fits the model"), (kept, "already holds results (notes.txt)")):
+        argv = ["--model", str(EMBEDDED), "--threads", "1", "--max-new-tokens", "4", "--schedules", "ar",
+                "--prompts", str(prompts), "--out", str(folder)]
+        assert main(argv) == 2 and why in capsys.readouterr().err  # both refused while the lock was held
+    assert not out.exists()  # made for the run, removed with it
+    assert sorted(p.name for p in kept.iterdir()) == ["notes.txt"]  # the user's folder as it was
 
 
 @pytest.mark.parametrize("task", [None, "gsm8k"])

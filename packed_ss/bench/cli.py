@@ -12,7 +12,7 @@ from pathlib import Path
 from packed_ss import stats
 from packed_ss.config import ORDERS, DecodeConfig
 from packed_ss.models import DTYPES
-from packed_ss.inputs import model_fingerprint, model_name, threads_problem
+from packed_ss.inputs import model_fingerprint, model_name, positions_problem, threads_problem
 from packed_ss.machine import machine
 from packed_ss.threads import configure_threads
 from packed_ss.bench.plan import KNOWN, BenchConfig, BenchError, Prompt, config_from_args, load_prompts
@@ -128,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
         from packed_ss.models import device_dtype_problem
 
         problem = device_dtype_problem(args.device, args.dtype)
+        if problem:
+            raise BenchError(problem)
+        sizes = [b for _, b in config.block_sizes] + list(config.probe_block_sizes) + [config.default_block_size]
+        problem = positions_problem(args.model, config.max_new_tokens, max(sizes))  # before anything is loaded
         if problem:
             raise BenchError(problem)
         prompts = load_prompts(args.prompts or "humaneval", args.limit)

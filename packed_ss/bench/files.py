@@ -59,11 +59,13 @@ class OutLock:
         import fcntl
 
         self.handle = None
+        self.folder, self.created = None, False
         if os.environ.get("RANK", "0") != "0" or not isinstance(out_dir, (str, os.PathLike)) or \
                 not str(out_dir).strip():
             return  # another process of this launch (rank 0 holds it), or no folder (check_out_folder says so)
         out = Path(out_dir)
         try:
+            created = not out.exists()
             out.mkdir(parents=True, exist_ok=True)
             handle = open(out / LOCK, "a+", encoding="utf-8")
         except OSError:
@@ -81,11 +83,24 @@ class OutLock:
         handle.write(f"pid {os.getpid()}")
         handle.flush()
         self.handle = handle
+        self.folder, self.created = out, created
 
     def release(self) -> None:
-        if self.handle is not None:
-            self.handle.close()
-            self.handle = None
+        """Free the folder: the lock file is removed (while still held, so no other run can lock the old one), and
+        the folder too when this lock created it and nothing was written into it (a refused run leaves nothing)."""
+        if self.handle is None:
+            return
+        try:
+            (self.folder / LOCK).unlink(missing_ok=True)
+        except OSError:
+            pass
+        self.handle.close()
+        self.handle = None
+        if self.created:
+            try:
+                self.folder.rmdir()  # only when empty
+            except OSError:
+                pass
 
 
 def set_aside(out: Path) -> Path | None:
