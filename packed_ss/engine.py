@@ -72,14 +72,20 @@ def scripted_drafter(model, prompt_ids: Sequence[int], config, quality: float, s
                      isolate: Callable[[Iterator[IterationRecord]], Iterable[IterationRecord]] | None = None
                      ) -> ScriptedDrafter:
     """A :class:`ScriptedDrafter` over its own adapter of ``model`` for one run of ``config`` on
-    ``prompt_ids``: the reference is AR's greedy output, B tokens longer than the run's limit. ``isolate`` wraps
+    ``prompt_ids``: the reference is AR's greedy output, B tokens longer than the run's limit (fewer where the
+    model's positions end sooner). ``isolate`` wraps
     the reference run's iterations (a server computes each one at its gate, and may end the run early: the
     reference is then shorter, and proposals past it are never right).
 
     Raises: ValueError for a quality outside [0, 1]; PromptError for an empty or too long prompt.
     """
-    reference_config = replace(config, temperature=0.0, max_new_tokens=config.max_new_tokens + config.block_size,
-                               drafter_lora=False)
+    own = replace(config, temperature=0.0, drafter_lora=False)
+    decode(model.share(), list(prompt_ids), own, "ar")  # the run's own limits: a refusal names the tokens asked for
+    # One block past the run's end where the model has room for it (proposals past the reference are never right)
+    room = getattr(model, "max_length", None)
+    extra = config.block_size if room is None else max(0, min(
+        config.block_size, room - len(prompt_ids) - config.max_new_tokens - 2 * config.block_size))
+    reference_config = replace(own, max_new_tokens=config.max_new_tokens + extra)
     adapter = model.share()
     records = decode(adapter, list(prompt_ids), reference_config, "ar")
     reference = finish_run(adapter, isolate(records) if isolate else records, reference_config, "ar",

@@ -51,3 +51,18 @@ def test_scripted_runs_count_the_real_calls_and_rows(model):
 def test_quality_out_of_range_is_refused(model):
     with pytest.raises(ValueError, match=r"drafter quality must be in \[0, 1\]"):
         scripted_drafter(model, [3], DecodeConfig(), 1.5)
+
+
+def test_a_scripted_run_that_does_not_fit_names_the_tokens_asked_for_and_one_that_fits_runs():
+    """156 tokens asked, "164" said: the refusal named the reference's length, a block longer than the run (issue
+    54); and a run that fits the model but whose reference's extra block did not was refused."""
+    from packed_ss.engine import scripted_drafter
+    from packed_ss.iteration import PromptError
+
+    model = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0, eos=False)  # 512 positions
+    prompt = [4] * (model.max_length - 156 - 2 * 8 + 1)  # one position short for 156 tokens
+    with pytest.raises(PromptError, match=r" \+ 156 new tokens \+ 2 blocks of 8 exceeds"):
+        scripted_drafter(model, prompt, DecodeConfig(block_size=8, max_new_tokens=156), 0.9)
+    fits = prompt[1:]  # exactly room for the run, none for the reference's extra block
+    drafter = scripted_drafter(model, fits, DecodeConfig(block_size=8, max_new_tokens=156), 0.9)
+    assert len(drafter.reference) >= len(fits) + 156
