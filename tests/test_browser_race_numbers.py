@@ -29,7 +29,9 @@ READ = """() => {
         const cell = (k) => tr.querySelector(`td[data-col="${k}"]`).textContent.trim();
         rows[cell('schedule')] = {tokens: cell('tokens'), wall_s: cell('wall-s'), throughput: cell('throughput')};
     }
+    const projection = document.querySelector('#race-badge [data-badge="projection"]');
     return {cards, rows, verdict: document.querySelector('#race-badge [data-badge="verdict"]').innerText,
+            projection: projection ? projection.innerText : "",
             status: document.querySelector('#race-status').innerText,
             scroll: document.documentElement.scrollWidth, width: window.innerWidth};
 }"""
@@ -81,6 +83,9 @@ def test_the_cards_the_table_and_the_verdict_give_the_same_numbers(browser, urls
     try:
         found = _race(page)
         _agree(found)
+        # the GPU projection beside the verdict, labelled as one and naming where its call costs were measured
+        assert found["projection"].startswith("Projection, not a measurement"), found["projection"]
+        assert "NVIDIA H200 (2026-12-04" in found["projection"] and "Model time only" in found["projection"]
         tokens = {card["tokens"] for card in found["cards"].values()}
         assert len(tokens) == 1, found["cards"]  # greedy and lossless: every lane made the same tokens
         if server == "limited":  # the time limit stopped every lane at one count, and the status says which
