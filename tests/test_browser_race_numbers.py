@@ -39,14 +39,20 @@ READ = """() => {
 
 @pytest.fixture(scope="module")
 def urls():
-    """The app twice: without a clock limit (races run whole) and with a 3 s limit (a race of 512 tokens stops
-    early)."""
+    """The app twice: the embedded model without a clock limit (races run whole), and a tiny model whose every call
+    sleeps 50 ms with a 3 s limit (a race of 400 tokens stops early on any machine, however fast)."""
     import app
-    from helpers import serve
+    from helpers import serve, tiny_llama
     from serve.models import DEFAULT_MODEL
+    from test_time_limit import SleepyModel
 
+    from packed_ss.cost import CallCost
+
+    base = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0, eos=False)
+    base.model.call_cost_fit = CallCost(tau_ms=0.2, delta_ms=0.001)  # a fit already made: none in the race's time
+    sleepy = SleepyModel(base.model, base.tokenizer, base.mask_token_id, None)
     whole = serve(app.build_demo(DEFAULT_MODEL, max_seconds=None))
-    limited = serve(app.build_demo(DEFAULT_MODEL, max_seconds=3.0))
+    limited = serve(app.build_demo("sleepy", preloaded={"sleepy": sleepy}, max_seconds=3.0))
     yield {"whole": next(whole), "limited": next(limited)}
     for server in (whole, limited):
         next(server, None)
@@ -79,7 +85,7 @@ def test_the_cards_the_table_and_the_verdict_give_the_same_numbers(browser, urls
         page.goto(urls[server], wait_until="domcontentloaded")
         page.locator("#step-btn").wait_for(timeout=60_000)
     else:
-        page = open_app(browser, urls[server], "def fibonacci(n):\n", 48 if server == "whole" else 512)
+        page = open_app(browser, urls[server], "def fibonacci(n):\n", 48 if server == "whole" else 400)
     try:
         found = _race(page)
         _agree(found)
@@ -89,7 +95,7 @@ def test_the_cards_the_table_and_the_verdict_give_the_same_numbers(browser, urls
         tokens = {card["tokens"] for card in found["cards"].values()}
         assert len(tokens) == 1, found["cards"]  # greedy and lossless: every lane made the same tokens
         if server == "limited":  # the time limit stopped every lane at one count, and the status says which
-            common = re.search(r"The time limit came at (\d+) of 512 tokens: every lane stopped there",
+            common = re.search(r"The time limit came at (\d+) of 400 tokens: every lane stopped there",
                                found["status"])
             assert common and tokens == {common.group(1)}, found["status"]
         if width < 600:
