@@ -192,7 +192,7 @@ def noise_note(lane: Lane, ar: Lane | None) -> str:
         return ""
     return (f"Noise, not a reason: {lane.title}'s calls of up to {lane.max_rows_per_call} rows measured "
             f"{cost:.2f}x AR's one-row calls, and a call of more rows cannot cost less than one of a single row; "
-            f"the machine's load changed between the runs.")
+            f"the machine's load varied during the race.")
 
 
 def why_text(lanes: Sequence[Lane], winner: Lane) -> str:
