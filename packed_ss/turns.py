@@ -104,11 +104,11 @@ def take_turns(lanes: Sequence[tuple[str, Iterator[IterationRecord]]], slice_siz
     far, spread over the rounds left of ``rounds_aim``, so that a machine slower than predicted still gives every
     lane many rounds before the limit.
 
-    Raises: ValueError for no lanes or a slice below 1 token; whatever the generators raise (a server's
-    ClientGone) passes through.
+    Raises: ValueError for no lanes, two of one name, or a slice below 1 token; whatever the generators raise (a
+    server's ClientGone) passes through.
     """
-    if not lanes:
-        raise ValueError("take_turns needs at least one lane")
+    if not lanes or len({name for name, _ in lanes}) != len(lanes):
+        raise ValueError(f"take_turns needs one or more lanes of distinct names, got {[name for name, _ in lanes]}")
     if slice_size < 1:
         raise ValueError(f"slice_size must be at least 1 token, got {slice_size}")
     records: dict[str, list[IterationRecord]] = {name: [] for name, _ in lanes}

@@ -95,6 +95,15 @@ def test_a_lane_that_ended_before_the_common_count_keeps_its_whole_run(model):
     assert stopped.records[-1].stop_reason == COMMON_STOP and stopped.tokens == turns.stopped_at
 
 
+def test_lanes_must_be_given_and_named_apart(model):
+    config = DecodeConfig(block_size=3, max_new_tokens=4)
+    with pytest.raises(ValueError, match="distinct names"):
+        take_turns([], 2, 4)
+    twice = [("ar", decode(model.share(), PROMPT, config, "ar")) for _ in range(2)]
+    with pytest.raises(ValueError, match="distinct names"):
+        take_turns(twice, 2, 4)
+
+
 def test_without_a_limit_a_slice_is_a_sixteenth_of_the_tokens():
     assert slice_tokens(128) == 8
     assert slice_tokens(24) == 2  # never below two tokens
