@@ -220,6 +220,9 @@ class ThreadTuner:
         if self.fixed:
             return f"{self.fixed} thread{'s' if self.fixed > 1 else ''} (given with --threads)"
         if self.choice is None:
-            return (f"torch's default threads ({self.reason})" if self.reason.startswith("not measured:") else
+            import torch
+
+            return (f"torch's default, {torch.get_num_threads()} threads ({self.reason})"
+                    if self.reason.startswith("not measured:") else
                     "threads not measured yet (chosen at the first model call)")
         return f"{self.choice.describe()}, measured at {self.reason}"

@@ -46,7 +46,8 @@ class RaceResult:
     def isolation(self) -> str:
         """One sentence on whether the race had the machine to itself."""
         if not self.interleaved:
-            return "Nothing else computed in this process during the race."
+            return ("Nothing else computed in this process during the race (other programs on the machine may have: "
+                    "the lanes met their load alike, and the intervals say how much it mattered).")
         return (f"{self.interleaved} iterations of other requests ran between this race's iterations: each call was "
                 f"still measured alone, but caches and memory bandwidth were shared, so treat close results as ties.")
 

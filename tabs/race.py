@@ -53,7 +53,8 @@ def race_note(result: RaceResult, limit_s: float | None = None) -> str:
     if result.stopped_at is not None:
         note += (f"The time limit came at {result.stopped_at} of {c.max_new_tokens} tokens: every lane stopped "
                  f"there, so all are ranked over the same tokens. ")
-    note += "Replaying each lane's measured iterations on one clock."
+    note += ("Replaying each lane's measured iterations on one clock. The verdict pairs the lanes round by round (a "
+             "round one lane sat out, having passed the target in the round before, joins the next).")
     if result.block_size_source:
         note += f" Block sizes: {result.block_size_source}."
     if result.cut_off:
@@ -117,6 +118,14 @@ class RaceHandlers:
                 badge_html(result.lanes, result.greedy, result.settings.config.order)
                 + projection_html(result.lanes, server.gpu_tables), '<div class="race-lanes"></div>')
 
+    def on_answered(self, request: gr.Request):
+        """After a race's answer: the earlier race's charts, table and files cleared (the table says it follows the
+        replay) when the session has a new race; nothing changed after a refusal, whose note says that what stays
+        on screen is the earlier race."""
+        if self.server.session(request).race is None:
+            return (gr.skip(),) * 5
+        return None, None, None, TABLE_AFTER_REPLAY, None
+
     def on_files(self, request: gr.Request):
         """The session's last race as two files, its own (:func:`serve.downloads.offer_race`): the table (CSV) and
         the whole result (JSON); None when the race was refused. A failure costs the download, not the race."""
@@ -157,9 +166,7 @@ class RaceHandlers:
             if clock_ms >= total or us.race is not result:
                 break
             charts = race_figures(result.lanes, clock_ms) if frame % CHART_EVERY == 0 else (gr.skip(),) * 3
-            # the first frame clears the earlier race's table: it comes back, this race's, when the replay ends
-            table = TABLE_AFTER_REPLAY if frame == 0 else gr.skip()
-            yield lanes_html(result.lanes, clock_ms, strings, result.greedy, order), *charts, table
+            yield lanes_html(result.lanes, clock_ms, strings, result.greedy, order), *charts, gr.skip()
             frame += 1
             time.sleep(REPLAY_FRAME_S)
         if us.race is not result:  # a newer race replaced this one
@@ -212,10 +219,14 @@ def build_race_tab(server: Server, panel: SettingsPanel, concurrency_limit: int)
                            [race_status, badge, lanes_view], api_name="ui_race", api_visibility="undocumented",
                            preprocess=False, concurrency_id="compute", concurrency_limit=concurrency_limit,
                            show_progress_on=[race_status])  # one progress indicator, not one per output
-    raced.then(None, None, None, js=_marking(False), api_visibility="private", queue=False)
+    # A new race's answer first clears the earlier race's charts, table and files (on_race's three outputs replaced
+    # the rest), then the marks go: nothing of the earlier race stands unmarked beside the new verdict.
+    cleared = raced.then(handlers.on_answered, None, [fig_nfe, fig_wall, fig_theorem, summary, race_files],
+                         api_visibility="private", queue=False, show_progress="hidden")
+    cleared.then(None, None, None, js=_marking(False), api_visibility="private", queue=False)
     # The files while the replay runs (a page event: /ui_race keeps its three outputs).
-    raced.then(handlers.on_files, None, [race_files], api_visibility="private", show_progress="hidden")
-    raced.then(
+    cleared.then(handlers.on_files, None, [race_files], api_visibility="private", show_progress="hidden")
+    cleared.then(
         handlers.on_replay, [replay], [lanes_view, fig_nfe, fig_wall, fig_theorem, summary], api_name="replay",
         api_visibility="undocumented", concurrency_id="replay", concurrency_limit=16, show_progress="hidden",
         preprocess=False)  # on_replay checks the raw speed: one line for one that is no number

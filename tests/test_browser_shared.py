@@ -97,3 +97,28 @@ def test_a_new_race_dims_and_labels_the_earlier_one_until_it_answers(browser, cu
         page.wait_for_function("() => !document.querySelector('.race-earlier')", timeout=120_000)
     finally:
         page.context.close()
+
+
+def test_the_earlier_races_table_never_stands_unmarked_beside_a_new_verdict(browser, cut_url):  # noqa: F811
+    """The marks went when the new race answered, and the earlier race's table stayed, undimmed, beside the new
+    verdict until the replay's first frame (newcomer recheck, issue 53). What the table holds the moment its mark
+    goes is read by a MutationObserver, whatever the machine's speed."""
+    page = open_app(browser, cut_url, PROMPT, 16)
+    try:
+        page.get_by_role("tab", name="Race").click()
+        page.locator("#race-btn").click()
+        page.locator("#race-summary table").wait_for(timeout=120_000)
+        earlier = page.locator("#race-summary table.race-summary").inner_text()
+        page.evaluate("""() => { const table = document.getElementById('race-summary');
+            new MutationObserver((changes, observer) => {
+                if (table.classList.contains('race-earlier')) { window.tableMarked = true; return; }
+                if (!window.tableMarked) return;
+                const shown = table.querySelector('table.race-summary');
+                window.tableUnmarked = shown ? shown.innerText : ''; observer.disconnect();
+            }).observe(table, {attributes: true, attributeFilter: ['class']}); }""")
+        page.locator("#race-btn").click()
+        page.wait_for_function("() => window.tableUnmarked !== undefined", timeout=120_000)
+        shown = page.evaluate("window.tableUnmarked")
+        assert shown != earlier, shown  # no table yet (it follows the replay), or the new race's own
+    finally:
+        page.context.close()
