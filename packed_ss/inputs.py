@@ -165,5 +165,5 @@ def positions_problem(model: str | Path, max_new_tokens: int, block_size: int) -
     needed = 1 + max_new_tokens + 2 * block_size
     if needed <= limit:
         return None
-    return (f"{max_new_tokens:,} new tokens + 2 blocks of {block_size} exceed the model's {limit:,} positions even with "
-            f"a one-token prompt: lower --max-new-tokens to at most {max(0, limit - 1 - 2 * block_size):,}")
+    return (f"{max_new_tokens:,} new tokens + 2 blocks of {block_size} exceed the model's {limit:,} positions even "
+            f"with a one-token prompt: lower --max-new-tokens to at most {max(0, limit - 1 - 2 * block_size):,}")

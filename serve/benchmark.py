@@ -265,7 +265,8 @@ def against_bundled(live: dict, bundled: dict, name: str = DEFAULT_REPORT) -> st
     ms_here = (live.get("schedules", {}).get("ar") or {}).get("time_per_nfe_ms")
     ms_there = (bundled.get("schedules", {}).get("ar") or {}).get("time_per_nfe_ms")
     if ms_here and ms_there:
-        why.append(f"AR's calls took {ms_here:.2f} ms here against {ms_there:.2f} ms there ({ms_here / ms_there:.1f}x): "
+        why.append(f"AR's calls took {ms_here:.2f} ms here against {ms_there:.2f} ms there "
+                   f"({ms_here / ms_there:.1f}x): "
                    f"another machine, or this one busy with other work, prices calls of many rows differently "
                    f"from one-row calls, and the ratio moves with it (Explain draws this machine's call costs)")
     return text + " They differ beyond both intervals: " + "; ".join(why) + "."

@@ -73,7 +73,8 @@ class GpuTasks:
 
     def _tuned(self, model, alive: Callable[[], bool] | None = None) -> None:
         """Measure the torch thread count again where it is due (first use, drift, age:
-        :meth:`packed_ss.threads.ThreadTuner.check`), at the gate; the server log gets a line for a new choice, and for a probe too slow to measure.
+        :meth:`packed_ss.threads.ThreadTuner.check`), at the gate; the server log gets a line for a new choice, and
+        for a probe too slow to measure.
         Raises: ClientGone before a probe call once ``alive()`` is False (a cancelled request stops at once)."""
         tuner = getattr(self.gate, "threads", None)
         if tuner is None:

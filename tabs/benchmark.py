@@ -292,7 +292,8 @@ class BenchmarkHandlers:
         """" " and :func:`serve.benchmark.against_bundled` of the run's summary.json (among ``paths``) and the first
         bundled report's; empty when either cannot be read (the run's note stands without it)."""
         try:
-            live = next(json.loads(Path(p).read_text(encoding="utf-8")) for p in paths if Path(p).name == "summary.json")
+            live = next(json.loads(Path(p).read_text(encoding="utf-8"))
+                        for p in paths if Path(p).name == "summary.json")
             bundled = json.loads((bundled_report(self.reports[0], self.reports, self.root) / "summary.json").read_text(
                 encoding="utf-8"))
             text = against_bundled(live, bundled, self.reports[0])

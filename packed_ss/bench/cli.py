@@ -195,7 +195,7 @@ def _run(args, config: BenchConfig, prompts: list[Prompt]) -> int:
             "model_sha256": model_fingerprint(args.model), "prompt_source": str(args.prompts or "humaneval"),
             "limit": args.limit,
             "threads": torch.get_num_threads(), "machine": machine(),
-            "command": "python -m packed_ss.bench " + " ".join(shlex.quote(a) for a in getattr(args, "command_line", []))}
+            "command": "python -m packed_ss.bench " + shlex.join(getattr(args, "command_line", []))}
     result = run_benchmark(model, prompts, config, progress, meta)
     for bar in bars:
         bar.close()
