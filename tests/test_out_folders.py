@@ -49,6 +49,9 @@ def test_a_refused_run_leaves_no_lock_file_in_the_users_folder(tmp_path, capsys)
         assert main(argv) == 2 and why in capsys.readouterr().err  # both refused while the lock was held
     assert not out.exists()  # made for the run, removed with it
     assert sorted(p.name for p in kept.iterdir()) == ["notes.txt"]  # the user's folder as it was
+    # the task runs alike: refused before anything is loaded or made
+    assert main(huge + ["--task", "gsm8k", "--data", str(GSM8K), "--out", str(out)]) == 2
+    assert "even with a one-token prompt" in capsys.readouterr().err and not out.exists()
 
 
 @pytest.mark.parametrize("task", [None, "gsm8k"])

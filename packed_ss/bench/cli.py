@@ -12,10 +12,11 @@ from pathlib import Path
 from packed_ss import stats
 from packed_ss.config import ORDERS, DecodeConfig
 from packed_ss.models import DTYPES
-from packed_ss.inputs import model_fingerprint, model_name, positions_problem, threads_problem
+from packed_ss.inputs import model_fingerprint, model_name, threads_problem
 from packed_ss.machine import machine
 from packed_ss.threads import configure_threads
-from packed_ss.bench.plan import KNOWN, BenchConfig, BenchError, Prompt, config_from_args, load_prompts
+from packed_ss.bench.plan import (KNOWN, BenchConfig, BenchError, Prompt, check_positions, config_from_args,
+                                  load_prompts)
 from packed_ss.bench.files import OutLock, check_out_folder, set_aside
 from packed_ss.bench.report import PLOTLYJS, summary_markdown, write_outputs
 from packed_ss.hf_reference import ReferenceFailed
@@ -130,10 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         problem = device_dtype_problem(args.device, args.dtype)
         if problem:
             raise BenchError(problem)
-        sizes = [b for _, b in config.block_sizes] + list(config.probe_block_sizes) + [config.default_block_size]
-        problem = positions_problem(args.model, config.max_new_tokens, max(sizes))  # before anything is loaded
-        if problem:
-            raise BenchError(problem)
+        check_positions(args.model, config)
         prompts = load_prompts(args.prompts or "humaneval", args.limit)
         lock = OutLock(args.out)  # one run per folder, held until this run ends
         check_out_folder(args.out, overwrite=args.overwrite)  # found now, not after the measurements

@@ -12,7 +12,7 @@ from pathlib import Path
 from packed_ss import stats
 from packed_ss.config import MAX_BLOCK_SIZE, SEED_RANGE, DecodeConfig
 from packed_ss.hf_reference import reference_problem
-from packed_ss.inputs import PromptTextError, check_prompt
+from packed_ss.inputs import PromptTextError, check_prompt, positions_problem
 from packed_ss.llamacpp import LLAMACPP_REFERENCES, llamacpp_problem
 from packed_ss.measure import EAGER_AR, REFERENCES, rotation
 from packed_ss.schedules import LOSSLESS as ENGINE_LOSSLESS
@@ -346,3 +346,12 @@ def config_from_args(args, defaults: dict | None = None) -> BenchConfig:
                        warmup=not args.no_warmup, resamples=args.resamples, drafter_lora=bool(args.drafter_lora),
                        drafter_width=args.drafter_width, branches=args.branches, order=args.order,
                        confidence_threshold=args.confidence_threshold)
+
+
+def check_positions(model: str, config: BenchConfig) -> None:
+    """Refuse, before anything is loaded, a run whose new tokens and largest B cannot fit ``model``'s positions
+    even with a one-token prompt (:func:`packed_ss.inputs.positions_problem`). Raises: BenchError."""
+    sizes = [b for _, b in config.block_sizes] + list(config.probe_block_sizes) + [config.default_block_size]
+    problem = positions_problem(model, config.max_new_tokens, max(sizes))
+    if problem:
+        raise BenchError(problem)

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from packed_ss.bench.files import OutLock, check_out_folder
-from packed_ss.bench.plan import NO_BLOCK, BenchError, config_from_args
+from packed_ss.bench.plan import NO_BLOCK, BenchError, check_positions, config_from_args
 from packed_ss.bench.run import any_order_problem
 from packed_ss.evals.harness import HarnessPlan, Processes, chat_wanted, check_resumable, print_paths, run_harness
 from packed_ss.evals.paper import paper_markdown
@@ -50,6 +50,8 @@ def task_main(args) -> int:
         if problem:
             raise BenchError(problem)
         configs = tuple(config_from_args(args, task_defaults(task, args.temperature)) for task in tasks)
+        for config in configs:
+            check_positions(args.model, config)  # before anything is loaded or made
         data = tuple(_limited(load_task_data(task, paths.get(task.name)), args.limit) for task in tasks)
         lock = OutLock(args.out)  # one run per folder, held until this run ends
         check_out_folder(args.out, keep=args.resume, overwrite=args.overwrite, resumable=True)
