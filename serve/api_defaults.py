@@ -243,6 +243,8 @@ class FillApiDefaults:
 
     async def __call__(self, scope, receive, send):
         path = scope.get("path", "") if scope.get("type") == "http" else ""
+        if path.startswith("/gradio_api/"):
+            send = validation_in_one_line(send)  # FastAPI's field-by-field 422 answers, as one line
         unused = next((why for route, why in UNUSED_ROUTES.items()
                        if path.rstrip("/") == route or path.startswith(route + "/")), None)
         if unused is not None:  # Gradio's routes for features this page does not have (before any id in them)
@@ -617,6 +619,50 @@ def refusals_as_422(send):
         await send(message)
 
     return sending
+
+
+def validation_in_one_line(send):
+    """``send`` with FastAPI's request-validation answers (422, ``{"detail": [{"loc": [...], "msg": ...}, ...]}``:
+    a JSON body sent as text/plain, a ``fn_index`` that is no number) rewritten as this server's one line,
+    ``{"error": "<field>: <what is wrong> (got <value>)"}``; every other answer passes unchanged."""
+    held = []
+
+    async def sending(message):
+        if message.get("type") == "http.response.start" and message.get("status") == 422:
+            held.append(message)
+            return
+        if held and message.get("type") == "http.response.body":
+            start = held.pop()
+            line = None if message.get("more_body") else one_line(message.get("body") or b"")
+            if line is not None:
+                data = json.dumps({"error": line}).encode()
+                headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+                start = dict(start, headers=headers + [(b"content-length", str(len(data)).encode())])
+                message = dict(message, body=data)
+                print(f"refused (422): {line}", file=sys.stderr, flush=True)
+            await send(start)
+        await send(message)
+
+    return sending
+
+
+def one_line(body: bytes) -> str | None:
+    """The one line of a FastAPI validation answer's body (None when it is not one)."""
+    try:
+        details = json.loads(body).get("detail")
+    except (ValueError, AttributeError, RecursionError):
+        return None
+    if not isinstance(details, list) or not details or not all(isinstance(d, dict) for d in details):
+        return None
+    first = details[0]
+    where = ".".join(str(part) for part in first.get("loc", []) if part != "body") or "the body"
+    line = f"{where}: {first.get('msg', 'not accepted')}"
+    given = first.get("input")
+    if where == "the body" and isinstance(given, str):
+        line += " (send the JSON body with Content-Type: application/json)"
+    elif given is not None and not isinstance(given, (dict, list)):
+        line += f" (got {shown(given)})"
+    return line + (f"; and {len(details) - 1} more" if len(details) > 1 else "")
 
 
 async def forward(app, scope, body: bytes, receive, send) -> None:

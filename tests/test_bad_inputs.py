@@ -1,6 +1,7 @@
 """Inputs that got a traceback, an unrelated exception or no word at all (issue 31, item 5): each gets one clear
 line now, in the engine, the loader, the command lines and the serving layer's settings."""
 
+import json
 import subprocess
 import sys
 import warnings
@@ -673,3 +674,23 @@ def test_the_pages_events_refuse_bad_values_and_sessions_in_one_line_with_a_clie
     code, text = _raw(server, "POST", f"/gradio_api/{route}", body)
     assert code == status and message in json.loads(text)["error"], text[:300]
     assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("path, body, content_type, line", [
+    ("/gradio_api/cancel", {"session_hash": "abcdefgh", "fn_index": "a", "event_id": "x"}, "application/json",
+     "fn_index: Input should be a valid integer, unable to parse string as an integer (got 'a')"),
+    ("/gradio_api/call/generate", {"data": ["def f(x):"]}, "text/plain",
+     "the body: Input should be a valid dictionary or object to extract fields from (send the JSON body with "
+     "Content-Type: application/json)"),
+])
+def test_fastapis_field_by_field_refusals_come_as_one_line(server, path, body, content_type, line):
+    """Two refusals were Gradio's (FastAPI's) multi-field JSON: a JSON body sent as text/plain, and a cancel naming
+    fn_index "a" (issue 54, item 5)."""
+    import http.client
+
+    host, port = server.split("//")[1].strip("/").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request("POST", path, json.dumps(body), {"Content-Type": content_type})
+    answer = conn.getresponse()
+    assert answer.status == 422
+    assert json.loads(answer.read()) == {"error": line}
