@@ -26,6 +26,7 @@ from serve.limits import MAX_ROWS_PER_REQUEST, MAX_SECONDS_PER_REQUEST
 from serve.models import DEFAULT_MODEL
 from serve.options import allowed_models, app_parser, options_problem
 from serve.server import Server
+from serve.sessions import MAX_HELD
 from serve.settings import NEW_TOKENS_CAP
 from serve.uploads import BoundUploads
 from tabs.benchmark import build_benchmark_tab
@@ -48,7 +49,11 @@ def launch_kwargs(demo: gr.Blocks | None = None) -> dict:
     from starlette.middleware import Middleware
 
     kwargs: dict = {"css_paths": [str(ASSETS / "style.css")], "js": page_script(),
-                    "max_file_size": MAX_UPLOAD}  # the Benchmark tab takes a small JSONL or summary.json
+                    "max_file_size": MAX_UPLOAD,  # the Benchmark tab takes a small JSONL or summary.json
+                    # Gradio keeps a copy of every component's settings per session hash (about 120 kB), 10,000 of
+                    # them by default: every raw API call, a new session, grew the process by ~25 MB per 100. As
+                    # many as the server remembers sessions (serve.sessions.MAX_HELD); the page keeps no gr.State.
+                    "state_session_capacity": MAX_HELD}
     middleware = [Middleware(BoundUploads)]  # a few files per upload request
     endpoints = getattr(demo, "api_defaults", None)
     if endpoints:
