@@ -679,11 +679,18 @@ async def forward(app, scope, body: bytes, receive, send) -> None:
     await app(scope, replay, send)
 
 
-async def read_body(receive, limit: int) -> bytes | None:
-    """An ASGI request's whole body, or None as soon as it passes ``limit`` bytes."""
+async def read_body(receive, limit: int, within_s: float | None = None) -> bytes | None:
+    """An ASGI request's whole body, or None as soon as it passes ``limit`` bytes.
+
+    Raises: TimeoutError when the whole body has not arrived ``within_s`` seconds after the first read (None: no
+    bound), e.g. an upload trickled a few bytes at a time to hold a connection open."""
+    deadline = None if within_s is None else asyncio.get_running_loop().time() + within_s
     body, more = b"", True
     while more:
-        message = await receive()
+        if deadline is None:
+            message = await receive()
+        else:
+            message = await asyncio.wait_for(receive(), max(0.0, deadline - asyncio.get_running_loop().time()))
         body += message.get("body", b"")
         more = message.get("more_body", False)
         if len(body) > limit:

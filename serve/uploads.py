@@ -40,6 +40,7 @@ FILES_PER_SESSION = 8  # uploads and outputs one session keeps (the oldest are r
 FILES_PER_UPLOAD = 4  # files one upload request may carry
 UPLOAD_PATH = "/gradio_api/upload"
 MAX_UPLOAD_BYTES = 2 * 2**20  # one file (app.MAX_UPLOAD); a request may carry FILES_PER_UPLOAD of them
+UPLOAD_WITHIN_S = 30.0  # seconds an upload's whole body may take to arrive (a trickle held connections open)
 UPLOAD_PREFIX = "upload-"  # the folder of its own each stored upload gets in Gradio's upload folder (own_paths)
 
 
@@ -273,8 +274,10 @@ class BoundUploads:
 
     def __init__(self, app, max_files: int = FILES_PER_UPLOAD, max_file_bytes: int = MAX_UPLOAD_BYTES,
                  recent_bytes: int = RECENT_UPLOAD_BYTES, recent_s: float = RECENT_S,
-                 client_bytes: int = CLIENT_UPLOAD_BYTES, uploads: str | Path | None = None):
+                 client_bytes: int = CLIENT_UPLOAD_BYTES, uploads: str | Path | None = None,
+                 within_s: float = UPLOAD_WITHIN_S):
         self.app = app
+        self.within_s = within_s  # a body trickled in slower than this holds a connection: 408
         self.max_files = max_files
         self.max_bytes = max_files * max_file_bytes + 64 * 1024  # room for the parts' headers
         self.recent_bytes, self.recent_s, self.client_bytes = recent_bytes, recent_s, client_bytes
@@ -287,7 +290,12 @@ class BoundUploads:
                 not scope.get("path", "").rstrip("/").endswith(UPLOAD_PATH):
             await self.app(scope, receive, send)
             return
-        body = await read_body(receive, self.max_bytes)
+        try:
+            body = await read_body(receive, self.max_bytes, self.within_s)
+        except TimeoutError:
+            await reply(send, 408, {"error": f"an upload must arrive whole within {self.within_s:g} s of its start: "
+                                             f"send the file at once"})
+            return
         if body is None:
             await reply(send, 413, {"error": f"an upload may carry at most {self.max_files} files of "
                                               f"{MAX_UPLOAD_BYTES // 2**20} MB"})

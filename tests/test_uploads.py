@@ -673,3 +673,37 @@ def test_uploads_are_bounded_in_bytes_over_the_time_unused_ones_stay():
     assert len(passed) == 30 + 3
     bounded.recent_s = 0.0  # the earlier uploads have aged out
     assert upload(bounded, 1000) == 200
+
+
+def test_an_upload_trickled_in_is_refused_at_its_time_bound():
+    """300 uploads trickled a few bytes at a time held their connections for 70 s (issue 54, item 5): an upload's
+    whole body must arrive within the bound of its start, or it is answered 408 in one line and nothing is stored.
+    The trickle never ends here: the test's pass condition is the refusal, whatever the machine's speed."""
+    import asyncio
+
+    from serve.uploads import BoundUploads
+
+    reached = []
+
+    async def app(scope, receive, send):  # Gradio: never reached by a refused upload
+        reached.append(scope)
+
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    chunks = iter([b"--b0\r\nContent-Disposition: form-data; name=\"files\"; filename=\"p\"\r\n\r\n", b"x"])
+
+    async def receive():  # two chunks, then nothing more for ever (a client that stalls mid-body)
+        chunk = next(chunks, None)
+        if chunk is None:
+            await asyncio.Event().wait()
+        return {"type": "http.request", "body": chunk, "more_body": True}
+
+    scope = {"type": "http", "method": "POST", "path": "/gradio_api/upload", "client": ("10.0.0.1", 5000),
+             "headers": [(b"content-type", b"multipart/form-data; boundary=b0")]}
+    asyncio.run(BoundUploads(app, within_s=0.2)(scope, receive, send))
+    assert sent[0]["status"] == 408 and not reached
+    assert json.loads(sent[1]["body"])["error"] == ("an upload must arrive whole within 0.2 s of its start: send "
+                                                    "the file at once")
