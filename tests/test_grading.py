@@ -433,3 +433,49 @@ def test_a_response_is_cut_at_its_first_end_token_not_at_end_marker_text_inside_
     grades = grade(TASKS["humaneval"], [record], frame, lambda done, total: None, SANDBOX)
     assert grades["response"].tolist() == [body, body.split("</s>")[0]]
     assert grades["correct"].tolist() == [True, False]
+
+
+@pytest.mark.parametrize("answer", ["\\boxed{1\\,000}", "\\boxed{1{,}000}", "\\boxed{1\\!000}", "\\boxed{1\\;000}",
+                                    "\\boxed{1\\ 000}", "\\boxed{1\u2009000}", "\\boxed{1\u202f000}"])
+def test_numbers_with_digit_group_separators_read_as_people_write_them(answer):
+    """math-verify read \\boxed{1\\,000} as 0: it failed against gold 1000 and passed against gold 0 (issue 56)."""
+    from packed_ss.evals.maths import grade_math
+
+    assert grade_math("1000", f"So the total is {answer}.").correct
+    assert not grade_math("0", f"So the total is {answer}.").correct
+    assert grade_math("1\\,000", answer).correct  # a gold written so reads the same
+
+
+def test_a_decimal_comma_is_not_read_as_a_digit_group_separator():
+    from packed_ss.evals.maths import numbers_as_written
+
+    assert numbers_as_written("3{,}14 and 2{,}5000") == "3{,}14 and 2{,}5000"
+    assert numbers_as_written("12\\,345\\,678") == "12345678"
+
+
+def test_gsm8k_extraction_is_linear_and_its_verdict_short_on_a_two_million_digit_answer(monkeypatch):
+    """lm-eval's "up to ####" pattern backtracks from every position where no mark follows: 21 s at 300,000 digits,
+    unfinished after 15 minutes at 2 million (issue 56). It is now a split at the last mark, with the regular
+    expression's result; the regular expression itself is never run (a spy fails the test if it is)."""
+    import re
+
+    from packed_ss.evals.maths import grade_math
+    from packed_ss.evals.tasks import gsm8k
+
+    for text in ("The answer is 1,234.", "#### 72", "a #### b #### 5.", "no mark here $5", "$1,000.50."):
+        expected = text
+        for pattern in gsm8k.IGNORE:
+            expected = re.sub(pattern, "", expected)
+        assert gsm8k._normalised(text) == expected.lower(), text
+    real = re.sub
+
+    def spy(pattern, *args, **kwargs):
+        assert pattern != gsm8k.UP_TO_MARK, "the quadratic pattern ran"
+        return real(pattern, *args, **kwargs)
+
+    monkeypatch.setattr(gsm8k.re, "sub", spy)
+    huge = "1" * 2_000_000
+    found = gsm8k.extract({"answer": "1 + 1 = 2\n#### 2"}, huge)
+    assert found["strict"] == "[invalid]" and not found["flexible_match"]
+    verdict = grade_math("2", huge)
+    assert not verdict.correct and len(verdict.detail) < 200

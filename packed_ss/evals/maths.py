@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+from packed_ss.inputs import shown
 from packed_ss.sandbox import Verdict
 
 BOXED = "Reason step by step, then give the final answer inside \\boxed{}."  # appended to every problem (E.3)
@@ -33,6 +34,18 @@ def last_boxed(text: str) -> str | None:
     return None  # cut short before its closing brace
 
 
+# A digit group separator between digits as people write numbers in LaTeX or text: a thin space (\, or U+2009,
+# U+202F), a negative thin space \!, a medium space \;, a control space "\ ", a braced comma {,}; only before a
+# group of exactly three digits, so "3{,}14" (a decimal comma) is left alone. math-verify read \boxed{1\,000} as 0.
+SEPARATOR = re.compile(r"(?<=\d)(?:\\[,!;]|\\ |\{,\}|[\u2009\u202f])(?=\d{3}(?!\d))")
+
+
+def numbers_as_written(text: str) -> str:
+    """``text`` with the digit-group separators of :data:`SEPARATOR` removed ("1\\,000" -> "1000"), in linear
+    time."""
+    return SEPARATOR.sub("", text)
+
+
 def grade_math(gold: str, response: str) -> Verdict:
     """Whether the response's final answer (its last ``\\boxed{}``, else its last expression) equals ``gold``
     (math-verify: LaTeX and numbers, equal in value or form). A response that boxes several answers is judged
@@ -47,11 +60,11 @@ def grade_math(gold: str, response: str) -> Verdict:
     from math_verify import parse, verify
 
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # its timeout warnings print the whole response
-    expected = parse(math_gold(gold))
+    expected = parse(math_gold(numbers_as_written(gold)))
     if not expected:
-        return Verdict(False, "no gold", f"math-verify cannot parse the gold {gold!r}")
-    found = parse(last_boxed(response) or response)
+        return Verdict(False, "no gold", f"math-verify cannot parse the gold {shown(gold)}")
+    found = parse(numbers_as_written(last_boxed(response) or response))
     if not found:
-        return Verdict(False, "no answer", f"gold {gold!r}")
+        return Verdict(False, "no answer", f"gold {shown(gold)}")
     same = bool(verify(expected, found))
-    return Verdict(same, "equal" if same else "unequal", f"gold {gold!r}, answer {str(found[-1])!r}")
+    return Verdict(same, "equal" if same else "unequal", f"gold {shown(gold)}, answer {shown(str(found[-1]))}")

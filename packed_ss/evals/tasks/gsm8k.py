@@ -25,6 +25,7 @@ from packed_ss.sandbox import Sandbox, Verdict
 STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
 FLEXIBLE = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")  # the last match is kept (group_select -1)
 IGNORE = (",", r"\$", r"(?s).*#### ", r"\.$")  # regexes_to_ignore, applied in order, then lower case
+UP_TO_MARK = r"(?s).*#### "  # one of them, backtracking from every position where no mark follows (quadratic)
 INVALID = "[invalid]"  # lm-eval's fallback when a filter finds nothing
 
 
@@ -55,8 +56,11 @@ def flexible_extract(response: str) -> str:
 
 
 def _normalised(text: str) -> str:
+    """``text`` with :data:`IGNORE` removed in order, lower case. The pattern up to the last ``#### `` is removed
+    by splitting there, which gives what the regular expression gives in linear time (it took 21 s on 300,000
+    digits and did not end on 2 million)."""
     for pattern in IGNORE:
-        text = re.sub(pattern, "", text)
+        text = text.rsplit("#### ", 1)[-1] if pattern == UP_TO_MARK else re.sub(pattern, "", text)
     return text.lower()
 
 
