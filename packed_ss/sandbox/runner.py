@@ -1,6 +1,7 @@
 """Running generated code: each program in a bubblewrap sandbox, its verdict written by a judge that never runs it.
 
-The sandbox (Debian's ``bubblewrap``, ``bwrap``) gives every program a read-only view of the interpreter and
+The sandbox (Debian's ``bubblewrap``, ``bwrap``) gives every program a read-only view of the interpreter (its
+installed packages hidden but :data:`GRADED_PACKAGES`: packages ship datasets, answer keys among them) and
 the system's libraries and nothing else of the file system, two private size-limited tmpfs as its only writable
 places (/tmp, its working folder, and /dev/shm; the root and /dev are read-only), no network (a network namespace of its own, loopback included), a PID
 namespace of its own (every process it starts dies when it ends or is killed), no capabilities, a new session
