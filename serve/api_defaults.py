@@ -600,50 +600,54 @@ def no_files(where: str) -> str:
             f"values are numbers, text and short lists)")
 
 
-def refusals_as_422(send):
-    """``send`` for Gradio's direct route, whose answer to any error a handler raises is HTTP 500: a one-line refusal
-    (``{"error": "<text>"}``, the handlers' UserError) goes out as 422; a 500 without a message stays 500."""
+def answers_with(status: int, send, rewrite):
+    """``send`` where an answer of HTTP ``status`` is held until its (whole) body comes, and then sent as
+    ``rewrite(start, body)`` gives it: ``(start, body)`` again, or changed (a status, a body); other answers pass
+    unchanged. A body sent in several parts is passed as it comes."""
     held = []
 
     async def sending(message):
-        if message.get("type") == "http.response.start" and message.get("status") == 500:
+        if message.get("type") == "http.response.start" and message.get("status") == status:
             held.append(message)
             return
         if held and message.get("type") == "http.response.body":
-            try:
-                error = json.loads(message.get("body") or b"{}").get("error")
-            except (ValueError, AttributeError, RecursionError):
-                error = None
-            start = dict(held.pop(), status=422) if isinstance(error, str) and error else held.pop()
+            start = held.pop()
+            if not message.get("more_body"):
+                start, body = rewrite(start, message.get("body") or b"")
+                message = dict(message, body=body)
             await send(start)
         await send(message)
 
     return sending
+
+
+def refusals_as_422(send):
+    """``send`` for Gradio's direct route, whose answer to any error a handler raises is HTTP 500: a one-line refusal
+    (``{"error": "<text>"}``, the handlers' UserError) goes out as 422; a 500 without a message stays 500."""
+    def rewrite(start, body):
+        try:
+            error = json.loads(body or b"{}").get("error")
+        except (ValueError, AttributeError, RecursionError):
+            error = None
+        return (dict(start, status=422) if isinstance(error, str) and error else start), body
+
+    return answers_with(500, send, rewrite)
 
 
 def validation_in_one_line(send):
     """``send`` with FastAPI's request-validation answers (422, ``{"detail": [{"loc": [...], "msg": ...}, ...]}``:
     a JSON body sent as text/plain, a ``fn_index`` that is no number) rewritten as this server's one line,
     ``{"error": "<field>: <what is wrong> (got <value>)"}``; every other answer passes unchanged."""
-    held = []
+    def rewrite(start, body):
+        line = one_line(body)
+        if line is None:
+            return start, body
+        data = json.dumps({"error": line}).encode()
+        headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+        print(f"refused (422): {line}", file=sys.stderr, flush=True)
+        return dict(start, headers=headers + [(b"content-length", str(len(data)).encode())]), data
 
-    async def sending(message):
-        if message.get("type") == "http.response.start" and message.get("status") == 422:
-            held.append(message)
-            return
-        if held and message.get("type") == "http.response.body":
-            start = held.pop()
-            line = None if message.get("more_body") else one_line(message.get("body") or b"")
-            if line is not None:
-                data = json.dumps({"error": line}).encode()
-                headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
-                start = dict(start, headers=headers + [(b"content-length", str(len(data)).encode())])
-                message = dict(message, body=data)
-                print(f"refused (422): {line}", file=sys.stderr, flush=True)
-            await send(start)
-        await send(message)
-
-    return sending
+    return answers_with(422, send, rewrite)
 
 
 def one_line(body: bytes) -> str | None:
