@@ -8,6 +8,7 @@ huge number or string never floods a message.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -151,8 +152,6 @@ def positions_problem(model: str | Path, max_new_tokens: int, block_size: int) -
     prompt, read from a local folder's ``config.json`` before anything is loaded (``max_position_embeddings``, also
     under ``text_config``); None when it fits, or when the limit cannot be read without loading (a hub id, no such
     field). The engine checks the real prompt once the model is loaded (:class:`packed_ss.schedules.base.Session`)."""
-    import json
-
     try:
         config = json.loads((Path(model) / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError, TypeError):

@@ -7,6 +7,7 @@ speed never changes the numbers."""
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -160,8 +161,14 @@ MIN_SLICES = 4  # paired slices below which no winner is named: too few rounds t
 def speed_ratio(lane: Lane, other: Lane) -> Interval | None:
     """``lane``'s speed (tokens per second of decoder time) over ``other``'s, with its 95% paired bootstrap
     interval over the rounds both ran (:func:`packed_ss.stats.paired_speed_ratio`); None where no round pairs
-    them (a lane that made nothing)."""
-    return paired_speed_ratio(lane.slices, other.slices)
+    them (a lane that made nothing). Computed once per pair of slice lists: the verdict, the table, the JSON and
+    the CSV of one race ask for the same pairs."""
+    return _paired(lane.slices, other.slices)
+
+
+@functools.lru_cache(maxsize=256)
+def _paired(a: tuple, b: tuple) -> Interval | None:
+    return paired_speed_ratio(a, b)
 
 
 def ratio_text(interval: Interval) -> str:

@@ -6,6 +6,7 @@ the user sessions, the best-block-size finder, the timing log and the limits of 
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -72,7 +73,11 @@ class Server:
         self.drafter_lora = drafter_lora
         self.blocks = None
         self.listeners = CallListeners()  # which raw API calls somebody reads (the app's middleware notes them)
-        self.gpu_tables = gpu_tables()  # call costs measured on a GPU: the race's projection (read once)
+
+    @functools.cached_property
+    def gpu_tables(self) -> list[CallTable]:
+        """Call costs measured on a GPU, the race's projection (:func:`gpu_tables`): read at the first race."""
+        return gpu_tables()
 
     def settings(self, values: RequestValues) -> RunSettings:
         """``values`` validated under this server's new-token cap. Raises: UserError."""

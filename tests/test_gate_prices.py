@@ -18,10 +18,12 @@ PROMPT = " ".join(f"w{i % 15 + 1}" for i in range(200))  # a long prompt: the sh
 
 
 class Slow(DualModeModel):
-    """The tiny model, 5 ms of sleep in every call (so the reference run lasts long enough to be overtaken)."""
+    """The tiny model, 20 ms of sleep in every call: the reference runs last long enough to be overtaken, and a
+    thread that has just had its turn asks for the next one long before another turn ends, however busy the
+    machine."""
 
     def forward(self, *args, **kwargs):
-        time.sleep(0.005)
+        time.sleep(0.02)
         return super().forward(*args, **kwargs)
 
     def share(self):
@@ -32,7 +34,7 @@ def test_a_scripted_drafters_reference_run_gives_way_to_a_short_request():
     base = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0, eos=False)
     model = Slow(base.model, base.tokenizer, base.mask_token_id, None)
     gate = ComputeGate()
-    settings = make_settings("slow", PROMPT, "packed", 8, 0, 0, 1, 0, 128, False, "", "scripted", 0.9)
+    settings = make_settings("slow", PROMPT, "packed", 8, 0, 0, 1, 0, 64, False, "", "scripted", 0.9)
     ids = settings.prompt_ids(model)
     short = DecodeConfig(block_size=8, max_new_tokens=4)
     short_rows = float(worst_case_rows(["ar"], len(ids), short)[0][2])
@@ -52,7 +54,7 @@ def test_a_scripted_drafters_reference_run_gives_way_to_a_short_request():
         assert len(made) >= 4
         # Before each of the short request's turns (its iterations and the turn that finds the run over) at most one
         # reference iteration, the one under way when it asked; before, a reference weighed a 2-token Step and the
-        # two took every turn until they were done (over 200 here).
+        # two took every turn until they were done (over 100 here).
         assert overtaken_by <= len(made) + 1, overtaken_by
     finally:
         for thread in first_steps:
