@@ -552,12 +552,16 @@ def not_dumpable():
 
 
 def install_hook(home):
-    """The audit hook (PEP 578), the second layer: sockets, new processes, ctypes and writes outside ``home``."""
+    """The audit hook (PEP 578), the second layer: sockets, new processes, ctypes, subinterpreters and writes outside
+    ``home``."""
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
     never = ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg", "socket.getaddrinfo",
              "subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
              "os.kill", "os.killpg", "ctypes.dlsym", "ctypes.cdata", "pty.spawn", "sys.setprofile",
              "os.setxattr", "os.removexattr", "os.mkfifo", "os.mknod", "sqlite3.connect", "signal.pthread_kill")
+    # A hook added here watches this interpreter only: a subinterpreter runs ctypes unwatched, so none is made.
+    second_interpreters = ("_xxsubinterpreters", "_interpreters", "_xxinterpchannels", "_interpchannels",
+                           "_interpqueues", "concurrent.interpreters", "interpreters")
     path_events = ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.symlink",
                    "os.link", "os.truncate", "os.utime", "shutil.rmtree", "shutil.move", "shutil.copyfile")
     # argument positions of each event's directory descriptors (a relative path there escapes the check)
@@ -580,6 +584,8 @@ def install_hook(home):
     def hook(event, args):
         if event in never or (event == "socket.__new__" and len(args) > 1 and args[1] not in (1,)):
             refuse(event)  # AF_UNIX (1) sockets stay allowed: some libraries open them internally
+        elif event == "import" and args and args[0] in second_interpreters:
+            refuse(f"import {args[0]} (a subinterpreter escapes this process's audit hook)")
         elif event == "ctypes.dlopen" and args and args[0] is not None:
             refuse(f"{event} {args[0]!r}")  # importing ctypes opens the running process itself (None): allowed
         elif event == "open" and len(args) >= 3:

