@@ -354,3 +354,22 @@ def test_a_subinterpreter_is_refused_by_the_audit_hook():
     program = "import _xxsubinterpreters as i\ni.run_string(i.create(), 'import ctypes; ctypes.CDLL(\"libc.so.6\")')\n"
     verdict = run_program(program, "", SANDBOX)
     assert (verdict.correct, verdict.status) == (False, "forbidden") and "subinterpreter" in verdict.detail, verdict
+
+
+def test_the_servers_control_groups_are_found_in_v1_and_v2_layouts(tmp_path):
+    """Which groups the kernel bounds are made under, read from /proc/self/cgroup and /proc/mounts texts: v1
+    hierarchies per controller, or the unified v2 one when it lists the controller."""
+    from packed_ss.sandbox.cgroups import hierarchies
+
+    v1 = hierarchies("8:pids:/\n4:memory:/process_api/abc\n0::/\n",
+                     "cgroup /sys/fs/cgroup/memory cgroup rw,memory 0 0\ncgroup /sys/fs/cgroup/pids cgroup rw,pids 0 0\n"
+                     "cgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n")
+    assert v1["pids"].folder == Path("/sys/fs/cgroup/pids") and not v1["pids"].unified
+    assert v1["memory"].folder == Path("/sys/fs/cgroup/memory/process_api/abc")
+    (tmp_path / "app.scope").mkdir()
+    (tmp_path / "app.scope" / "cgroup.controllers").write_text("cpu memory pids\n")
+    v2 = hierarchies("0::/app.scope\n", f"cgroup2 {tmp_path} cgroup2 rw 0 0\n")
+    assert v2["memory"].folder == tmp_path / "app.scope" and v2["memory"].unified
+    assert v2["pids"].folder == tmp_path / "app.scope" and v2["pids"].unified
+    (tmp_path / "app.scope" / "cgroup.controllers").write_text("cpu\n")  # not delegated: no kernel bounds
+    assert hierarchies("0::/app.scope\n", f"cgroup2 {tmp_path} cgroup2 rw 0 0\n") == {}
