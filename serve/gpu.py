@@ -227,8 +227,10 @@ class GpuTasks:
             if self.inline:
                 warm_probe(adapter)
             else:
-                job, started = self.background.job(("compile", id(model.model)), lambda: warm_probe(model.share(
-                    compiled=True)))
+                # one job per checkpoint and dtype, not per load: a reload adopts what the first load compiled
+                # (serve.models.ModelStore), so its job is the one already done or running
+                job, started = self.background.job(("compile", self.store.resolve(model_ref[0]), model_ref[1]),
+                                                   lambda: warm_probe(model.share(compiled=True)))
                 if not wait_for(job, deadline, alive):
                     compiling = True
                     note = (f"still compiling in the background ({time.monotonic() - started:.0f} s so far): this "

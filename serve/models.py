@@ -111,6 +111,9 @@ class ModelStore:
         for identity, given in self._offered.items():
             self._public[self._public_name(identity, given)] = identity
         self._strings: dict[int, dict[int, str]] = {}
+        # What the models dropped had compiled (packed_ss.models.native.compiled_parts), by (identity, dtype, their
+        # weight files): a reload adopts it instead of compiling again. At most one entry per offered model and dtype.
+        self._compiled: dict[tuple, tuple] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
 
@@ -220,12 +223,19 @@ class ModelStore:
                 raise type(error)(hide_paths(str(error), key[0], self.offered_name(key[0]))) from None
             if model.path_note:
                 print(f"note: {self.offered_name(key[0])}: {model.path_note}", file=sys.stderr)
+            with self._lock:
+                kept = self._compiled.get((*key, weight_files(key[0])))
+            if kept is not None:
+                model.adopt_compiled(kept)
             warm_up(model)
             with self._lock:
                 self._models[key] = model
                 while len(self._models) > self.capacity:
-                    _, dropped = self._models.popitem(last=False)
+                    old, dropped = self._models.popitem(last=False)
                     self._strings.pop(id(dropped), None)
+                    parts = dropped.compiled_parts() if hasattr(dropped, "compiled_parts") else None
+                    if parts is not None:
+                        self._compiled[(*old, weight_files(old[0]))] = parts
             return model
 
     def strings_for(self, model) -> Callable[[Sequence[int]], list[str]]:
@@ -246,6 +256,17 @@ class ModelStore:
         """Identities of the models held now (one entry per precision held)."""
         with self._lock:
             return [identity for identity, _ in self._models]
+
+
+def weight_files(identity: str) -> tuple:
+    """``(name, size, modification time)`` of a local model folder's weight files, sorted (a reload of a folder
+    whose weights changed is another checkpoint); ``()`` for a hub id or an unreadable folder."""
+    folder = Path(identity)
+    try:
+        return tuple(sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir()
+                            if p.suffix in (".safetensors", ".bin", ".pt")))
+    except OSError:
+        return ()
 
 
 def warm_up(model) -> None:

@@ -25,7 +25,7 @@ from packed_ss.layout import CallLayout
 from packed_ss.models.errors import ModelLoadError, local_folder, quoted, some
 from packed_ss.models.families import pick_family, read_config
 from packed_ss.models.lora import DrafterLora, adapter_folder
-from packed_ss.models.native import NativeCalls, native_problem
+from packed_ss.models.native import NativeCalls, adopt_compiled, compiled_parts, native_problem
 from packed_ss.models.static import StaticCalls, kernel_mask, static_cache_problem
 
 
@@ -185,8 +185,7 @@ class DualModeModel:
         explain = path == "auto" and why_native and self.device.type == "cpu"
         self.path_note = f"transformers' forward: {why_native}" if explain else None
         # The static cache (written in place, rolled back by moving its length) unless the model cannot use it.
-        calls = NativeCalls if self.path == "native" else StaticCalls
-        self.static = None if cache == "dynamic" or why_not else calls(model, self.supports_deferred_rows, compiled)
+        self.static = None if cache == "dynamic" or why_not else self._calls(compiled)
         self.cache = None if self.static else DynamicCache(config=model.config)
         self._compile_requested = compiled  # shares ask for it too (and learn of a failure without retrying)
         # Packed-SS pads a short draft to W slots (the paper's fixed 2B-row call, for GPU kernels); on a CPU
@@ -291,6 +290,24 @@ class DualModeModel:
         loaded.adapter_note = adapter_note
         return loaded
 
+    def _calls(self, compiled: bool):
+        """The static cache's calls of this adapter, run by the forward of :attr:`path`."""
+        calls = NativeCalls if self.path == "native" else StaticCalls
+        return calls(self.model, self.supports_deferred_rows, compiled)
+
+    def compiled_parts(self) -> tuple | None:
+        """What a later load of the same checkpoint may adopt instead of compiling again
+        (:func:`packed_ss.models.native.compiled_parts`), or None (nothing compiled, or transformers' forward)."""
+        return compiled_parts(self.model) if self.path == "native" else None
+
+    def adopt_compiled(self, parts: tuple) -> None:
+        """Run this freshly loaded model's native calls by the decoder and compiled graphs of an earlier load of the
+        same checkpoint and dtype (:meth:`compiled_parts`); its own decoder is dropped before any call used it."""
+        if self.path != "native" or self.static is None:
+            raise ValueError("only a model on the native forward with the static cache adopts compiled calls")
+        adopt_compiled(self.model, parts)
+        self.static = self._calls(self._compile_requested)
+
     def share(self, compiled: bool | None = None) -> "DualModeModel":
         """A second adapter over the same weights and tokenizer with its own empty cache.
 
@@ -379,8 +396,10 @@ class DualModeModel:
 
     @property
     def compile_note(self) -> str | None:
-        """Why compiling was given up (one line), or None."""
-        return self.static.note if self.static else None
+        """Why compiling was given up, or why some calls of this adapter ran eagerly (one line), or None."""
+        if not self.static:
+            return None
+        return self.static.note or self.static.budget_note
 
     @property
     def compiled(self) -> bool:

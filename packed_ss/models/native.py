@@ -220,6 +220,26 @@ def native_decoder(model) -> NativeDecoder:
     return found
 
 
+def compiled_parts(model) -> tuple | None:
+    """What the network's compiled native calls depend on and have made: ``(its NativeDecoder, the compiled function,
+    the variants compiled)``, or None when nothing was compiled. A later load of the same checkpoint in the same
+    dtype adopts them (:func:`adopt_compiled`) instead of compiling again: dynamo's compiled graphs are guarded by the
+    decoder they were made for, so a new decoder per load compiled every shape again and spent the recompile budget
+    (one visitor's reloads turned compiling off for every visitor, issue 54)."""
+    function = getattr(model, NATIVE_COMPILED, None)
+    if function is None:
+        return None
+    return getattr(model, NATIVE), function, getattr(model, NATIVE_SHAPES)
+
+
+def adopt_compiled(model, parts: tuple) -> None:
+    """Give the freshly loaded network ``model`` the :func:`compiled_parts` of an earlier load of the same checkpoint
+    and dtype (its weights' values are those of the decoder adopted, so its calls give the same logits)."""
+    decoder, function, shapes = parts
+    for name, value in ((NATIVE, decoder), (NATIVE_COMPILED, function), (NATIVE_SHAPES, shapes)):
+        object.__setattr__(model, name, value)
+
+
 class NativeKV:
     """Per-layer views of a native cache, shaped as transformers' cache layers: ``keys`` and ``values``
     (1, Hkv, K, hd) each (what :meth:`DualModeModel.cached_kv` reads)."""
@@ -265,6 +285,7 @@ class NativeCalls(StaticCalls):
         return function
 
     compiled_attribute, failure_attribute, shapes_attribute = NATIVE_COMPILED, NATIVE_FAILURE, NATIVE_SHAPES
+    compiled_code = NativeDecoder.forward.__code__
 
     # --- the cache ----------------------------------------------------------------------------
     def _allocate(self, tokens: int, keep: int = 0) -> None:

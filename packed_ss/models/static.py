@@ -26,6 +26,17 @@ from packed_ss.layout import PREFILL
 
 CAPACITY_STEP = 256  # capacities are multiples of this (fewer distinct shapes across runs)
 RECOMPILE_LIMIT = 64  # compiled variants dynamo keeps per function (shapes x capacities)
+# Variants this process compiles per function, every network together: a call of a new shape past it runs eagerly
+# (one line in the model's note) and the shapes compiled before stay compiled. Dynamo's own limit, once met, failed
+# every later compile of the function (FailOnRecompileLimitHit), which turned compiling off for every visitor.
+COMPILE_BUDGET = RECOMPILE_LIMIT - 8
+
+
+def compiled_variants(code) -> int:
+    """How many compiled variants dynamo holds for the function whose code object is ``code`` (every guard set)."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    return len(_debug_get_cache_entry_list(code))
 
 
 def padded_rows(rows: int, block_size: int) -> int:
@@ -132,6 +143,7 @@ class StaticCalls:
         self.block_size = 1
         self.cache = None
         self.compile_s = 0.0
+        self.budget_note: str | None = None  # set when a call ran eagerly because the compile budget was spent
         self._requested = compiled
         self._hidden_only = hidden_only  # the LM head is applied apart, to the rows needed only
         known = getattr(model, self.failure_attribute, None) is not None  # another adapter's failure: said already
@@ -141,6 +153,7 @@ class StaticCalls:
 
     # where the network keeps its compiled function, its compile failure and its compiled shapes (per forward kind)
     compiled_attribute, failure_attribute, shapes_attribute = COMPILED, COMPILE_FAILURE, COMPILED_SHAPES
+    compiled_code = forward.__code__  # the function dynamo compiles (its variants count against COMPILE_BUDGET)
 
     def _compile(self, compiler):
         return compiled_forward(self.model, compiler)
@@ -256,6 +269,10 @@ class StaticCalls:
             return None
         key = (total, self.capacity) if variant is None else (total, self.capacity, variant)
         new = key not in (getattr(self.model, self.shapes_attribute, None) or [])
+        if new and compiled_variants(self.compiled_code) >= COMPILE_BUDGET:
+            self.budget_note = (f"the process's compile budget ({COMPILE_BUDGET} shapes) is spent: calls of new shapes "
+                                f"(here {total} rows x {self.capacity} cached keys) run eagerly")
+            return None
         start = time.perf_counter()
         try:
             if new:
