@@ -72,10 +72,11 @@ def launch_kwargs(demo: gr.Blocks | None = None) -> dict:
     return kwargs
 
 
-# Queue groups whose events hold the model for seconds (a request, a race, Explain's fits; the benchmark). The Step
-# tab's and the replay's events are short and come several at once from one page (a slider dragged), so they are
-# bounded by the address's event limit alone.
-SHARED_GROUPS = ("compute", "benchmark")
+# Queue groups of which one address holds at most a share: every group that computes (a request, a race, Explain's
+# fits; the benchmark; the Step tab, whose first Step of a scripted-drafter run computes a whole AR reference run:
+# four of them from one address held all four Step places, issue 54). One page has at most three Step-tab events in
+# flight (a Step or a tick, a slider's input and release), within the Step group's share of 4 of its 8 places.
+SHARED_GROUPS = ("compute", "benchmark", "step")
 
 
 def group_shares(demo: gr.Blocks) -> dict:
@@ -92,7 +93,7 @@ def group_shares(demo: gr.Blocks) -> dict:
 
 def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=None, preloaded: dict | None = None,
                allowed_models: Sequence[str] = (), models_held: int = 2, max_rows: int = MAX_ROWS_PER_REQUEST,
-               new_tokens_cap: int = NEW_TOKENS_CAP, queue_size: int = 32, step_concurrency: int = 4,
+               new_tokens_cap: int = NEW_TOKENS_CAP, queue_size: int = 32, step_concurrency: int = 8,
                compute_concurrency: int = 8, family: str | None = None,
                drafter_lora: str | None = None, max_seconds: float | None = MAX_SECONDS_PER_REQUEST,
                base_model: str | None = None, cache: str = "static", compiled: bool = False,

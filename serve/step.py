@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import replace
 
 from packed_ss.engine import decode, scripted_drafter
@@ -13,7 +15,7 @@ from packed_ss.records import IterationRecord, RunRecord, summarize
 from serve.errors import UserError
 from serve.gpu import GpuTasks
 from serve.limits import (MAX_ROWS_PER_REQUEST, TIME_LIMIT, ComputeGate, check_work, deadline_after, gated,
-                          reference_rows)
+                          reference_rows, worst_case_seconds)
 from serve.runs import schedule_for
 from serve.settings import RunSettings
 from serve.timing import TimingLog
@@ -35,13 +37,18 @@ class StepRun:
             call: the drafting call, before its verification).
         finished: the engine stopped (EOS, limit or stop string). lock: held by a handler using the run.
     Raises: PromptError (a ValueError) on creation for an empty or too long prompt; UserError when the whole
-        run's worst case exceeds ``max_rows``, or when a scripted drafter's reference (computed at creation, one
-        iteration per gate turn) runs past ``max_seconds`` from the clock.
+        run's worst case exceeds ``max_rows``, when a scripted drafter's reference (computed at creation, one
+        iteration per gate turn) runs past ``max_seconds`` from the clock, or when ``admit`` refuses it.
+
+    ``admit(predicted seconds)``: the asking visitor's heavy slot (:class:`serve.admission.Admission`), held while a
+    scripted drafter's reference run computes; ``cost()``: the model's call-cost fit that predicts its seconds. The
+    reference is a whole AR run: priced as one, one address computes one at a time (four first Steps from one
+    address, each a 512-token reference, kept every other visitor waiting, issue 54).
     """
 
     def __init__(self, settings: RunSettings, model, tasks: "GpuTasks | None" = None, eager: bool = False,
                  log: TimingLog | None = None, gate: ComputeGate | None = None, max_rows: int = MAX_ROWS_PER_REQUEST,
-                 max_seconds: float | None = None):
+                 max_seconds: float | None = None, admit: Callable | None = None, cost: Callable | None = None):
         if eager and tasks is None:
             raise ValueError("an eager StepRun needs the GpuTasks that compute its records")
         self.settings = settings
@@ -64,9 +71,13 @@ class StepRun:
             # full AR run, and a visitor's short request goes ahead of it between two of its iterations
             deadline = deadline_after(max_seconds)
             weight = reference_rows(len(self.prompt_ids), settings.config)
-            self.adapter = scripted_drafter(model, self.prompt_ids, settings.config, settings.scripted,
-                                            settings.config.seed,
-                                            lambda records: gated(records, gate, weight, deadline=deadline))
+            longer = replace(settings.config, max_new_tokens=settings.config.max_new_tokens + settings.config.block_size)
+            seconds = (worst_case_seconds(["ar"], len(self.prompt_ids), longer, cost())
+                       if admit is not None and cost is not None else 0.0)
+            with admit(seconds) if admit is not None else nullcontext():
+                self.adapter = scripted_drafter(model, self.prompt_ids, settings.config, settings.scripted,
+                                                settings.config.seed,
+                                                lambda records: gated(records, gate, weight, deadline=deadline))
             if deadline is not None and time.monotonic() >= deadline:
                 raise UserError(f"the scripted drafter's reference (AR's output) took past this server's time limit "
                                 f"of {max_seconds:g} s: lower the new-token limit or the prompt length")

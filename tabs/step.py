@@ -60,14 +60,21 @@ class StepHandlers:
             text += model_note_html(model_note(self.server.store, run.settings.model, run.model))
         return [slider, shown.grid, text, shown.stats, shown.figure if redraw else gr.skip()]
 
-    def start_or_continue(self, values: RequestValues, us: UserSession) -> tuple[StepRun, str]:
-        """The session's run when ``values`` still describe it, else a new run (and a note saying so)."""
+    def start_or_continue(self, values: RequestValues, us: UserSession,
+                          request: gr.Request | None = None) -> tuple[StepRun, str]:
+        """The session's run when ``values`` still describe it, else a new run (and a note saying so). A new run's
+        scripted-drafter reference is admitted as the heavy work it is (``request``: whose address it counts
+        against)."""
         server = self.server
         settings = server.settings(values)
         run, note = us.step, ""
         if run is None or run.settings != settings:
+            heavy = request is not None and server.max_seconds is not None and settings.scripted is not None
             run = StepRun(settings, server.store.get(*settings.model_ref[:2]), tasks=server.tasks, eager=server.eager,
-                          log=server.log, gate=server.gate, max_rows=server.max_rows, max_seconds=server.max_seconds)
+                          log=server.log, gate=server.gate, max_rows=server.max_rows, max_seconds=server.max_seconds,
+                          admit=server.admit(request, "the new-token limit or the prompt length") if heavy else None,
+                          cost=(lambda: server.tasks.cost(settings.model_ref, server.alive(request))) if heavy
+                          else None)
             note = ("Your earlier run was dropped to free memory (this server keeps "
                     f"{server.sessions.max_runs} step-through runs at once); a new run started." if us.run_dropped
                     else "Settings changed: a new run started." if us.step is not None else "")
@@ -80,7 +87,7 @@ class StepHandlers:
         us = self.server.session(request)
         with us.lock:
             try:
-                run, note = self.start_or_continue(values, us)
+                run, note = self.start_or_continue(values, us, request)
                 with run.lock:
                     advanced = run.step(by_call=us.by_call)
             except Exception as error:  # noqa: BLE001 - every failure becomes a message, the session stays usable

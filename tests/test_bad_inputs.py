@@ -600,7 +600,8 @@ def test_one_address_holds_half_the_model_requests_places():
     shares = group_shares(demo)
     compute = {f.api_name for i, f in demo.fns.items() if shares.get(i) == ("compute", 4)}
     assert {"generate", "race"} <= compute and ("benchmark", 1) in shares.values()
-    assert not any(group == "step" for group, _ in shares.values())  # a dragged slider sends several at once
+    step = {f.api_name for i, f in demo.fns.items() if shares.get(i) == ("step", 4)}  # 4 of the 8 Step places
+    assert {"step", "scrub", "back", "reset"} <= step
 
 
 def test_one_address_queues_one_benchmark_at_a_time():

@@ -60,3 +60,37 @@ def test_a_scripted_drafters_reference_run_gives_way_to_a_short_request():
         for thread in first_steps:
             thread.join()
     assert len(created) == 2 and all(run.adapter.reference for run in created)  # the Steps still got their drafters
+
+
+def test_one_address_computes_one_scripted_reference_at_a_time():
+    """Reported: four first Steps from one address, each computing a 512-token AR reference, held all four Step
+    places and kept other visitors waiting. A reference run is now admitted as the heavy work it is, priced by its
+    predicted seconds: while the address has a heavy request running, its next first Step is refused in one line;
+    a Step without a scripted drafter (one iteration) is let in, and so is another address's."""
+    import pytest
+
+    from packed_ss.cost import CallCost
+    from serve.admission import Admission
+    from serve.errors import UserError
+
+    model = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0, eos=False)
+    admission = Admission(light_s=0.0)  # every priced reference counts as heavy here, whatever the machine's speed
+    asked = []
+
+    def admit_for(visitor):
+        def admit(seconds):
+            asked.append(seconds)
+            return admission.admit(visitor, seconds)
+        return admit
+
+    fit = CallCost(tau_ms=1.0, delta_ms=0.1)
+    scripted = make_settings("tiny", PROMPT, "packed", 8, 0, 0, 1, 0, 64, False, "", "scripted", 0.9)
+    with admission.admit("203.0.113.9", 10.0):  # the address's race, or its first reference, is computing
+        with pytest.raises(UserError, match="already have a heavy request"):
+            StepRun(scripted, model, admit=admit_for("203.0.113.9"), cost=lambda: fit)
+        assert asked and asked[-1] > 0  # priced by its reference run's predicted seconds
+        plain = make_settings("tiny", PROMPT, "packed", 8, 0, 0, 1, 0, 64, False, "", "", 0.0)
+        StepRun(plain, model, admit=admit_for("203.0.113.9"), cost=lambda: fit)  # no reference: nothing to admit
+        other = StepRun(scripted, model, admit=admit_for("198.51.100.7"), cost=lambda: fit)
+        assert other.adapter.reference  # another address's first Step is served
+    assert admission.heavy_running == 0  # every slot given back
