@@ -20,7 +20,8 @@ from packed_ss.cli import one_line_warnings, quiet_loaders
 
 from components.style import ASSETS, page_script
 from serve.api import add_api
-from serve.api_defaults import FillApiDefaults, address_share
+from serve.address_shares import address_share
+from serve.request_gate import RequestGate
 from serve.blocks import PageBlocks
 from serve.limits import MAX_ROWS_PER_REQUEST, MAX_SECONDS_PER_REQUEST
 from serve.models import DEFAULT_MODEL
@@ -63,7 +64,7 @@ def launch_kwargs(demo: gr.Blocks | None = None) -> dict:
                        for key in (index, f.api_name) if key is not None}  # the page's own upload events only
         events = {index: len(f.inputs) for index, f in demo.fns.items()
                   if f.fn is not None}  # an event that runs in the browser only has nothing to call on the server
-        middleware.append(Middleware(FillApiDefaults, endpoints=endpoints, arity=arity,
+        middleware.append(Middleware(RequestGate, endpoints=endpoints, arity=arity,
                                      listeners=getattr(demo, "call_listeners", None), takes_files=takes_files,
                                      events=events, queue=lambda: demo._queue,
                                      component_server=any(getattr(b, "server_fns", None) for b in demo.blocks.values()),
@@ -81,7 +82,7 @@ SHARED_GROUPS = ("compute", "benchmark", "step")
 
 def group_shares(demo: gr.Blocks) -> dict:
     """``{fn_index and api name: (its queue group, the places one address may hold)}`` of the events of
-    :data:`SHARED_GROUPS`: one address may have :func:`serve.api_defaults.address_share` of a group's events
+    :data:`SHARED_GROUPS`: one address may have :func:`serve.address_shares.address_share` of a group's events
     waiting or running (one benchmark, since the server runs one for everyone; 4 of the 8 model requests)."""
     found = {}
     for index, f in demo.fns.items():

@@ -1,7 +1,7 @@
 """The documented API: ``/generate`` and ``/race`` (the prompt first, defaults for the rest, JSON back).
 
 :func:`add_api` registers both inside the caller's ``gr.Blocks`` and returns their parameter defaults for
-:class:`~serve.api_defaults.FillApiDefaults` (raw HTTP calls that leave parameters out). Every failure is a
+:class:`~serve.request_gate.RequestGate` (raw HTTP calls that leave parameters out). Every failure is a
 ``gr.Error`` with one line, never a traceback.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from serve.api_defaults import signature_defaults
+from serve.request_checks import signature_defaults
 from serve.block_sizes import BestBlockSizes
 from serve.errors import refused
 from serve.limits import TIME_LIMIT

@@ -258,7 +258,7 @@ def client_alive(blocks, session_hash: str | None, listeners=None) -> Callable[[
     then answers False once one of them is marked not alive (its event stream disconnected) or has left the
     queue's running jobs (the job was cancelled, e.g. gradio_client's ``job.cancel()``: Gradio cancels the
     task but not the thread computing it), or, for a raw ``/gradio_api/call`` request, once nobody has opened
-    its result stream for a few seconds (``listeners``: :class:`serve.api_defaults.CallListeners`). It reads
+    its result stream for a few seconds (``listeners``: :class:`serve.address_shares.CallListeners`). It reads
     Gradio 6.31 queue internals (pinned in requirements.txt) and answers True when it cannot tell.
     """
 

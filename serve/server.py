@@ -15,7 +15,7 @@ from packed_ss.projection import CallTable, load_tables
 from packed_ss.threads import ThreadTuner
 
 from serve.admission import Admission
-from serve.api_defaults import CallListeners
+from serve.address_shares import CallListeners
 from serve.block_sizes import BestBlockSizes
 from serve.gpu import GpuTasks, has_spaces
 from serve.limits import MAX_ROWS_PER_REQUEST, MAX_SECONDS_PER_REQUEST, ComputeGate, client_alive

@@ -33,7 +33,8 @@ from pathlib import Path
 
 from packed_ss.inputs import shown
 
-from serve.api_defaults import client_of, forward, read_body, reply
+from serve.asgi_io import forward, read_body, reply
+from serve.request_checks import client_of
 from serve.errors import UserError
 
 FILES_PER_SESSION = 8  # uploads and outputs one session keeps (the oldest are removed first)

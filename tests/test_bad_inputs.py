@@ -524,7 +524,8 @@ def _queue_stub(delay_s: float = 0.0, shares: dict | None = None):
     import itertools
     import json
 
-    from serve.api_defaults import CallListeners, FillApiDefaults
+    from serve.address_shares import CallListeners
+    from serve.request_gate import RequestGate
 
     numbers, events, listeners = itertools.count(), {}, CallListeners()
 
@@ -538,7 +539,7 @@ def _queue_stub(delay_s: float = 0.0, shares: dict | None = None):
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": json.dumps({"event_id": event}).encode()})
 
-    app = FillApiDefaults(gradio, endpoints={}, listeners=listeners, takes_files=set(), events={0: 1, 1: 1},
+    app = RequestGate(gradio, endpoints={}, listeners=listeners, takes_files=set(), events={0: 1, 1: 1},
                           queue=lambda: Queue, shares=shares)
 
     async def join(address: str, fn_index: int = 0) -> int:
@@ -565,7 +566,7 @@ def test_one_address_cannot_fill_the_queue():
     address is not affected, and the first may send more once its events are done."""
     import asyncio
 
-    from serve.api_defaults import PER_CLIENT_EVENTS
+    from serve.address_shares import PER_CLIENT_EVENTS
 
     events, _, join = _queue_stub()
     assert [asyncio.run(join("203.0.113.9")) for _ in range(PER_CLIENT_EVENTS)] == [200] * PER_CLIENT_EVENTS
@@ -582,7 +583,7 @@ def test_one_address_holds_half_the_model_requests_places():
     import asyncio
 
     from app import group_shares
-    from serve.api_defaults import address_share
+    from serve.address_shares import address_share
 
     assert [address_share(n) for n in (1, 2, 8, 9)] == [1, 1, 4, 4]
     events, _, join = _queue_stub(delay_s=0.01, shares={0: ("compute", address_share(8))})
@@ -627,7 +628,7 @@ def test_a_burst_from_one_address_is_counted_as_it_arrives():
     filled the queue (second recheck, session 19): a place is now held from the check to the answer."""
     import asyncio
 
-    from serve.api_defaults import PER_CLIENT_EVENTS
+    from serve.address_shares import PER_CLIENT_EVENTS
 
     events, listeners, join = _queue_stub(delay_s=0.05)  # Gradio's join takes a while to answer
 

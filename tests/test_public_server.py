@@ -419,7 +419,7 @@ def test_a_cancelled_race_stops_computing(server, client):
 def test_a_raw_call_nobody_reads_stops_computing(server, client):
     """A raw POST /gradio_api/call/race with no GET for its result ran the whole race (31 s of CPU) with
     nobody listening; now it stops once its result has gone unread for UNREAD_S seconds."""
-    from serve.api_defaults import UNREAD_S
+    from serve.address_shares import UNREAD_S
 
     code, body = raw_call(server, "race", {"data": [PROMPT, 4, 0, 0, 1, 0, 64, "", "slow"]}, read_stream=False)
     assert code == 200 and "event_id" in body
@@ -438,7 +438,7 @@ def test_a_queue_join_nobody_listens_to_stops_and_frees_its_slot(server, client)
     unopened for UNREAD_S seconds, and the same session's next race is admitted."""
     from helpers import page_event
 
-    from serve.api_defaults import UNREAD_S
+    from serve.address_shares import UNREAD_S
 
     config = json.loads(urllib.request.urlopen(server.rstrip("/") + "/config", timeout=30).read())
     race = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "race")
