@@ -11,13 +11,15 @@ def new_session():
     return "".join(random.choice(string.ascii_lowercase + string.digits) for _ in range(11))
 
 
-def call(fn_index, data, session_hash=None, timeout=90.0, trigger_id=None):
-    """Return dict(kind=..., payload=..., wall=...). kind: complete|error|http|timeout|conn."""
+def call(fn_index, data, session_hash=None, timeout=90.0, trigger_id=None, address=None):
+    """Return dict(kind=..., payload=..., wall=...). kind: complete|error|http|timeout|conn. ``address``: sent as
+    X-Forwarded-For (the server trusts it from 127.0.0.1), so that one script poses as several visitors."""
     sh = session_hash or new_session()
     t0 = time.time()
+    headers = {"X-Forwarded-For": address} if address else {}
     body = {"data": data, "event_data": None, "fn_index": fn_index, "trigger_id": trigger_id, "session_hash": sh}
     try:
-        r = httpx.post(API + "/queue/join", json=body, timeout=30)
+        r = httpx.post(API + "/queue/join", json=body, timeout=30, headers=headers)
     except Exception as e:
         return {"kind": "conn", "payload": repr(e), "wall": time.time() - t0}
     if r.status_code != 200:
@@ -25,7 +27,8 @@ def call(fn_index, data, session_hash=None, timeout=90.0, trigger_id=None):
     ev = r.json().get("event_id")
     msgs = []
     try:
-        with httpx.stream("GET", API + "/queue/data", params={"session_hash": sh}, timeout=timeout) as s:
+        with httpx.stream("GET", API + "/queue/data", params={"session_hash": sh}, timeout=timeout,
+                          headers=headers) as s:
             for line in s.iter_lines():
                 if time.time() - t0 > timeout:
                     return {"kind": "timeout", "payload": msgs[-3:], "wall": time.time() - t0}
@@ -48,6 +51,29 @@ def call(fn_index, data, session_hash=None, timeout=90.0, trigger_id=None):
     except Exception as e:
         return {"kind": "conn", "payload": repr(e), "wall": time.time() - t0}
     return {"kind": "nostream", "payload": msgs[-3:], "wall": time.time() - t0}
+
+
+def api_call(name, data, address=None, timeout=120.0):
+    """A raw ``POST /gradio_api/call/<name>`` and its result stream: dict(kind=complete|error|http|conn, payload,
+    wall)."""
+    t0 = time.time()
+    headers = {"X-Forwarded-For": address} if address else {}
+    try:
+        r = httpx.post(f"{API}/call/{name}", json={"data": data}, headers=headers, timeout=30)
+        if r.status_code != 200:
+            return {"kind": "http", "payload": f"{r.status_code} {r.text[:500]}", "wall": time.time() - t0}
+        event, last = None, None
+        with httpx.stream("GET", f"{API}/call/{name}/{r.json()['event_id']}", headers=headers, timeout=timeout) as s:
+            for line in s.iter_lines():
+                if line.startswith("event:"):
+                    event = line[6:].strip()
+                elif line.startswith("data:"):
+                    last = line[5:].strip()
+                    if event in ("complete", "error"):
+                        break
+        return {"kind": event, "payload": last, "wall": time.time() - t0}
+    except Exception as e:
+        return {"kind": "conn", "payload": repr(e), "wall": time.time() - t0}
 
 
 def alive():
