@@ -167,12 +167,18 @@ class ThreadTuner:
         if threads is not None and torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
 
-    def check(self, model, between: Callable[[], None] | None = None) -> ThreadChoice | None:
+    def check(self, model, between: Callable[[], None] | None = None,
+              busy: Callable[[], bool] | None = None) -> ThreadChoice | None:
         """Measure again if needed (first use, drift, age), on ``model``'s probe calls; call it where nothing else
         computes (at the gate). Returns the new choice when one was made, else None. A CUDA model measures nothing.
         ``between``: called before each probe call; what it raises (a server's ClientGone) ends the measurement
-        with nothing chosen, and the next check measures again."""
+        with nothing chosen, and the next check measures again. ``busy()``: True while other work waits; then a
+        choice already made is kept and the check waits for a quiet moment (the probes would delay that work, and
+        whichever short request came to check first paid for them: up to 6 s, issue 54)."""
         if self.fixed or len(self.options) < 2 or str(getattr(model, "device", "cpu")).startswith("cuda"):
+            return None
+        if self.choice is not None and busy is not None and busy():
+            self.apply()
             return None
         with self._lock:
             now = self.clock()

@@ -86,7 +86,7 @@ class GpuTasks:
 
         with self.gate.turn(0.0):
             before = tuner.describe()
-            choice = tuner.check(model, between)
+            choice = tuner.check(model, between, busy=lambda: self.gate.waiting > 0)
             now = tuner.describe()
         if choice is not None or now != before:  # a new choice, or why none was measured (a slow probe)
             print(f"threads: {now}", file=sys.stderr, flush=True)
