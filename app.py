@@ -46,9 +46,13 @@ INTRO = ("# Packed self-speculative decoding\nOne model drafts in diffusion mode
 
 def launch_kwargs(demo: gr.Blocks | None = None) -> dict:
     """Keyword arguments for ``demo.launch``: the page's CSS and script (Gradio 6 takes both at launch) and, for a
-    demo built by :func:`build_demo`, the middleware that fills documented defaults into raw HTTP API calls."""
+    demo built by :func:`build_demo`, the request gate's middleware. Also gives uvicorn its header deadline
+    (:mod:`serve.slow_clients`), so call it before launching."""
     from starlette.middleware import Middleware
 
+    from serve.slow_clients import install
+
+    install()  # uvicorn closes a connection whose header block takes over 10 s (it has no such limit of its own)
     kwargs: dict = {"css_paths": [str(ASSETS / "style.css")], "js": page_script(),
                     "max_file_size": MAX_UPLOAD,  # the Benchmark tab takes a small JSONL or summary.json
                     # Gradio keeps a copy of every component's settings per session hash (about 120 kB), 10,000 of
