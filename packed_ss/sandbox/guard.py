@@ -34,10 +34,11 @@ import resource
 import signal
 import struct
 import sys
+import time
 import traceback
 import types
 
-FORBIDDEN_EXIT, TIMEOUT_EXIT = 86, 87
+FORBIDDEN_EXIT, TIMEOUT_EXIT, UNGRADABLE_EXIT = 86, 87, 88
 CANDIDATE = "__candidate__"  # the solution's __name__: an ``if __name__ == "__main__"`` block does not run
 MESSAGE_BYTES = 64 << 20  # largest message either side accepts
 ITEMS = 100_000  # most items taken from an iterator a call returns
@@ -238,7 +239,9 @@ def answer(request, namespace, table):
         if kind == "get":
             return ("value", getattr(resolve(target, namespace, table), args[0]), [])
         value = resolve(target, namespace, table)(*args, **kwargs)
-        changed = [(i, a) for i, a in enumerate(args) if type(a) in MUTABLE]  # in-place changes go back too
+        # in-place changes of mutable arguments go back too: by position or keyword, and inside tuples
+        changed = [(key, a) for key, a in [*enumerate(args), *kwargs.items()]
+                   if type(a) in MUTABLE or (type(a) is tuple and any(type(x) in MUTABLE for x in a))]
         same = next((i for i, a in enumerate(args) if value is a and type(a) not in (bool, type(None))), None)
         if same is not None:  # ``f(x) is x`` holds in the tests as it does here
             return ("argument", same, changed)
@@ -260,6 +263,9 @@ class Link:
         self.requests, self.replies, self.gone = requests, replies, None
         self.table = []  # the tests' objects the solution was given (callbacks), by handle
         self.handles = {}  # id of such an object -> its handle (one handle however often it crosses)
+        self.remotes = {}  # a solver object's handle -> its one Remote here (``f() is f()`` holds as in one process)
+        self.calls = 0  # calls into the solution so far
+        self.solver = None  # the solver's process id
 
     def handle(self, obj):
         """The handle of ``obj``, one of the tests' objects that stay in the judge (the table keeps it alive)."""
@@ -279,13 +285,14 @@ class Link:
             raise SolverGone(self.gone) from None
 
     def call(self, target, args, kwargs, kind="call"):
+        self.calls += 1
         reply = self.ask((kind, target, args, kwargs))
         while isinstance(reply, tuple) and len(reply) == 5 and reply[0] == "callback":
             reply = self.ask(self.called_back(*reply[1:]))
         if not isinstance(reply, tuple) or len(reply) != 3:
             raise SolverGone("the solution's process answered out of turn")
         if reply[0] in ("value", "iterator", "argument"):
-            write_back(args, reply[2])
+            write_back(args, kwargs, reply[2])
             if reply[0] == "argument":
                 if not isinstance(reply[1], int) or not 0 <= reply[1] < len(args):
                     raise SolverGone("the solution's process answered out of turn")
@@ -313,13 +320,21 @@ class Link:
         return message
 
 
-def write_back(args, changed):
-    """Apply the solver's in-place changes of mutable arguments to the judge's own objects, nested containers
-    included (changed in place where their shape allows, so another name for an inner list sees the change)."""
-    for index, new in changed if isinstance(changed, list) else []:
-        old = args[index] if isinstance(index, int) and 0 <= index < len(args) else None
-        if type(old) is type(new):
-            merge(old, new, DEPTH)
+def write_back(args, kwargs, changed):
+    """Apply the solver's in-place changes of mutable arguments (by position or keyword, and the mutable items of a
+    tuple argument) to the judge's own objects, nested containers included (changed in place where their shape
+    allows, so another name for an inner list sees the change)."""
+    for key, new in changed if isinstance(changed, list) else []:
+        if isinstance(key, int) and not isinstance(key, bool) and 0 <= key < len(args):
+            old = args[key]
+        elif isinstance(key, str) and isinstance(kwargs, dict):
+            old = kwargs.get(key)
+        else:
+            continue
+        pairs = zip(old, new) if type(old) is tuple and type(new) is tuple and len(old) == len(new) else [(old, new)]
+        for inner_old, inner_new in pairs:
+            if type(inner_old) is type(inner_new) and type(inner_old) in MUTABLE:
+                merge(inner_old, inner_new, DEPTH)
 
 
 def merge(old, new, depth):
@@ -350,6 +365,12 @@ def merge(old, new, depth):
         (old.update if isinstance(old, set) else old.extend)(new)
 
 
+MAX_REMOTES = 100_000  # objects of the solution the judge holds at once
+MANY_CALLS = 100  # calls into the solution from which a timeout may be the crossing's cost, not the solution's
+CROSSING = 3.0  # ... when the solver used under this many times the judge's CPU time (both mostly (un)pickling)
+# what Python says when the tests use a Remote (an object of the solution) where a class is needed
+ONE_PROCESS_ONLY = ("isinstance() arg 2 must be", "issubclass() arg 2 must be",
+                    "catching classes that do not inherit from BaseException")
 LINK = []  # the judge's one link (a list, so that the proxies reach it without a global statement)
 CALLBACK = []  # the solver's way back to the judge (solver() puts it there)
 
@@ -446,7 +467,12 @@ class JudgeIn(pickle.Unpickler):
             if not isinstance(pid[1], int) or not 0 <= pid[1] < len(table):
                 raise pickle.UnpicklingError("the solution named an object the tests never gave it")
             return table[pid[1]]
-        return Remote(("handle", pid[1]), pid[2])
+        remotes = LINK[0].remotes
+        if pid[1] not in remotes:
+            if len(remotes) >= MAX_REMOTES:
+                raise pickle.UnpicklingError(f"the solution sent more than {MAX_REMOTES} objects of its own")
+            remotes[pid[1]] = Remote(("handle", pid[1]), pid[2])
+        return remotes[pid[1]]
 
     def find_class(self, module, name):
         if (module, name) in SAFE:
@@ -485,6 +511,10 @@ def judge(files, link, limit_s):
                 namespace.pop(name, None)  # the tests meet a NameError, as they would without the definition
         exec(compile(files["tests"], "tests.py", "exec"), namespace)
     except Expired as error:
+        if link.calls >= MANY_CALLS and crossing_bound(link):
+            report(f"ungradable in isolation: the tests made {link.calls:,} calls into the solution before the "
+                   f"{limit_s:g} s limit (each call crosses between the judge's and the solution's processes)")
+            return UNGRADABLE_EXIT
         report(str(error))
         return TIMEOUT_EXIT
     except SolverGone:
@@ -493,11 +523,28 @@ def judge(files, link, limit_s):
         report(f"the tests ended with exit({error.code!r})")
         return 1
     except BaseException as error:  # noqa: BLE001 - any failure of the tests is the verdict
+        if isinstance(error, TypeError) and any(text in str(error) for text in ONE_PROCESS_ONLY):
+            report(f"ungradable in isolation: the tests use a class of the solution as a type (isinstance, "
+                   f"issubclass or except), and its objects stay in the solution's process ({describe(error, 'tests.py')})")
+            return UNGRADABLE_EXIT
         report(describe(error, "tests.py"))
         return 1
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
     return None if link.gone else 0
+
+
+def crossing_bound(link):
+    """Whether the time went into crossing calls rather than into the solution: the solver's CPU time is under
+    :data:`CROSSING` times the judge's (a ratio of CPU times, whatever the machine's speed or load; a solution that
+    computes takes the solver's CPU far past the judge's, which waits)."""
+    try:
+        with open(f"/proc/{link.solver}/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+        solver_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, TypeError):
+        return False
+    return solver_s < CROSSING * time.process_time()
 
 
 def solver_status(pid):
@@ -631,6 +678,7 @@ def main():
     os.write(go_write, b"1")
     os.close(go_write)
     LINK.append(Link(from_judge, to_judge))
+    LINK[0].solver = pid
     status = judge(given, LINK[0], limit_s)
     if status is None:
         status = solver_status(pid)

@@ -220,8 +220,9 @@ def run_program(solution: str, tests: str, sandbox: Sandbox, context: str = "", 
         memory_mb: address-space limit of the solver, and of all the sandbox's processes together, in MiB.
         audit: install the audit hook (False only to test what the sandbox alone holds).
     Returns: a :class:`Verdict`: ``passed`` (the marker came), ``timeout``, ``forbidden`` (the audit hook
-        refused something), ``limit`` (too many processes or too much memory) or ``failed`` (anything else,
-        with the output's last lines).
+        refused something), ``limit`` (too many processes or too much memory), ``ungradable`` (the tests need the
+        solution in their own process: its class as a type, or more calls than can cross in the time limit) or
+        ``failed`` (anything else, with the output's last lines).
     """
     names = free_names(tests, context) if names is None else tuple(names)
     nonce = secrets.token_hex(16)
@@ -428,13 +429,15 @@ def _verdict(marked: bool, timed_out: bool, code: int | None, tail: str, timeout
         return Verdict(False, "timeout", f"no result after {timeout_s:g} s")
     if code == FORBIDDEN_EXIT:
         return Verdict(False, "forbidden", lines[-1] if lines else "")
+    if code == UNGRADABLE_EXIT:  # the tests need the solution in their own process (guard.py says which way)
+        return Verdict(False, "ungradable", lines[-1][-300:] if lines else "ungradable in isolation")
     if code == 0 or not lines:
         detail = f"the program ended (exit status {code}) before the tests ran to their end"
         return Verdict(False, "failed", " | ".join(lines[-2:] + [detail])[-300:])
     return Verdict(False, "failed", " | ".join(lines[-3:])[-300:])
 
 
-FORBIDDEN_EXIT, TIMEOUT_EXIT = 86, 87  # the guard's exit statuses (packed_ss/sandbox/guard.py)
+FORBIDDEN_EXIT, TIMEOUT_EXIT, UNGRADABLE_EXIT = 86, 87, 88  # the guard's exit statuses (packed_ss/sandbox/guard.py)
 PROCESSES = 32  # tasks of the sandbox at once (bwrap, its init, the judge and the solver included; kernel-bounded:
 # threads too)
 WATCH_S = 0.02  # how often the host looks at the sandbox's processes
