@@ -385,3 +385,21 @@ def test_a_program_that_prints_a_lot_is_graded_by_its_tests():
     assert (verdict.correct, verdict.status) == (True, "passed"), verdict
     failed = run_program(program + "print('the last words')\n", "assert f(1) == 3\n", SANDBOX)
     assert not failed.correct and "AssertionError" in failed.detail, failed
+
+
+@needs_kernel_bounds
+def test_programs_graded_at_once_are_bounded_together():
+    """The harness grades one program per core: each program's group sits in one group of the process, which holds
+    them all to 64 tasks per core and half the host's memory."""
+    from packed_ss.sandbox.cgroups import TOTAL_TASKS_PER_CORE, host_memory_mb
+
+    parent = SANDBOX.bounds
+    assert parent.pids.folder.name == f"packed-ss-grade-{os.getpid()}"
+    assert int((parent.pids.folder / "pids.max").read_text()) == TOTAL_TASKS_PER_CORE * (os.cpu_count() or 1)
+    limit = "memory.max" if parent.memory.unified else "memory.limit_in_bytes"
+    assert int((parent.memory.folder / limit).read_text()) <= (host_memory_mb() // 2 << 20) + 4096
+    group = parent.group(8, 64)
+    try:
+        assert all(folder.parent.name == parent.pids.folder.name for folder in group.folders)
+    finally:
+        group.close()

@@ -12,7 +12,9 @@ memfds included, and kills inside the group past it. The program's SysV segments
 A group is made under the server's own groups of the ``pids`` and ``memory`` controllers (cgroup v1 hierarchies or
 the unified v2 one), when they are writable here (a container run as root, a delegated systemd scope). Where they
 are not, :func:`kernel_bounds` says why and the watchdog is the outer bound, as before (the page and the CLI name
-the sandbox in force: :attr:`packed_ss.sandbox.runner.Sandbox.name`).
+the sandbox in force: :attr:`packed_ss.sandbox.runner.Sandbox.name`). Every program's group sits in one group of the
+process, which bounds the programs graded at once together (the harness grades one per core): half the host's
+memory, 64 tasks per core.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-PREFIX = "packed-ss-grade"  # name of each program's group: PREFIX-<server pid>-<count>
+PREFIX = "packed-ss-grade"  # the process's group: PREFIX-<pid>; each program's inside it: PREFIX-<pid>-<count>
+TOTAL_TASKS_PER_CORE = 64  # tasks of all programs graded at once, per core (each program has at most 32)
 COUNTER = itertools.count()
 
 
@@ -226,9 +229,42 @@ def kernel_bounds() -> tuple[KernelBounds | None, str]:
     missing = [c for c in ("pids", "memory") if c not in found]
     if missing:
         return None, f"no {' or '.join(missing)} control group controller here"
-    bounds = KernelBounds(found["pids"], found["memory"])
     try:
+        bounds = _shared_parent(KernelBounds(found["pids"], found["memory"]))
         bounds.group(1, 1).close()
     except OSError as error:
         return None, f"control groups are not writable here ({error.strerror or error})"
     return bounds, ""
+
+
+def host_memory_mb() -> int:
+    """The host's memory in MiB (``MemTotal`` of /proc/meminfo; 0 when it cannot be read)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            return next(int(line.split()[1]) >> 10 for line in handle if line.startswith("MemTotal:"))
+    except (OSError, ValueError, StopIteration):
+        return 0
+
+
+def _shared_parent(bounds: KernelBounds) -> KernelBounds:
+    """One group per process holding every program's group, so that programs graded at once (one per core) are
+    bounded together too: :data:`TOTAL_TASKS_PER_CORE` tasks per core and half the host's memory. Removed when the
+    process exits (once empty). Raises: OSError where it cannot be made."""
+    import atexit
+
+    name = f"{PREFIX}-{os.getpid()}"
+    made = []
+    for hierarchy in (bounds.pids, bounds.memory):
+        folder = hierarchy.folder / name
+        if folder not in made:
+            folder.mkdir(exist_ok=True)
+            made.append(folder)
+            if hierarchy.unified:  # v2: the controllers reach the programs' groups only where the parent passes them
+                (folder / "cgroup.subtree_control").write_text("+pids +memory")
+    (bounds.pids.folder / name / "pids.max").write_text(str(TOTAL_TASKS_PER_CORE * (os.cpu_count() or 1)))
+    total = max(1, host_memory_mb() // 2) << 20
+    limit = "memory.max" if bounds.memory.unified else "memory.limit_in_bytes"
+    (bounds.memory.folder / name / limit).write_text(str(total))
+    atexit.register(lambda: [_remove(folder) for folder in reversed(made)])
+    return KernelBounds(Hierarchy("pids", bounds.pids.folder / name, bounds.pids.unified),
+                        Hierarchy("memory", bounds.memory.folder / name, bounds.memory.unified))
