@@ -1,9 +1,9 @@
 """Tests that rely on running in the solution's process (issue 56, item 4): 13 of 25 correct solution/test pairs
-failed in the judge/solver split. Graded right now: an argument mutated in place by keyword or inside a tuple, and
-``f() is f()``. Detected and said: a class of the solution used as a type (``isinstance``, ``except``), and more
-calls than can cross between the two processes in the time limit, give the verdict "ungradable" with the reason,
-not a silent fail. Still failed (not detected): an argument the solution keeps and changes at a later call, numpy
-arrays compared in the tests."""
+failed in the judge/solver split. Graded right now: an argument mutated in place by keyword or inside a tuple,
+``f() is f()``, a numpy array of numbers or text. Detected and said: a class of the solution used as a type
+(``isinstance``, ``except``), and more calls than can cross between the two processes in the time limit, give the
+verdict "ungradable" with the reason, not a silent fail. Still failed (not detected): an argument the solution keeps
+and changes at a later call."""
 
 import pytest
 
@@ -20,6 +20,8 @@ GRADED_RIGHT = {
     "argument mutated, by keyword": ("def f(a):\n    a.append(1)\n", "x = []\nf(a=x)\nassert x == [1]\n"),
     "argument mutated, inside a tuple": ("def f(t):\n    t[0].append(1)\n", "x = []\nf((x,))\nassert x == [1]\n"),
     "one object, one identity": ("_o = object()\ndef f():\n    return _o\n", "assert f() is f()\nassert f() is not None\n"),
+    "a numpy result": ("import numpy as np\ndef f():\n    return np.arange(3) * 1.5\n",
+                       "import numpy as np\nassert (f() == np.arange(3) * 1.5).all() and f().dtype == np.float64\n"),
 }
 
 
@@ -27,7 +29,7 @@ GRADED_RIGHT = {
 def test_one_process_forms_are_graded_right(case):
     solution, tests = GRADED_RIGHT[case]
     assert run_program(solution, tests, SANDBOX).status == "passed"
-    wrong = solution.replace("append(1)", "append(2)").replace("return _o", "return object()")
+    wrong = solution.replace("append(1)", "append(2)").replace("return _o", "return object()").replace("1.5", "2.5")
     assert run_program(wrong, tests, SANDBOX).status == "failed"  # the tests still decide
 
 
