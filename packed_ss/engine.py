@@ -69,13 +69,14 @@ def finish_run(model, records: Iterable[IterationRecord], config: DecodeConfig, 
 
 
 def scripted_drafter(model, prompt_ids: Sequence[int], config, quality: float, seed: int = 0,
-                     isolate: Callable[[Iterator[IterationRecord]], Iterable[IterationRecord]] | None = None
-                     ) -> ScriptedDrafter:
+                     isolate: Callable[[Iterator[IterationRecord]], Iterable[IterationRecord]] | None = None,
+                     follow: bool = False) -> ScriptedDrafter:
     """A :class:`ScriptedDrafter` over its own adapter of ``model`` for one run of ``config`` on
     ``prompt_ids``: the reference is AR's greedy output, B tokens longer than the run's limit (fewer where the
     model's positions end sooner). ``isolate`` wraps
     the reference run's iterations (a server computes each one at its gate, and may end the run early: the
-    reference is then shorter, and proposals past it are never right).
+    reference is then shorter, and proposals past it are never right). ``follow``: the reference follows the run's
+    verified prefix once it leaves AR's output (:class:`ScriptedDrafter`; greedy runs only).
 
     Raises: ValueError for a quality outside [0, 1]; PromptError for an empty or too long prompt.
     """
@@ -90,4 +91,4 @@ def scripted_drafter(model, prompt_ids: Sequence[int], config, quality: float, s
     records = decode(adapter, list(prompt_ids), reference_config, "ar")
     reference = finish_run(adapter, isolate(records) if isolate else records, reference_config, "ar",
                            len(prompt_ids)).token_ids
-    return ScriptedDrafter(model.share(), list(prompt_ids) + list(reference), quality, seed)
+    return ScriptedDrafter(model.share(), list(prompt_ids) + list(reference), quality, seed, follow=follow)

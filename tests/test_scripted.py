@@ -66,3 +66,36 @@ def test_a_scripted_run_that_does_not_fit_names_the_tokens_asked_for_and_one_tha
     fits = prompt[1:]  # exactly room for the run, none for the reference's extra block
     drafter = scripted_drafter(model, fits, DecodeConfig(block_size=8, max_new_tokens=156), 0.9)
     assert len(drafter.reference) >= len(fits) + 156
+
+
+def test_with_follow_the_reference_follows_the_run_after_a_divergence(model):
+    """A run's verifier can part from AR's output at a near-tie (bfloat16, other row counts: issue 55, where the
+    bfloat16 race measured nothing after 19-24 tokens). Emulated here by a reference that leaves AR's output at one
+    position: without ``follow`` no proposal is accepted after it; with ``follow`` the reference becomes the run's
+    verified prefix and AR's greedy continuation of it, so a perfect drafter is accepted again, and a second run with
+    the same anchors computes nothing."""
+    from packed_ss.models.scripted import ScriptedDrafter
+
+    prompt, config = [3, 4, 5], DecodeConfig(block_size=4, max_new_tokens=24)
+    ar = list(generate(model, prompt, config, "ar").token_ids)
+    at = 6  # the reference leaves AR's output at the 7th new token
+    parted = prompt + ar[:at] + [(ar[at] + 1) % 20 + 2]  # AR's output, then another token: another branch
+    rest = DecodeConfig(block_size=4, max_new_tokens=len(prompt) + len(ar) + 4 - len(parted))
+    reference = parted + list(generate(model, parted, rest, "ar").token_ids)  # ... and AR's greedy run of it
+    past = len(prompt) + at + 1  # positions from here on come after the divergence
+
+    def run(follow, anchors=None):
+        drafter = ScriptedDrafter(model.share(), reference, 1.0, follow=follow, anchors=anchors)
+        result = generate(drafter, prompt, config, "packed")
+        assert list(result.token_ids) == ar  # lossless either way
+        # from the second iteration past the divergence (the draft in flight then was made on the other branch)
+        after = [r for r in result.records if r.verifies and r.prefix_len_before >= past + 2 and r.old_draft]
+        return drafter, result, after
+
+    _, _, stuck = run(False)
+    assert stuck and all(r.h == 0 for r in stuck)
+    followed, result, after = run(True)
+    assert after and all(r.h == len(r.old_draft) for r in after)  # every draft accepted again
+    assert followed.anchored == 1 and followed.anchor_calls > 0
+    again, second, _ = run(True, followed.anchors)
+    assert again.anchored == 0 and [r.h for r in second.records] == [r.h for r in result.records]

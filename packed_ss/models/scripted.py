@@ -11,6 +11,13 @@ drafter is monotone (paper Assumption 3.1) on every run, not only on average, an
 
 The reference is AR's greedy output for the prompt (computed once per run); at T > 0 the verified
 prefix leaves it, and the scripted proposals then simply stop being accepted, as a poor drafter's would.
+
+With ``follow`` (greedy runs whose verifier may part from AR's output at a near-tie: bfloat16 calls of other row
+counts), the reference follows the run instead: once the verified prefix leaves it, the rest of the reference is
+AR's greedy continuation of that prefix (computed by the real model, one call per token, with an adapter of its own),
+so that acceptance stays a function of the quality alone. Each continuation is kept in ``anchors`` by its prefix: a
+second run of the same lane (a timed run after an untimed one) reuses it and computes nothing. ``anchor_s`` says
+how long the continuations took (decoder time outside the model calls of the run; ``anchor_calls`` how many calls).
 """
 
 from __future__ import annotations
@@ -38,10 +45,16 @@ class ScriptedDrafter:
 
     supports_deferred_rows = False  # every row's logits come back, so proposal rows can be rewritten
 
-    def __init__(self, base, reference: Sequence[int], quality: float, seed: int = 0):
+    def __init__(self, base, reference: Sequence[int], quality: float, seed: int = 0, follow: bool = False,
+                 anchors: dict | None = None):
         if not 0.0 <= quality <= 1.0:
             raise ValueError(f"drafter quality must be in [0, 1], got {quality}")
         self.base, self.reference, self.quality = base, list(reference), float(quality)
+        self.first_reference = list(reference)
+        self.follow = follow
+        self.anchors = {} if anchors is None else anchors  # verified prefix (tuple) -> the reference that follows it
+        self.anchor_s, self.anchor_calls, self.anchored = 0.0, 0, 0  # time, calls and count of continuations made
+        self._tokens: list[int] = []  # the token id in each cache slot (the verified prefix, then the call's rows)
         generator = torch.Generator().manual_seed(seed)
         self._u = torch.rand(len(self.reference) + 4096, generator=generator).tolist()  # one draw per position
         for name in ("tokenizer", "mask_token_id", "eos_token_id", "bos_token_id", "vocab_size", "never_emit_ids",
@@ -57,9 +70,12 @@ class ScriptedDrafter:
 
     def reset(self, tokens: int = 0, block_size: int | None = None) -> None:
         self.base.reset(tokens, block_size)
+        self._tokens = []
+        self.reference = list(self.first_reference)
 
     def rollback(self, keep: int) -> None:
         self.base.rollback(keep)
+        del self._tokens[keep:]
 
     def encode(self, text: str) -> list[int]:
         return self.base.encode(text)
@@ -75,6 +91,10 @@ class ScriptedDrafter:
         """The real call, then the proposal rows among ``rows`` rewritten by the script (vectorised: the
         rewrite is non-model decoder time, and Quadratic-SS calls hold B(B+1) rows)."""
         out = self.base.forward(layout, rows, **({"adapter_rows": adapter_rows} if adapter_rows else {}))
+        if self.follow:
+            self._follow(self._tokens[:layout.cached])
+        del self._tokens[layout.cached:]
+        self._tokens.extend(layout.token_ids)
         proposal = set(layout.proposal_rows)
         picked = [(i, r) for i, r in enumerate(rows) if r in proposal and layout.token_ids[r] == self.mask_token_id]
         if not picked:
@@ -104,6 +124,29 @@ class ScriptedDrafter:
             ok = right is not None and not bad and self._u[pos] < self.quality ** (pos - lo)
             out.append(right if ok else self._wrong(right))
         return out
+
+    def _follow(self, verified: list[int]) -> None:
+        """With ``follow``: where the verified prefix has left the reference, make the reference that prefix and AR's
+        greedy continuation of it, as long as the reference was (kept in ``anchors``)."""
+        if verified == self.reference[:len(verified)] or len(verified) >= len(self.reference):
+            return
+        key = tuple(verified)
+        if key not in self.anchors:
+            import time
+
+            from packed_ss.config import DecodeConfig
+            from packed_ss.engine import decode
+
+            started = time.perf_counter()
+            config = DecodeConfig(block_size=2, max_new_tokens=len(self.first_reference) - len(verified))
+            continuation = []
+            for record in decode(self.base.share(), verified, config, "ar"):
+                continuation.extend(record.appended)
+                self.anchor_calls += len(record.calls)
+            self.anchors[key] = verified + continuation
+            self.anchor_s += time.perf_counter() - started
+            self.anchored += 1
+        self.reference = list(self.anchors[key])
 
     def _wrong(self, right: int | None) -> int:
         """A token other than ``right`` that a schedule may output."""
