@@ -415,7 +415,7 @@ def paper_experiment(models: Models, sizes: Sizes, budget: Budget, device: str, 
     Units: model_ms_per_iteration and time_per_nfe_ms milliseconds, throughput tokens per second, wall_s seconds.
     """
     from packed_ss import DecodeConfig, generate
-    from packed_ss.engine import scripted_drafter
+    from packed_ss.models.scripted import ScriptedDrafter
     from packed_ss.stats import paired_speed_ratio
 
     tokenizer = models.embedded("float32").tokenizer
@@ -440,16 +440,20 @@ def paper_experiment(models: Models, sizes: Sizes, budget: Budget, device: str, 
                         break
                     prompt = model.encode(text)
                     anchors: dict = {}  # the scripted drafter's continuations after near-ties, shared by the lanes
+                    widest = max(block for _, block in sizes.paper_lanes)
+                    # AR's output one widest block past the runs' end: the drafters' script (one per prompt, untimed,
+                    # and AR's warm-up)
+                    script = generate(model, prompt, DecodeConfig(block_size=widest,
+                                                                  max_new_tokens=sizes.paper_tokens + widest), "ar")
                     order = sizes.paper_lanes[index % 4:] + sizes.paper_lanes[:index % 4]
                     for name, block in order:
                         config = DecodeConfig(block_size=block, max_new_tokens=sizes.paper_tokens)
                         if name == "ar":
-                            generate(model, prompt, DecodeConfig(block_size=block, max_new_tokens=4), name)
                             lanes[name].append(generate(model, prompt, config, name))
                             made[name].append(0)
                             continue
-                        drafter = scripted_drafter(model, prompt, config, PAPER_QUALITY, index, follow=True)
-                        drafter.anchors = anchors
+                        drafter = ScriptedDrafter(model.share(), list(prompt) + list(script.token_ids), PAPER_QUALITY,
+                                                  index, follow=True, anchors=anchors)
                         generate(drafter, prompt, config, name)  # untimed: continuations and first-call costs
                         made[name].append(drafter.anchored)
                         lanes[name].append(generate(drafter, prompt, config, name))  # timed: computes none
