@@ -91,4 +91,20 @@ def scripted_drafter(model, prompt_ids: Sequence[int], config, quality: float, s
     records = decode(adapter, list(prompt_ids), reference_config, "ar")
     reference = finish_run(adapter, isolate(records) if isolate else records, reference_config, "ar",
                            len(prompt_ids)).token_ids
-    return ScriptedDrafter(model.share(), list(prompt_ids) + list(reference), quality, seed, follow=follow)
+    return ScriptedDrafter(model.share(), list(prompt_ids) + list(reference), quality, seed,
+                           follow=ar_continuation(model) if follow else None)
+
+
+def ar_continuation(model) -> Callable[[Sequence[int], int], tuple[list[int], int]]:
+    """``(prefix, n) -> (AR's greedy continuation of prefix, at most n tokens; model calls made)``, each run on an
+    adapter of its own (what a following :class:`ScriptedDrafter` computes after a near-tie)."""
+    from packed_ss.config import DecodeConfig
+
+    def continuation(prefix: Sequence[int], n: int) -> tuple[list[int], int]:
+        tokens, calls = [], 0
+        for record in decode(model.share(), list(prefix), DecodeConfig(block_size=2, max_new_tokens=max(1, n)), "ar"):
+            tokens.extend(record.appended)
+            calls += len(record.calls)
+        return tokens, calls
+
+    return continuation

@@ -415,6 +415,7 @@ def paper_experiment(models: Models, sizes: Sizes, budget: Budget, device: str, 
     Units: model_ms_per_iteration and time_per_nfe_ms milliseconds, throughput tokens per second, wall_s seconds.
     """
     from packed_ss import DecodeConfig, generate
+    from packed_ss.engine import ar_continuation
     from packed_ss.models.scripted import ScriptedDrafter
     from packed_ss.stats import paired_speed_ratio
 
@@ -453,7 +454,7 @@ def paper_experiment(models: Models, sizes: Sizes, budget: Budget, device: str, 
                             made[name].append(0)
                             continue
                         drafter = ScriptedDrafter(model.share(), list(prompt) + list(script.token_ids), PAPER_QUALITY,
-                                                  index, follow=True, anchors=anchors)
+                                                  index, follow=ar_continuation(model), anchors=anchors)
                         generate(drafter, prompt, config, name)  # untimed: continuations and first-call costs
                         made[name].append(drafter.anchored)
                         lanes[name].append(generate(drafter, prompt, config, name))  # timed: computes none

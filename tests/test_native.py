@@ -180,3 +180,29 @@ def test_the_cli_says_in_one_line_why_the_native_forward_is_not_used(nld_dir, ca
                  "--path", "native"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "native forward cannot serve this model" in err[0]
+
+
+def test_the_fused_projections_are_held_once():
+    """The native forward's fused q|k|v and gate|up matrices were copies (the projection weights twice in memory);
+    now the network's own q, k, v, gate and up weights are views of them, and transformers' forward still gives the
+    same logits."""
+    import torch
+
+    from helpers import tiny_llama
+    from packed_ss.models.native import native_decoder
+
+    model = tiny_llama(seed=3, path="transformers")
+    ids = torch.tensor([[3, 4, 5, 6]])
+    with torch.no_grad():
+        before = model.model(ids).logits
+    decoder = native_decoder(model.model)
+    for layer, fused in zip(model.model.model.layers, decoder.layers):
+        storage = fused.qkv.untyped_storage().data_ptr()
+        attention = layer.self_attn
+        assert all(p.weight.untyped_storage().data_ptr() == storage
+                   for p in (attention.q_proj, attention.k_proj, attention.v_proj))
+        assert all(p.weight.untyped_storage().data_ptr() == fused.gate_up.untyped_storage().data_ptr()
+                   for p in (layer.mlp.gate_proj, layer.mlp.up_proj))
+    with torch.no_grad():
+        after = model.model(ids).logits
+    assert torch.equal(before, after)

@@ -74,6 +74,7 @@ def test_with_follow_the_reference_follows_the_run_after_a_divergence(model):
     position: without ``follow`` no proposal is accepted after it; with ``follow`` the reference becomes the run's
     verified prefix and AR's greedy continuation of it, so a perfect drafter is accepted again, and a second run with
     the same anchors computes nothing."""
+    from packed_ss.engine import ar_continuation
     from packed_ss.models.scripted import ScriptedDrafter
 
     prompt, config = [3, 4, 5], DecodeConfig(block_size=4, max_new_tokens=24)
@@ -85,7 +86,8 @@ def test_with_follow_the_reference_follows_the_run_after_a_divergence(model):
     past = len(prompt) + at + 1  # positions from here on come after the divergence
 
     def run(follow, anchors=None):
-        drafter = ScriptedDrafter(model.share(), reference, 1.0, follow=follow, anchors=anchors)
+        drafter = ScriptedDrafter(model.share(), reference, 1.0, follow=ar_continuation(model) if follow else None,
+                                  anchors=anchors)
         result = generate(drafter, prompt, config, "packed")
         assert list(result.token_ids) == ar  # lossless either way
         # from the second iteration past the divergence (the draft in flight then was made on the other branch)

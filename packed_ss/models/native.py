@@ -99,14 +99,27 @@ def _joined(*linears) -> tuple[torch.Tensor, torch.Tensor | None]:
     return weight, bias
 
 
+def _held_once(linears, fused: torch.Tensor) -> None:
+    """Make each of ``linears``' weights a view of its rows of ``fused``: the network's own modules and the native
+    forward then read one copy of the projection weights (an 8B model's would otherwise sit twice in GPU memory)."""
+    start = 0
+    for linear in linears:
+        rows = linear.out_features
+        linear.weight = torch.nn.Parameter(fused[start:start + rows], requires_grad=linear.weight.requires_grad)
+        start += rows
+
+
 class NativeLayer(torch.nn.Module):
-    """One decoder layer's weights: fused q|k|v (and its bias), o, fused gate|up, down, the two norms (and q/k norms)."""
+    """One decoder layer's weights: fused q|k|v (and its bias), o, fused gate|up, down, the two norms (and q/k norms).
+    The network's separate q, k, v, gate and up weights become views of the fused ones (held once)."""
 
     def __init__(self, layer):
         super().__init__()
         attention, mlp = layer.self_attn, layer.mlp
         qkv, qkv_bias = _joined(attention.q_proj, attention.k_proj, attention.v_proj)
         gate_up, _ = _joined(mlp.gate_proj, mlp.up_proj)
+        _held_once((attention.q_proj, attention.k_proj, attention.v_proj), qkv)
+        _held_once((mlp.gate_proj, mlp.up_proj), gate_up)
         self.qkv, self.qkv_bias = _frozen(qkv), _frozen(qkv_bias)
         self.o, self.o_bias = _frozen(attention.o_proj.weight), _frozen(attention.o_proj.bias)
         self.gate_up, self.down = _frozen(gate_up), _frozen(mlp.down_proj.weight)
@@ -121,8 +134,9 @@ class NativeLayer(torch.nn.Module):
 class NativeDecoder(torch.nn.Module):
     """The network of a transformers Llama-family causal LM (:data:`NATIVE_TYPES`), as one plain forward.
 
-    The embedding and LM head share the checkpoint's tensors; each layer's fused matrices are copies (the model's
-    projection weights once more in memory). Check :func:`native_problem` first.
+    The embedding and LM head share the checkpoint's tensors; each layer's fused matrices replace the network's
+    separate projection weights, which become views of them (the weights are held once). Check
+    :func:`native_problem` first.
     """
 
     def __init__(self, model):

@@ -14,7 +14,7 @@ prefix leaves it, and the scripted proposals then simply stop being accepted, as
 
 With ``follow`` (greedy runs whose verifier may part from AR's output at a near-tie: bfloat16 calls of other row
 counts), the reference follows the run instead: once the verified prefix leaves it, the rest of the reference is
-AR's greedy continuation of that prefix (computed by the real model, one call per token, with an adapter of its own),
+AR's greedy continuation of that prefix (``follow``: :func:`packed_ss.engine.ar_continuation`, the real model),
 so that acceptance stays a function of the quality alone. Each continuation is kept in ``anchors`` by its prefix: a
 second run of the same lane (a timed run after an untimed one) reuses it and computes nothing. ``anchor_s`` says
 how long the continuations took (decoder time outside the model calls of the run; ``anchor_calls`` how many calls).
@@ -22,7 +22,7 @@ how long the continuations took (decoder time outside the model calls of the run
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -40,13 +40,16 @@ class ScriptedDrafter:
         reference: prompt + AR greedy output token ids, by absolute position.
         quality: q in [0, 1]; the proposal at offset k is right with probability q**k.
         seed: seed of the per-position draws u.
+        follow: ``(verified prefix, n) -> (AR's greedy continuation of it, at most n tokens; model calls made)``
+            (:func:`packed_ss.engine.ar_continuation`), or None: the reference stays AR's output for the prompt.
+        anchors: the continuations made so far, by prefix (shared with an earlier drafter of the same script).
     Raises: ValueError for a quality outside [0, 1].
     """
 
     supports_deferred_rows = False  # every row's logits come back, so proposal rows can be rewritten
 
-    def __init__(self, base, reference: Sequence[int], quality: float, seed: int = 0, follow: bool = False,
-                 anchors: dict | None = None):
+    def __init__(self, base, reference: Sequence[int], quality: float, seed: int = 0,
+                 follow: Callable[[list[int], int], tuple[list[int], int]] | None = None, anchors: dict | None = None):
         if not 0.0 <= quality <= 1.0:
             raise ValueError(f"drafter quality must be in [0, 1], got {quality}")
         self.base, self.reference, self.quality = base, list(reference), float(quality)
@@ -134,16 +137,10 @@ class ScriptedDrafter:
         if key not in self.anchors:
             import time
 
-            from packed_ss.config import DecodeConfig
-            from packed_ss.engine import decode
-
             started = time.perf_counter()
-            config = DecodeConfig(block_size=2, max_new_tokens=len(self.first_reference) - len(verified))
-            continuation = []
-            for record in decode(self.base.share(), verified, config, "ar"):
-                continuation.extend(record.appended)
-                self.anchor_calls += len(record.calls)
-            self.anchors[key] = verified + continuation
+            continuation, calls = self.follow(verified, len(self.first_reference) - len(verified))
+            self.anchors[key] = verified + list(continuation)
+            self.anchor_calls += calls
             self.anchor_s += time.perf_counter() - started
             self.anchored += 1
         self.reference = list(self.anchors[key])
