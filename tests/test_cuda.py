@@ -90,3 +90,48 @@ def test_float32_cache_after_packed_run_equals_a_fresh_forward(cuda_float32):
     for (keys, values), ref_layer in zip(model.cached_kv(), reference.layers, strict=True):
         torch.testing.assert_close(keys, ref_layer.keys, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(values, ref_layer.values, atol=1e-4, rtol=1e-4)
+
+
+# --- the graph path (issue 55): native calls replayed as CUDA graphs ----------------------------------------------
+def _graph_model(dtype: str = "float32"):
+    from packed_ss.models import DualModeModel
+
+    return DualModeModel.from_pretrained(EMBEDDED, device="cuda", dtype=dtype, path="native", compiled=True)
+
+
+@pytest.mark.parametrize("block_size", [4, 8])
+def test_graph_path_schedules_equal_ar_in_float32(block_size):
+    model = _graph_model()
+    assert model.path == "native" and model.compiled, model.compile_note
+    config = DecodeConfig(block_size=block_size, max_new_tokens=NEW_TOKENS)
+    for text in PROMPTS:
+        prompt = model.encode(text)
+        ar = generate(model, prompt, config, "ar")
+        for name in SPECULATIVE:
+            run = generate(model, prompt, config, name)
+            found = divergence(model, prompt, ar.token_ids, run.token_ids)
+            if found is not None:
+                pytest.fail(f"{name} (B={block_size}) on graphs differs from AR on {text!r}: {found.verdict()}")
+    assert model.compiled and model.static.shapes, model.compile_note  # graphs were recorded and kept
+
+
+def test_graph_replays_equal_eager_calls_at_growing_lengths_and_after_rollback():
+    from packed_ss.layout import prefill_layout, verify_layout
+
+    graphs, eager = _graph_model(), _graph_model().share(compiled=False)
+    for model in (graphs, eager):
+        model.reset(300, block_size=8)
+        first = prefill_layout(list(range(3, 40)), 0, model.mask_token_id)
+        model.forward(first, first.verify_rows)
+    outputs = {}
+    for model in (graphs, eager):
+        got = []
+        for step in range(6):  # growing cache lengths, then a rollback and the same call again
+            length = model.cache_length
+            layout = verify_layout([5], [6] * 7, length)
+            got.append(model.forward(layout, layout.verify_rows).logits.float().cpu())
+            if step == 3:
+                model.rollback(length)
+        outputs[id(model)] = got
+    for a, b in zip(outputs[id(graphs)], outputs[id(eager)]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)

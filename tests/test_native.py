@@ -206,3 +206,27 @@ def test_the_fused_projections_are_held_once():
     with torch.no_grad():
         after = model.model(ids).logits
     assert torch.equal(before, after)
+
+
+def test_without_a_cuda_device_graph_calls_say_why_and_run_eagerly():
+    """The graph path (issue 55) on a model that is not on a CUDA device: one line naming why, and the calls still
+    run (eager native calls) with the logits of the eager path."""
+    import torch
+
+    from helpers import tiny_llama
+    from packed_ss.layout import prefill_layout
+    from packed_ss.models.graphs import GraphCalls, graph_problem
+
+    assert "CUDA device" in graph_problem(torch.device("cpu"))
+    model = tiny_llama(seed=4)
+    calls = GraphCalls(model.model, False, compiled=True)
+    assert not calls.compiled and "CUDA graphs off" in calls.note and "CUDA device" in calls.note
+    eager = model.share(compiled=False)
+    for adapter in (eager,):
+        adapter.reset(64, block_size=4)
+    calls.reset(64, block_size=4)
+    layout = prefill_layout([3, 4, 5, 6], 0, 1)
+    prepared = calls.prepare(layout)
+    out, _ = calls.execute(prepared, tuple(range(layout.rows)))
+    reference = eager.forward(layout, tuple(range(layout.rows))).logits
+    torch.testing.assert_close(out, reference)

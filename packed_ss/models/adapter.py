@@ -25,6 +25,7 @@ from packed_ss.layout import CallLayout
 from packed_ss.models.errors import ModelLoadError, local_folder, quoted, some
 from packed_ss.models.families import pick_family, read_config
 from packed_ss.models.lora import DrafterLora, adapter_folder
+from packed_ss.models.graphs import GraphCalls
 from packed_ss.models.native import NativeCalls, adopt_compiled, compiled_parts, native_problem
 from packed_ss.models.static import StaticCalls, kernel_mask, static_cache_problem
 
@@ -178,6 +179,9 @@ class DualModeModel:
         # transformers' forward is the only one, and nothing needs explaining).
         why_native = ("the dynamic cache is transformers' own" if cache == "dynamic" or why_not
                       else native_problem(model) if path != "transformers" else None)
+        if why_native is None and path == "auto" and self.device.type == "cuda":
+            # opt-in until scripts/gpu_check.py has checked the graph path on a GPU (issue 55)
+            why_native = "on CUDA the native forward and its CUDA graphs are opt-in (--path native)"
         if path == "native" and why_native:
             raise ModelLoadError(f"the native forward cannot serve this model: {why_native}")
         self.path_requested = path
@@ -292,7 +296,9 @@ class DualModeModel:
 
     def _calls(self, compiled: bool):
         """The static cache's calls of this adapter, run by the forward of :attr:`path`."""
-        calls = NativeCalls if self.path == "native" else StaticCalls
+        if self.path != "native":
+            return StaticCalls(self.model, self.supports_deferred_rows, compiled)
+        calls = GraphCalls if self.device.type == "cuda" else NativeCalls  # CUDA: compiled calls replay graphs
         return calls(self.model, self.supports_deferred_rows, compiled)
 
     def compiled_parts(self) -> tuple | None:

@@ -11,8 +11,9 @@ Attention never writes the cache inside the forward: the call returns its new ke
 writes them at the cache's length (:class:`NativeCalls`). A compiled graph therefore mutates nothing, so
 inductor neither copies the cache nor recompiles when its length moves; the additive mask carries the length.
 
-Served: model types :data:`NATIVE_TYPES` on the CPU, full attention, SiLU MLPs, static RoPE. Anything else (another
-family, a drafter LoRA or any other forward hook, an any-order model, CUDA) keeps transformers' forward, and
+Served: model types :data:`NATIVE_TYPES` on the CPU (and on CUDA when asked for, ``path="native"``: its calls then
+replay as CUDA graphs, :mod:`packed_ss.models.graphs`), full attention, SiLU MLPs, static RoPE. Anything else
+(another family, a drafter LoRA or any other forward hook, an any-order model) keeps transformers' forward, and
 :func:`native_problem` says why in one line.
 
 Shape legend: R rows of the call (Rp padded), K cache capacity, C cached tokens, L layers, Hq query heads,
@@ -56,8 +57,8 @@ def native_problem(model) -> str | None:
     if kind not in NATIVE_TYPES:
         return f"model type {kind!r} has no native forward (it serves {', '.join(sorted(NATIVE_TYPES))})"
     device = next(model.parameters()).device
-    if device.type != "cpu":
-        return f"the native forward serves CPU models; on {device.type} transformers' forward is used"
+    if device.type not in ("cpu", "cuda"):
+        return f"the native forward serves CPU and CUDA models; on {device.type} transformers' forward is used"
     hooked = [name for name, module in model.named_modules() if module._forward_hooks or module._forward_pre_hooks]
     if hooked:
         return (f"the model carries forward hooks ({hooked[0]}{' ...' if len(hooked) > 1 else ''}: a drafter LoRA "
@@ -306,7 +307,7 @@ class NativeCalls(StaticCalls):
         capacity = -(-tokens // CAPACITY_STEP) * CAPACITY_STEP
         native = self.native
         tensor = torch.zeros(native.layer_count, 2, native.kv_heads, capacity, native.head_dim,
-                             dtype=native.embed.dtype)
+                             dtype=native.embed.dtype, device=native.embed.device)
         if self.cache is not None and keep:  # grown mid-run: carry the prefix over
             tensor[:, :, :, :keep] = self.cache.tensor[:, :, :, :keep]
         self.cache = NativeCache(tensor)
@@ -347,10 +348,13 @@ class NativeCalls(StaticCalls):
         states and True when ``defer`` (the caller applies the LM head to the rows it needs), and writes the new
         rows' keys and values at the cache's length, which advances by R."""
         (ids, positions, bias), rows, total, compiled = prepared
-        keep = torch.as_tensor(need, dtype=torch.long)
+        device = self.cache.tensor.device
+        keep = torch.as_tensor(need, dtype=torch.long, device=device)
         result = self._compiled_call((ids, positions, bias, self.cache.tensor, defer), total,
                                      "hidden" if defer else "logits") if compiled else None
         if result is None:
+            if device.type != "cpu":  # the host's inputs, on the model's device (a GPU's eager calls)
+                ids, positions, bias = (t.to(device, non_blocking=True) for t in (ids, positions, bias))
             out, new_kv = self.native(ids, positions, bias, self.cache.tensor, defer, keep)
         else:
             out, new_kv = result

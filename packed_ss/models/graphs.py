@@ -1,0 +1,127 @@
+"""The native forward's calls replayed as CUDA graphs (issue 55): a GPU call that costs what the GPU must do.
+
+On a GPU, transformers' forward cost the same 15-18 ms for an NLD-shaped 1.34B model at 1 to 256 rows: launching
+kernels, not reading weights (about 0.6 ms at the H200's bandwidth). A CUDA graph records one call's kernels once and
+replays them with a single launch. :class:`GraphCalls` records :class:`~packed_ss.models.native.NativeDecoder`'s call
+once per padded row count Rp (:func:`~packed_ss.models.static.padded_rows`: 1, then multiples of the run's block size
+B, which covers every schedule's calls at that B) over the adapter's static cache of capacity K: the additive mask
+carries the cache's length, so one graph replays at every length and after every rollback. A graph's inputs (ids,
+positions, the (Rp, K + Rp) mask) are buffers of its own, copied into before each replay; its outputs are copied out
+at once (the next replay writes over them). The forward writes nothing (it returns the new rows' keys and values),
+so a graph never mutates the cache; the caller writes them at the cache's length.
+
+Recording takes two untimed calls and the capture, at the first call of each (Rp, K) of an adapter; its time goes to
+``compile_s`` (reported apart from decoding time, as compiling is). A capture that fails (out of GPU memory, an
+operation CUDA graphs cannot record) gives the network eager native calls from then on, with one line naming why
+(``note``); without a CUDA device nothing is recorded and :func:`graph_problem` says so.
+
+Shape legend: Rp padded rows of the call, K cache capacity, L layers, Hkv key/value heads, hd head size, H hidden
+size, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from packed_ss.models.native import NATIVE_FAILURE, NativeCalls
+
+GRAPHS = "packed_ss_graph_calls"  # attribute of the network marking its calls as graph-replayed (for `compiled`)
+
+
+def graph_problem(device: torch.device) -> str | None:
+    """Why calls on ``device`` cannot be replayed as CUDA graphs, or None when they can."""
+    if device.type != "cuda":
+        return f"CUDA graphs need a CUDA device (the model is on {device.type})"
+    if not torch.cuda.is_available():
+        return "CUDA is not available in this process"
+    return None
+
+
+class CallGraph:
+    """One recorded call: its input buffers, the graph, and its output buffers."""
+
+    def __init__(self, native, cache: torch.Tensor, rows: int, hidden_only: bool, pool, mask_dtype: torch.dtype):
+        device = cache.device
+        capacity = cache.shape[3]
+        self.ids = torch.zeros(rows, dtype=torch.long, device=device)
+        self.positions = torch.zeros(rows, dtype=torch.long, device=device)
+        self.bias = torch.zeros(rows, capacity + rows, dtype=mask_dtype, device=device)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # untimed calls first: cuBLAS handles, workspace and caching allocator
+            for _ in range(2):
+                native(self.ids, self.positions, self.bias, cache, hidden_only)
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.out, self.new_kv = native(self.ids, self.positions, self.bias, cache, hidden_only)
+
+    def replay(self, ids: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The call on these inputs (host or device tensors of the recorded shapes): (logits or hidden states of
+        every row (Rp, V or H), the rows' keys and values (L, 2, Hkv, Rp, hd)), copies of the graph's outputs."""
+        self.ids.copy_(ids, non_blocking=True)
+        self.positions.copy_(positions, non_blocking=True)
+        self.bias.copy_(bias, non_blocking=True)
+        self.graph.replay()
+        return self.out.clone(), self.new_kv.clone()
+
+
+class GraphCalls(NativeCalls):
+    """:class:`~packed_ss.models.native.NativeCalls` whose padded calls replay CUDA graphs instead of
+    ``torch.compile`` (see the module docstring). Graphs are this adapter's own: they read its cache tensor."""
+
+    def __init__(self, model, hidden_only: bool, compiled: bool = False, compiler=None):
+        self._graphs: dict[tuple[int, int, bool], CallGraph] = {}
+        self._pool = None
+        super().__init__(model, hidden_only, compiled, compiler)
+
+    def _compile(self, compiler):
+        if getattr(self.model, NATIVE_FAILURE, None) is not None:
+            return None
+        problem = graph_problem(self.device)
+        if problem is not None:
+            object.__setattr__(self.model, NATIVE_FAILURE, RuntimeError(problem))
+            return None
+        object.__setattr__(self.model, GRAPHS, True)
+        return self  # a marker: calls go through _compiled_call
+
+    @property
+    def note(self) -> str | None:
+        error = getattr(self.model, self.failure_attribute, None) if self._requested else None
+        if error is None:
+            return None
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return f"CUDA graphs off ({first[:200]}); native calls run eagerly"
+
+    @property
+    def shapes(self) -> list[tuple[int, int]]:
+        return list(dict.fromkeys(key[:2] for key in self._graphs))
+
+    def _allocate(self, tokens: int, keep: int = 0) -> None:
+        super()._allocate(tokens, keep)
+        self._graphs.clear()  # they read the cache tensor they were recorded on
+
+    def _compiled_call(self, inputs, total: int, variant=None):
+        if self._function is None or not self.compiled:
+            return None
+        ids, positions, bias, cache, hidden_only = inputs
+        key = (total, self.capacity, bool(hidden_only))
+        graph = self._graphs.get(key)
+        if graph is None:
+            start = time.perf_counter()
+            try:
+                if self._pool is None:
+                    self._pool = torch.cuda.graph_pool_handle()
+                graph = CallGraph(self.native, cache, total, bool(hidden_only), self._pool, bias.dtype)
+            except Exception as error:  # noqa: BLE001 - out of memory, an unrecordable operation: eager, one line
+                if isinstance(error, torch.cuda.OutOfMemoryError):
+                    error = RuntimeError("out of GPU memory while recording the call's graph")
+                self._give_up(error)
+                self._graphs.clear()
+                torch.cuda.empty_cache()
+                return None
+            self._graphs[key] = graph
+            self.compile_s += time.perf_counter() - start
+        return graph.replay(ids, positions, bias)
