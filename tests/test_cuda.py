@@ -45,9 +45,9 @@ def cuda_bfloat16():
     return _load("bfloat16")
 
 
-@pytest.mark.parametrize("block_size", [4, 8])
-def test_float32_speculative_schedules_equal_ar(cuda_float32, block_size):
-    model = cuda_float32
+def assert_lossless(model, block_size: int, path: str = "") -> None:
+    """Every speculative schedule gives AR's tokens and stop reason on :data:`PROMPTS` (a failure names the first
+    difference and AR's margin there)."""
     config = DecodeConfig(block_size=block_size, max_new_tokens=NEW_TOKENS)
     for text in PROMPTS:
         prompt = model.encode(text)
@@ -56,8 +56,13 @@ def test_float32_speculative_schedules_equal_ar(cuda_float32, block_size):
             run = generate(model, prompt, config, name)
             found = divergence(model, prompt, ar.token_ids, run.token_ids)
             if found is not None:
-                pytest.fail(f"{name} (B={block_size}) differs from AR on {text!r}: {found.verdict()}")
+                pytest.fail(f"{name} (B={block_size}){path} differs from AR on {text!r}: {found.verdict()}")
             assert run.stop_reason == ar.stop_reason
+
+
+@pytest.mark.parametrize("block_size", [4, 8])
+def test_float32_speculative_schedules_equal_ar(cuda_float32, block_size):
+    assert_lossless(cuda_float32, block_size)
 
 
 @pytest.mark.parametrize("name", list(REGISTRY))
@@ -103,15 +108,7 @@ def _graph_model(dtype: str = "float32"):
 def test_graph_path_schedules_equal_ar_in_float32(block_size):
     model = _graph_model()
     assert model.path == "native" and model.compiled, model.compile_note
-    config = DecodeConfig(block_size=block_size, max_new_tokens=NEW_TOKENS)
-    for text in PROMPTS:
-        prompt = model.encode(text)
-        ar = generate(model, prompt, config, "ar")
-        for name in SPECULATIVE:
-            run = generate(model, prompt, config, name)
-            found = divergence(model, prompt, ar.token_ids, run.token_ids)
-            if found is not None:
-                pytest.fail(f"{name} (B={block_size}) on graphs differs from AR on {text!r}: {found.verdict()}")
+    assert_lossless(model, block_size, " on graphs")
     assert model.compiled and model.static.shapes, model.compile_note  # graphs were recorded and kept
 
 
