@@ -184,8 +184,10 @@ def _generate(args) -> int:
     except (ValueError, ModelLoadError, UsageError) as error:
         raise UsageError(str(error).splitlines()[0] if str(error) else type(error).__name__) from None
     metrics = {**run.metrics(), "cache": model.cache_kind, "path": model.path, "compiled": model.compiled,
+               "graphs": model.compiled and model.path == "native" and str(model.device).startswith("cuda"),
                "compile_s": round(model.static.compile_s, 3) if model.static else 0.0}
     if args.json:
+        metrics["floor"] = call_floor(model, run)
         print(json.dumps(metrics))
     else:
         print(run.text)
@@ -205,6 +207,32 @@ def quiet_loaders() -> None:
 
     logging.set_verbosity_error()
     logging.disable_progress_bar()
+
+
+def call_floor(model, run) -> dict | None:
+    """Each call's model time over the floor, one read of the weights at the measured bandwidth
+    (:func:`packed_ss.cost.roofline`): ``floor_ms``, the median and largest ratio, and the median ratio per row
+    count (issue 55: how far a path's calls are from what the hardware must do). None for a model without a
+    network (scripted test models)."""
+    import statistics
+
+    from packed_ss.cost import roofline
+
+    try:
+        limits = roofline(model)
+    except ValueError:
+        return None
+    floor = limits.read_ms
+    by_rows: dict[int, list[float]] = {}
+    for record in run.records:
+        for call in record.calls:
+            by_rows.setdefault(call.layout.rows, []).append(call.model_ms / floor)
+    ratios = [r for values in by_rows.values() for r in values]
+    return {"floor_ms": round(floor, 4), "read_gbs": round(limits.read_gbs, 1),
+            "weight_mb": round(limits.weight_bytes / 1e6, 1),
+            "median_over_floor": round(statistics.median(ratios), 2) if ratios else None,
+            "max_over_floor": round(max(ratios), 2) if ratios else None,
+            "median_over_floor_by_rows": {rows: round(statistics.median(v), 2) for rows, v in sorted(by_rows.items())}}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,6 +27,11 @@ def test_json_output(tiny_model_dir, capsys):
     for key in ("text", "token_ids", "nfe", "wall_s", "tokens_per_nfe", "iterations"):
         assert key in data
     assert 1 <= len(data["token_ids"]) <= 9 and data["nfe"] >= 1
+    # which forward ran, and each call's model time over the floor (one read of the weights, issue 55)
+    assert data["path"] in ("native", "transformers") and data["graphs"] is False
+    floor = data["floor"]
+    assert floor["floor_ms"] > 0 and floor["median_over_floor"] > 0 and floor["max_over_floor"] >= floor["median_over_floor"]
+    assert sum(1 for _ in floor["median_over_floor_by_rows"]) >= 1
 
 
 @pytest.mark.parametrize("args,message", [
