@@ -20,14 +20,16 @@ with the sections:
 5. ``race``: AR, Linear-SS, Quadratic-SS and Packed-SS on one prompt (embedded model, bfloat16, B = 8,
    128 new tokens), repeats in rotated order: medians of wall time (s), tokens/NFE, time/NFE (ms) and
    throughput (tokens/s).
-6. ``paper_experiment``: the paper's race in its own regime: randomly initialised decoders shaped like NLD-3B and
+6. ``graph_call_cost``: the graph path's per-call model time (ms) against R = 1..256 for NLD-3B- and NLD-8B-shaped
+   bfloat16 models, with the floor (one read of the weights at the measured bandwidth) and each R's ratio to it.
+7. ``paper_experiment``: the paper's race in its own regime: randomly initialised decoders shaped like NLD-3B and
    NLD-8B (Ministral3 layers, float32 and bfloat16), AR, Linear-SS (B = 32), Quadratic-SS (B = 8) and Packed-SS
    (B = 32) with the scripted drafter at quality 0.985 (``follow``: its reference follows a run that leaves AR's
    output at a near-tie), on a few prompts, each lane run once untimed and once timed: tokens/NFE, model time per
    iteration (the paper's Table 5 quantity, ms), time/NFE (ms), throughput (tokens/s), agreement with AR, and the
    Packed/Linear and Packed/Quadratic speed ratios with paired bootstrap intervals over the prompts; written after
    each shape and dtype. Transformers' forward only (the graph path of issue 55 is not built yet).
-7. ``race_compiled``: the same race through compiled calls (``--compile``'s path: static cache, padded
+8. ``race_compiled``: the same race through compiled calls (``--compile``'s path: static cache, padded
    shapes, CUDA graphs), every shape compiled in an untimed full-length warm-up; its compile time, the
    shapes, and whether compiling fell back to eager (``compile_note``).
 
@@ -216,10 +218,12 @@ class Models:
         return self._loaded[dtype]
 
 
-def nld_shaped_model(device: str, shape: dict, tokenizer, dtype: str = "bfloat16"):
+def nld_shaped_model(device: str, shape: dict, tokenizer, dtype: str = "bfloat16", path: str = "auto",
+                     compiled: bool = False):
     """A randomly initialised Ministral3 model of ``shape`` in ``dtype``, built directly on ``device``.
 
-    Wrapped as a :class:`DualModeModel` with the embedded model's tokenizer, mask id 100 and no EOS.
+    Wrapped as a :class:`DualModeModel` with the embedded model's tokenizer, mask id 100 and no EOS (``path``,
+    ``compiled``: as ``DualModeModel`` takes them; ``path="native", compiled=True`` on CUDA is the graph path).
     """
     import torch
     from transformers import Ministral3Config, Ministral3ForCausalLM
@@ -232,7 +236,8 @@ def nld_shaped_model(device: str, shape: dict, tokenizer, dtype: str = "bfloat16
     torch.manual_seed(0)
     with torch.device(device):
         model = Ministral3ForCausalLM._from_config(config, dtype=getattr(torch, dtype))
-    return DualModeModel(model, tokenizer, mask_token_id=NLD_MASK_ID, eos_token_id=None)
+    return DualModeModel(model, tokenizer, mask_token_id=NLD_MASK_ID, eos_token_id=None, path=path,
+                         compiled=compiled)
 
 
 # --- 3. lossless -----------------------------------------------------------------------------------
@@ -350,6 +355,43 @@ def per_call_cost(models: Models, sizes: Sizes, budget: Budget, device: str) -> 
     finally:
         del model
         free_memory()
+    return result
+
+
+def graph_call_cost(models: Models, sizes: Sizes, budget: Budget, device: str) -> dict:
+    """Per-call model time on the graph path (issue 55: the native forward's calls replayed as CUDA graphs) for the
+    paper's shapes in bfloat16, against R = 1..256, with the floor: one read of the weights at the bandwidth measured
+    on the device (:func:`packed_ss.cost.roofline`) and each R's median over it. Where the graph path cannot run (no
+    CUDA device, a capture failure) the model's note says why and the calls measured are eager native ones."""
+    from packed_ss.cost import roofline
+    from packed_ss.models.graphs import GraphCalls
+
+    result = {"unit": "ms per call (model time, CUDA-synchronised)", "dtype": "bfloat16"}
+    tokenizer = models.embedded("float32").tokenizer
+    for name, shape in sizes.paper_shapes.items():
+        if not budget.allows(30):
+            result[name] = SKIPPED
+            continue
+        model = None
+        try:
+            on_cuda = device.startswith("cuda")  # elsewhere the section's code runs on eager native calls
+            model = nld_shaped_model(device, shape, tokenizer, "bfloat16", path="native", compiled=on_cuda)
+            graphs = on_cuda and model.compiled and isinstance(model.static, GraphCalls)
+            entry = {"path": model.path, "graphs": graphs,
+                     "note": model.compile_note or (None if on_cuda else "no CUDA device: eager native calls"),
+                     **call_costs(model, sizes, budget)}
+            limits = roofline(model)
+            entry["floor_ms"], entry["read_gbs"] = limits.read_ms, limits.read_gbs
+            for row in entry["by_rows"]:
+                if row.get("median_ms") is not None:
+                    row["over_floor"] = row["median_ms"] / limits.read_ms
+            entry["capture_s"] = round(model.static.compile_s, 2) if model.static else None
+            result[name] = entry
+        except Exception as error:  # noqa: BLE001 - out of memory, a capture failure: data, the rest still runs
+            result[name] = error_text(error)
+        finally:
+            model = None
+            free_memory()
     return result
 
 
@@ -543,6 +585,15 @@ def summary_lines(report: dict) -> list[str]:
             lines.append(f"ms/call {key}: " + ", ".join(cells))
         elif key not in ("unit", "section_s", "error", "where"):
             lines.append(f"ms/call {key}: {part}")
+    graphs = report.get("graph_call_cost")
+    for key, part in (graphs.items() if isinstance(graphs, dict) else ()):
+        if isinstance(part, dict) and "by_rows" in part:
+            cells = [f"R={r['rows']}: {r['median_ms']:.2f} ({r.get('over_floor', 0):.1f}x)" for r in part["by_rows"]
+                     if r.get("median_ms") is not None]
+            lines.append(f"graph path {key} (graphs: {part['graphs']}; floor {part['floor_ms']:.2f} ms): "
+                         + ", ".join(cells) + (f" | {part['note']}" if part.get("note") else ""))
+        elif key not in ("unit", "dtype", "section_s"):
+            lines.append(f"graph path {key}: {part}")
     for name in ("race", "race_compiled"):
         part = report.get(name)
         if isinstance(part, dict) and "schedules" in part:
@@ -594,6 +645,7 @@ def main(argv: list[str] | None = None) -> int:
         ("cuda_tests", lambda: cuda_tests(timeout_s=max(10.0, min(150.0, budget.left() - 90))), 30),
         ("lossless", lambda: lossless(models, sizes, budget), 20),
         ("per_call_cost", lambda: per_call_cost(models, sizes, budget, args.device), 15),
+        ("graph_call_cost", lambda: graph_call_cost(models, sizes, budget, args.device), 30),
         ("race", lambda: race(models, sizes, budget), 15),
         ("paper_experiment", lambda: paper_experiment(
             models, sizes, budget, args.device,

@@ -34,3 +34,14 @@ def test_the_paper_experiment_runs_on_a_cpu_and_reports_every_lane():
         assert lanes["packed"]["tokens_per_nfe"] > 1.0 and lanes["packed"]["model_ms_per_iteration"] > 0
         assert entry["ratios"]["packed/linear"]["estimate"] > 0
     assert out["graph_path"].startswith("not built")
+
+
+def test_the_graph_call_cost_section_runs_on_a_cpu_and_says_no_graphs_ran():
+    check = load_script()
+    sizes = check.Sizes(quick=True)
+    sizes.paper_shapes = {"small-2L": check.NLD_QUICK_SHAPE}
+    sizes.cost_rows = (1, 4)
+    out = check.graph_call_cost(check.Models("cpu"), sizes, check.Budget(600.0), "cpu")
+    entry = out["small-2L"]
+    assert entry["graphs"] is False and "no CUDA device" in entry["note"], entry
+    assert entry["floor_ms"] > 0 and all(row["over_floor"] > 0 for row in entry["by_rows"])
