@@ -2,8 +2,8 @@
 failed in the judge/solver split. Graded right now: an argument mutated in place by keyword or inside a tuple,
 ``f() is f()``, a numpy array of numbers or text. Detected and said: a class of the solution used as a type
 (``isinstance``, ``except``), and more calls than can cross between the two processes in the time limit, give the
-verdict "ungradable" with the reason, not a silent fail. Still failed (not detected): an argument the solution keeps
-and changes at a later call."""
+verdict "ungradable" with the reason, not a silent fail; so does a failed assertion after the solution held on to an
+argument it was given (what it changes there later stays in its process)."""
 
 import pytest
 
@@ -38,6 +38,8 @@ UNGRADABLE = {
                                            "assert isinstance(f(), P)\n", "as a type"),
     "the solution's exception in except": ("class E(Exception):\n    pass\ndef f():\n    raise E('x')\n",
                                            "try:\n    f()\nexcept E:\n    pass\n", "as a type"),
+    "an argument kept and changed later": ("S = []\ndef keep(a):\n    S.append(a)\ndef bump():\n    S[0].append(2)\n",
+                                           "x = []\nkeep(x)\nbump()\nassert x == [2]\n", "holds on to an argument"),
     "10 million calls": ("def f(x):\n    return x\n", "for i in range(10_000_000):\n    assert f(i) == i\n", "calls into"),
 }
 
@@ -56,3 +58,13 @@ def test_a_solution_too_slow_for_its_calls_still_times_out():
     slow = "def f(x):\n    t = 0\n    for i in range(200_000):\n        t += i\n    return x\n"
     verdict = run_program(slow, "for i in range(100_000):\n    assert f(i) == i\n", SANDBOX)
     assert (verdict.correct, verdict.status) == (False, "timeout"), verdict
+
+
+def test_holding_an_argument_is_no_failure_when_the_tests_pass():
+    """A solution that keeps (a memo of) its argument is graded by its tests as before: the mark only explains a
+    failed assertion."""
+    keeper = "SEEN = []\ndef total(a):\n    SEEN.append(a)\n    return sum(a)\n"
+    assert run_program(keeper, "assert total([1, 2]) == 3\n", SANDBOX).status == "passed"
+    assert run_program(keeper, "assert total([1, 2]) == 4\n", SANDBOX).status == "ungradable"
+    plain = "def total(a):\n    return sum(a)\n"
+    assert run_program(plain, "assert total([1, 2]) == 4\n", SANDBOX).status == "failed"

@@ -270,10 +270,16 @@ def answer(request, namespace, table):
     try:
         if kind == "get":
             return ("value", getattr(resolve(target, namespace, table), args[0]), [])
+        mutable = [a for a in [*args, *kwargs.values()] if type(a) in MUTABLE]
+        before = [sys.getrefcount(a) for a in mutable]
         value = resolve(target, namespace, table)(*args, **kwargs)
+        after = [sys.getrefcount(a) - (value is a) for a in mutable]  # counted as ``before`` was
+        kept = any(now > then for now, then in zip(after, before))
         # in-place changes of mutable arguments go back too: by position or keyword, and inside tuples
         changed = [(key, a) for key, a in [*enumerate(args), *kwargs.items()]
                    if type(a) in MUTABLE or (type(a) is tuple and any(type(x) in MUTABLE for x in a))]
+        if kept:
+            changed.append(("kept", None))  # the solution holds on to an argument: a later change stays here
         same = next((i for i, a in enumerate(args) if value is a and type(a) not in (bool, type(None))), None)
         if same is not None:  # ``f(x) is x`` holds in the tests as it does here
             return ("argument", same, changed)
@@ -298,6 +304,7 @@ class Link:
         self.remotes = {}  # a solver object's handle -> its one Remote here (``f() is f()`` holds as in one process)
         self.calls = 0  # calls into the solution so far
         self.solver = None  # the solver's process id
+        self.kept = False  # the solution holds on to an argument it was given (its later changes stay there)
 
     def handle(self, obj):
         """The handle of ``obj``, one of the tests' objects that stay in the judge (the table keeps it alive)."""
@@ -325,6 +332,8 @@ class Link:
             raise SolverGone("the solution's process answered out of turn")
         if reply[0] in ("value", "iterator", "argument"):
             write_back(args, kwargs, reply[2])
+            if isinstance(reply[2], list) and ("kept", None) in reply[2]:
+                self.kept = True
             if reply[0] == "argument":
                 if not isinstance(reply[1], int) or not 0 <= reply[1] < len(args):
                     raise SolverGone("the solution's process answered out of turn")
@@ -555,6 +564,10 @@ def judge(files, link, limit_s):
         report(f"the tests ended with exit({error.code!r})")
         return 1
     except BaseException as error:  # noqa: BLE001 - any failure of the tests is the verdict
+        if isinstance(error, AssertionError) and link.kept:
+            report(f"ungradable in isolation: the solution holds on to an argument the tests gave it, and what it "
+                   f"changes there later stays in its own process ({describe(error, 'tests.py')})")
+            return UNGRADABLE_EXIT
         if isinstance(error, TypeError) and any(text in str(error) for text in ONE_PROCESS_ONLY):
             report(f"ungradable in isolation: the tests use a class of the solution as a type (isinstance, "
                    f"issubclass or except), and its objects stay in the solution's process ({describe(error, 'tests.py')})")
