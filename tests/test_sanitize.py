@@ -123,3 +123,16 @@ def test_a_syntax_error_is_named_in_the_verdict_under_load():
         details = list(pool.map(lambda _: run_program("def f(:\n    pass\n", "assert f() == 1", SANDBOX).detail,
                                 range(12)))
     assert all("SyntaxError" in detail for detail in details), details
+
+
+@pytest.mark.skipif(SANDBOX is None, reason="no sandbox here (CI installs bubblewrap)")
+def test_mbpp_answers_are_sanitised_too():
+    """MBPP, per task: an unfenced answer with prose around the function and a usage example that would crash."""
+    from packed_ss.evals.tasks import mbpp
+
+    record = {"prompt": "Write a function to add two numbers.", "test_list": ["assert add(1, 2) == 3"],
+              "code": "def add(a, b):\n    return a + b\n", "entry_point": "add"}
+    answer = "Here it is:\n\ndef add(a, b):\n    return a + b\n\nprint(add('x'))\n\nThat adds them."
+    assert "print(" not in mbpp.solution(record, answer)
+    assert mbpp.grade(record, answer, SANDBOX).correct
+    assert not mbpp.grade(record, answer.replace("a + b", "a - b"), SANDBOX).correct

@@ -6,7 +6,10 @@ by the problem's original base tests (Section 4.1).
 - Prompt: the task, then its base tests, which the solution must pass (visible, E.3), asking for one code
   block; output cap 512 tokens (E.2); 7 samples per prompt at T > 0 (E.4).
 - Stops: none beyond the model's end markers.
-- Extraction: the response's first Python code block, or the raw response when it has none.
+- Extraction: the response's first Python code block (the first that defines a function the reference solution
+  defines), or the raw response when it has none; then evalplus's sanitiser (:mod:`packed_ss.evals.sanitize`:
+  pruned to what the record's ``entry_point`` reaches, every definition kept without one; usage examples, prints and
+  ``if __name__`` blocks go) when what it keeps still defines a function asked for.
 - Grader: ``test_list`` (after ``test_imports``) in :mod:`packed_ss.sandbox`, apart from the response; the
   functions the reference solution defines are the ones tested, builtin names included (``sum``).
 - Metric: pass@k (:mod:`packed_ss.evals.accuracy`).
@@ -15,6 +18,7 @@ by the problem's original base tests (Section 4.1).
 from __future__ import annotations
 
 from packed_ss.evals.code import extract_code
+from packed_ss.evals.sanitize import defines_name, sanitize
 from packed_ss.evals.task import Task
 from packed_ss.sandbox import TIMEOUT_S, Sandbox, Verdict, free_names, run_program, top_level_names
 
@@ -36,8 +40,14 @@ def check(record: dict) -> str | None:
 
 
 def solution(record: dict, response: str) -> str:
+    """The code an MBPP response stands for (the module docstring says how)."""
     entry = sorted(top_level_names(record.get("code") or ""))  # the block that defines what the task asks for
-    return f"{imports(record)}\n{extract_code(response, entry)[0]}\n"
+    code = extract_code(response, entry)[0]
+    named = record.get("entry_point") if isinstance(record.get("entry_point"), str) else None
+    sanitized = sanitize(code, named)
+    if any(defines_name(sanitized, name) for name in ([named] if named else entry)):
+        code = sanitized
+    return f"{imports(record)}\n{code}\n"
 
 
 def imports(record: dict) -> str:
