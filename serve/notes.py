@@ -54,3 +54,24 @@ def model_note(store: ModelStore, name: str | None, model) -> str:
     kind = "an any-order" if getattr(model, "any_order", False) else "a dual-mode"
     return (f"Model: {store.offered_name(identity)}, {kind} {family}-family model, {size} parameters, {dtype} on "
             f"{device}.")
+
+
+def forward_note(model, records) -> str:
+    """Which forward runs ``model``'s calls (native or transformers'; compiled, CUDA graphs or eager) and, once the
+    machine's weight-read floor is known for the network (measured by Explain's call paths or the CLI's ``--json``:
+    :func:`packed_ss.cost.roofline`), the median model time of ``records``' calls over it (issue 55)."""
+    static = getattr(model, "static", None)
+    path = getattr(model, "path", None)
+    if path is None:
+        return ""
+    kind = ("CUDA graphs" if getattr(model, "compiled", False) and type(static).__name__ == "GraphCalls"
+            else "compiled calls" if getattr(model, "compiled", False) else "eager calls")
+    name = "the native forward" if path == "native" else "transformers' forward"
+    text = f"Calls: {name}, {kind}"
+    floor = getattr(getattr(model, "model", None), "roofline_fit", None)
+    times = [call.model_ms for record in records for call in record.calls]
+    if floor is not None and times:
+        ratio = sorted(times)[len(times) // 2] / floor.read_ms
+        text += (f"; its calls take {ratio:.1f}x the weight-read floor ({floor.read_ms:.2f} ms: the weights once at "
+                 f"{floor.read_gbs:.0f} GB/s)")
+    return text + "."

@@ -17,7 +17,7 @@ from components.token_grid import empty_grid_html, grid_legend_html
 from packed_ss.inputs import shown
 from serve.downloads import offer_json, step_records
 from serve.errors import UserError, refused
-from serve.notes import model_note
+from serve.notes import forward_note, model_note
 from serve.server import Server
 from serve.sessions import UserSession
 from serve.settings import RequestValues, real_number
@@ -57,7 +57,8 @@ class StepHandlers:
         slider = gr.Slider(minimum=0, maximum=max(1, shown.done), value=shown.position, step=1)
         text = shown.text
         if run is not None:  # said beside the text: what the model is
-            text += model_note_html(model_note(self.server.store, run.settings.model, run.model))
+            text += model_note_html(model_note(self.server.store, run.settings.model, run.model) + " "
+                                    + forward_note(getattr(run.adapter, "base", run.adapter), run.shown_records()))
         return [slider, shown.grid, text, shown.stats, shown.figure if redraw else gr.skip()]
 
     def start_or_continue(self, values: RequestValues, us: UserSession,

@@ -176,3 +176,22 @@ def test_an_interval_end_next_to_1_shows_which_side_it_is_on():
     assert ratio_text(beyond) == "0.83 [0.71, 0.998]" and not is_tie(beyond)
     assert ratio_text(tie) == "0.81 [0.65, 1.0004]" and is_tie(tie)
     assert ratio_text(Interval(0.5, 0.48, 0.57, 14)) == "0.50 [0.48, 0.57]"
+
+
+def test_the_step_text_says_which_forward_ran_and_its_calls_over_the_floor():
+    """Issue 55: the page says which path ran and each call's ratio to the floor (one read of the weights at the
+    measured bandwidth), once the floor is known for the network."""
+    from helpers import tiny_llama
+    from packed_ss import DecodeConfig, generate
+    from packed_ss.cost import Roofline
+    from serve.notes import forward_note
+
+    model = tiny_llama(seed=1)
+    run = generate(model, [3, 4, 5], DecodeConfig(block_size=4, max_new_tokens=6), "packed")
+    assert forward_note(model, run.records) == "Calls: the native forward, eager calls."
+    model.model.roofline_fit = Roofline(flops_per_row=1e3, weight_bytes=1_000_000, gflops=10.0, read_gbs=10.0)
+    times = sorted(call.model_ms for record in run.records for call in record.calls)
+    note = forward_note(model, run.records)
+    assert f"{times[len(times) // 2] / 0.1:.1f}x the weight-read floor (0.10 ms" in note and "10 GB/s" in note
+    other = tiny_llama(seed=1, path="transformers")
+    assert forward_note(other, run.records).startswith("Calls: transformers' forward, eager calls")
