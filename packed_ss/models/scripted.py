@@ -57,7 +57,8 @@ class ScriptedDrafter:
         self.follow = follow
         self.anchors = {} if anchors is None else anchors  # verified prefix (tuple) -> the reference that follows it
         self.anchor_s, self.anchor_calls, self.anchored = 0.0, 0, 0  # time, calls and count of continuations made
-        self._tokens: list[int] = []  # the token id in each cache slot (the verified prefix, then the call's rows)
+        self._tokens: list[int] = []  # with follow: the token id in each cache slot (verified prefix, call's rows)
+        self._agreed = 0  # with follow: the verified tokens already found to agree with the reference
         generator = torch.Generator().manual_seed(seed)
         self._u = torch.rand(len(self.reference) + 4096, generator=generator).tolist()  # one draw per position
         for name in ("tokenizer", "mask_token_id", "eos_token_id", "bos_token_id", "vocab_size", "never_emit_ids",
@@ -73,7 +74,7 @@ class ScriptedDrafter:
 
     def reset(self, tokens: int = 0, block_size: int | None = None) -> None:
         self.base.reset(tokens, block_size)
-        self._tokens = []
+        self._tokens, self._agreed = [], 0
         self.reference = list(self.first_reference)
 
     def rollback(self, keep: int) -> None:
@@ -94,10 +95,10 @@ class ScriptedDrafter:
         """The real call, then the proposal rows among ``rows`` rewritten by the script (vectorised: the
         rewrite is non-model decoder time, and Quadratic-SS calls hold B(B+1) rows)."""
         out = self.base.forward(layout, rows, **({"adapter_rows": adapter_rows} if adapter_rows else {}))
-        if self.follow:
-            self._follow(self._tokens[:layout.cached])
-        del self._tokens[layout.cached:]
-        self._tokens.extend(layout.token_ids)
+        if self.follow:  # only a following drafter keeps the cache's tokens (non-model time of every call)
+            del self._tokens[layout.cached:]
+            self._follow()
+            self._tokens.extend(layout.token_ids)
         proposal = set(layout.proposal_rows)
         picked = [(i, r) for i, r in enumerate(rows) if r in proposal and layout.token_ids[r] == self.mask_token_id]
         if not picked:
@@ -128,22 +129,28 @@ class ScriptedDrafter:
             out.append(right if ok else self._wrong(right))
         return out
 
-    def _follow(self, verified: list[int]) -> None:
-        """With ``follow``: where the verified prefix has left the reference, make the reference that prefix and AR's
-        greedy continuation of it, as long as the reference was (kept in ``anchors``)."""
-        if verified == self.reference[:len(verified)] or len(verified) >= len(self.reference):
+    def _follow(self) -> None:
+        """With ``follow``: where the verified prefix (the cache's tokens) has left the reference, make the reference
+        that prefix and AR's greedy continuation of it, as long as the reference was (kept in ``anchors``). Only the
+        tokens verified since the last check are compared."""
+        verified = self._tokens
+        self._agreed = min(self._agreed, len(verified))
+        if len(verified) >= len(self.reference) or \
+                verified[self._agreed:] == self.reference[self._agreed:len(verified)]:
+            self._agreed = len(verified)
             return
         key = tuple(verified)
         if key not in self.anchors:
             import time
 
             started = time.perf_counter()
-            continuation, calls = self.follow(verified, len(self.first_reference) - len(verified))
-            self.anchors[key] = verified + list(continuation)
+            continuation, calls = self.follow(list(verified), len(self.first_reference) - len(verified))
+            self.anchors[key] = list(verified) + list(continuation)
             self.anchor_calls += calls
             self.anchor_s += time.perf_counter() - started
             self.anchored += 1
         self.reference = list(self.anchors[key])
+        self._agreed = len(verified)
 
     def _wrong(self, right: int | None) -> int:
         """A token other than ``right`` that a schedule may output."""
