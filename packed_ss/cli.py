@@ -184,7 +184,7 @@ def _generate(args) -> int:
     except (ValueError, ModelLoadError, UsageError) as error:
         raise UsageError(str(error).splitlines()[0] if str(error) else type(error).__name__) from None
     metrics = {**run.metrics(), "cache": model.cache_kind, "path": model.path, "compiled": model.compiled,
-               "graphs": model.compiled and model.path == "native" and str(model.device).startswith("cuda"),
+               "graphs": model.graphs,
                "compile_s": round(model.static.compile_s, 3) if model.static else 0.0}
     if args.json:
         metrics["floor"] = call_floor(model, run)

@@ -364,7 +364,6 @@ def graph_call_cost(models: Models, sizes: Sizes, budget: Budget, device: str) -
     on the device (:func:`packed_ss.cost.roofline`) and each R's median over it. Where the graph path cannot run (no
     CUDA device, a capture failure) the model's note says why and the calls measured are eager native ones."""
     from packed_ss.cost import roofline
-    from packed_ss.models.graphs import GraphCalls
 
     result = {"unit": "ms per call (model time, CUDA-synchronised)", "dtype": "bfloat16"}
     tokenizer = models.embedded("float32").tokenizer
@@ -376,8 +375,7 @@ def graph_call_cost(models: Models, sizes: Sizes, budget: Budget, device: str) -
         try:
             on_cuda = device.startswith("cuda")  # elsewhere the section's code runs on eager native calls
             model = nld_shaped_model(device, shape, tokenizer, "bfloat16", path="native", compiled=on_cuda)
-            graphs = on_cuda and model.compiled and isinstance(model.static, GraphCalls)
-            entry = {"path": model.path, "graphs": graphs,
+            entry = {"path": model.path, "graphs": model.graphs,
                      "note": model.compile_note or (None if on_cuda else "no CUDA device: eager native calls"),
                      **call_costs(model, sizes, budget)}
             limits = roofline(model)

@@ -60,11 +60,10 @@ def forward_note(model, records) -> str:
     """Which forward runs ``model``'s calls (native or transformers'; compiled, CUDA graphs or eager) and, once the
     machine's weight-read floor is known for the network (measured by Explain's call paths or the CLI's ``--json``:
     :func:`packed_ss.cost.roofline`), the median model time of ``records``' calls over it (issue 55)."""
-    static = getattr(model, "static", None)
     path = getattr(model, "path", None)
     if path is None:
         return ""
-    kind = ("CUDA graphs" if getattr(model, "compiled", False) and type(static).__name__ == "GraphCalls"
+    kind = ("CUDA graphs" if getattr(model, "graphs", False)
             else "compiled calls" if getattr(model, "compiled", False) else "eager calls")
     name = "the native forward" if path == "native" else "transformers' forward"
     text = f"Calls: {name}, {kind}"

@@ -412,6 +412,11 @@ class DualModeModel:
         """Whether speculative and decode calls go through ``torch.compile`` (False after a compile failure)."""
         return bool(self.static and self.static.compiled)
 
+    @property
+    def graphs(self) -> bool:
+        """Whether those calls replay CUDA graphs (the native forward on CUDA, :mod:`packed_ss.models.graphs`)."""
+        return self.compiled and isinstance(self.static, GraphCalls)
+
     def cached_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Keys and values the cache holds for the first C tokens, per layer: (1, heads, C, head_dim) each (views
         of the static cache, which holds more past C; the dynamic cache's own tensors)."""

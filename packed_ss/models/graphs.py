@@ -87,13 +87,7 @@ class GraphCalls(NativeCalls):
         object.__setattr__(self.model, GRAPHS, True)
         return self  # a marker: calls go through _compiled_call
 
-    @property
-    def note(self) -> str | None:
-        error = getattr(self.model, self.failure_attribute, None) if self._requested else None
-        if error is None:
-            return None
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        return f"CUDA graphs off ({first[:200]}); native calls run eagerly"
+    failure_line = "CUDA graphs off ({first}); native calls run eagerly"
 
     @property
     def shapes(self) -> list[tuple[int, int]]:

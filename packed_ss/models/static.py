@@ -170,7 +170,9 @@ class StaticCalls:
         if error is None:
             return None
         first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        return f"torch.compile failed ({type(error).__name__}: {first[:200]}); decoding eagerly"
+        return self.failure_line.format(kind=type(error).__name__, first=first[:200])
+
+    failure_line = "torch.compile failed ({kind}: {first}); decoding eagerly"  # what ``note`` says
 
     @property
     def shapes(self) -> list[tuple[int, int]]:
