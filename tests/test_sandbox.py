@@ -306,9 +306,9 @@ def test_sysv_segments_count_against_the_memory_limit():
     a 2,048 MiB limit (the watchdog sums what processes hold; a detached segment belongs to none). Here 8 x 64 MiB
     against a 256 MiB limit: the kernel charges the pages to the program's group and stops it; the control (2 x 64
     MiB) ends normally, so the probe is real."""
-    small = run_program(SYSV.format(segments=2), "", SANDBOX, memory_mb=256, audit=False)
+    small = run_program(SYSV.format(segments=2), "", SANDBOX, memory_mb=256, audit=False, timeout_s=20.0)
     assert (small.correct, small.status) == (True, "passed"), small
-    big = run_program(SYSV.format(segments=8), "", SANDBOX, memory_mb=256, audit=False)
+    big = run_program(SYSV.format(segments=8), "", SANDBOX, memory_mb=256, audit=False, timeout_s=20.0)
     assert (big.correct, big.status) == (False, "limit") and "memory limit" in big.detail, big
 
 
@@ -327,9 +327,9 @@ stop.set()
 def test_threads_count_as_tasks():
     """Reported: 3,000 threads passed (3,006 host tasks against a limit of 32 processes). The kernel's task limit
     counts threads: the 40-thread program meets it; 8 threads (the control) pass."""
-    few = run_program(THREADS.format(threads=8), "", SANDBOX, audit=False)
+    few = run_program(THREADS.format(threads=8), "", SANDBOX, audit=False, timeout_s=20.0)
     assert (few.correct, few.status) == (True, "passed"), few
-    many = run_program(THREADS.format(threads=40), "", SANDBOX, audit=False)
+    many = run_program(THREADS.format(threads=40), "", SANDBOX, audit=False, timeout_s=20.0)
     assert (many.correct, many.status) == (False, "limit") and "task limit" in many.detail, many
 
 
