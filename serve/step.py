@@ -40,10 +40,11 @@ class StepRun:
         run's worst case exceeds ``max_rows``, when a scripted drafter's reference (computed at creation, one
         iteration per gate turn) runs past ``max_seconds`` from the clock, or when ``admit`` refuses it.
 
-    ``admit(predicted seconds)``: the asking visitor's heavy slot (:class:`serve.admission.Admission`), held while a
-    scripted drafter's reference run computes; ``cost()``: the model's call-cost fit that predicts its seconds. The
-    reference is a whole AR run: priced as one, one address computes one at a time (four first Steps from one
-    address, each a 512-token reference, kept every other visitor waiting, issue 54).
+    ``admit(predicted seconds)``: the asking visitor's heavy slot (:class:`serve.admission.Admission`), held while
+    whole runs compute: a scripted drafter's reference run, and an eager run's records (its first Step); ``cost()``:
+    the model's call-cost fit that predicts their seconds. Priced as the whole runs they are, one address computes
+    one at a time (four first Steps from one address, each a 512-token reference, kept every other visitor
+    waiting, issue 54).
     """
 
     def __init__(self, settings: RunSettings, model, tasks: "GpuTasks | None" = None, eager: bool = False,
@@ -90,6 +91,7 @@ class StepRun:
         self.lock = threading.Lock()
         self._iterator = decode(self.adapter, self.prompt_ids, settings.config, settings.schedule)  # validates
         self._tasks = tasks if eager else None
+        self._admit, self._cost = admit, cost
         self.max_seconds = max_seconds  # an eager run's time limit from the clock (its records so far are kept)
 
     @property
@@ -116,8 +118,13 @@ class StepRun:
             return False
         if self._tasks is not None:
             s = self.settings
-            new = self._tasks.records(s.model_ref, self.prompt_ids, s.config, s.schedule, self.priority,
-                                      self.max_seconds)
+            whole = [s.schedule, *(["ar"] if s.scripted is not None else [])]  # the run, and its drafter's reference
+            seconds = (worst_case_seconds(whole, len(self.prompt_ids), s.config, self._cost(),
+                                          any_order=getattr(self.model, "any_order", False))
+                       if self._admit is not None and self._cost is not None else 0.0)
+            with self._admit(seconds) if self._admit is not None else nullcontext():
+                new = self._tasks.records(s.model_ref, self.prompt_ids, s.config, s.schedule, self.priority,
+                                          self.max_seconds)
             if new and new[-1].stop_reason is None:  # the time limit ended the run: say so where it stops
                 new[-1] = replace(new[-1], stop_reason=TIME_LIMIT)
             self.finished = True

@@ -70,7 +70,9 @@ class StepHandlers:
         settings = server.settings(values)
         run, note = us.step, ""
         if run is None or run.settings != settings:
-            heavy = request is not None and server.max_seconds is not None and settings.scripted is not None
+            # whole runs are admitted as heavy work: a scripted drafter's reference, an eager (ZeroGPU) run's records
+            heavy = request is not None and server.max_seconds is not None and (settings.scripted is not None
+                                                                                or server.eager)
             run = StepRun(settings, server.store.get(*settings.model_ref[:2]), tasks=server.tasks, eager=server.eager,
                           log=server.log, gate=server.gate, max_rows=server.max_rows, max_seconds=server.max_seconds,
                           admit=server.admit(request, "the new-token limit or the prompt length") if heavy else None,

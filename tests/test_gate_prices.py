@@ -94,3 +94,35 @@ def test_one_address_computes_one_scripted_reference_at_a_time():
         other = StepRun(scripted, model, admit=admit_for("198.51.100.7"), cost=lambda: fit)
         assert other.adapter.reference  # another address's first Step is served
     assert admission.heavy_running == 0  # every slot given back
+
+
+def test_an_eager_first_step_is_admitted_as_its_whole_run():
+    """On ZeroGPU a first Step computes the whole run (and a scripted drafter's reference) in one GPU call: the same
+    gap as the reference run's, closed the same way: priced by the whole run, one per address at a time."""
+    import pytest
+
+    from packed_ss.cost import CallCost
+    from serve.admission import Admission
+    from serve.errors import UserError
+
+    class Tasks:  # computes nothing: the admission is what is looked at
+        def records(self, *args):
+            computed.append(args)
+            return []
+
+    computed, asked = [], []
+    model = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0, eos=False)
+    admission = Admission(light_s=0.0)
+
+    def admit(seconds):
+        asked.append(seconds)
+        return admission.admit("203.0.113.9", seconds)
+
+    settings = make_settings("tiny", PROMPT, "packed", 8, 0, 0, 1, 0, 64, False, "", "", 0.0)
+    run = StepRun(settings, model, tasks=Tasks(), eager=True, admit=admit, cost=lambda: CallCost(1.0, 0.1))
+    with admission.admit("203.0.113.9", 10.0):  # the address's race is computing
+        with pytest.raises(UserError, match="already have a heavy request"):
+            run.step()
+        assert not computed and asked and asked[-1] > 0
+    run.step()  # its slot is free again: the run is computed
+    assert len(computed) == 1 and admission.heavy_running == 0
