@@ -6,14 +6,16 @@ replays them with a single launch. :class:`GraphCalls` records :class:`~packed_s
 once per padded row count Rp (:func:`~packed_ss.models.static.padded_rows`: 1, then multiples of the run's block size
 B, which covers every schedule's calls at that B) over the adapter's static cache of capacity K: the additive mask
 carries the cache's length, so one graph replays at every length and after every rollback. A graph's inputs (ids,
-positions, the (Rp, K + Rp) mask) are buffers of its own, copied into before each replay; its outputs are copied out
-at once (the next replay writes over them). The forward writes nothing (it returns the new rows' keys and values),
-so a graph never mutates the cache; the caller writes them at the cache's length.
+positions, the (Rp, K + Rp) mask) are buffers of its own, copied into before each replay. The forward writes nothing
+(it returns the new rows' keys and values), so a graph never mutates the cache: the caller copies the rows it needs and
+writes the new keys and values at the cache's length before the next replay writes over the graph's outputs.
 
 Recording takes two untimed calls and the capture, at the first call of each (Rp, K) of an adapter; its time goes to
 ``compile_s`` (reported apart from decoding time, as compiling is). A capture that fails (out of GPU memory, an
 operation CUDA graphs cannot record) gives the network eager native calls from then on, with one line naming why
-(``note``); without a CUDA device nothing is recorded and :func:`graph_problem` says so.
+(``note``); without a CUDA device nothing is recorded and :func:`graph_problem` says so. An adapter's
+:class:`CudaRecorder` records its calls; the CPU tests give :class:`GraphCalls` a recorder with the same semantics
+(``tests/test_graphs.py``).
 
 Shape legend: Rp padded rows of the call, K cache capacity, L layers, Hkv key/value heads, hd head size, H hidden
 size, V vocabulary.
@@ -39,48 +41,78 @@ def graph_problem(device: torch.device) -> str | None:
     return None
 
 
-class CallGraph:
-    """One recorded call: its input buffers, the graph, and its output buffers."""
+class CudaRecorder:
+    """Records calls as CUDA graphs sharing one memory pool (one recorder per adapter: its graphs never replay
+    concurrently, and each keeps its outputs alive, so the pool's other blocks are free to share)."""
 
-    def __init__(self, native, cache: torch.Tensor, rows: int, hidden_only: bool, pool, mask_dtype: torch.dtype):
+    def __init__(self):
+        self._pool = None
+
+    problem = staticmethod(graph_problem)
+
+    def record(self, call, device: torch.device):
+        """Record ``call()`` (no arguments: it reads buffers of its caller's): returns (its outputs, written by every
+        replay, and the replay function). Two untimed calls on a side stream come first (cuBLAS handles, workspace,
+        the caching allocator), as capture requires."""
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                call()
+        torch.cuda.current_stream(device).wait_stream(side)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            outputs = call()
+        return outputs, graph.replay
+
+    @staticmethod
+    def release() -> None:
+        """Return what failed recordings left to the device."""
+        torch.cuda.empty_cache()
+
+
+class CallGraph:
+    """One recorded call of Rp rows over a cache of capacity K: its input buffers, their replay, its output buffers."""
+
+    def __init__(self, native, cache: torch.Tensor, rows: int, hidden_only: bool, recorder, mask_dtype: torch.dtype):
         device = cache.device
         capacity = cache.shape[3]
         self.ids = torch.zeros(rows, dtype=torch.long, device=device)
         self.positions = torch.zeros(rows, dtype=torch.long, device=device)
         self.bias = torch.zeros(rows, capacity + rows, dtype=mask_dtype, device=device)
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):  # untimed calls first: cuBLAS handles, workspace and caching allocator
-            for _ in range(2):
-                native(self.ids, self.positions, self.bias, cache, hidden_only)
-        torch.cuda.current_stream(device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.out, self.new_kv = native(self.ids, self.positions, self.bias, cache, hidden_only)
+        # the graph reads these three buffers and this cache tensor, wherever a replay finds them
+        (self.out, self.new_kv), self._replay = recorder.record(
+            lambda: native(self.ids, self.positions, self.bias, cache, hidden_only), device)
 
     def replay(self, ids: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The call on these inputs (host or device tensors of the recorded shapes): (logits or hidden states of
-        every row (Rp, V or H), the rows' keys and values (L, 2, Hkv, Rp, hd)), copies of the graph's outputs."""
+        every row (Rp, V or H), the rows' keys and values (L, 2, Hkv, Rp, hd)). Both are the graph's own buffers,
+        which the next replay writes over: the caller copies what it keeps (the rows it needs, the new keys and
+        values into the cache) before then."""
         self.ids.copy_(ids, non_blocking=True)
         self.positions.copy_(positions, non_blocking=True)
         self.bias.copy_(bias, non_blocking=True)
-        self.graph.replay()
-        return self.out.clone(), self.new_kv.clone()
+        self._replay()
+        return self.out, self.new_kv
 
 
 class GraphCalls(NativeCalls):
     """:class:`~packed_ss.models.native.NativeCalls` whose padded calls replay CUDA graphs instead of
     ``torch.compile`` (see the module docstring). Graphs are this adapter's own: they read its cache tensor."""
 
+    recorder_class = CudaRecorder  # what records a call (tests on the CPU give one that keeps CUDA graphs' semantics)
+
     def __init__(self, model, hidden_only: bool, compiled: bool = False, compiler=None):
         self._graphs: dict[tuple[int, int, bool], CallGraph] = {}
-        self._pool = None
+        self._recorder = self.recorder_class()
         super().__init__(model, hidden_only, compiled, compiler)
 
     def _compile(self, compiler):
         if getattr(self.model, NATIVE_FAILURE, None) is not None:
             return None
-        problem = graph_problem(self.device)
+        problem = self._recorder.problem(self.device)
         if problem is not None:
             object.__setattr__(self.model, NATIVE_FAILURE, RuntimeError(problem))
             return None
@@ -106,15 +138,13 @@ class GraphCalls(NativeCalls):
         if graph is None:
             start = time.perf_counter()
             try:
-                if self._pool is None:
-                    self._pool = torch.cuda.graph_pool_handle()
-                graph = CallGraph(self.native, cache, total, bool(hidden_only), self._pool, bias.dtype)
+                graph = CallGraph(self.native, cache, total, bool(hidden_only), self._recorder, bias.dtype)
             except Exception as error:  # noqa: BLE001 - out of memory, an unrecordable operation: eager, one line
                 if isinstance(error, torch.cuda.OutOfMemoryError):
-                    error = RuntimeError("out of GPU memory while recording the call's graph")
+                    error = RuntimeError(f"out of GPU memory while recording the graph of {total} rows")
                 self._give_up(error)
                 self._graphs.clear()
-                torch.cuda.empty_cache()
+                self._recorder.release()
                 return None
             self._graphs[key] = graph
             self.compile_s += time.perf_counter() - start

@@ -1,0 +1,150 @@
+"""The graph path's bookkeeping on the CPU (issue 55): :class:`GraphCalls` with a recorder that keeps CUDA graphs'
+semantics, so that everything around the capture is tested without a GPU.
+
+A CUDA graph binds its kernels to addresses: it reads its own input buffers and the cache tensor it was recorded on,
+and every replay writes the same output buffers. :class:`HostRecorder` does the same on the CPU: a "replay" runs the
+recorded call on the buffers and cache tensor of the recording and copies its results into the outputs of the first
+call. A :class:`GraphCalls` that forgot to copy a call's inputs in, kept a graph over a cache tensor it replaced, or
+handed out a graph's outputs past the next replay gives wrong logits here as it would on a GPU. (What this cannot
+catch: host-side Python that a real capture would freeze; ``tests/test_cuda.py`` runs the real graphs on a GPU.)
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import tiny_llama
+
+from packed_ss.config import DecodeConfig
+from packed_ss.engine import generate
+from packed_ss.layout import prefill_layout, verify_layout
+from packed_ss.models.graphs import GraphCalls
+from packed_ss.schedules import LOSSLESS
+
+
+class HostRecorder:
+    """CUDA graph semantics on the CPU (module docstring). ``recorded`` counts recordings."""
+
+    def __init__(self):
+        self.recorded = 0
+
+    @staticmethod
+    def problem(device) -> None:
+        return None
+
+    def record(self, call, device):
+        outputs = call()
+        self.recorded += 1
+
+        def replay():
+            for buffer, value in zip(outputs, call(), strict=True):
+                buffer.copy_(value)
+
+        return outputs, replay
+
+    @staticmethod
+    def release() -> None:
+        pass
+
+
+class HostGraphCalls(GraphCalls):
+    recorder_class = HostRecorder
+
+
+class FailingRecorder(HostRecorder):
+    """Runs out of GPU memory at the recording of ``fail_at`` rows."""
+
+    fail_at = 8
+
+    def record(self, call, device):
+        if call()[0].shape[0] == self.fail_at:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return super().record(call, device)
+
+
+class FailingGraphCalls(GraphCalls):
+    recorder_class = FailingRecorder
+
+
+def on_graphs(model, calls_class=HostGraphCalls):
+    """``model`` (a DualModeModel on the native path) with its calls replayed through ``calls_class``."""
+    model.static = calls_class(model.model, model.supports_deferred_rows, compiled=True)
+    return model
+
+
+def test_every_lossless_schedule_on_the_graph_path_gives_ars_tokens_with_the_papers_call_shapes():
+    """Float64 model (no near-ties), B = 4: each run's tokens equal eager AR's; every recorded call has 1 row (AR)
+    or a multiple of B rows (padded_rows), and a second run of a schedule records nothing new."""
+    model = on_graphs(tiny_llama(seed=6, logit_scale=3.0))
+    assert model.path == "native" and model.graphs, model.compile_note
+    eager = tiny_llama(seed=6, logit_scale=3.0)
+    prompt = [4, 9, 2, 7, 3]
+    config = DecodeConfig(block_size=4, max_new_tokens=24)
+    ar = generate(eager, prompt, config, "ar").token_ids
+    assert generate(model, prompt, config, "ar").token_ids == ar
+    for name in LOSSLESS:
+        assert generate(model, prompt, config, name).token_ids == ar, name
+        recorded = model.static._recorder.recorded
+        assert generate(model, prompt, config, name).token_ids == ar, name
+        assert model.static._recorder.recorded == recorded, (name, model.static.shapes)  # replays only
+    rows = {rows for rows, _ in model.static.shapes}
+    assert rows and all(r == 1 or r % 4 == 0 for r in rows), rows
+    assert model.graphs and model.compile_note is None
+    assert model.static.compile_s > 0  # recording time is reported apart
+
+
+def _calls(model, lengths_at: int):
+    """Logits of a 1 + 7 row verify call at growing cache lengths, a rollback after the fourth, and a call that
+    grows the cache past its capacity (a new cache tensor: the graphs over the old one must go)."""
+    model.reset(40, block_size=8)  # capacity 256
+    prompt = prefill_layout([3 + i % 20 for i in range(lengths_at)], 0, model.mask_token_id)
+    model.forward(prompt, prompt.verify_rows)
+    got = []
+    for step in range(7):
+        length = model.cache_length
+        if step == 6:  # past the capacity: the cache grows inside the run
+            filler = verify_layout([7] * (256 - length), [], length)
+            model.forward(filler, ())
+            length = model.cache_length
+        layout = verify_layout([5 + step], [6] * 7, length)
+        got.append(model.forward(layout, layout.verify_rows).logits.clone())
+        if step == 3:
+            model.rollback(length)
+    return got
+
+
+def test_replays_equal_eager_calls_at_growing_lengths_after_a_rollback_and_after_the_cache_grows():
+    """Twice: the second run's reset gives a new cache tensor of the first run's capacity, where a graph kept from
+    the first run would read the old tensor."""
+    graphs = on_graphs(tiny_llama(seed=3))
+    eager = tiny_llama(seed=3)
+    for run in range(2):
+        for a, b in zip(_calls(graphs, 30 + run), _calls(eager, 30 + run), strict=True):
+            torch.testing.assert_close(a, b)
+        assert graphs.static.capacity > 256 and graphs.static.shapes  # it grew, and calls after that replayed graphs
+
+
+def test_a_graphs_outputs_are_copied_before_the_next_replay_writes_over_them():
+    """Two calls of the same shape in a row: the first call's logits still hold its own values afterwards."""
+    model = on_graphs(tiny_llama(seed=5))
+    model.reset(64, block_size=4)
+    prompt = prefill_layout([3, 4, 5, 6], 0, model.mask_token_id)
+    model.forward(prompt, prompt.verify_rows)
+    first = model.forward(verify_layout([7], [8, 9, 10], 4), (0, 1, 2, 3)).logits
+    kept = first.clone()
+    model.forward(verify_layout([11], [12, 13, 14], 8), (0, 1, 2, 3))
+    torch.testing.assert_close(first, kept, rtol=0, atol=0)
+
+
+def test_out_of_gpu_memory_while_recording_is_one_line_and_the_call_is_served_eagerly():
+    model = on_graphs(tiny_llama(seed=6, logit_scale=3.0), FailingGraphCalls)
+    eager = tiny_llama(seed=6, logit_scale=3.0)
+    prompt = [4, 9, 2, 7, 3]
+    config = DecodeConfig(block_size=4, max_new_tokens=24)
+    ar = generate(eager, prompt, config, "ar").token_ids
+    with pytest.warns(RuntimeWarning, match="out of GPU memory while recording the graph of 8 rows"):
+        assert generate(model, prompt, config, "packed").token_ids == ar  # Packed-SS's 2B = 8-row calls
+    note = model.compile_note
+    assert note.startswith("CUDA graphs off") and "eagerly" in note and "\n" not in note, note
+    assert not model.graphs and not model.static._graphs
+    assert generate(model, prompt, config, "linear").token_ids == ar  # the session stays usable, eagerly
