@@ -101,7 +101,7 @@ def build_demo(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype=N
                new_tokens_cap: int = NEW_TOKENS_CAP, queue_size: int = 32, step_concurrency: int = 8,
                compute_concurrency: int = 8, family: str | None = None,
                drafter_lora: str | None = None, max_seconds: float | None = MAX_SECONDS_PER_REQUEST,
-               base_model: str | None = None, cache: str = "static", compiled: bool = False,
+               base_model: str | None = None, cache: str = "static", compiled: bool | None = None,
                path: str = "auto", threads: int | None = None) -> gr.Blocks:
     """Build the app (nothing is loaded until a request needs a model).
 

@@ -65,19 +65,23 @@ def load_model(name: str, device: str | None, dtype: str | None, family: str | N
     return model
 
 
-def compile_from_env() -> bool:
-    """``--compile``'s default: the environment variable ``PACKED_SS_COMPILE`` (1, true, yes or on).
+def compile_from_env() -> bool | None:
+    """``--compile``'s default: the environment variable ``PACKED_SS_COMPILE`` (1, true, yes or on; 0, false, no or
+    off), or None where it is unset: CUDA graphs where the native forward runs a CUDA model, else eager calls
+    (:meth:`packed_ss.models.DualModeModel.from_pretrained`).
 
     Raises: ValueError for any other non-empty value (a typo must not silently turn compiling off)."""
     value = os.environ.get("PACKED_SS_COMPILE", "").strip().lower()
-    if value in ("", "0", "false", "no", "off"):
+    if not value:
+        return None
+    if value in ("0", "false", "no", "off"):
         return False
     if value in ("1", "true", "yes", "on"):
         return True
     raise ValueError(f"PACKED_SS_COMPILE={value!r}: use 1 (compile) or 0 (do not), or leave it unset")
 
 
-def resolve_compile(args) -> bool:
+def resolve_compile(args) -> bool | None:
     """Set ``args.compile`` from the environment where the command line left it out (see
     :func:`compile_from_env`) and return it. Raises: ValueError for a bad ``PACKED_SS_COMPILE``."""
     if getattr(args, "compile", None) is None:
@@ -105,16 +109,17 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drafter-lora", default=None, metavar="PATH_OR_SUBFOLDER",
                         help="peft LoRA applied to proposal rows only, e.g. linear_spec_lora (NLD's subfolder)")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                        help="model calls through torch.compile at a few padded row counts (default: env "
-                             "PACKED_SS_COMPILE=1/true/yes/on, else off; CPU: needs a C++ compiler; CUDA: CUDA "
-                             "graphs); a compile failure decodes eagerly with one warning line")
+                        help="model calls at a few padded row counts through torch.compile (CPU: needs a C++ "
+                             "compiler), or replayed as CUDA graphs where the native forward runs on CUDA (default: "
+                             "env PACKED_SS_COMPILE=1/0, else CUDA graphs on CUDA's native path and eager calls "
+                             "elsewhere); a compile or capture failure decodes eagerly with one warning line")
     parser.add_argument("--cache", default="static", choices=("static", "dynamic"),
                         help="KV cache: static (preallocated, rollback moves its length; default) or dynamic "
                              "(transformers' DynamicCache, grown and cropped)")
     parser.add_argument("--path", default="auto", choices=("auto", "native", "transformers"),
                         help="whose forward runs the calls: auto (default: the project's native forward for "
-                             "Llama-family models on the CPU, else transformers', with one line saying why), "
-                             "native (an error where it cannot) or transformers")
+                             "Llama-family models on the CPU and CUDA, else transformers', with one line saying "
+                             "why), native (an error where it cannot) or transformers")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -178,7 +183,8 @@ def _generate(args) -> int:
             generate(model, ids, config, args.schedule)
             if model.compiled:
                 count = len(model.static.shapes)
-                print(f"compiled {count} call shape{'s' if count != 1 else ''} in {model.static.compile_s:.1f} s "
+                done = "recorded CUDA graphs of" if model.graphs else "compiled"
+                print(f"{done} {count} call shape{'s' if count != 1 else ''} in {model.static.compile_s:.1f} s "
                       f"(not part of the timed run)", file=sys.stderr)
         run = generate(model, ids, config, args.schedule)
     except (ValueError, ModelLoadError, UsageError) as error:

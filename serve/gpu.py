@@ -49,6 +49,11 @@ def has_spaces() -> bool:
     return True
 
 
+COMPILING = ("compiling the probe's call shapes with torch.compile in the background (short requests are served "
+             "meanwhile), then fitting them: 172 s on an idle 2-core CPU the first time, where inductor measures its "
+             "C++ GEMMs for each shape, 36 s from inductor's cache afterwards")
+
+
 class GpuTasks:
     """The GPU work of each kind of request: one call each, light arguments, CPU data back.
 
@@ -221,12 +226,15 @@ class GpuTasks:
         except ModelLoadError as error:
             note = str(error)
         else:
-            stage(1, "compiling the probe's call shapes with torch.compile in the background (short requests are "
-                     "served meanwhile), then fitting them: 172 s on an idle 2-core CPU the first time, where "
-                     "inductor measures its C++ GEMMs for each shape, 36 s from inductor's cache afterwards")
-            if self.inline:
+            if adapter.graphs:  # CUDA graphs are this adapter's own and take seconds: recorded here, then fitted
+                stage(1, "recording the probe's call shapes as CUDA graphs, then fitting them")
+                with turn():
+                    warm_probe(adapter)
+            elif self.inline:
+                stage(1, COMPILING)
                 warm_probe(adapter)
             else:
+                stage(1, COMPILING)
                 # one job per checkpoint and dtype, not per load: a reload adopts what the first load compiled
                 # (serve.models.ModelStore), so its job is the one already done or running
                 job, started = self.background.job(("compile", self.store.resolve(model_ref[0]), model_ref[1]),

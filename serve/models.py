@@ -84,13 +84,14 @@ class ModelStore:
             reach the hub); the other families ignore it.
         cache, compiled, path: the KV cache kind, compiled calls and whose forward runs them (``--cache``,
             ``--compile``, ``--path``) of every model loaded; a model the native forward cannot serve under
-            ``path="auto"`` gets one line in the server's log saying why.
+            ``path="auto"`` gets one line in the server's log saying why. ``compiled=None``: CUDA graphs where the
+            native forward runs a CUDA model, else eager calls (:meth:`DualModeModel.from_pretrained`).
     """
 
     def __init__(self, default: str = DEFAULT_MODEL, device: str | None = None, dtype=None,
                  preloaded: dict | None = None, allowed: Sequence[str] = (), capacity: int = 2,
                  family: str | None = None, drafter_lora: str | None = None, base_model: str | None = None,
-                 cache: str = "static", compiled: bool = False, path: str = "auto"):
+                 cache: str = "static", compiled: bool | None = None, path: str = "auto"):
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.default = str(default)
@@ -116,6 +117,19 @@ class ModelStore:
         self._compiled: dict[tuple, tuple] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
+
+    @property
+    def calls(self) -> str:
+        """What runs the models' decode and speculative calls: ``"compiled"`` (``--compile``), ``"CUDA graphs"``
+        (the default on a CUDA device, where the native forward serves the model) or ``"eager"``."""
+        if self.compiled:
+            return "compiled"
+        import torch
+
+        device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if self.compiled is None and str(device).startswith("cuda"):
+            return "CUDA graphs"
+        return "eager"
 
     @staticmethod
     def identity(name: str) -> str:

@@ -54,7 +54,9 @@ class Server:
                  family: str | None = None, drafter_lora: str | None = None,
                  max_rows: int = MAX_ROWS_PER_REQUEST, cap: int = NEW_TOKENS_CAP,
                  max_seconds: float | None = MAX_SECONDS_PER_REQUEST, base_model: str | None = None,
-                 cache: str = "static", compiled: bool = False, path: str = "auto", threads: int | None = None):
+                 cache: str = "static", compiled: bool | None = None, path: str = "auto", threads: int | None = None):
+        if compiled is None and has_spaces():  # ZeroGPU: no recorded CUDA graph may outlive a request's GPU call
+            compiled = False
         self.store = ModelStore(model, device=device, dtype=dtype, preloaded=preloaded, allowed=allowed,
                                 capacity=models_held, family=family, drafter_lora=drafter_lora,
                                 base_model=base_model, cache=cache, compiled=compiled, path=path)

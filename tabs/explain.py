@@ -37,9 +37,9 @@ class ExplainHandlers:
         except UserError as error:
             raise gr.Error(refused(error, "explain"), print_exception=False) from None
         measured = self.server.log.tokens_per_nfe()
-        kind = "compiled" if self.server.store.compiled else "eager"
-        source = (f"\n\nThe fit and the break-even rest on the same calls as the Race tab's: this server's {kind} "
-                  f"calls, every one measured so far in this process (races and Steps included).")
+        kind = self.server.store.calls
+        source = (f"\n\nThe fit and the break-even rest on the same calls as the Race tab's: this server's calls "
+                  f"({kind}), every one measured so far in this process (races and Steps included).")
         return (cost_figure(fitted, iterations, w_max), fit_summary(fitted, error) + source,
                 break_even_figure(fitted, measured, w_max), break_even_summary(fitted, measured, iterations))
 

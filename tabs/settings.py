@@ -66,9 +66,12 @@ def device_line(server: Server, on_cuda: bool) -> str:
         line = "Device: **CPU**"
     if server.eager:
         line += " · ZeroGPU: each request's GPU work runs in one `@spaces.GPU` call"
-    if server.store.compiled:
+    if server.store.calls == "compiled":
         line += (" · model calls compiled (`--compile`: torch.compile; a model whose compiling fails decodes eagerly, "
                  "Explain says why)")
+    elif server.store.calls == "CUDA graphs":
+        line += (" · model calls replay CUDA graphs (the project's native forward; a model it cannot serve runs "
+                 "transformers' forward, and the Step tab's model note says which ran)")
     return line
 
 

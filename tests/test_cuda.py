@@ -27,10 +27,12 @@ PROMPTS = (
 NEW_TOKENS = 48
 
 
-def _load(dtype: str):
+def _load(dtype: str, path: str = "auto"):
+    """The embedded model on CUDA: by default on the graph path (the native forward, its calls replayed as CUDA
+    graphs); ``path="transformers"``: transformers' forward, eager."""
     from packed_ss.models import DualModeModel
 
-    return DualModeModel.from_pretrained(EMBEDDED, device="cuda", dtype=dtype)
+    return DualModeModel.from_pretrained(EMBEDDED, device="cuda", dtype=dtype, path=path)
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +65,43 @@ def assert_lossless(model, block_size: int, path: str = "") -> None:
 @pytest.mark.parametrize("block_size", [4, 8])
 def test_float32_speculative_schedules_equal_ar(cuda_float32, block_size):
     assert_lossless(cuda_float32, block_size)
+
+
+def test_the_default_on_cuda_is_the_graph_path(cuda_float32):
+    assert cuda_float32.path == "native" and cuda_float32.graphs, cuda_float32.compile_note
+    assert cuda_float32.path_note is None
+
+
+@pytest.mark.parametrize("block_size", [4, 8])
+def test_float32_speculative_schedules_equal_ar_on_transformers_forward(block_size):
+    model = _load("float32", path="transformers")
+    assert model.path == "transformers" and not model.compiled
+    assert_lossless(model, block_size, " on transformers' forward")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_graph_path_logits_equal_transformers_forward(dtype):
+    """A prefill, then verify calls of 1 and 8 rows at growing lengths, on both forwards: float32 to rounding;
+    bfloat16 within 3% of the logits' largest magnitude (the two forwards round in different kernels)."""
+    from packed_ss.layout import prefill_layout, verify_layout
+
+    graphs, reference = _load(dtype), _load(dtype, path="transformers")
+    got = {}
+    for model in (graphs, reference):
+        model.reset(300, block_size=8)
+        first = prefill_layout(list(range(3, 40)), 0, model.mask_token_id)
+        outputs = [model.forward(first, first.verify_rows).logits]
+        for step in range(4):
+            length = model.cache_length
+            layout = verify_layout([5 + step], [6] * (7 if step % 2 else 0), length)
+            outputs.append(model.forward(layout, layout.verify_rows).logits.float().cpu())
+        got[id(model)] = outputs[1:]
+    assert graphs.graphs and graphs.static.shapes, graphs.compile_note
+    for a, b in zip(got[id(graphs)], got[id(reference)], strict=True):
+        if dtype == "float32":
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-3)
+        else:
+            assert (a - b).abs().max() <= 0.03 * b.abs().max(), ((a - b).abs().max(), b.abs().max())
 
 
 @pytest.mark.parametrize("name", list(REGISTRY))

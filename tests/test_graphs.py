@@ -148,3 +148,19 @@ def test_out_of_gpu_memory_while_recording_is_one_line_and_the_call_is_served_ea
     assert note.startswith("CUDA graphs off") and "eagerly" in note and "\n" not in note, note
     assert not model.graphs and not model.static._graphs
     assert generate(model, prompt, config, "linear").token_ids == ar  # the session stays usable, eagerly
+
+
+def test_the_server_names_the_calls_it_runs_and_zerogpu_keeps_them_eager(monkeypatch):
+    """The default (compiled=None) is CUDA graphs on a CUDA device and eager calls on a CPU; ZeroGPU, where no
+    recorded graph may outlive a request's GPU call, keeps eager calls unless --compile asks."""
+    import serve.server
+    from serve.models import ModelStore
+    from serve.server import Server
+
+    assert ModelStore(device="cuda", compiled=None).calls == "CUDA graphs"
+    assert ModelStore(device="cpu", compiled=None).calls == "eager"
+    assert ModelStore(device="cuda", compiled=False).calls == "eager"
+    assert ModelStore(device="cpu", compiled=True).calls == "compiled"
+    monkeypatch.setattr(serve.server, "has_spaces", lambda: True)
+    assert Server(device="cuda", compiled=None).store.compiled is False
+    assert Server(device="cuda", compiled=True).store.compiled is True

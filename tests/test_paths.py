@@ -92,7 +92,7 @@ def test_the_explain_fit_says_which_stage_it_is_at_on_the_page(tiny_model_dir, m
             kind, outputs = page_event(url, "on_paths", values)
         assert kind == "complete" and "no C++ compiler" in str(outputs[1]), outputs
         kind, outputs = page_event(url, "on_explain", [8])  # Explain says which calls its fit rests on
-        assert kind == "complete" and "the same calls as the Race tab's: this server's eager calls" in outputs[1]
+        assert kind == "complete" and "the same calls as the Race tab's: this server's calls (eager)" in outputs[1]
 
 
 def held_compile(monkeypatch):

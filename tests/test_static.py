@@ -205,7 +205,7 @@ def test_compile_settings_from_the_environment_and_the_app_are_checked(monkeypat
     from packed_ss.cli import compile_from_env, main as cli_main
     from serve.options import app_parser, options_problem
 
-    for value, wanted in (("on", True), ("1", True), ("TRUE", True), ("0", False), ("off", False), ("", False)):
+    for value, wanted in (("on", True), ("1", True), ("TRUE", True), ("0", False), ("off", False), ("", None)):
         monkeypatch.setenv("PACKED_SS_COMPILE", value)
         assert compile_from_env() is wanted
     monkeypatch.setenv("PACKED_SS_COMPILE", "2")

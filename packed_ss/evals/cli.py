@@ -122,7 +122,8 @@ def _run_tasks(args, plan) -> int:
             "transformers": transformers.__version__, "temperature": first.temperature, "samples": first.samples,
             "order": first.order,
             "block_sizes": {s: first.block_size(s) for s in first.schedules if s not in NO_BLOCK},
-            "threads": torch.get_num_threads(), "compiled": bool(args.compile)}
+            "threads": torch.get_num_threads(), "compiled": model.compiled,
+            "graphs": model.graphs}
     report = run_harness(model, plan, Path(args.out), procs, meta, _bar_factory())
     if report is not None:
         print(paper_markdown(report))

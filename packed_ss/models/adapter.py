@@ -140,7 +140,8 @@ class DualModeModel:
 
     def __init__(self, model, tokenizer, mask_token_id: int, eos_token_id: int | None,
                  bos_token_id: int | None = None, family: str = "plain", drafter_lora=None,
-                 cache: str = "static", compiled: bool = False, path: str = "auto"):
+                 cache: str = "static", compiled: bool | None = False, path: str = "auto"):
+        """Wrap a loaded network (see :meth:`from_pretrained` for ``cache``, ``compiled`` and ``path``)."""
         from transformers import DynamicCache
 
         self.model = model.eval()
@@ -179,15 +180,14 @@ class DualModeModel:
         # transformers' forward is the only one, and nothing needs explaining).
         why_native = ("the dynamic cache is transformers' own" if cache == "dynamic" or why_not
                       else native_problem(model) if path != "transformers" else None)
-        if why_native is None and path == "auto" and self.device.type == "cuda":
-            # opt-in until scripts/gpu_check.py has checked the graph path on a GPU (issue 55)
-            why_native = "on CUDA the native forward and its CUDA graphs are opt-in (--path native)"
         if path == "native" and why_native:
             raise ModelLoadError(f"the native forward cannot serve this model: {why_native}")
         self.path_requested = path
         self.path = "native" if path != "transformers" and not why_native else "transformers"
-        explain = path == "auto" and why_native and self.device.type == "cpu"
+        explain = path == "auto" and why_native and self.device.type in ("cpu", "cuda")
         self.path_note = f"transformers' forward: {why_native}" if explain else None
+        if compiled is None:  # the default: CUDA graphs where the native forward runs a CUDA model, else eager
+            compiled = self.path == "native" and self.device.type == "cuda"
         # The static cache (written in place, rolled back by moving its length) unless the model cannot use it.
         self.static = None if cache == "dynamic" or why_not else self._calls(compiled)
         self.cache = None if self.static else DynamicCache(config=model.config)
@@ -202,7 +202,7 @@ class DualModeModel:
                         dtype: str | torch.dtype | None = None, family: str | None = None,
                         drafter_lora: str | None = None, require_adapter: bool = True,
                         base_model: str | None = None, cache: str = "static",
-                        compiled: bool = False, attention: str | None = None,
+                        compiled: bool | None = None, attention: str | None = None,
                         path: str = "auto") -> "DualModeModel":
         """Load a model and tokenizer from a local folder or a hub id, strictly (every weight mapped).
 
@@ -223,13 +223,16 @@ class DualModeModel:
                 ``backbone_config`` names).
             cache: ``"static"`` (default; :mod:`packed_ss.models.static`, dynamic for sliding-window models) or
                 ``"dynamic"`` (transformers' ``DynamicCache``, grown and cropped).
-            compiled: decode and speculative calls through ``torch.compile`` at padded row counts (static cache
-                only); a compiler failure falls back to eager calls with a warning (``compile_note``).
+            compiled: decode and speculative calls at padded row counts (static cache only), through
+                ``torch.compile``, or replayed as CUDA graphs where the native forward runs on CUDA
+                (:mod:`packed_ss.models.graphs`); None (default): graphs where the native forward runs a CUDA
+                model, else eager calls. A compiler or capture failure falls back to eager calls with a warning
+                (``compile_note``).
             attention: SetDLM only: ``"sdpa"`` (default) or ``"eager"``, the kernel SetDLM's own code runs (logits
                 then agree with it exactly rather than to about 1e-4; :mod:`packed_ss.models.setdlm`).
             path: whose forward runs the calls: ``"auto"`` (default: :mod:`packed_ss.models.native` where it serves
-                the model, else transformers', with ``path_note`` saying why), ``"native"`` (an error where it
-                cannot) or ``"transformers"``.
+                the model, on the CPU or CUDA, else transformers', with ``path_note`` saying why), ``"native"`` (an
+                error where it cannot) or ``"transformers"``.
         Raises:
             ModelLoadError: missing folder, unreadable config, unknown family, weights that do not all map
             (keys named), no mask token id, or an adapter that does not load.
