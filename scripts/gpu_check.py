@@ -5,33 +5,33 @@ Usage::
     python scripts/gpu_check.py [--out gpu_check.json] [--device cuda] [--quick] [--budget-s 270]
 
 Writes ONE JSON file (rewritten after every section, so a run cut short still leaves what it measured)
-with the sections:
+with the sections, in this order (the last ones are skipped first when time runs out):
 
 1. ``environment``: Python, torch and transformers versions, device name, CUDA version, dtypes checked.
 2. ``cuda_tests``: ``pytest -q tests/test_cuda.py`` run in a subprocess: exit code and summary line.
-3. ``lossless``: greedy decoding of the embedded model (``assets/model``) in float32 and bfloat16; for
-   each speculative schedule, the prompts whose tokens differ from AR's in the same dtype, with the first
-   differing index and AR's top-2 logit margin there (logits, from one no-cache forward) and whether
-   that margin is a near-tie (threshold per dtype, written into the JSON).
-4. ``per_call_cost``: model time of one causal call (milliseconds, CUDA-synchronised) against its row
-   count R = 1, 2, 4, ..., 256 on top of a fixed cached prefix, median of several repeats after warm-up,
-   for the embedded model (float32, bfloat16) and a randomly initialised ~1B-parameter model of
-   Nemotron-Labs-Diffusion's shape (Ministral3, bfloat16).
+3. ``lossless``: greedy decoding of the embedded model (``assets/model``) on the app's default path (on CUDA the
+   graph path) in float32 and bfloat16; for each speculative schedule, the prompts whose tokens differ from AR's in
+   the same dtype, with the first differing index and AR's top-2 logit margin there (logits, from one no-cache
+   forward) and whether that margin is a near-tie (threshold per dtype, written into the JSON).
+4. ``graph_call_cost``: the graph path's per-call model time (ms) against R = 1..256 for NLD-3B- and NLD-8B-shaped
+   bfloat16 models: the adapter's whole call and the graph's replay alone (CUDA events), each over the floor (one
+   read of the weights at the measured bandwidth).
 5. ``race``: AR, Linear-SS, Quadratic-SS and Packed-SS on one prompt (embedded model, bfloat16, B = 8,
-   128 new tokens), repeats in rotated order: medians of wall time (s), tokens/NFE, time/NFE (ms) and
-   throughput (tokens/s).
-6. ``graph_call_cost``: the graph path's per-call model time (ms) against R = 1..256 for NLD-3B- and NLD-8B-shaped
-   bfloat16 models, with the floor (one read of the weights at the measured bandwidth) and each R's ratio to it.
-7. ``paper_experiment``: the paper's race in its own regime: randomly initialised decoders shaped like NLD-3B and
-   NLD-8B (Ministral3 layers, float32 and bfloat16), AR, Linear-SS (B = 32), Quadratic-SS (B = 8) and Packed-SS
-   (B = 32) with the scripted drafter at quality 0.985 (``follow``: its reference follows a run that leaves AR's
-   output at a near-tie), on a few prompts, each lane run once untimed and once timed: tokens/NFE, model time per
-   iteration (the paper's Table 5 quantity, ms), time/NFE (ms), throughput (tokens/s), agreement with AR, and the
-   Packed/Linear and Packed/Quadratic speed ratios with paired bootstrap intervals over the prompts; written after
-   each shape and dtype. Transformers' forward only (the graph path of issue 55 is not built yet).
-8. ``race_compiled``: the same race through compiled calls (``--compile``'s path: static cache, padded
-   shapes, CUDA graphs), every shape compiled in an untimed full-length warm-up; its compile time, the
-   shapes, and whether compiling fell back to eager (``compile_note``).
+   128 new tokens) on transformers' forward, repeats in rotated order: medians of wall time (s), tokens/NFE,
+   time/NFE (ms) and throughput (tokens/s).
+6. ``race_graphs``: the same race on the graph path, its graphs recorded in an untimed full-length warm-up (the
+   recording time and the shapes are reported, and whether it fell back to eager calls, ``compile_note``).
+7. ``per_call_cost``: transformers' forward per call (the baseline of section 4), R = 1, 2, 4, ..., 256 on top of
+   a fixed cached prefix, median of several repeats after warm-up, for the embedded model (float32, bfloat16) and
+   a randomly initialised ~1B-parameter model of Nemotron-Labs-Diffusion's shape (Ministral3, bfloat16).
+8. ``paper_experiment``: the paper's race in its own regime: randomly initialised decoders shaped like NLD-8B and
+   NLD-3B (Ministral3 layers, bfloat16 then float32), each raced on the graph path and on transformers' forward
+   over the same weights: AR, Linear-SS (B = 32), Quadratic-SS (B = 8) and Packed-SS (B = 32) with the scripted
+   drafter at quality 0.985 (``follow``: its reference follows a run that leaves AR's output at a near-tie), on a
+   few prompts, each lane run once untimed and once timed: tokens/NFE, model time per iteration (the paper's
+   Table 5 quantity, ms), time/NFE (ms), throughput (tokens/s), agreement with AR, the Packed/Linear and
+   Packed/Quadratic speed ratios and each lane's graph-path/transformers speed ratio, with paired bootstrap
+   intervals over the prompts; written after each shape, dtype and forward.
 
 The whole check keeps within ``--budget-s`` seconds (default 270, so that it ends within 5 minutes
 with model loading and start-up): sections that no longer fit are recorded as ``"skipped: time
@@ -82,10 +82,10 @@ NLD_ROPE = {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddin
             "llama_4_scaling_beta": 0.1}
 NLD_MASK_ID = 100
 # The paper's model sizes (random weights), and two small stand-ins for --quick
-PAPER_SHAPES = {"NLD-3B": dict(hidden_size=3072, head_dim=96, num_attention_heads=32, num_key_value_heads=8,
-                               num_hidden_layers=26, intermediate_size=9216, vocab_size=131072),
-                "NLD-8B": dict(hidden_size=4096, head_dim=128, num_attention_heads=32, num_key_value_heads=8,
-                               num_hidden_layers=36, intermediate_size=12288, vocab_size=131072)}
+PAPER_SHAPES = {"NLD-8B": dict(hidden_size=4096, head_dim=128, num_attention_heads=32, num_key_value_heads=8,
+                               num_hidden_layers=36, intermediate_size=12288, vocab_size=131072),
+                "NLD-3B": dict(hidden_size=3072, head_dim=96, num_attention_heads=32, num_key_value_heads=8,
+                               num_hidden_layers=26, intermediate_size=9216, vocab_size=131072)}
 PAPER_QUICK_SHAPES = {"small-2L": NLD_QUICK_SHAPE, "small-3L": {**NLD_QUICK_SHAPE, "num_hidden_layers": 3}}
 PAPER_LANES = (("ar", 32), ("linear", 32), ("quadratic", 8), ("packed", 32))  # the paper's block sizes
 PAPER_QUALITY = 0.985  # the scripted drafter: a proposal k tokens past its last verified one is right with 0.985**k
@@ -109,6 +109,7 @@ class Sizes:
         self.paper_shapes = PAPER_QUICK_SHAPES if quick else PAPER_SHAPES
         self.paper_lanes = tuple((name, min(b, 8) if quick else b) for name, b in PAPER_LANES)
         self.paper_prompts = PROMPTS[:2] if quick else PROMPTS[:3]
+        self.paper_dtypes = ("bfloat16", "float32")  # the paper's precision first
         self.paper_tokens = 24 if quick else 128
 
 
@@ -204,31 +205,32 @@ def cuda_tests(timeout_s: float) -> dict:
 
 # --- models ----------------------------------------------------------------------------------------
 class Models:
-    """The embedded model, loaded once per dtype on the check's device."""
+    """The embedded model, loaded once per dtype and path on the check's device."""
 
     def __init__(self, device: str):
         self.device = device
         self._loaded = {}
 
-    def embedded(self, dtype: str):
-        if dtype not in self._loaded:
+    def embedded(self, dtype: str, path: str = "auto"):
+        """``path="auto"``: the app's default (on CUDA the graph path); ``"transformers"``: transformers' forward."""
+        if (dtype, path) not in self._loaded:
             from packed_ss.models import DualModeModel
 
-            self._loaded[dtype] = DualModeModel.from_pretrained(EMBEDDED, device=self.device, dtype=dtype)
-        return self._loaded[dtype]
+            self._loaded[dtype, path] = DualModeModel.from_pretrained(EMBEDDED, device=self.device, dtype=dtype,
+                                                                      path=path)
+        return self._loaded[dtype, path]
 
 
-def nld_shaped_model(device: str, shape: dict, tokenizer, dtype: str = "bfloat16", path: str = "auto",
-                     compiled: bool = False):
+def nld_shaped_model(device: str, shape: dict, tokenizer, dtype: str = "bfloat16", path: str = "transformers",
+                     compiled: bool | None = False):
     """A randomly initialised Ministral3 model of ``shape`` in ``dtype``, built directly on ``device``.
 
     Wrapped as a :class:`DualModeModel` with the embedded model's tokenizer, mask id 100 and no EOS (``path``,
-    ``compiled``: as ``DualModeModel`` takes them; ``path="native", compiled=True`` on CUDA is the graph path).
+    ``compiled``: as ``DualModeModel`` takes them; ``path="native", compiled=None`` is the graph path on CUDA and
+    eager native calls elsewhere). :func:`wrapped` gives the same network on another path.
     """
     import torch
     from transformers import Ministral3Config, Ministral3ForCausalLM
-
-    from packed_ss.models import DualModeModel
 
     vocab = max(shape["vocab_size"], len(tokenizer))
     config = Ministral3Config(**{**shape, "vocab_size": vocab}, rope_parameters=dict(NLD_ROPE),
@@ -236,7 +238,14 @@ def nld_shaped_model(device: str, shape: dict, tokenizer, dtype: str = "bfloat16
     torch.manual_seed(0)
     with torch.device(device):
         model = Ministral3ForCausalLM._from_config(config, dtype=getattr(torch, dtype))
-    return DualModeModel(model, tokenizer, mask_token_id=NLD_MASK_ID, eos_token_id=None, path=path,
+    return wrapped(model, tokenizer, path, compiled)
+
+
+def wrapped(network, tokenizer, path: str, compiled: bool | None = False):
+    """An NLD-shaped ``network`` (a transformers causal LM) as a :class:`DualModeModel` on ``path``."""
+    from packed_ss.models import DualModeModel
+
+    return DualModeModel(network, tokenizer, mask_token_id=NLD_MASK_ID, eos_token_id=None, path=path,
                          compiled=compiled)
 
 
@@ -294,8 +303,10 @@ def lossless_one_dtype(model, dtype, sizes, config, budget, schedules, generate)
 def call_costs(model, sizes: Sizes, budget: Budget) -> dict:
     """Model time (ms) of one causal call of R rows over a cached prefix of ``sizes.cost_prefix`` tokens.
 
-    Every call computes the logits of all its R rows (a packed call needs nearly all of them). The cache
-    is rolled back to the prefix before each call. Returns R -> median / min ms and the ratio to R = 1.
+    Every call computes the logits of all its R rows (a packed call needs nearly all of them). The cache, sized for
+    the longest call from the start (one capacity for every call), is rolled back to the prefix before each call.
+    Returns R -> median / min ms and the ratio to R = 1; on the graph path also ``replay_ms``, the device time of
+    the graph's replay alone (CUDA events, :meth:`GraphCalls.replay_ms`).
     """
     import torch
 
@@ -304,7 +315,7 @@ def call_costs(model, sizes: Sizes, budget: Budget) -> dict:
     generator = torch.Generator().manual_seed(0)
     prefix = sizes.cost_prefix
     ids = torch.randint(2, len(model.tokenizer), (prefix + max(sizes.cost_rows),), generator=generator).tolist()
-    model.reset()
+    model.reset(prefix + max(sizes.cost_rows))
     model.forward(verify_layout(ids[:prefix], [], 0), ())
     rows_table = []
     for rows in sizes.cost_rows:
@@ -320,6 +331,10 @@ def call_costs(model, sizes: Sizes, budget: Budget) -> dict:
             if attempt >= sizes.cost_warmup:
                 times.append(ms)
         rows_table.append({"rows": rows, "median_ms": median(times), "min_ms": min(times), "repeats": len(times)})
+    replays = model.static.replay_ms(sizes.cost_repeats) if getattr(model, "graphs", False) else {}
+    for row in rows_table:
+        if row["rows"] in replays:
+            row["replay_ms"] = replays[row["rows"]]
     model.reset()
     base = rows_table[0].get("median_ms")
     for row in rows_table:
@@ -329,15 +344,16 @@ def call_costs(model, sizes: Sizes, budget: Budget) -> dict:
 
 
 def per_call_cost(models: Models, sizes: Sizes, budget: Budget, device: str) -> dict:
-    """Call cost against rows for the embedded model (each dtype) and the NLD-shaped bfloat16 model."""
-    result = {"unit": "ms per call (model time, CUDA-synchronised)"}
+    """Call cost against rows on transformers' forward (the baseline of :func:`graph_call_cost`) for the embedded
+    model (each dtype) and the NLD-shaped bfloat16 model."""
+    result = {"unit": "ms per call (model time, CUDA-synchronised)", "forward": "transformers (eager)"}
     for dtype in DTYPES:
         key = f"embedded_{dtype}"
         if not budget.allows(15):
             result[key] = SKIPPED
             continue
         try:
-            result[key] = call_costs(models.embedded(dtype), sizes, budget)
+            result[key] = call_costs(models.embedded(dtype, "transformers"), sizes, budget)
         except Exception as error:  # noqa: BLE001
             result[key] = error_text(error)
     key = "nld_shaped_bfloat16"
@@ -365,7 +381,8 @@ def graph_call_cost(models: Models, sizes: Sizes, budget: Budget, device: str) -
     CUDA device, a capture failure) the model's note says why and the calls measured are eager native ones."""
     from packed_ss.cost import roofline
 
-    result = {"unit": "ms per call (model time, CUDA-synchronised)", "dtype": "bfloat16"}
+    result = {"unit": "ms per call: median_ms the adapter's call (host copies, replay, cache write; CUDA-"
+                      "synchronised), replay_ms the graph's replay alone (CUDA events)", "dtype": "bfloat16"}
     tokenizer = models.embedded("float32").tokenizer
     for name, shape in sizes.paper_shapes.items():
         if not budget.allows(30):
@@ -374,7 +391,7 @@ def graph_call_cost(models: Models, sizes: Sizes, budget: Budget, device: str) -
         model = None
         try:
             on_cuda = device.startswith("cuda")  # elsewhere the section's code runs on eager native calls
-            model = nld_shaped_model(device, shape, tokenizer, "bfloat16", path="native", compiled=on_cuda)
+            model = nld_shaped_model(device, shape, tokenizer, "bfloat16", path="native", compiled=None)
             entry = {"path": model.path, "graphs": model.graphs,
                      "note": model.compile_note or (None if on_cuda else "no CUDA device: eager native calls"),
                      **call_costs(model, sizes, budget)}
@@ -383,6 +400,8 @@ def graph_call_cost(models: Models, sizes: Sizes, budget: Budget, device: str) -
             for row in entry["by_rows"]:
                 if row.get("median_ms") is not None:
                     row["over_floor"] = row["median_ms"] / limits.read_ms
+                if row.get("replay_ms") is not None:
+                    row["replay_over_floor"] = row["replay_ms"] / limits.read_ms
             entry["capture_s"] = round(model.static.compile_s, 2) if model.static else None
             result[name] = entry
         except Exception as error:  # noqa: BLE001 - out of memory, a capture failure: data, the rest still runs
@@ -394,20 +413,17 @@ def graph_call_cost(models: Models, sizes: Sizes, budget: Budget, device: str) -
 
 
 # --- 5. race ---------------------------------------------------------------------------------------
-def race(models: Models, sizes: Sizes, budget: Budget, compiled: bool = False) -> dict:
-    """Each schedule on one prompt, repeats in rotated order; medians per schedule. ``compiled``: through
-    compiled calls (CUDA graphs, ``packed_ss.models.static``), whose shapes compile in the untimed warm-up
-    (full-length runs: the same static-cache capacity as the timed ones); the compile time is reported.
+def race(models: Models, sizes: Sizes, budget: Budget, path: str = "transformers") -> dict:
+    """Each schedule on one prompt, repeats in rotated order; medians per schedule. ``path``: ``"transformers"``
+    (its forward, eager) or ``"auto"`` (the app's default: on CUDA the graph path, whose graphs are recorded in an
+    untimed full-length warm-up, at the timed runs' cache capacity; the recording time is reported).
 
     Units: wall_s seconds of decoder time, time_per_nfe_ms milliseconds, throughput tokens per second.
     """
     from packed_ss import DecodeConfig, generate
-    from packed_ss.models import DualModeModel
 
-    model = models.embedded("bfloat16")
-    if compiled:
-        model = DualModeModel(model.model, model.tokenizer, model.mask_token_id, model.eos_token_id,
-                              compiled=True)
+    model = models.embedded("bfloat16", path)
+    compiled = model.compiled
     prompt_text = sizes.prompts[0]
     prompt = model.encode(prompt_text)
     config = DecodeConfig(block_size=sizes.block_size, max_new_tokens=sizes.race_tokens)
@@ -417,7 +433,8 @@ def race(models: Models, sizes: Sizes, budget: Budget, compiled: bool = False) -
         generate(model, prompt, warmup, name)
     runs = {name: [] for name in schedules}
     out = {"prompt": prompt_text, "dtype": "bfloat16", "block_size": config.block_size,
-           "max_new_tokens": config.max_new_tokens, "compiled": model.compiled, "compile_note": model.compile_note,
+           "max_new_tokens": config.max_new_tokens, "path": model.path, "graphs": model.graphs,
+           "compiled": model.compiled, "compile_note": model.compile_note,
            "compile_s": model.static.compile_s if model.static else 0.0,
            "shapes": list(model.static.shapes) if model.static else []}
     for repeat in range(sizes.race_repeats):
@@ -449,72 +466,110 @@ def race(models: Models, sizes: Sizes, budget: Budget, compiled: bool = False) -
 
 # --- 6. the paper's experiment ----------------------------------------------------------------------
 def paper_experiment(models: Models, sizes: Sizes, budget: Budget, device: str, progress=None) -> dict:
-    """The paper's race on NLD-shaped models (module docstring, section 6). ``progress(partial)``: called with the
-    section so far after each shape and dtype (the driver writes the JSON then).
+    """The paper's race on NLD-shaped models (module docstring, section 7), on the graph path and on transformers'
+    forward over the same network. ``progress(partial)``: called with the section so far after each shape, dtype
+    and forward (the driver writes the JSON then).
 
     Units: model_ms_per_iteration and time_per_nfe_ms milliseconds, throughput tokens per second, wall_s seconds.
     """
     from packed_ss import DecodeConfig, generate
-    from packed_ss.engine import ar_continuation
-    from packed_ss.models.scripted import ScriptedDrafter
-    from packed_ss.stats import paired_speed_ratio
 
     tokenizer = models.embedded("float32").tokenizer
+    on_cuda = device.startswith("cuda")
     out = {"quality": PAPER_QUALITY, "lanes": dict(sizes.paper_lanes), "new_tokens": sizes.paper_tokens,
-           "prompts": list(sizes.paper_prompts), "forward": "transformers (eager)",
-           "graph_path": "not built yet (issue 55, item 1)", "runs": {}}
+           "prompts": list(sizes.paper_prompts),
+           "forwards": {"graphs": "the native forward, its calls replayed as CUDA graphs" if on_cuda else
+                        "the native forward, eager (no CUDA device: the graph path's code without its graphs)",
+                        "transformers": "transformers' forward, eager"},
+           "runs": {}}
+    widest = max(block for _, block in sizes.paper_lanes)
     for shape_name, shape in sizes.paper_shapes.items():
-        for dtype in DTYPES:
+        for dtype in sizes.paper_dtypes:
             key = f"{shape_name}, {dtype}"
             if not budget.allows(30):
                 out["runs"][key] = SKIPPED
                 continue
+            entry = out["runs"][key] = {}
             try:
                 built = time.perf_counter()
-                model = nld_shaped_model(device, shape, tokenizer, dtype)
-                entry = {"build_s": round(time.perf_counter() - built, 2)}
-                lanes = {name: [] for name, _ in sizes.paper_lanes}
-                made = {name: [] for name, _ in sizes.paper_lanes}  # continuations each untimed run made
-                for index, text in enumerate(sizes.paper_prompts):
-                    if index and not budget.allows(20):
-                        entry["partial"] = f"{SKIPPED} after {index} prompts"
-                        break
-                    prompt = model.encode(text)
-                    anchors: dict = {}  # the scripted drafter's continuations after near-ties, shared by the lanes
-                    widest = max(block for _, block in sizes.paper_lanes)
-                    # AR's output one widest block past the runs' end: the drafters' script (one per prompt, untimed,
-                    # and AR's warm-up)
-                    script = generate(model, prompt, DecodeConfig(block_size=widest,
-                                                                  max_new_tokens=sizes.paper_tokens + widest), "ar")
-                    order = sizes.paper_lanes[index % 4:] + sizes.paper_lanes[:index % 4]
-                    for name, block in order:
-                        config = DecodeConfig(block_size=block, max_new_tokens=sizes.paper_tokens)
-                        if name == "ar":
-                            lanes[name].append(generate(model, prompt, config, name))
-                            made[name].append(0)
-                            continue
-                        drafter = ScriptedDrafter(model.share(), list(prompt) + list(script.token_ids), PAPER_QUALITY,
-                                                  index, follow=ar_continuation(model), anchors=anchors)
-                        generate(drafter, prompt, config, name)  # untimed: continuations and first-call costs
-                        made[name].append(drafter.anchored)
-                        lanes[name].append(generate(drafter, prompt, config, name))  # timed: computes none
-                entry["lanes"] = _paper_table(lanes, made)
-                entry["ratios"] = {}
-                for other in ("linear", "quadratic"):
-                    pairs = [((p.tokens, p.wall_s * 1000), (o.tokens, o.wall_s * 1000))
-                             for p, o in zip(lanes["packed"], lanes[other])]
-                    interval = paired_speed_ratio([a for a, _ in pairs], [b for _, b in pairs]) if pairs else None
-                    entry["ratios"][f"packed/{other}"] = None if interval is None else {
-                        "estimate": interval.estimate, "low": interval.low, "high": interval.high, "prompts": len(pairs)}
-                out["runs"][key] = entry
+                graphs = nld_shaped_model(device, shape, tokenizer, dtype, path="native", compiled=None)
+                forwards = {"graphs": graphs, "transformers": wrapped(graphs.model, tokenizer, "transformers")}
+                entry["build_s"] = round(time.perf_counter() - built, 2)
+                # AR's output one widest block past the runs' end, on the graph path: the scripted drafters' script
+                # (one per prompt, untimed, shared by both forwards; each forward's run that leaves it follows its
+                # own verified prefix)
+                config = DecodeConfig(block_size=widest, max_new_tokens=sizes.paper_tokens + widest)
+                scripts = [generate(graphs, graphs.encode(text), config, "ar").token_ids for text in sizes.paper_prompts]
+                lanes = {}
+                for name, model in forwards.items():
+                    if not budget.allows(20):
+                        entry[name] = SKIPPED
+                        continue
+                    entry[name], lanes[name] = paper_lanes(model, scripts, sizes, budget)
+                    if progress is not None:
+                        progress(out)
+                if len(lanes) == 2:
+                    entry["graphs_over_transformers"] = {
+                        lane: _paired_ratio(lanes["graphs"][lane], lanes["transformers"][lane])
+                        for lane in lanes["graphs"]}
             except Exception as error:  # noqa: BLE001 - out of memory, a load error: data, the rest still runs
-                out["runs"][key] = error_text(error)
+                entry.update(error_text(error))
             finally:
-                model = None
+                graphs = forwards = None
                 free_memory()
             if progress is not None:
                 progress(out)
     return out
+
+
+def paper_lanes(model, scripts: list, sizes: Sizes, budget: Budget) -> tuple[dict, dict]:
+    """The paper's lanes on ``model`` over ``sizes.paper_prompts`` (their AR ``scripts``): each lane once untimed
+    (graphs recorded, the scripted drafter's continuations after near-ties computed) and once timed, in rotated
+    order. Returns (the report: path, graphs, recording time, table and ratios; the timed runs per lane)."""
+    from packed_ss import DecodeConfig, generate
+    from packed_ss.engine import ar_continuation
+    from packed_ss.models.scripted import ScriptedDrafter
+
+    report = {"path": model.path, "graphs": model.graphs, "note": model.compile_note}
+    recording_s = 0.0  # graphs are each adapter's own: the drafters' adapters record theirs
+    lanes = {name: [] for name, _ in sizes.paper_lanes}
+    made = {name: [] for name, _ in sizes.paper_lanes}  # continuations each untimed run made
+    for index, (text, script) in enumerate(zip(sizes.paper_prompts, scripts)):
+        if index and not budget.allows(15):
+            report["partial"] = f"{SKIPPED} after {index} prompts"
+            break
+        prompt = model.encode(text)
+        anchors: dict = {}  # the scripted drafter's continuations after near-ties, shared by the lanes
+        order = sizes.paper_lanes[index % 4:] + sizes.paper_lanes[:index % 4]
+        for name, block in order:
+            config = DecodeConfig(block_size=block, max_new_tokens=sizes.paper_tokens)
+            if name == "ar":
+                if model.compiled:  # untimed: its graph recorded at the timed run's cache capacity
+                    generate(model, prompt, config, name)
+                lanes[name].append(generate(model, prompt, config, name))
+                made[name].append(0)
+                continue
+            drafter = ScriptedDrafter(model.share(), list(prompt) + list(script), PAPER_QUALITY, index,
+                                      follow=ar_continuation(model), anchors=anchors)
+            generate(drafter, prompt, config, name)  # untimed: continuations, graphs and first-call costs
+            made[name].append(drafter.anchored)
+            lanes[name].append(generate(drafter, prompt, config, name))  # timed: computes none
+            recording_s += drafter.base.static.compile_s if drafter.base.static else 0.0
+    report["recording_s"] = round(recording_s + (model.static.compile_s if model.static else 0.0), 2)
+    report["lanes"] = _paper_table(lanes, made)
+    report["ratios"] = {f"packed/{other}": _paired_ratio(lanes["packed"], lanes[other])
+                        for other in ("linear", "quadratic")}
+    return report, lanes
+
+
+def _paired_ratio(a: list, b: list) -> dict | None:
+    """Speed of runs ``a`` over runs ``b`` (aligned by prompt) with a paired bootstrap interval over the prompts."""
+    from packed_ss.stats import paired_speed_ratio
+
+    pairs = [((x.tokens, x.wall_s * 1000), (y.tokens, y.wall_s * 1000)) for x, y in zip(a, b)]
+    interval = paired_speed_ratio([x for x, _ in pairs], [y for _, y in pairs]) if pairs else None
+    return None if interval is None else {"estimate": interval.estimate, "low": interval.low, "high": interval.high,
+                                          "prompts": len(pairs)}
 
 
 def _paper_table(lanes: dict, made: dict) -> dict:
@@ -581,18 +636,19 @@ def summary_lines(report: dict) -> list[str]:
         if isinstance(part, dict) and "by_rows" in part:
             cells = [f"R={r['rows']}: {r['median_ms']:.2f}" for r in part["by_rows"] if r.get("median_ms") is not None]
             lines.append(f"ms/call {key}: " + ", ".join(cells))
-        elif key not in ("unit", "section_s", "error", "where"):
+        elif key not in ("unit", "section_s", "error", "where", "forward"):
             lines.append(f"ms/call {key}: {part}")
     graphs = report.get("graph_call_cost")
     for key, part in (graphs.items() if isinstance(graphs, dict) else ()):
         if isinstance(part, dict) and "by_rows" in part:
-            cells = [f"R={r['rows']}: {r['median_ms']:.2f} ({r.get('over_floor', 0):.1f}x)" for r in part["by_rows"]
-                     if r.get("median_ms") is not None]
+            cells = [f"R={r['rows']}: {r['median_ms']:.2f} ({r.get('over_floor', 0):.1f}x"
+                     + (f"; replay {r['replay_ms']:.2f}, {r['replay_over_floor']:.1f}x" if "replay_ms" in r else "")
+                     + ")" for r in part["by_rows"] if r.get("median_ms") is not None]
             lines.append(f"graph path {key} (graphs: {part['graphs']}; floor {part['floor_ms']:.2f} ms): "
                          + ", ".join(cells) + (f" | {part['note']}" if part.get("note") else ""))
         elif key not in ("unit", "dtype", "section_s"):
             lines.append(f"graph path {key}: {part}")
-    for name in ("race", "race_compiled"):
+    for name in ("race", "race_graphs"):
         part = report.get(name)
         if isinstance(part, dict) and "schedules" in part:
             cells = [f"{n} {r['throughput']:.0f} tok/s ({r['tokens_per_nfe']:.2f} tok/NFE, "
@@ -602,17 +658,27 @@ def summary_lines(report: dict) -> list[str]:
             lines.append(f"{name}: {part}")
     paper = report.get("paper_experiment")
     for key, entry in (paper.get("runs", {}).items() if isinstance(paper, dict) else ()):
-        if isinstance(entry, dict) and "lanes" in entry:
+        if not isinstance(entry, dict) or "error" in entry:
+            lines.append(f"paper {key}: {entry}")
+            continue
+        for forward in ("graphs", "transformers"):
+            part = entry.get(forward)
+            if not isinstance(part, dict):
+                lines.append(f"paper {key} {forward}: {part}")
+                continue
             cells = [f"{n} {r['tokens_per_nfe']:.2f} tok/NFE {r['model_ms_per_iteration']:.1f} ms/it "
                      f"{r['throughput']:.0f} tok/s (AR's tokens {r['same_tokens_as_ar']})"
-                     for n, r in entry["lanes"].items()]
-            ratios = [f"{k} {v['estimate']:.2f} [{v['low']:.2f}, {v['high']:.2f}]"
-                      for k, v in entry.get("ratios", {}).items() if v]
-            lines.append(f"paper {key}: " + "; ".join(cells) + (" | " + ", ".join(ratios) if ratios else ""))
-        else:
-            lines.append(f"paper {key}: {entry}")
+                     for n, r in part["lanes"].items()]
+            lines.append(f"paper {key} {forward}: " + "; ".join(cells) + _ratio_cells(part.get("ratios", {})))
+        if entry.get("graphs_over_transformers"):
+            lines.append(f"paper {key} graphs/transformers:" + _ratio_cells(entry["graphs_over_transformers"]))
     lines.append(f"total {report.get('elapsed_s', 0):.1f} s")
     return lines
+
+
+def _ratio_cells(ratios: dict) -> str:
+    cells = [f"{k} {v['estimate']:.2f} [{v['low']:.2f}, {v['high']:.2f}]" for k, v in ratios.items() if v]
+    return " | " + ", ".join(cells) if cells else ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -642,13 +708,13 @@ def main(argv: list[str] | None = None) -> int:
         ("environment", lambda: environment(args.device, args.quick, args.budget_s), 0),
         ("cuda_tests", lambda: cuda_tests(timeout_s=max(10.0, min(150.0, budget.left() - 90))), 30),
         ("lossless", lambda: lossless(models, sizes, budget), 20),
-        ("per_call_cost", lambda: per_call_cost(models, sizes, budget, args.device), 15),
         ("graph_call_cost", lambda: graph_call_cost(models, sizes, budget, args.device), 30),
         ("race", lambda: race(models, sizes, budget), 15),
+        ("race_graphs", lambda: race(models, sizes, budget, path="auto"), 15),
+        ("per_call_cost", lambda: per_call_cost(models, sizes, budget, args.device), 15),
         ("paper_experiment", lambda: paper_experiment(
             models, sizes, budget, args.device,
             progress=lambda partial: write_json(out, {**report, "paper_experiment": partial})), 60),
-        ("race_compiled", lambda: race(models, sizes, budget, compiled=True), 60),
     ]
     problem = device_dtype_problem(args.device, None)
     if not problem and not (EMBEDDED / "model.safetensors").exists():

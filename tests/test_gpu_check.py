@@ -17,7 +17,7 @@ def load_script():
     return module
 
 
-def test_the_paper_experiment_runs_on_a_cpu_and_reports_every_lane():
+def test_the_paper_experiment_runs_on_a_cpu_and_reports_every_lane_on_both_forwards():
     check = load_script()
     sizes = check.Sizes(quick=True)
     sizes.paper_shapes = {"small-2L": check.NLD_QUICK_SHAPE}
@@ -25,15 +25,22 @@ def test_the_paper_experiment_runs_on_a_cpu_and_reports_every_lane():
     sizes.paper_tokens = 12
     seen = []
     out = check.paper_experiment(check.Models("cpu"), sizes, check.Budget(600.0), "cpu", progress=seen.append)
-    assert set(out["runs"]) == {"small-2L, float32", "small-2L, bfloat16"} and len(seen) == 2
+    assert list(out["runs"]) == ["small-2L, bfloat16", "small-2L, float32"] and len(seen) == 6
+    assert "no CUDA device" in out["forwards"]["graphs"]
     for entry in out["runs"].values():
-        lanes = entry["lanes"]
-        assert set(lanes) == {"ar", "linear", "quadratic", "packed"}, entry
-        assert all(lane["same_tokens_as_ar"] in ("1/1", "0/1") for lane in lanes.values())
-        assert lanes["ar"]["same_tokens_as_ar"] == "1/1" and lanes["ar"]["tokens_per_nfe"] == 1.0
-        assert lanes["packed"]["tokens_per_nfe"] > 1.0 and lanes["packed"]["model_ms_per_iteration"] > 0
-        assert entry["ratios"]["packed/linear"]["estimate"] > 0
-    assert out["graph_path"].startswith("not built")
+        assert entry["graphs"]["path"] == "native" and entry["transformers"]["path"] == "transformers", entry
+        assert entry["graphs"]["graphs"] is False  # on a CPU: the graph path's code, eager
+        for forward in ("graphs", "transformers"):
+            lanes = entry[forward]["lanes"]
+            assert set(lanes) == {"ar", "linear", "quadratic", "packed"}, entry
+            assert all(lane["same_tokens_as_ar"] in ("1/1", "0/1") for lane in lanes.values())
+            assert lanes["ar"]["same_tokens_as_ar"] == "1/1" and lanes["ar"]["tokens_per_nfe"] == 1.0
+            assert lanes["packed"]["tokens_per_nfe"] > 1.0 and lanes["packed"]["model_ms_per_iteration"] > 0
+            assert entry[forward]["ratios"]["packed/linear"]["estimate"] > 0
+        assert set(entry["graphs_over_transformers"]) == {"ar", "linear", "quadratic", "packed"}
+    report = {"paper_experiment": out, "environment": {}}
+    lines = [line for line in check.summary_lines(report) if line.startswith("paper")]
+    assert len(lines) == 6 and all("tok/NFE" in line or "graphs/transformers" in line for line in lines), lines
 
 
 def test_the_graph_call_cost_section_runs_on_a_cpu_and_says_no_graphs_ran():

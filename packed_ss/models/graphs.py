@@ -149,3 +149,26 @@ class GraphCalls(NativeCalls):
             self._graphs[key] = graph
             self.compile_s += time.perf_counter() - start
         return graph.replay(ids, positions, bias)
+
+    def replay_ms(self, repeats: int = 10) -> dict[int, float]:
+        """Rp -> the median device time (ms, CUDA events) of replaying the graph of Rp rows alone, on the inputs of
+        its last call, for each graph recorded at the cache's current capacity (logit graphs): the GPU's own time
+        for the call, without the host's input copies. Empty without graphs.
+
+        Raises: ValueError when ``repeats`` < 1."""
+        if repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {repeats}")
+        found = {}
+        for (rows, capacity, hidden_only), graph in self._graphs.items():
+            if capacity != self.capacity or hidden_only:
+                continue
+            times = []
+            for _ in range(repeats):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                graph._replay()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+            found[rows] = sorted(times)[len(times) // 2]
+        return found
