@@ -11,8 +11,8 @@ Attention never writes the cache inside the forward: the call returns its new ke
 writes them at the cache's length (:class:`NativeCalls`). A compiled graph therefore mutates nothing, so
 inductor neither copies the cache nor recompiles when its length moves; the additive mask carries the length.
 
-Served: model types :data:`NATIVE_TYPES` on the CPU (and on CUDA when asked for, ``path="native"``: its calls then
-replay as CUDA graphs, :mod:`packed_ss.models.graphs`), full attention, SiLU MLPs, static RoPE. Anything else
+Served: model types :data:`NATIVE_TYPES` on the CPU and on CUDA (where its padded calls replay as CUDA graphs by
+default, :mod:`packed_ss.models.graphs`), full attention, SiLU MLPs, static RoPE. Anything else
 (another family, a drafter LoRA or any other forward hook, an any-order model) keeps transformers' forward, and
 :func:`native_problem` says why in one line.
 
