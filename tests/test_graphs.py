@@ -91,6 +91,9 @@ def test_every_lossless_schedule_on_the_graph_path_gives_ars_tokens_with_the_pap
     assert rows and all(r == 1 or r % 4 == 0 for r in rows), rows
     assert model.graphs and model.compile_note is None
     assert model.static.compile_s > 0  # recording time is reported apart
+    other = HostGraphCalls(model.model, model.supports_deferred_rows, compiled=True)
+    assert other._recorder is model.static._recorder  # one recorder (one memory pool) per network
+    assert generate(on_graphs(model), prompt, config, "packed").token_ids == ar  # a second adapter's own graphs
 
 
 def _calls(model, lengths_at: int):

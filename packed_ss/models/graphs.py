@@ -30,6 +30,7 @@ import torch
 from packed_ss.models.native import NATIVE_FAILURE, NativeCalls
 
 GRAPHS = "packed_ss_graph_calls"  # attribute of the network marking its calls as graph-replayed (for `compiled`)
+RECORDER = "packed_ss_graph_recorder"  # ... and holding the recorder (one memory pool) of every adapter's graphs
 
 
 def graph_problem(device: torch.device) -> str | None:
@@ -42,8 +43,10 @@ def graph_problem(device: torch.device) -> str | None:
 
 
 class CudaRecorder:
-    """Records calls as CUDA graphs sharing one memory pool (one recorder per adapter: its graphs never replay
-    concurrently, and each keeps its outputs alive, so the pool's other blocks are free to share)."""
+    """Records calls as CUDA graphs sharing one memory pool: one recorder per network, for every adapter's graphs
+    (a session's adapter would otherwise hold a pool of its own, sized by its largest call). Sharing is safe because
+    model calls run one at a time (the server's compute gate; one thread elsewhere) and a graph's outputs are copied
+    out before the next replay: whatever another graph's replay overwrites is dead by then."""
 
     def __init__(self):
         self._pool = None
@@ -63,7 +66,8 @@ class CudaRecorder:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # thread_local: a server's other threads may touch the device (copies of results) while this one records
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             outputs = call()
         return outputs, graph.replay
 
@@ -106,7 +110,11 @@ class GraphCalls(NativeCalls):
 
     def __init__(self, model, hidden_only: bool, compiled: bool = False, compiler=None):
         self._graphs: dict[tuple[int, int, bool], CallGraph] = {}
-        self._recorder = self.recorder_class()
+        recorder = getattr(model, RECORDER, None)
+        if type(recorder) is not self.recorder_class:
+            recorder = self.recorder_class()
+            object.__setattr__(model, RECORDER, recorder)
+        self._recorder = recorder
         super().__init__(model, hidden_only, compiled, compiler)
 
     def _compile(self, compiler):
