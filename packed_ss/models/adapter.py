@@ -176,16 +176,14 @@ class DualModeModel:
         if path not in PATHS:
             raise ValueError(f"path must be one of {', '.join(PATHS)}, got {path!r}")
         # Whose forward runs the calls: the native one (packed_ss.models.native) where it serves the model, else
-        # transformers'; path_note says why not in one line when "auto" could not use it on a CPU (elsewhere
-        # transformers' forward is the only one, and nothing needs explaining).
+        # transformers'; path_note says why not in one line when "auto" could not use it.
         why_native = ("the dynamic cache is transformers' own" if cache == "dynamic" or why_not
                       else native_problem(model) if path != "transformers" else None)
         if path == "native" and why_native:
             raise ModelLoadError(f"the native forward cannot serve this model: {why_native}")
         self.path_requested = path
         self.path = "native" if path != "transformers" and not why_native else "transformers"
-        explain = path == "auto" and why_native and self.device.type in ("cpu", "cuda")
-        self.path_note = f"transformers' forward: {why_native}" if explain else None
+        self.path_note = f"transformers' forward: {why_native}" if path == "auto" and why_native else None
         if compiled is None:  # the default: CUDA graphs where the native forward runs a CUDA model, else eager
             compiled = self.path == "native" and self.device.type == "cuda"
         # The static cache (written in place, rolled back by moving its length) unless the model cannot use it.

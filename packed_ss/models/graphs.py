@@ -13,9 +13,9 @@ writes the new keys and values at the cache's length before the next replay writ
 Recording takes two untimed calls and the capture, at the first call of each (Rp, K) of an adapter; its time goes to
 ``compile_s`` (reported apart from decoding time, as compiling is). A capture that fails (out of GPU memory, an
 operation CUDA graphs cannot record) gives the network eager native calls from then on, with one line naming why
-(``note``); without a CUDA device nothing is recorded and :func:`graph_problem` says so. An adapter's
-:class:`CudaRecorder` records its calls; the CPU tests give :class:`GraphCalls` a recorder with the same semantics
-(``tests/test_graphs.py``).
+(``note``); without a CUDA device nothing is recorded and :func:`graph_problem` says so. The network's
+:class:`CudaRecorder` records every adapter's calls into one memory pool; the CPU tests give :class:`GraphCalls` a
+recorder with the same semantics (``tests/test_graphs.py``).
 
 Shape legend: Rp padded rows of the call, K cache capacity, L layers, Hkv key/value heads, hd head size, H hidden
 size, V vocabulary.
@@ -104,7 +104,10 @@ class CallGraph:
 
 class GraphCalls(NativeCalls):
     """:class:`~packed_ss.models.native.NativeCalls` whose padded calls replay CUDA graphs instead of
-    ``torch.compile`` (see the module docstring). Graphs are this adapter's own: they read its cache tensor."""
+    ``torch.compile`` (see the module docstring). Graphs are this adapter's own: they read its cache tensor.
+
+    Attributes (besides :class:`~packed_ss.models.static.StaticCalls`'): ``shapes`` the (Rp, K) recorded, in first-use
+    order; ``compile_s`` seconds spent recording (untimed calls and captures)."""
 
     recorder_class = CudaRecorder  # what records a call (tests on the CPU give one that keeps CUDA graphs' semantics)
 
