@@ -403,6 +403,7 @@ def graph_call_cost(models: Models, sizes: Sizes, budget: Budget, device: str) -
                 if row.get("replay_ms") is not None:
                     row["replay_over_floor"] = row["replay_ms"] / limits.read_ms
             entry["capture_s"] = round(model.static.compile_s, 2) if model.static else None
+            entry["eager_profile"] = kernel_profile(model, sizes)
             result[name] = entry
         except Exception as error:  # noqa: BLE001 - out of memory, a capture failure: data, the rest still runs
             result[name] = error_text(error)
@@ -410,6 +411,41 @@ def graph_call_cost(models: Models, sizes: Sizes, budget: Budget, device: str) -
             model = None
             free_memory()
     return result
+
+
+def kernel_profile(model, sizes: Sizes, rows: int = 32, calls: int = 3) -> dict:
+    """Where one eager native call of ``rows`` rows spends its device time (``torch.profiler``): on CUDA its kernels
+    per call, their summed time per call (ms: about what the call's graph replay costs, launches aside) and the 8
+    kernels that take most; on a CPU the same for its operators (self times). What the next step toward the floor
+    has to fuse."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from packed_ss.layout import verify_layout
+
+    cuda = model.device.type == "cuda"
+    eager = model.share(compiled=False)
+    prefix = sizes.cost_prefix
+    never = set(model.never_emit_ids)
+    ids = [t for t in range(2, 2 + prefix + rows + len(never)) if t not in never][:prefix + rows]
+    eager.reset(prefix + rows)
+    eager.forward(verify_layout(ids[:prefix], [], 0), ())
+    layout = verify_layout(ids[prefix:], [], prefix)
+    for _ in range(2):  # untimed
+        eager.rollback(prefix)
+        eager.forward(layout, tuple(range(rows)))
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            eager.rollback(prefix)
+            eager.forward(layout, tuple(range(rows)))
+    kind = DeviceType.CUDA if cuda else DeviceType.CPU
+    found = [e for e in prof.key_averages() if e.device_type == kind]
+    own = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)  # microseconds
+    top = sorted(found, key=own, reverse=True)[:8]
+    return {"rows": rows, "cached_tokens": prefix, "unit": "kernels" if cuda else "operators",
+            "per_call": sum(e.count for e in found) / calls, "ms_per_call": sum(map(own, found)) / 1000 / calls,
+            "top": [{"name": e.key[:100], "ms_per_call": own(e) / 1000 / calls, "per_call": e.count / calls}
+                    for e in top]}
 
 
 # --- 5. race ---------------------------------------------------------------------------------------
@@ -646,6 +682,11 @@ def summary_lines(report: dict) -> list[str]:
                      + ")" for r in part["by_rows"] if r.get("median_ms") is not None]
             lines.append(f"graph path {key} (graphs: {part['graphs']}; floor {part['floor_ms']:.2f} ms): "
                          + ", ".join(cells) + (f" | {part['note']}" if part.get("note") else ""))
+            found = part.get("eager_profile") or {}
+            if found.get("top"):
+                lines.append(f"  eager {found['rows']}-row call: {found['per_call']:.0f} {found['unit']}, "
+                             f"{found['ms_per_call']:.2f} ms; most: " + ", ".join(
+                                 f"{t['name'][:40]} {t['ms_per_call']:.2f} ms x{t['per_call']:.0f}" for t in found["top"][:4]))
         elif key not in ("unit", "dtype", "section_s"):
             lines.append(f"graph path {key}: {part}")
     for name in ("race", "race_graphs"):

@@ -52,3 +52,6 @@ def test_the_graph_call_cost_section_runs_on_a_cpu_and_says_no_graphs_ran():
     entry = out["small-2L"]
     assert entry["graphs"] is False and "no CUDA device" in entry["note"], entry
     assert entry["floor_ms"] > 0 and all(row["over_floor"] > 0 for row in entry["by_rows"])
+    profile = entry["eager_profile"]  # on a CPU: the eager call's operators
+    assert profile["unit"] == "operators" and profile["per_call"] > 10 and profile["ms_per_call"] > 0, profile
+    assert any("linear" in top["name"] or "mm" in top["name"] for top in profile["top"]), profile
