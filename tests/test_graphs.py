@@ -163,6 +163,7 @@ def test_the_server_names_the_calls_it_runs_and_zerogpu_keeps_them_eager(monkeyp
     assert ModelStore(device="cuda", compiled=None).calls == "CUDA graphs"
     assert ModelStore(device="cpu", compiled=None).calls == "eager"
     assert ModelStore(device="cuda", compiled=False).calls == "eager"
+    assert ModelStore(device="cuda", compiled=None, path="transformers").calls == "eager"
     assert ModelStore(device="cpu", compiled=True).calls == "compiled"
     monkeypatch.setattr(serve.server, "has_spaces", lambda: True)
     assert Server(device="cuda", compiled=None).store.compiled is False
