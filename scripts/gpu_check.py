@@ -535,7 +535,8 @@ def paper_experiment(models: Models, sizes: Sizes, budget: Budget, device: str, 
                 # (one per prompt, untimed, shared by both forwards; each forward's run that leaves it follows its
                 # own verified prefix)
                 config = DecodeConfig(block_size=widest, max_new_tokens=sizes.paper_tokens + widest)
-                scripts = [generate(graphs, graphs.encode(text), config, "ar").token_ids for text in sizes.paper_prompts]
+                scripts = [generate(graphs, graphs.encode(text), config, "ar").token_ids
+                           for text in sizes.paper_prompts]
                 lanes = {}
                 for name, model in forwards.items():
                     if not budget.allows(20):
@@ -684,9 +685,10 @@ def summary_lines(report: dict) -> list[str]:
                          + ", ".join(cells) + (f" | {part['note']}" if part.get("note") else ""))
             found = part.get("eager_profile") or {}
             if found.get("top"):
+                most = ", ".join(f"{t['name'][:40]} {t['ms_per_call']:.2f} ms x{t['per_call']:.0f}"
+                                 for t in found["top"][:4])
                 lines.append(f"  eager {found['rows']}-row call: {found['per_call']:.0f} {found['unit']}, "
-                             f"{found['ms_per_call']:.2f} ms; most: " + ", ".join(
-                                 f"{t['name'][:40]} {t['ms_per_call']:.2f} ms x{t['per_call']:.0f}" for t in found["top"][:4]))
+                             f"{found['ms_per_call']:.2f} ms; most: {most}")
         elif key not in ("unit", "dtype", "section_s"):
             lines.append(f"graph path {key}: {part}")
     for name in ("race", "race_graphs"):

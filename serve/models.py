@@ -127,7 +127,8 @@ class ModelStore:
         import torch
 
         device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if self.compiled is None and self.path != "transformers" and self.cache == "static" and str(device).startswith("cuda"):
+        native_path = self.path != "transformers" and self.cache == "static"
+        if self.compiled is None and native_path and str(device).startswith("cuda"):
             return "CUDA graphs"
         return "eager"
 
