@@ -127,8 +127,14 @@ class NativeLayer(torch.nn.Module):
         self.norm_in = _frozen(layer.input_layernorm.weight)
         self.norm_out = _frozen(layer.post_attention_layernorm.weight)
         q_norm, k_norm = getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)
-        self.q_norm = _frozen(q_norm.weight if q_norm is not None else None)
-        self.k_norm = _frozen(k_norm.weight if k_norm is not None else None)
+        # qwen3's per-head RMSNorm weights of q and k, one row per head of [q | k] (Hq + Hkv, hd): both normed at once
+        if q_norm is None:
+            self.qk_norm = None
+        else:
+            size = q_norm.weight.shape[0]  # hd
+            heads = (attention.q_proj.out_features // size, attention.k_proj.out_features // size)
+            self.qk_norm = _frozen(torch.cat((q_norm.weight.detach().expand(heads[0], -1),
+                                              k_norm.weight.detach().expand(heads[1], -1))))
         self.scaling = float(attention.scaling)
 
 
@@ -202,11 +208,11 @@ class NativeDecoder(torch.nn.Module):
         new_kv = []
         for index, layer in enumerate(self.layers):
             h = F.linear(self._rms(x, layer.norm_in), layer.qkv, layer.qkv_bias)
-            q, k, v = h.split((hq * hd, hkv * hd, hkv * hd), -1)
-            q, k, v = q.view(rows, hq, hd), k.view(rows, hkv, hd), v.view(rows, hkv, hd)
-            if layer.q_norm is not None:
-                q, k = self._rms(q, layer.q_norm), self._rms(k, layer.k_norm)
-            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+            qk, v = h[:, :(hq + hkv) * hd].view(rows, hq + hkv, hd), h[:, (hq + hkv) * hd:].view(rows, hkv, hd)
+            if layer.qk_norm is not None:
+                qk = self._rms(qk, layer.qk_norm)
+            qk = self._rotate(qk, cos, sin)  # q's and k's heads at once: half the elementwise kernels
+            q, k = qk[:, :hq], qk[:, hq:]
             if self.llama4 is not None:
                 q = q * q_scale
             q = q.view(rows, hkv, group, hd).permute(1, 2, 0, 3).reshape(hkv, group * rows, hd)
