@@ -168,3 +168,15 @@ def test_the_server_names_the_calls_it_runs_and_zerogpu_keeps_them_eager(monkeyp
     monkeypatch.setattr(serve.server, "has_spaces", lambda: True)
     assert Server(device="cuda", compiled=None).store.compiled is False
     assert Server(device="cuda", compiled=True).store.compiled is True
+
+
+def test_the_benchmark_report_names_cuda_graphs_when_its_calls_replayed_them():
+    from packed_ss.bench.report import _header
+
+    config = {"block_sizes": {"packed": 8}, "temperature": 0.0, "samples": 1, "max_new_tokens": 16, "seed": 0,
+              "warmup": True}
+    meta = {"prompts_measured": 1, "compiled": True, "compiled_shapes": [[16, 256]], "compile_s_warm_up": 0.4}
+    graphs = "\n".join(_header({"meta": {**meta, "graphs": True}, "config": config}))
+    compiled = "\n".join(_header({"meta": meta, "config": config}))
+    assert "CUDA graphs of the native forward" in graphs and "torch.compile" not in graphs
+    assert "torch.compile" in compiled and "CUDA graphs" not in compiled

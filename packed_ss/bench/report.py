@@ -142,12 +142,13 @@ def _header(summary: dict) -> list[str]:
     ]
     if meta.get("compiled") and meta.get("compiled_shapes"):
         shapes = ", ".join(f"{rows}x{keys}" for rows, keys in meta.get("compiled_shapes", []))
-        lines.append(f"Model calls: compiled (torch.compile, static KV cache; shapes rows x cached keys: {shapes}); "
+        how = ("CUDA graphs of the native forward" if meta.get("graphs") else "torch.compile") + ", static KV cache"
+        lines.append(f"Model calls: compiled ({how}; shapes rows x cached keys: {shapes}); "
                      f"compile time {meta.get('compile_s_warm_up', 0):.1f} s in the warm-up, "
                      f"{meta.get('compile_s_in_timed_runs', 0):.1f} s inside timed runs (included in their wall "
                      f"time: shapes the warm-up did not meet).")
     elif meta.get("compiled"):
-        lines.append("Model calls: --compile given, but no timed schedule made a compiled call.")
+        lines.append("Model calls: compiled calls were on, but no timed schedule made one.")
     elif meta.get("compile_note"):
         lines.append(f"Model calls: eager ({meta['compile_note']}).")
     elif meta.get("cache"):

@@ -243,7 +243,7 @@ def compile_meta(model, warm_s: float, rows: list[dict]) -> dict:
     static = getattr(model, "static", None)
     inside = sum(r.get("compile_s", 0.0) for r in rows)
     return {"cache": getattr(model, "cache_kind", "n/a"), "forward": getattr(model, "path", "n/a"),
-            "compiled": bool(getattr(model, "compiled", False)),
+            "compiled": bool(getattr(model, "compiled", False)), "graphs": bool(getattr(model, "graphs", False)),
             "compile_note": getattr(model, "compile_note", None), "compile_s_warm_up": round(warm_s, 3),
             "compile_s_in_timed_runs": round(inside, 3),
             "compiled_shapes": [list(shape) for shape in static.shapes] if static is not None else []}
