@@ -171,3 +171,13 @@ def test_graph_replays_equal_eager_calls_at_growing_lengths_and_after_rollback()
         outputs[id(model)] = got
     for a, b in zip(outputs[id(graphs)], outputs[id(eager)]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    # another capacity: the first graphs are all gone, and the network records into a new pool
+    again = []
+    for model in (graphs, eager):
+        model.reset(1000, block_size=8)
+        first = prefill_layout(list(range(3, 40)), 0, model.mask_token_id)
+        model.forward(first, first.verify_rows)
+        layout = verify_layout([5], [6] * 7, model.cache_length)
+        again.append(model.forward(layout, layout.verify_rows).logits.float().cpu())
+    assert graphs.graphs and graphs.static.capacity == 1024, graphs.compile_note
+    torch.testing.assert_close(again[0], again[1], rtol=1e-4, atol=1e-4)

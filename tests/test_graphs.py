@@ -11,6 +11,8 @@ catch: host-side Python that a real capture would freeze; ``tests/test_cuda.py``
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 from helpers import tiny_llama
@@ -23,10 +25,14 @@ from packed_ss.schedules import LOSSLESS
 
 
 class HostRecorder:
-    """CUDA graph semantics on the CPU (module docstring). ``recorded`` counts recordings."""
+    """CUDA graph semantics on the CPU (module docstring). The graphs of one network share a memory pool on a GPU,
+    where one graph's replay may write over another's outputs: here every replay fills the other graphs' outputs
+    with NaN. ``recorded`` counts recordings."""
 
     def __init__(self):
         self.recorded = 0
+        self.adapters = weakref.WeakSet()
+        self._outputs = []
 
     @staticmethod
     def problem(device) -> None:
@@ -35,8 +41,13 @@ class HostRecorder:
     def record(self, call, device):
         outputs = call()
         self.recorded += 1
+        self._outputs.append(outputs)
 
         def replay():
+            for other in self._outputs:
+                if other is not outputs:
+                    for tensor in other:
+                        tensor.fill_(float("nan"))
             for buffer, value in zip(outputs, call(), strict=True):
                 buffer.copy_(value)
 
@@ -140,16 +151,21 @@ def test_a_graphs_outputs_are_copied_before_the_next_replay_writes_over_them():
 
 
 def test_out_of_gpu_memory_while_recording_is_one_line_and_the_call_is_served_eagerly():
+    """Another adapter of the network has graphs too: they go with the failure (the pool's memory is given back)."""
     model = on_graphs(tiny_llama(seed=6, logit_scale=3.0), FailingGraphCalls)
+    other = FailingGraphCalls(model.model, model.supports_deferred_rows, compiled=True)
     eager = tiny_llama(seed=6, logit_scale=3.0)
     prompt = [4, 9, 2, 7, 3]
     config = DecodeConfig(block_size=4, max_new_tokens=24)
     ar = generate(eager, prompt, config, "ar").token_ids
+    assert generate(model, prompt, config, "ar").token_ids == ar and model.static._graphs  # a 1-row graph
+    model.static, first = other, model.static
     with pytest.warns(RuntimeWarning, match="out of GPU memory while recording the graph of 8 rows"):
         assert generate(model, prompt, config, "packed").token_ids == ar  # Packed-SS's 2B = 8-row calls
     note = model.compile_note
     assert note.startswith("CUDA graphs off") and "eagerly" in note and "\n" not in note, note
-    assert not model.graphs and not model.static._graphs
+    assert not model.graphs and not model.static._graphs and not first._graphs
+    assert model.static.note.count("out of GPU memory") == 1 and model.static.note == first.note
     assert generate(model, prompt, config, "linear").token_ids == ar  # the session stays usable, eagerly
 
 

@@ -23,7 +23,9 @@ size, V vocabulary.
 
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 
 import torch
 
@@ -46,35 +48,57 @@ class CudaRecorder:
     """Records calls as CUDA graphs sharing one memory pool: one recorder per network, for every adapter's graphs
     (a session's adapter would otherwise hold a pool of its own, sized by its largest call). Sharing is safe because
     model calls run one at a time (the server's compute gate; one thread elsewhere) and a graph's outputs are copied
-    out before the next replay: whatever another graph's replay overwrites is dead by then."""
+    out before the next replay: whatever another graph's replay overwrites is dead by then.
+
+    Attributes: ``adapters``, the :class:`GraphCalls` recording through it (a failure turns graphs off for all).
+    """
+
+    # One capture at a time in the process: torch's capture stream and allocator state are shared (a model loading
+    # in one thread, outside the compute gate, records its warm-up's graphs while another thread may be recording).
+    _capturing = threading.Lock()
 
     def __init__(self):
         self._pool = None
+        self._stream = None  # warm-up and capture run on it, on the model's device
+        self._recorded = weakref.WeakSet()  # graphs of this pool still alive
+        self.adapters = weakref.WeakSet()
 
     problem = staticmethod(graph_problem)
 
     def record(self, call, device: torch.device):
         """Record ``call()`` (no arguments: it reads buffers of its caller's): returns (its outputs, written by every
-        replay, and the replay function). Two untimed calls on a side stream come first (cuBLAS handles, workspace,
-        the caching allocator), as capture requires."""
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                call()
-        torch.cuda.current_stream(device).wait_stream(side)
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: a server's other threads may touch the device (copies of results) while this one records
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            outputs = call()
+        replay, and the replay function). Two untimed calls on the capture stream come first (cuBLAS handles,
+        workspace, the caching allocator), as capture requires. Runs with ``device`` current, whatever the
+        thread's current device is, and leaves the thread's current stream as it found it, even when capture
+        fails."""
+        with self._capturing, torch.cuda.device(device):
+            if self._stream is None:
+                self._stream = torch.cuda.Stream(device)
+            if not self._recorded:  # torch cannot capture into a pool whose graphs are all gone: a new pool
+                self._pool = torch.cuda.graph_pool_handle()
+            stream, previous = self._stream, torch.cuda.current_stream(device)
+            graph = torch.cuda.CUDAGraph()
+            try:
+                stream.wait_stream(previous)
+                with torch.cuda.stream(stream):
+                    for _ in range(2):
+                        call()
+                # thread_local: a server's other threads may touch the device (copies of results) meanwhile
+                with torch.cuda.graph(graph, pool=self._pool, stream=stream, capture_error_mode="thread_local"):
+                    outputs = call()
+            finally:
+                torch.cuda.set_stream(previous)  # a capture that raised leaves its stream current
+            previous.wait_stream(stream)
+            self._recorded.add(graph)
         return outputs, graph.replay
 
     @staticmethod
     def release() -> None:
-        """Return what failed recordings left to the device."""
-        torch.cuda.empty_cache()
+        """Return what a failed recording left to the device (nothing where torch's capture state is broken)."""
+        try:
+            torch.cuda.empty_cache()
+        except RuntimeError:
+            pass
 
 
 class CallGraph:
@@ -86,7 +110,8 @@ class CallGraph:
         self.ids = torch.zeros(rows, dtype=torch.long, device=device)
         self.positions = torch.zeros(rows, dtype=torch.long, device=device)
         self.bias = torch.zeros(rows, capacity + rows, dtype=mask_dtype, device=device)
-        # the graph reads these three buffers and this cache tensor, wherever a replay finds them
+        # the graph reads these three buffers and this cache tensor, wherever a replay finds them (all kept alive)
+        self.cache = cache
         (self.out, self.new_kv), self._replay = recorder.record(
             lambda: native(self.ids, self.positions, self.bias, cache, hidden_only), device)
 
@@ -100,6 +125,10 @@ class CallGraph:
         self.bias.copy_(bias, non_blocking=True)
         self._replay()
         return self.out, self.new_kv
+
+    def replay_again(self) -> None:
+        """The graph once more, on the inputs already in its buffers (timing)."""
+        self._replay()
 
 
 class GraphCalls(NativeCalls):
@@ -117,6 +146,7 @@ class GraphCalls(NativeCalls):
         if type(recorder) is not self.recorder_class:
             recorder = self.recorder_class()
             object.__setattr__(model, RECORDER, recorder)
+        recorder.adapters.add(self)
         self._recorder = recorder
         super().__init__(model, hidden_only, compiled, compiler)
 
@@ -148,13 +178,16 @@ class GraphCalls(NativeCalls):
         graph = self._graphs.get(key)
         if graph is None:
             start = time.perf_counter()
+            failure = None
             try:
                 graph = CallGraph(self.native, cache, total, bool(hidden_only), self._recorder, bias.dtype)
             except Exception as error:  # noqa: BLE001 - out of memory, an unrecordable operation: eager, one line
-                if isinstance(error, torch.cuda.OutOfMemoryError):
-                    error = RuntimeError(f"out of GPU memory while recording the graph of {total} rows")
-                self._give_up(error)
-                self._graphs.clear()
+                failure = (RuntimeError(f"out of GPU memory while recording the graph of {total} rows")
+                           if isinstance(error, torch.cuda.OutOfMemoryError) else error.with_traceback(None))
+            if failure is not None:  # outside the handler: its frames (and the tensors they hold) are gone
+                self._give_up(failure)
+                for adapter in list(self._recorder.adapters):  # every adapter's graphs: the pool's memory goes
+                    adapter._graphs.clear()
                 self._recorder.release()
                 return None
             self._graphs[key] = graph
@@ -162,24 +195,25 @@ class GraphCalls(NativeCalls):
         return graph.replay(ids, positions, bias)
 
     def replay_ms(self, repeats: int = 10) -> dict[int, float]:
-        """Rp -> the median device time (ms, CUDA events) of replaying the graph of Rp rows alone, on the inputs of
-        its last call, for each graph recorded at the cache's current capacity (logit graphs): the GPU's own time
-        for the call, without the host's input copies. Empty without graphs.
+        """Rp -> the device time (ms, CUDA events) of one replay of the graph of Rp rows, on the inputs of its last
+        call, for each graph recorded at the cache's current capacity (logit graphs): the mean of ``repeats``
+        back-to-back replays after one queued first, so neither the host's input copies nor its launch latency
+        count. Empty without graphs.
 
         Raises: ValueError when ``repeats`` < 1."""
         if repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {repeats}")
         found = {}
-        for (rows, capacity, hidden_only), graph in self._graphs.items():
-            if capacity != self.capacity or hidden_only:
-                continue
-            times = []
-            for _ in range(repeats):
+        with torch.cuda.device(self.device):
+            for (rows, capacity, hidden_only), graph in self._graphs.items():
+                if capacity != self.capacity or hidden_only:
+                    continue
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                graph.replay_again()  # queued ahead: the timed replays start as soon as it ends
                 start.record()
-                graph._replay()
+                for _ in range(repeats):
+                    graph.replay_again()
                 end.record()
                 end.synchronize()
-                times.append(start.elapsed_time(end))
-            found[rows] = sorted(times)[len(times) // 2]
+                found[rows] = start.elapsed_time(end) / repeats
         return found
