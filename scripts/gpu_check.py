@@ -377,12 +377,17 @@ def per_call_cost(models: Models, sizes: Sizes, budget: Budget, device: str) -> 
 def graph_call_cost(models: Models, sizes: Sizes, budget: Budget, device: str) -> dict:
     """Per-call model time on the graph path (issue 55: the native forward's calls replayed as CUDA graphs) for the
     paper's shapes in bfloat16, against R = 1..256, with the floor: one read of the weights at the bandwidth measured
-    on the device (:func:`packed_ss.cost.roofline`) and each R's median over it. Where the graph path cannot run (no
-    CUDA device, a capture failure) the model's note says why and the calls measured are eager native ones."""
+    on the device (:func:`packed_ss.cost.roofline`) and each R's median over it, for each way the native forward can
+    attend (``attention``), with where an eager call's device time goes (:func:`kernel_profile`). Where the graph
+    path cannot run (no CUDA device, a capture failure) the model's note says why and the calls measured are eager
+    native ones."""
     from packed_ss.cost import roofline
+    from packed_ss.models.native import ATTENTIONS
 
     result = {"unit": "ms per call: median_ms the adapter's call (host copies, replay, cache write; CUDA-"
-                      "synchronised), replay_ms the graph's replay alone (CUDA events)", "dtype": "bfloat16"}
+                      "synchronised), replay_ms the graph's replay alone (CUDA events)", "dtype": "bfloat16",
+              "attentions": {"written": "scores over the cache and the call's own keys apart (the default)",
+                             "sdpa": "one scaled_dot_product_attention over [cache | new keys] (copies the cache)"}}
     tokenizer = models.embedded("float32").tokenizer
     for name, shape in sizes.paper_shapes.items():
         if not budget.allows(30):
@@ -392,18 +397,27 @@ def graph_call_cost(models: Models, sizes: Sizes, budget: Budget, device: str) -
         try:
             on_cuda = device.startswith("cuda")  # elsewhere the section's code runs on eager native calls
             model = nld_shaped_model(device, shape, tokenizer, "bfloat16", path="native", compiled=None)
+            limits = roofline(model)
             entry = {"path": model.path, "graphs": model.graphs,
                      "note": model.compile_note or (None if on_cuda else "no CUDA device: eager native calls"),
-                     **call_costs(model, sizes, budget)}
-            limits = roofline(model)
-            entry["floor_ms"], entry["read_gbs"] = limits.read_ms, limits.read_gbs
-            for row in entry["by_rows"]:
-                if row.get("median_ms") is not None:
-                    row["over_floor"] = row["median_ms"] / limits.read_ms
-                if row.get("replay_ms") is not None:
-                    row["replay_over_floor"] = row["replay_ms"] / limits.read_ms
-            entry["capture_s"] = round(model.static.compile_s, 2) if model.static else None
-            entry["eager_profile"] = kernel_profile(model, sizes)
+                     "floor_ms": limits.read_ms, "read_gbs": limits.read_gbs}
+            # each attention of the native forward (ATTENTIONS) on an adapter of its own: its own graphs
+            for attention in ATTENTIONS:
+                if attention != ATTENTIONS[0] and not budget.allows(20):
+                    entry[attention] = SKIPPED
+                    continue
+                adapter = model.share()
+                adapter.static.attention = attention
+                part = {**call_costs(adapter, sizes, budget),
+                        "capture_s": round(adapter.static.compile_s, 2) if adapter.static else None,
+                        "eager_profile": kernel_profile(adapter, sizes, attention=attention)}
+                for row in part["by_rows"]:
+                    if row.get("median_ms") is not None:
+                        row["over_floor"] = row["median_ms"] / limits.read_ms
+                    if row.get("replay_ms") is not None:
+                        row["replay_over_floor"] = row["replay_ms"] / limits.read_ms
+                entry[attention] = part
+                adapter = None
             result[name] = entry
         except Exception as error:  # noqa: BLE001 - out of memory, a capture failure: data, the rest still runs
             result[name] = error_text(error)
@@ -413,7 +427,7 @@ def graph_call_cost(models: Models, sizes: Sizes, budget: Budget, device: str) -
     return result
 
 
-def kernel_profile(model, sizes: Sizes, rows: int = 32, calls: int = 3) -> dict:
+def kernel_profile(model, sizes: Sizes, rows: int = 32, calls: int = 3, attention: str = "written") -> dict:
     """Where one eager native call of ``rows`` rows spends its device time (``torch.profiler``): on CUDA its kernels
     per call, their summed time per call (ms: about what the call's graph replay costs, launches aside) and the 8
     kernels that take most; on a CPU the same for its operators (self times). What the next step toward the floor
@@ -425,6 +439,7 @@ def kernel_profile(model, sizes: Sizes, rows: int = 32, calls: int = 3) -> dict:
 
     cuda = model.device.type == "cuda"
     eager = model.share(compiled=False)
+    eager.static.attention = attention
     prefix = sizes.cost_prefix
     never = set(model.never_emit_ids)
     ids = [t for t in range(2, 2 + prefix + rows + len(never)) if t not in never][:prefix + rows]
@@ -677,20 +692,26 @@ def summary_lines(report: dict) -> list[str]:
             lines.append(f"ms/call {key}: {part}")
     graphs = report.get("graph_call_cost")
     for key, part in (graphs.items() if isinstance(graphs, dict) else ()):
-        if isinstance(part, dict) and "by_rows" in part:
+        if not isinstance(part, dict) or "floor_ms" not in part:
+            if key not in ("unit", "dtype", "section_s", "attentions"):
+                lines.append(f"graph path {key}: {part}")
+            continue
+        for attention in ("written", "sdpa"):
+            costs = part.get(attention)
+            if not isinstance(costs, dict):
+                lines.append(f"graph path {key} {attention}: {costs}")
+                continue
             cells = [f"R={r['rows']}: {r['median_ms']:.2f} ({r.get('over_floor', 0):.1f}x"
                      + (f"; replay {r['replay_ms']:.2f}, {r['replay_over_floor']:.1f}x" if "replay_ms" in r else "")
-                     + ")" for r in part["by_rows"] if r.get("median_ms") is not None]
-            lines.append(f"graph path {key} (graphs: {part['graphs']}; floor {part['floor_ms']:.2f} ms): "
+                     + ")" for r in costs["by_rows"] if r.get("median_ms") is not None]
+            lines.append(f"graph path {key} {attention} (graphs: {part['graphs']}; floor {part['floor_ms']:.2f} ms): "
                          + ", ".join(cells) + (f" | {part['note']}" if part.get("note") else ""))
-            found = part.get("eager_profile") or {}
+            found = costs.get("eager_profile") or {}
             if found.get("top"):
                 most = ", ".join(f"{t['name'][:40]} {t['ms_per_call']:.2f} ms x{t['per_call']:.0f}"
                                  for t in found["top"][:4])
                 lines.append(f"  eager {found['rows']}-row call: {found['per_call']:.0f} {found['unit']}, "
                              f"{found['ms_per_call']:.2f} ms; most: {most}")
-        elif key not in ("unit", "dtype", "section_s"):
-            lines.append(f"graph path {key}: {part}")
     for name in ("race", "race_graphs"):
         part = report.get(name)
         if isinstance(part, dict) and "schedules" in part:

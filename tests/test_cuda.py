@@ -143,9 +143,11 @@ def _graph_model(dtype: str = "float32"):
     return DualModeModel.from_pretrained(EMBEDDED, device="cuda", dtype=dtype, path="native", compiled=True)
 
 
+@pytest.mark.parametrize("attention", ["written", "sdpa"])
 @pytest.mark.parametrize("block_size", [4, 8])
-def test_graph_path_schedules_equal_ar_in_float32(block_size):
+def test_graph_path_schedules_equal_ar_in_float32(block_size, attention):
     model = _graph_model()
+    model.static.attention = attention  # before any call: its graphs are recorded attending so
     assert model.path == "native" and model.compiled, model.compile_note
     assert_lossless(model, block_size, " on graphs")
     assert model.compiled and model.static.shapes, model.compile_note  # graphs were recorded and kept

@@ -51,7 +51,16 @@ def test_the_graph_call_cost_section_runs_on_a_cpu_and_says_no_graphs_ran():
     out = check.graph_call_cost(check.Models("cpu"), sizes, check.Budget(600.0), "cpu")
     entry = out["small-2L"]
     assert entry["graphs"] is False and "no CUDA device" in entry["note"], entry
-    assert entry["floor_ms"] > 0 and all(row["over_floor"] > 0 for row in entry["by_rows"])
-    profile = entry["eager_profile"]  # on a CPU: the eager call's operators
-    assert profile["unit"] == "operators" and profile["per_call"] > 10 and profile["ms_per_call"] > 0, profile
-    assert any("linear" in top["name"] or "mm" in top["name"] for top in profile["top"]), profile
+    assert entry["floor_ms"] > 0
+    for attention in ("written", "sdpa"):  # each way the native forward attends, on an adapter of its own
+        part = entry[attention]
+        assert [row["rows"] for row in part["by_rows"]] == [1, 4] and all(row["over_floor"] > 0 for row in part["by_rows"])
+        profile = part["eager_profile"]  # on a CPU: the eager call's operators
+        assert profile["unit"] == "operators" and profile["per_call"] > 10 and profile["ms_per_call"] > 0, profile
+        assert any("linear" in top["name"] or "mm" in top["name"] for top in profile["top"]), profile
+    assert any("scaled_dot_product" in top["name"] or "attention" in top["name"]
+               for top in entry["sdpa"]["eager_profile"]["top"]) or entry["sdpa"]["eager_profile"]["per_call"] < \
+        entry["written"]["eager_profile"]["per_call"]
+    lines = [line for line in check.summary_lines({"graph_call_cost": out, "environment": {}})
+             if line.startswith("graph path")]
+    assert len(lines) == 2 and "small-2L written" in lines[0] and "small-2L sdpa" in lines[1], lines

@@ -77,16 +77,18 @@ class FailingGraphCalls(GraphCalls):
     recorder_class = FailingRecorder
 
 
-def on_graphs(model, calls_class=HostGraphCalls):
-    """``model`` (a DualModeModel on the native path) with its calls replayed through ``calls_class``."""
-    model.static = calls_class(model.model, model.supports_deferred_rows, compiled=True)
+def on_graphs(model, calls_class=HostGraphCalls, attention: str = "written"):
+    """``model`` (a DualModeModel on the native path) with its calls replayed through ``calls_class``, attending as
+    ``attention`` says (:data:`packed_ss.models.native.ATTENTIONS`)."""
+    model.static = calls_class(model.model, model.supports_deferred_rows, compiled=True, attention=attention)
     return model
 
 
-def test_every_lossless_schedule_on_the_graph_path_gives_ars_tokens_with_the_papers_call_shapes():
+@pytest.mark.parametrize("attention", ["written", "sdpa"])
+def test_every_lossless_schedule_on_the_graph_path_gives_ars_tokens_with_the_papers_call_shapes(attention):
     """Float64 model (no near-ties), B = 4: each run's tokens equal eager AR's; every recorded call has 1 row (AR)
     or a multiple of B rows (padded_rows), and a second run of a schedule records nothing new."""
-    model = on_graphs(tiny_llama(seed=6, logit_scale=3.0))
+    model = on_graphs(tiny_llama(seed=6, logit_scale=3.0), attention=attention)
     assert model.path == "native" and model.graphs, model.compile_note
     eager = tiny_llama(seed=6, logit_scale=3.0)
     prompt = [4, 9, 2, 7, 3]
@@ -127,10 +129,11 @@ def _calls(model, lengths_at: int):
     return got
 
 
-def test_replays_equal_eager_calls_at_growing_lengths_after_a_rollback_and_after_the_cache_grows():
+@pytest.mark.parametrize("attention", ["written", "sdpa"])
+def test_replays_equal_eager_calls_at_growing_lengths_after_a_rollback_and_after_the_cache_grows(attention):
     """Twice: the second run's reset gives a new cache tensor of the first run's capacity, where a graph kept from
-    the first run would read the old tensor."""
-    graphs = on_graphs(tiny_llama(seed=3))
+    the first run would read the old tensor. Either attention against the CPU's eager calls (written out)."""
+    graphs = on_graphs(tiny_llama(seed=3), attention=attention)
     eager = tiny_llama(seed=3)
     for run in range(2):
         for a, b in zip(_calls(graphs, 30 + run), _calls(eager, 30 + run), strict=True):

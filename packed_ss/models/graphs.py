@@ -29,10 +29,13 @@ import weakref
 
 import torch
 
-from packed_ss.models.native import NATIVE_FAILURE, NativeCalls
+from packed_ss.models.native import ATTENTIONS, NATIVE_FAILURE, NativeCalls
 
 GRAPHS = "packed_ss_graph_calls"  # attribute of the network marking its calls as graph-replayed (for `compiled`)
 RECORDER = "packed_ss_graph_recorder"  # ... and holding the recorder (one memory pool) of every adapter's graphs
+# The graph path's attention (NativeDecoder.forward): "written" until scripts/gpu_check.py has measured "sdpa" against
+# it on a GPU (graph_call_cost gives both, each call over the floor).
+GRAPH_ATTENTION = "written"
 
 
 def graph_problem(device: torch.device) -> str | None:
@@ -104,7 +107,8 @@ class CudaRecorder:
 class CallGraph:
     """One recorded call of Rp rows over a cache of capacity K: its input buffers, their replay, its output buffers."""
 
-    def __init__(self, native, cache: torch.Tensor, rows: int, hidden_only: bool, recorder, mask_dtype: torch.dtype):
+    def __init__(self, native, cache: torch.Tensor, rows: int, hidden_only: bool, recorder, mask_dtype: torch.dtype,
+                 attention: str = GRAPH_ATTENTION):
         device = cache.device
         capacity = cache.shape[3]
         self.ids = torch.zeros(rows, dtype=torch.long, device=device)
@@ -113,7 +117,7 @@ class CallGraph:
         # the graph reads these three buffers and this cache tensor, wherever a replay finds them (all kept alive)
         self.cache = cache
         (self.out, self.new_kv), self._replay = recorder.record(
-            lambda: native(self.ids, self.positions, self.bias, cache, hidden_only), device)
+            lambda: native(self.ids, self.positions, self.bias, cache, hidden_only, None, attention), device)
 
     def replay(self, ids: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The call on these inputs (host or device tensors of the recorded shapes): (logits or hidden states of
@@ -136,11 +140,16 @@ class GraphCalls(NativeCalls):
     ``torch.compile`` (see the module docstring). Graphs are this adapter's own: they read its cache tensor.
 
     Attributes (besides :class:`~packed_ss.models.static.StaticCalls`'): ``shapes`` the (Rp, K) recorded, in first-use
-    order; ``compile_s`` seconds spent recording (untimed calls and captures)."""
+    order; ``compile_s`` seconds spent recording (untimed calls and captures); ``attention`` how its calls attend
+    (:data:`~packed_ss.models.native.ATTENTIONS`, default :data:`GRAPH_ATTENTION`)."""
 
     recorder_class = CudaRecorder  # what records a call (tests on the CPU give one that keeps CUDA graphs' semantics)
 
-    def __init__(self, model, hidden_only: bool, compiled: bool = False, compiler=None):
+    def __init__(self, model, hidden_only: bool, compiled: bool = False, compiler=None,
+                 attention: str = GRAPH_ATTENTION):
+        if attention not in ATTENTIONS:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {attention!r}")
+        self.attention = attention  # eager calls and recorded graphs alike
         self._graphs: dict[tuple[int, int, bool], CallGraph] = {}
         recorder = getattr(model, RECORDER, None)
         if type(recorder) is not self.recorder_class:
@@ -180,7 +189,8 @@ class GraphCalls(NativeCalls):
             start = time.perf_counter()
             failure = None
             try:
-                graph = CallGraph(self.native, cache, total, bool(hidden_only), self._recorder, bias.dtype)
+                graph = CallGraph(self.native, cache, total, bool(hidden_only), self._recorder, bias.dtype,
+                                  self.attention)
             except Exception as error:  # noqa: BLE001 - out of memory, an unrecordable operation: eager, one line
                 failure = (RuntimeError(f"out of GPU memory while recording the graph of {total} rows")
                            if isinstance(error, torch.cuda.OutOfMemoryError) else error.with_traceback(None))

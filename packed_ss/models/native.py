@@ -37,6 +37,10 @@ from packed_ss.models.static import CAPACITY_STEP, StaticCalls, dynamo_settings,
 NATIVE_TYPES = frozenset({"llama", "mistral", "ministral3", "qwen2", "qwen3"})
 STATIC_ROPE = frozenset({"default", "linear", "llama3", "yarn"})  # inv_freq does not depend on the call's length
 
+# How a call attends (NativeDecoder.forward's ``attention``): the CPU's calls use "written"; the graph path on CUDA
+# uses GRAPH_ATTENTION (packed_ss.models.graphs), and scripts/gpu_check.py measures both there.
+ATTENTIONS = ("written", "sdpa")
+
 NATIVE = "packed_ss_native_decoder"  # attribute of the transformers network holding its NativeDecoder
 NATIVE_COMPILED = "packed_ss_native_compiled"  # ... its compiled NativeDecoder
 NATIVE_FAILURE = "packed_ss_native_compile_failure"  # ... or the error compiling it raised
@@ -180,7 +184,8 @@ class NativeDecoder(torch.nn.Module):
         return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor, cache: torch.Tensor,
-                hidden_only: bool = False, keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                hidden_only: bool = False, keep: torch.Tensor | None = None,
+                attention: str = "written") -> tuple[torch.Tensor, torch.Tensor]:
         """One call over [cache | new rows].
 
         Args:
@@ -190,6 +195,9 @@ class NativeDecoder(torch.nn.Module):
             cache: (L, 2, Hkv, Kc', hd) keys (index 0) and values (1); only its first Kc slots are read.
             hidden_only: return final-norm hidden states (n, H) instead of logits (n, V).
             keep: (n,) rows to return (default all R), selected before the LM head.
+            attention: ``"written"`` (default): scores over the cache and over the call's own keys apart, never
+                copying the cache; ``"sdpa"``: one ``scaled_dot_product_attention`` over [cache | new keys] (a copy
+                of the Kc cached keys per layer, a handful of kernels fewer: :data:`ATTENTIONS`).
         Returns: (logits or hidden states of the kept rows, the new rows' keys and values (L, 2, Hkv, R, hd)).
         """
         rows, slots = ids.shape[0], bias.shape[-1] - ids.shape[0]
@@ -203,7 +211,11 @@ class NativeDecoder(torch.nn.Module):
         if self.llama4 is not None:  # Nemotron-Labs-Diffusion: queries scaled from position 16,384 on
             beta, original = self.llama4
             q_scale = (1 + beta * torch.log(1 + torch.floor(positions.float() / original))).to(x.dtype)[:, None, None]
+        if attention not in ATTENTIONS:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {attention!r}")
         bias = bias.repeat(group, 1)  # (G R, Kc + R): query rows are grouped per key/value head
+        if attention == "sdpa":
+            mask = bias.to(x.dtype)  # SDPA takes a float mask of the queries' dtype (0 and -inf are exact in any)
         softmax_dtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else None
         new_kv = []
         for index, layer in enumerate(self.layers):
@@ -219,9 +231,14 @@ class NativeDecoder(torch.nn.Module):
             k, v = k.transpose(0, 1), v.transpose(0, 1)  # (Hkv, R, hd)
             new_kv.append(torch.stack((k, v)))
             old_k, old_v = cache[index, 0, :, :slots], cache[index, 1, :, :slots]
-            scores = torch.cat((q @ old_k.transpose(1, 2), q @ k.transpose(1, 2)), -1) * layer.scaling + bias
-            weights = torch.softmax(scores, -1, dtype=softmax_dtype).to(q.dtype)
-            out = weights[..., :slots] @ old_v + weights[..., slots:] @ v  # (Hkv, G R, hd)
+            if attention == "sdpa":
+                keys, values = torch.cat((old_k, k), 1), torch.cat((old_v, v), 1)  # (Hkv, Kc + R, hd)
+                out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask,
+                                                     scale=layer.scaling)[0]
+            else:
+                scores = torch.cat((q @ old_k.transpose(1, 2), q @ k.transpose(1, 2)), -1) * layer.scaling + bias
+                weights = torch.softmax(scores, -1, dtype=softmax_dtype).to(q.dtype)
+                out = weights[..., :slots] @ old_v + weights[..., slots:] @ v  # (Hkv, G R, hd)
             out = out.view(hkv, group, rows, hd).permute(2, 0, 1, 3).reshape(rows, hq * hd)
             x = x + F.linear(out, layer.o, layer.o_bias)
             gate, up = F.linear(self._rms(x, layer.norm_out), layer.gate_up).chunk(2, -1)
@@ -307,6 +324,7 @@ class NativeCalls(StaticCalls):
 
     compiled_attribute, failure_attribute, shapes_attribute = NATIVE_COMPILED, NATIVE_FAILURE, NATIVE_SHAPES
     compiled_code = NativeDecoder.forward.__code__
+    attention = "written"  # NativeDecoder.forward's attention for this adapter's calls (ATTENTIONS)
 
     # --- the cache ----------------------------------------------------------------------------
     def _allocate(self, tokens: int, keep: int = 0) -> None:
@@ -361,7 +379,7 @@ class NativeCalls(StaticCalls):
         if result is None:
             if device.type != "cpu":  # the host's inputs, on the model's device (a GPU's eager calls)
                 ids, positions, bias = (t.to(device, non_blocking=True) for t in (ids, positions, bias))
-            out, new_kv = self.native(ids, positions, bias, self.cache.tensor, defer, keep)
+            out, new_kv = self.native(ids, positions, bias, self.cache.tensor, defer, keep, self.attention)
         else:
             out, new_kv = result
             out = out.index_select(0, keep)
