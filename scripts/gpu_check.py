@@ -667,10 +667,10 @@ def summary_lines(report: dict) -> list[str]:
     tests = report.get("cuda_tests")
     if isinstance(tests, dict) and "exit_code" in tests:
         lines.append(f"cuda tests: exit {tests['exit_code']}: {tests['summary']}")
-    else:
+    elif tests is not None:
         lines.append(f"cuda tests: {tests}")
     loss = report.get("lossless", {})
-    for dtype in DTYPES:
+    for dtype in (DTYPES if "lossless" in report else ()):
         part = loss.get(dtype) if isinstance(loss, dict) else None
         if isinstance(part, dict) and "schedules" in part:
             cells = []
@@ -682,7 +682,7 @@ def summary_lines(report: dict) -> list[str]:
         else:
             lines.append(f"lossless {dtype}: {part if part is not None else loss}")
     cost = report.get("per_call_cost", {})
-    if not isinstance(cost, dict) or "error" in cost:
+    if "per_call_cost" in report and (not isinstance(cost, dict) or "error" in cost):
         lines.append(f"ms/call: {cost}")
     for key, part in (cost.items() if isinstance(cost, dict) else ()):
         if isinstance(part, dict) and "by_rows" in part:
@@ -713,6 +713,8 @@ def summary_lines(report: dict) -> list[str]:
                 lines.append(f"  eager {found['rows']}-row call: {found['per_call']:.0f} {found['unit']}, "
                              f"{found['ms_per_call']:.2f} ms; most: {most}")
     for name in ("race", "race_graphs"):
+        if name not in report:
+            continue
         part = report.get(name)
         if isinstance(part, dict) and "schedules" in part:
             cells = [f"{n} {r['throughput']:.0f} tok/s ({r['tokens_per_nfe']:.2f} tok/NFE, "
@@ -752,6 +754,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, to try the script on a CPU")
     parser.add_argument("--budget-s", type=float, default=270.0,
                         help="wall-clock budget in seconds; sections that do not fit are skipped (default 270)")
+    parser.add_argument("--only", default=None, metavar="SECTIONS",
+                        help="comma-separated sections to run (the environment always runs), e.g. "
+                             "graph_call_cost,paper_experiment for a second try within a GPU's time")
     args = parser.parse_args(argv)
     budget = Budget(args.budget_s)
     out = Path(args.out)
@@ -780,11 +785,18 @@ def main(argv: list[str] | None = None) -> int:
             models, sizes, budget, args.device,
             progress=lambda partial: write_json(out, {**report, "paper_experiment": partial})), 60),
     ]
+    names = [name for name, _, _ in sections]
+    only = None if args.only is None else [name.strip() for name in args.only.split(",") if name.strip()]
+    unknown = [name for name in (only or ()) if name not in names]
+    if unknown:
+        parser.error(f"--only: unknown section(s) {', '.join(unknown)}; the sections are {', '.join(names)}")
     problem = device_dtype_problem(args.device, None)
     if not problem and not (EMBEDDED / "model.safetensors").exists():
         problem = f"the embedded model has no weights ({EMBEDDED / 'model.safetensors'} is missing)"
     for name, run, needed_s in sections:
         start = time.perf_counter()
+        if only is not None and name not in only and name != "environment":
+            continue
         if problem and name != "environment":
             report[name] = f"skipped: {problem}"
         elif not budget.allows(needed_s):

@@ -64,3 +64,19 @@ def test_the_graph_call_cost_section_runs_on_a_cpu_and_says_no_graphs_ran():
     lines = [line for line in check.summary_lines({"graph_call_cost": out, "environment": {}})
              if line.startswith("graph path")]
     assert len(lines) == 2 and "small-2L written" in lines[0] and "small-2L sdpa" in lines[1], lines
+
+
+def test_only_runs_the_sections_named_and_refuses_an_unknown_one(tmp_path, capsys):
+    import json
+
+    import pytest
+
+    check = load_script()
+    with pytest.raises(SystemExit) as refused:
+        check.main(["--device", "cpu", "--quick", "--only", "graph_cost"])
+    assert refused.value.code == 2 and "unknown section(s) graph_cost" in capsys.readouterr().err
+    out = tmp_path / "check.json"
+    assert check.main(["--device", "cpu", "--quick", "--only", "race", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert set(report) == {"script", "elapsed_s", "environment", "race"}, sorted(report)
+    assert set(report["race"]["schedules"]) == {"ar", "linear", "quadratic", "packed"}
