@@ -199,3 +199,66 @@ def test_the_benchmark_report_names_cuda_graphs_when_its_calls_replayed_them():
     compiled = "\n".join(_header({"meta": meta, "config": config}))
     assert "CUDA graphs of the native forward" in graphs and "torch.compile" not in graphs
     assert "torch.compile" in compiled and "CUDA graphs" not in compiled
+
+
+# --- the drafter LoRA on the native forward and its graphs ---------------------------------------------------------
+def _lora_calls(model):
+    """Logits of a prefill, a gated Packed-SS call (the adapter on its proposal rows), an ungated drafting call (every
+    row a proposal) and a verify call (the adapter off), on ``model``'s static cache (a model without the adapter:
+    the same calls, none with it)."""
+    from packed_ss.layout import draft_layout, packed_layout
+
+    from helpers import NLD_BOS_ID
+
+    model.reset(64, block_size=4)
+    prompt = [NLD_BOS_ID, 40, 41, 42, 43]
+    first = prefill_layout(prompt[:-1], 0, model.mask_token_id)
+    got = [model.forward(first, first.verify_rows).logits]
+    packed = packed_layout(prompt[-1], [44, 45], 3, model.cache_length, model.mask_token_id)
+    adapted = (lambda rows: {"adapter_rows": rows}) if model.drafter_lora else (lambda rows: {})
+    got.append(model.forward(packed, packed.verify_rows + packed.draft_rows, **adapted(packed.proposal_rows)).logits)
+    model.rollback(len(prompt))
+    drafting = draft_layout(46, 3, model.cache_length, model.mask_token_id)
+    got.append(model.forward(drafting, drafting.draft_rows, **adapted(tuple(range(drafting.rows)))).logits)
+    model.rollback(len(prompt))
+    verify = verify_layout([47], [48, 49], model.cache_length)
+    got.append(model.forward(verify, verify.verify_rows).logits)
+    return got
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_the_native_forward_applies_the_drafter_lora_as_peft_and_its_gate_hooks_do(nld_dir, graphs):
+    """float64: every call's logits equal transformers' forward with peft's LoRA and the row-gate hooks, eager or
+    replayed from graphs (gated calls have graphs of their own); the adapter changes the proposal rows."""
+    from packed_ss.models import DualModeModel
+
+    load = dict(device="cpu", dtype="float64", drafter_lora="linear_spec_lora")
+    native = DualModeModel.from_pretrained(nld_dir, **load)
+    if graphs:
+        on_graphs(native)
+    reference = DualModeModel.from_pretrained(nld_dir, path="transformers", **load)
+    base = DualModeModel.from_pretrained(nld_dir, device="cpu", dtype="float64", path="transformers")
+    assert native.path == "native" and reference.path == "transformers"
+    mine, theirs, plain = _lora_calls(native), _lora_calls(reference), _lora_calls(base)
+    for a, b in zip(mine, theirs, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    assert not torch.allclose(mine[1], plain[1], atol=1e-3) and not torch.allclose(mine[2], plain[2], atol=1e-3)
+    torch.testing.assert_close(mine[3], plain[3], rtol=0, atol=1e-10)  # the adapter off: the base model's
+    if graphs:
+        assert any(key[3] for key in native.static._graphs) and any(not key[3] for key in native.static._graphs)
+
+
+@pytest.mark.parametrize("name", ["linear", "quadratic", "packed"])
+def test_drafter_lora_runs_on_graphs_give_the_reference_runs_tokens_and_proposals(nld_dir, name):
+    from packed_ss.models import DualModeModel
+
+    from helpers import NLD_BOS_ID
+
+    load = dict(device="cpu", dtype="float64", drafter_lora="linear_spec_lora")
+    graphs = on_graphs(DualModeModel.from_pretrained(nld_dir, **load))
+    reference = DualModeModel.from_pretrained(nld_dir, path="transformers", **load)
+    config = DecodeConfig(block_size=4, max_new_tokens=16, drafter_lora=True)
+    prompt = [NLD_BOS_ID, 50, 51, 52, 53]
+    a, b = generate(graphs, prompt, config, name), generate(reference, prompt, config, name)
+    assert a.token_ids == b.token_ids and [r.proposals for r in a.records] == [r.proposals for r in b.records]
+    assert a.adapter_selected_rows == b.adapter_selected_rows > 0

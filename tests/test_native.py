@@ -145,13 +145,13 @@ def test_the_compiled_native_path_in_float32_tunes_its_gemms_and_gives_the_eager
     assert {rows for rows, _ in compiled.static.shapes} == {1}
 
 
-def test_a_drafter_lora_an_any_order_model_and_the_dynamic_cache_keep_transformers_forward(nld_dir,
-                                                                                         tiny_any_order_dir):
+def test_an_any_order_model_and_the_dynamic_cache_keep_transformers_forward_and_a_drafter_lora_does_not(
+        nld_dir, tiny_any_order_dir):
     with_lora = DualModeModel.from_pretrained(nld_dir, device="cpu", dtype="float64", drafter_lora="linear_spec_lora")
-    assert with_lora.path == "transformers" and "forward hooks" in with_lora.path_note
-    with pytest.raises(ModelLoadError, match="native forward cannot serve this model: the model carries forward hooks"):
-        DualModeModel.from_pretrained(nld_dir, device="cpu", dtype="float64", drafter_lora="linear_spec_lora",
-                                      path="native")
+    assert with_lora.path == "native" and with_lora.path_note is None  # the native forward applies the adapter
+    projection = with_lora.model.model.layers[0].self_attn.o_proj
+    projection.lora_dropout["drafter"] = torch.nn.Dropout(0.1)  # a LoRA the native forward does not compute
+    assert "DoRA, biases or dropout" in native_problem(with_lora.model)
     any_order = DualModeModel.from_pretrained(tiny_any_order_dir, device="cpu")
     assert any_order.path == "transformers" and "any-order" in any_order.path_note
     dynamic = DualModeModel.from_pretrained(nld_dir, device="cpu", cache="dynamic")
@@ -172,12 +172,11 @@ def test_a_model_type_it_does_not_serve_is_named():
 def test_the_cli_says_in_one_line_why_the_native_forward_is_not_used(nld_dir, capsys):
     from packed_ss.cli import main
 
-    code = main(["generate", "--model", str(nld_dir), "--drafter-lora", "linear_spec_lora", "--prompt", "w5 w6",
+    code = main(["generate", "--model", str(nld_dir), "--cache", "dynamic", "--prompt", "w5 w6",
                  "--max-new-tokens", "4", "--schedule", "packed"])
     err = capsys.readouterr().err
-    assert code == 0 and err.count("transformers' forward: the model carries forward hooks") == 1
-    code = main(["generate", "--model", str(nld_dir), "--drafter-lora", "linear_spec_lora", "--prompt", "w5 w6",
-                 "--path", "native"])
+    assert code == 0 and err.count("transformers' forward: the dynamic cache is transformers' own") == 1
+    code = main(["generate", "--model", str(nld_dir), "--cache", "dynamic", "--prompt", "w5 w6", "--path", "native"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "native forward cannot serve this model" in err[0]
 

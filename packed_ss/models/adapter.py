@@ -493,14 +493,18 @@ class DualModeModel:
             raise ValueError("this model has no drafter adapter (load one with drafter_lora=...)")
         if self.drafter_lora is None:
             return self._static_call(layout, rows, deferred) if self.static else self._call(layout, rows, deferred)
+        if self.path == "native":  # the native forward applies the adapter itself, gated by a per-call input
+            return self._static_call(layout, rows, deferred, adapter_rows=adapter_rows)
         with self.drafter_lora.applied(adapter_rows, layout.rows, self.device, self.dtype):
             if self.static:  # the adapter's hooks stay eager
                 return self._static_call(layout, rows, deferred, eager=bool(adapter_rows))
             return self._call(layout, rows, deferred)
 
     def _static_call(self, layout: CallLayout, rows: tuple[int, ...], deferred: tuple[int, ...],
-                     eager: bool = False) -> CallOutput:
-        prepared = self.static.prepare(layout, eager=eager)  # host work before the clock, as in _call
+                     eager: bool = False, adapter_rows: tuple[int, ...] = ()) -> CallOutput:
+        # host work before the clock, as in _call
+        prepared = (self.static.prepare(layout, eager=eager, adapter_rows=adapter_rows) if adapter_rows
+                    else self.static.prepare(layout, eager=eager))
         self._sync()
         start = time.perf_counter()
         out, hidden_states = self.static.execute(prepared, rows + deferred, defer=bool(deferred))

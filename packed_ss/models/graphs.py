@@ -108,18 +108,22 @@ class CallGraph:
     """One recorded call of Rp rows over a cache of capacity K: its input buffers, their replay, its output buffers."""
 
     def __init__(self, native, cache: torch.Tensor, rows: int, hidden_only: bool, recorder, mask_dtype: torch.dtype,
-                 attention: str = GRAPH_ATTENTION):
+                 attention: str = GRAPH_ATTENTION, gated: bool = False):
         device = cache.device
         capacity = cache.shape[3]
         self.ids = torch.zeros(rows, dtype=torch.long, device=device)
         self.positions = torch.zeros(rows, dtype=torch.long, device=device)
         self.bias = torch.zeros(rows, capacity + rows, dtype=mask_dtype, device=device)
-        # the graph reads these three buffers and this cache tensor, wherever a replay finds them (all kept alive)
+        # gated: the drafter LoRA on, its per-row multiplier a buffer too (paper Appendix F.2)
+        self.gate = torch.zeros(rows, dtype=cache.dtype, device=device) if gated else None
+        # the graph reads these buffers and this cache tensor, wherever a replay finds them (all kept alive)
         self.cache = cache
         (self.out, self.new_kv), self._replay = recorder.record(
-            lambda: native(self.ids, self.positions, self.bias, cache, hidden_only, None, attention), device)
+            lambda: native(self.ids, self.positions, self.bias, cache, hidden_only, None, attention, self.gate),
+            device)
 
-    def replay(self, ids: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def replay(self, ids: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor,
+               gate: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The call on these inputs (host or device tensors of the recorded shapes): (logits or hidden states of
         every row (Rp, V or H), the rows' keys and values (L, 2, Hkv, Rp, hd)). Both are the graph's own buffers,
         which the next replay writes over: the caller copies what it keeps (the rows it needs, the new keys and
@@ -127,6 +131,8 @@ class CallGraph:
         self.ids.copy_(ids, non_blocking=True)
         self.positions.copy_(positions, non_blocking=True)
         self.bias.copy_(bias, non_blocking=True)
+        if self.gate is not None:
+            self.gate.copy_(gate, non_blocking=True)
         self._replay()
         return self.out, self.new_kv
 
@@ -150,7 +156,7 @@ class GraphCalls(NativeCalls):
         if attention not in ATTENTIONS:
             raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {attention!r}")
         self.attention = attention  # eager calls and recorded graphs alike
-        self._graphs: dict[tuple[int, int, bool], CallGraph] = {}
+        self._graphs: dict[tuple[int, int, bool, bool], CallGraph] = {}  # (Rp, K, hidden only, gated)
         recorder = getattr(model, RECORDER, None)
         if type(recorder) is not self.recorder_class:
             recorder = self.recorder_class()
@@ -179,18 +185,27 @@ class GraphCalls(NativeCalls):
         super()._allocate(tokens, keep)
         self._graphs.clear()  # they read the cache tensor they were recorded on
 
+    gated_graphs = True  # calls with the drafter LoRA on replay graphs of their own (the gate a buffer)
+
     def _compiled_call(self, inputs, total: int, variant=None):
+        return self._replayed(inputs, total, None)
+
+    def _gated_call(self, inputs, total: int, gate: torch.Tensor):
+        return self._replayed(inputs, total, gate)
+
+    def _replayed(self, inputs, total: int, gate: torch.Tensor | None):
+        """The call replayed from its graph (recorded first where there is none), or None: run it eagerly."""
         if self._function is None or not self.compiled:
             return None
         ids, positions, bias, cache, hidden_only = inputs
-        key = (total, self.capacity, bool(hidden_only))
+        key = (total, self.capacity, bool(hidden_only), gate is not None)
         graph = self._graphs.get(key)
         if graph is None:
             start = time.perf_counter()
             failure = None
             try:
                 graph = CallGraph(self.native, cache, total, bool(hidden_only), self._recorder, bias.dtype,
-                                  self.attention)
+                                  self.attention, gate is not None)
             except Exception as error:  # noqa: BLE001 - out of memory, an unrecordable operation: eager, one line
                 failure = (RuntimeError(f"out of GPU memory while recording the graph of {total} rows")
                            if isinstance(error, torch.cuda.OutOfMemoryError) else error.with_traceback(None))
@@ -202,7 +217,7 @@ class GraphCalls(NativeCalls):
                 return None
             self._graphs[key] = graph
             self.compile_s += time.perf_counter() - start
-        return graph.replay(ids, positions, bias)
+        return graph.replay(ids, positions, bias, gate)
 
     def replay_ms(self, repeats: int = 10) -> dict[int, float]:
         """Rp -> the device time (ms, CUDA events) of one replay of the graph of Rp rows, on the inputs of its last
@@ -215,8 +230,8 @@ class GraphCalls(NativeCalls):
             raise ValueError(f"repeats must be >= 1, got {repeats}")
         found = {}
         with torch.cuda.device(self.device):
-            for (rows, capacity, hidden_only), graph in self._graphs.items():
-                if capacity != self.capacity or hidden_only:
+            for (rows, capacity, hidden_only, gated), graph in self._graphs.items():
+                if capacity != self.capacity or hidden_only or gated:
                     continue
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 graph.replay_again()  # queued ahead: the timed replays start as soon as it ends

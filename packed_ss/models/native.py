@@ -13,8 +13,9 @@ inductor neither copies the cache nor recompiles when its length moves; the addi
 
 Served: model types :data:`NATIVE_TYPES` on the CPU and on CUDA (where its padded calls replay as CUDA graphs by
 default, :mod:`packed_ss.models.graphs`), full attention, SiLU MLPs, static RoPE. Anything else
-(another family, a drafter LoRA or any other forward hook, an any-order model) keeps transformers' forward, and
-:func:`native_problem` says why in one line.
+(another family, a forward hook other than the drafter LoRA's row gate, an any-order model) keeps transformers'
+forward, and :func:`native_problem` says why in one line. The drafter LoRA (:mod:`packed_ss.models.lora`) runs here
+too: its A and B matrices are added to the fused projections' columns, on the rows a per-call gate selects.
 
 Shape legend: R rows of the call (Rp padded), K cache capacity, C cached tokens, L layers, Hq query heads,
 Hkv key/value heads, G = Hq / Hkv, hd head size, H hidden size, V vocabulary.
@@ -63,10 +64,11 @@ def native_problem(model) -> str | None:
     device = next(model.parameters()).device
     if device.type not in ("cpu", "cuda"):
         return f"the native forward serves CPU and CUDA models; on {device.type} transformers' forward is used"
-    hooked = [name for name, module in model.named_modules() if module._forward_hooks or module._forward_pre_hooks]
+    hooked = [name for name, module in model.named_modules()
+              if (module._forward_hooks or module._forward_pre_hooks) and not _gate_hooks_only(module)]
     if hooked:
-        return (f"the model carries forward hooks ({hooked[0]}{' ...' if len(hooked) > 1 else ''}: a drafter LoRA "
-                f"or another change to its computation), which only transformers' forward runs")
+        return (f"the model carries forward hooks ({hooked[0]}{' ...' if len(hooked) > 1 else ''}: a change to its "
+                f"computation), which only transformers' forward runs")
     if getattr(config, "any_order", False):
         return "any-order models keep transformers' forward (SetDLM's own code is their reference)"
     if getattr(config, "_attn_implementation", "sdpa") == "eager":
@@ -86,8 +88,52 @@ def native_problem(model) -> str | None:
         for projection in (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj,
                            layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj):
             if type(projection) is not torch.nn.Linear:
-                return f"a projection is a {type(projection).__name__}, not a plain linear layer (an adapter)"
+                why = _lora_problem(projection)
+                if why:
+                    return why
     return None
+
+
+def _gate_hooks_only(module) -> bool:
+    """Whether ``module``'s hooks are only the drafter LoRA's row gate (:class:`DrafterLora`), which the native
+    forward applies itself."""
+    from packed_ss.models.lora import DrafterLora
+
+    return not module._forward_pre_hooks and all(getattr(hook, "__func__", None) is DrafterLora._apply_gate
+                                                 for hook in module._forward_hooks.values())
+
+
+def _lora_problem(projection) -> str | None:
+    """Why the native forward cannot run ``projection`` (not a plain linear layer), or None for a linear layer carrying
+    the drafter LoRA alone as :class:`DrafterLora` loads it (plain LoRA, no dropout, not merged)."""
+    from packed_ss.models.lora import ADAPTER_NAME
+
+    kind = type(projection).__name__
+    base = projection.get_base_layer() if hasattr(projection, "get_base_layer") else None
+    if type(base) is not torch.nn.Linear or not hasattr(projection, "lora_A"):
+        return f"a projection is a {kind}, not a plain linear layer (an adapter)"
+    if set(projection.lora_A) != {ADAPTER_NAME} or getattr(projection, "merged", False):
+        return f"a projection's LoRA is not the drafter adapter alone, unmerged ({kind})"
+    variant = getattr(projection, "lora_variant", {}) or {}
+    if (ADAPTER_NAME in variant or (getattr(projection, "lora_bias", {}) or {}).get(ADAPTER_NAME, False)
+            or type(projection.lora_dropout[ADAPTER_NAME]) is not torch.nn.Identity):
+        return "the drafter LoRA uses DoRA, biases or dropout, which only transformers' forward runs"
+    return None
+
+
+def _lora_parts(projection) -> tuple | None:
+    """(A (r, in), B (out, r), scaling) of the drafter LoRA on ``projection`` (its own tensors), None without one."""
+    from packed_ss.models.lora import ADAPTER_NAME
+
+    if not hasattr(projection, "lora_A"):
+        return None
+    return (projection.lora_A[ADAPTER_NAME].weight.detach(), projection.lora_B[ADAPTER_NAME].weight.detach(),
+            float(projection.scaling[ADAPTER_NAME]))
+
+
+def _base_linear(projection):
+    """The plain linear layer under a LoRA-carrying projection (the projection itself when plain)."""
+    return projection.get_base_layer() if hasattr(projection, "get_base_layer") else projection
 
 
 def _frozen(tensor: torch.Tensor | None) -> torch.nn.Parameter | None:
@@ -96,6 +142,7 @@ def _frozen(tensor: torch.Tensor | None) -> torch.nn.Parameter | None:
 
 def _joined(*linears) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One (sum of outs, in) weight, and one bias (None when no part has one), from linears over the same input."""
+    linears = [_base_linear(linear) for linear in linears]
     weight = torch.cat([linear.weight.detach() for linear in linears]).contiguous()
     if all(linear.bias is None for linear in linears):
         return weight, None
@@ -108,10 +155,23 @@ def _held_once(linears, fused: torch.Tensor) -> None:
     """Make each of ``linears``' weights a view of its rows of ``fused``: the network's own modules and the native
     forward then read one copy of the projection weights (an 8B model's would otherwise sit twice in GPU memory)."""
     start = 0
-    for linear in linears:
+    for linear in map(_base_linear, linears):
         rows = linear.out_features
         linear.weight = torch.nn.Parameter(fused[start:start + rows], requires_grad=linear.weight.requires_grad)
         start += rows
+
+
+def _sliced_loras(projections) -> tuple:
+    """((start, end, A, B, scaling), ...): the drafter LoRA of each of ``projections`` (fused into one matrix in this
+    order) with the columns of the fused output it adds to."""
+    found, start = [], 0
+    for projection in projections:
+        end = start + projection.out_features
+        parts = _lora_parts(projection)
+        if parts is not None:
+            found.append((start, end, *parts))
+        start = end
+    return tuple(found)
 
 
 class NativeLayer(torch.nn.Module):
@@ -126,8 +186,14 @@ class NativeLayer(torch.nn.Module):
         _held_once((attention.q_proj, attention.k_proj, attention.v_proj), qkv)
         _held_once((mlp.gate_proj, mlp.up_proj), gate_up)
         self.qkv, self.qkv_bias = _frozen(qkv), _frozen(qkv_bias)
-        self.o, self.o_bias = _frozen(attention.o_proj.weight), _frozen(attention.o_proj.bias)
-        self.gate_up, self.down = _frozen(gate_up), _frozen(mlp.down_proj.weight)
+        o, down = _base_linear(attention.o_proj), _base_linear(mlp.down_proj)
+        self.o, self.o_bias = _frozen(o.weight), _frozen(o.bias)
+        self.gate_up, self.down = _frozen(gate_up), _frozen(down.weight)
+        # the drafter LoRA (packed_ss.models.lora), where it is loaded: per fused matrix, the columns it adds to
+        self.lora_qkv = _sliced_loras((attention.q_proj, attention.k_proj, attention.v_proj))
+        self.lora_o = _sliced_loras((attention.o_proj,))
+        self.lora_gate_up = _sliced_loras((mlp.gate_proj, mlp.up_proj))
+        self.lora_down = _sliced_loras((mlp.down_proj,))
         self.norm_in = _frozen(layer.input_layernorm.weight)
         self.norm_out = _frozen(layer.post_attention_layernorm.weight)
         q_norm, k_norm = getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)
@@ -179,13 +245,23 @@ class NativeDecoder(torch.nn.Module):
         return weight * y.to(x.dtype)
 
     @staticmethod
+    def _adapted(result: torch.Tensor, x: torch.Tensor, loras: tuple, gate: torch.Tensor | None) -> torch.Tensor:
+        """``result`` (R, out) of a (fused) projection of ``x`` plus the drafter LoRA on its columns, gated per row:
+        (B A x * gate) * scaling, as peft and :class:`DrafterLora`'s hook compute it; as is when ``gate`` is None."""
+        if gate is None or not loras:
+            return result
+        for start, end, a, b, scaling in loras:
+            result[:, start:end] += F.linear(F.linear(x, a), b) * gate[:, None] * scaling
+        return result
+
+    @staticmethod
     def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         half = x.shape[-1] // 2
         return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor, cache: torch.Tensor,
                 hidden_only: bool = False, keep: torch.Tensor | None = None,
-                attention: str = "written") -> tuple[torch.Tensor, torch.Tensor]:
+                attention: str = "written", gate: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One call over [cache | new rows].
 
         Args:
@@ -198,6 +274,9 @@ class NativeDecoder(torch.nn.Module):
             attention: ``"written"`` (default): scores over the cache and over the call's own keys apart, never
                 copying the cache; ``"sdpa"``: one ``scaled_dot_product_attention`` over [cache | new keys] (a copy
                 of the Kc cached keys per layer, a handful of kernels fewer: :data:`ATTENTIONS`).
+            gate: (R,) the drafter LoRA's multiplier per row in the model's dtype (1: a proposal row, 0: not), or
+                None: the adapter is off for the call (paper Appendix F.2; what :class:`DrafterLora`'s hooks do on
+                transformers' forward, in the same order of operations).
         Returns: (logits or hidden states of the kept rows, the new rows' keys and values (L, 2, Hkv, R, hd)).
         """
         rows, slots = ids.shape[0], bias.shape[-1] - ids.shape[0]
@@ -219,7 +298,8 @@ class NativeDecoder(torch.nn.Module):
         softmax_dtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else None
         new_kv = []
         for index, layer in enumerate(self.layers):
-            h = F.linear(self._rms(x, layer.norm_in), layer.qkv, layer.qkv_bias)
+            normed = self._rms(x, layer.norm_in)
+            h = self._adapted(F.linear(normed, layer.qkv, layer.qkv_bias), normed, layer.lora_qkv, gate)
             qk, v = h[:, :(hq + hkv) * hd].view(rows, hq + hkv, hd), h[:, (hq + hkv) * hd:].view(rows, hkv, hd)
             if layer.qk_norm is not None:
                 qk = self._rms(qk, layer.qk_norm)
@@ -240,9 +320,11 @@ class NativeDecoder(torch.nn.Module):
                 weights = torch.softmax(scores, -1, dtype=softmax_dtype).to(q.dtype)
                 out = weights[..., :slots] @ old_v + weights[..., slots:] @ v  # (Hkv, G R, hd)
             out = out.view(hkv, group, rows, hd).permute(2, 0, 1, 3).reshape(rows, hq * hd)
-            x = x + F.linear(out, layer.o, layer.o_bias)
-            gate, up = F.linear(self._rms(x, layer.norm_out), layer.gate_up).chunk(2, -1)
-            x = x + F.linear(F.silu(gate) * up, layer.down)
+            x = x + self._adapted(F.linear(out, layer.o, layer.o_bias), out, layer.lora_o, gate)
+            normed = self._rms(x, layer.norm_out)
+            g, up = self._adapted(F.linear(normed, layer.gate_up), normed, layer.lora_gate_up, gate).chunk(2, -1)
+            inner = F.silu(g) * up
+            x = x + self._adapted(F.linear(inner, layer.down), inner, layer.lora_down, gate)
         if keep is not None:
             x = x.index_select(0, keep)
         x = self._rms(x, self.norm)
@@ -347,11 +429,15 @@ class NativeCalls(StaticCalls):
         self.length = keep
 
     # --- one call -----------------------------------------------------------------------------
-    def prepare(self, layout, eager: bool = False) -> tuple:
-        """Host work of a call: padded rows, ids, positions and the additive mask; grows the cache when the call
-        does not fit. Compiled calls see all K slots; eager ones the C cached slots."""
+    gated_graphs = False  # whether calls with the drafter LoRA on run compiled too (else eagerly)
+
+    def prepare(self, layout, eager: bool = False, adapter_rows: tuple[int, ...] = ()) -> tuple:
+        """Host work of a call: padded rows, ids, positions and the additive mask, and the drafter LoRA's row gate
+        (1 on ``adapter_rows``; none when empty: the adapter is off); grows the cache when the call does not fit.
+        Compiled calls see all K slots; eager ones the C cached slots."""
         rows, cached = layout.rows, self.length
-        compiled = self.compiled and not eager and PREFILL not in layout.regions
+        compiled = (self.compiled and not eager and PREFILL not in layout.regions
+                    and (not adapter_rows or self.gated_graphs))
         total = padded_rows(rows, self.block_size) if compiled else rows
         if cached + total > self.capacity:
             self._allocate(cached + total, keep=cached)
@@ -365,27 +451,40 @@ class NativeCalls(StaticCalls):
         allowed[np.arange(rows, total), slots + np.arange(rows, total)] = True
         bias = np.where(allowed, 0.0, -np.inf).astype(_numpy_dtype(self.cache.tensor.dtype))
         host = torch.from_numpy(ids)
-        return (host[0], host[1], torch.from_numpy(bias)), rows, total, compiled
+        gate = None
+        if adapter_rows:
+            gate = torch.zeros(total, dtype=self.cache.tensor.dtype)
+            gate[list(adapter_rows)] = 1
+        return (host[0], host[1], torch.from_numpy(bias)), rows, total, compiled, gate
 
     def execute(self, prepared: tuple, need: tuple[int, ...], defer: bool = False) -> tuple[torch.Tensor, bool]:
         """Run a call made by :meth:`prepare`; returns (logits of the rows ``need``, False), or their final hidden
         states and True when ``defer`` (the caller applies the LM head to the rows it needs), and writes the new
         rows' keys and values at the cache's length, which advances by R."""
-        (ids, positions, bias), rows, total, compiled = prepared
+        (ids, positions, bias), rows, total, compiled, gate = prepared
         device = self.cache.tensor.device
         keep = torch.as_tensor(need, dtype=torch.long, device=device)
-        result = self._compiled_call((ids, positions, bias, self.cache.tensor, defer), total,
-                                     "hidden" if defer else "logits") if compiled else None
+        inputs = (ids, positions, bias, self.cache.tensor, defer)
+        result = None
+        if compiled:
+            result = (self._compiled_call(inputs, total, "hidden" if defer else "logits") if gate is None
+                      else self._gated_call(inputs, total, gate))
         if result is None:
             if device.type != "cpu":  # the host's inputs, on the model's device (a GPU's eager calls)
                 ids, positions, bias = (t.to(device, non_blocking=True) for t in (ids, positions, bias))
-            out, new_kv = self.native(ids, positions, bias, self.cache.tensor, defer, keep, self.attention)
+                gate = None if gate is None else gate.to(device, non_blocking=True)
+            out, new_kv = self.native(ids, positions, bias, self.cache.tensor, defer, keep, self.attention, gate)
         else:
             out, new_kv = result
             out = out.index_select(0, keep)
         self.cache.tensor[:, :, :, self.length:self.length + rows] = new_kv[:, :, :, :rows]
         self.length += rows
         return out, defer
+
+    def _gated_call(self, inputs, total: int, gate: torch.Tensor):
+        """A compiled call with the drafter LoRA on (rows gated by ``gate``), or None: run it eagerly (the CPU's
+        compiled calls never take one, :attr:`gated_graphs`)."""
+        return None
 
     def _call_compiled(self, inputs):
         import torch._inductor.config
