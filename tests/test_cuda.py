@@ -183,3 +183,19 @@ def test_graph_replays_equal_eager_calls_at_growing_lengths_and_after_rollback()
         again.append(model.forward(layout, layout.verify_rows).logits.float().cpu())
     assert graphs.graphs and graphs.static.capacity == 1024, graphs.compile_note
     torch.testing.assert_close(again[0], again[1], rtol=1e-4, atol=1e-4)
+
+
+def test_the_drafter_lora_on_graphs_equals_transformers_forward_with_peft(nld_dir):
+    """The tiny NLD checkpoint with its drafter LoRA in float32 on CUDA: a gated, an ungated and an adapter-off call
+    replayed from graphs give transformers' logits with peft's LoRA and the row-gate hooks."""
+    from test_graphs import _lora_calls
+
+    from packed_ss.models import DualModeModel
+
+    load = dict(device="cuda", dtype="float32", drafter_lora="linear_spec_lora")
+    graphs = DualModeModel.from_pretrained(nld_dir, **load)
+    reference = DualModeModel.from_pretrained(nld_dir, path="transformers", **load)
+    assert graphs.path == "native" and graphs.graphs, graphs.compile_note
+    for a, b in zip(_lora_calls(graphs), _lora_calls(reference), strict=True):
+        torch.testing.assert_close(a.float().cpu(), b.float().cpu(), rtol=1e-4, atol=1e-3)
+    assert any(key[3] for key in graphs.static._graphs)  # the gated calls replayed graphs of their own
