@@ -503,8 +503,7 @@ class DualModeModel:
     def _static_call(self, layout: CallLayout, rows: tuple[int, ...], deferred: tuple[int, ...],
                      eager: bool = False, adapter_rows: tuple[int, ...] = ()) -> CallOutput:
         # host work before the clock, as in _call
-        prepared = (self.static.prepare(layout, eager=eager, adapter_rows=adapter_rows) if adapter_rows
-                    else self.static.prepare(layout, eager=eager))
+        prepared = self.static.prepare(layout, eager=eager, adapter_rows=adapter_rows)
         self._sync()
         start = time.perf_counter()
         out, hidden_states = self.static.execute(prepared, rows + deferred, defer=bool(deferred))

@@ -223,10 +223,12 @@ class StaticCalls:
             layer.cumulative_length.fill_(length)
 
     # --- one call -----------------------------------------------------------------------------
-    def prepare(self, layout, eager: bool = False) -> tuple:
+    def prepare(self, layout, eager: bool = False, adapter_rows: tuple[int, ...] = ()) -> tuple:
         """The host-side work of a call (not model time): pad the rows, build the ids, positions and the mask over
         the whole capacity, grow the cache when the call does not fit. ``eager``: never compile this call (the
-        prefill, calls with the drafter adapter switched on). Returns what :meth:`execute` takes."""
+        prefill, calls with the drafter adapter switched on). ``adapter_rows``: unused here (the drafter LoRA's
+        hooks gate transformers' forward; the native forward takes them, :class:`NativeCalls`). Returns what
+        :meth:`execute` takes."""
         rows, cached = layout.rows, self.length
         compiled = self.compiled and not eager and PREFILL not in layout.regions
         total = padded_rows(rows, self.block_size) if compiled else rows
