@@ -384,10 +384,18 @@ def graph_call_cost(models: Models, sizes: Sizes, budget: Budget, device: str) -
     from packed_ss.cost import roofline
     from packed_ss.models.native import ATTENTIONS
 
-    result = {"unit": "ms per call: median_ms the adapter's call (host copies, replay, cache write; CUDA-"
-                      "synchronised), replay_ms the graph's replay alone (CUDA events)", "dtype": "bfloat16",
-              "attentions": {"written": "scores over the cache and the call's own keys apart (the default)",
-                             "sdpa": "one scaled_dot_product_attention over [cache | new keys] (copies the cache)"}}
+    result = {"unit": "ms per call: median_ms the adapter's call (host copies and replay; CUDA-synchronised), "
+                      "replay_ms the graph's replay alone (CUDA events)", "dtype": "bfloat16",
+              "attentions": {"written": "the call's keys written into the cache, then scores, softmax and values "
+                                       "over the cache as separate kernels (the default)",
+                             "sdpa": "the call's keys written into the cache, then one "
+                                     "scaled_dot_product_attention over it"}}
+    from packed_ss.models.op_count import CPU_FORM, GRAPH_FORMS, operations_per_layer
+
+    # the kernels a layer launches, counted on the host (what the profile below sees on the device)
+    result["operations_per_layer"] = {"cpu_form": sum(operations_per_layer(CPU_FORM).values()),
+                                      **{form.attention: sum(operations_per_layer(form).values())
+                                         for form in GRAPH_FORMS}}
     tokenizer = models.embedded("float32").tokenizer
     for name, shape in sizes.paper_shapes.items():
         if not budget.allows(30):
@@ -693,7 +701,10 @@ def summary_lines(report: dict) -> list[str]:
     graphs = report.get("graph_call_cost")
     for key, part in (graphs.items() if isinstance(graphs, dict) else ()):
         if not isinstance(part, dict) or "floor_ms" not in part:
-            if key not in ("unit", "dtype", "section_s", "attentions"):
+            if key == "operations_per_layer":
+                lines.append("graph path operations per layer (bfloat16, counted on the host): "
+                             + ", ".join(f"{form} {count}" for form, count in part.items()))
+            elif key not in ("unit", "dtype", "section_s", "attentions"):
                 lines.append(f"graph path {key}: {part}")
             continue
         for attention in ("written", "sdpa"):

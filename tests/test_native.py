@@ -91,6 +91,39 @@ def test_native_calls_equal_transformers_on_each_served_type(kind):
     _same_calls(native, reference, [2, 3, 4, 5, 6, 7, 8], 1e-10)
 
 
+@pytest.mark.parametrize("attention", ["written", "sdpa"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_the_graph_paths_call_form_equals_transformers(kind, attention):
+    """The form of the graph path's calls (issue 55): keys and values written into the cache inside the call, each
+    layer attending over the cache alone. Same call sequence as above: logits, deferred rows and caches agree with
+    transformers' forward. (Its fused RMSNorm: the test below.)"""
+    model, tokenizer = _tiny(kind, seed=1)
+    native, reference = _pair(model, tokenizer)
+    native.static.in_place, native.static.attention = True, attention
+    _same_calls(native, reference, [2, 3, 4, 5, 6, 7, 8], 1e-10)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_fused_rmsnorm_rounds_as_transformers_does(dtype):
+    """transformers rounds the normalised hidden state to the model's dtype before the weight multiplies it; so does
+    the fused form. On the CPU torch's rms_norm runs the same operations, so the logits are bitwise the same (a
+    weight passed into rms_norm would be multiplied before the rounding: other bits in half precision)."""
+    from packed_ss.models.native import native_decoder
+
+    model, _ = _tiny("qwen3", seed=2)
+    model = model.to(dtype)
+    decoder = native_decoder(model)
+    ids, positions = torch.tensor([3, 4, 5, 6, 7]), torch.arange(5)
+    bias = torch.triu(torch.full((5, 5), float("-inf")), 1)
+    cache = torch.zeros(2, 2, 2, 8, 8, dtype=dtype)
+    found = []
+    for fused in (False, True):
+        decoder.fused_norm = fused
+        with torch.no_grad():
+            found.append(decoder(ids, positions, bias, cache)[0])
+    assert torch.equal(found[0], found[1])
+
+
 def test_native_calls_equal_transformers_on_the_nld_format(nld_dir):
     """Ministral3 (NLD's layout): yarn RoPE, GQA and Llama-4 query scaling, which this fixture starts at position
     64: the prompt crosses it."""
@@ -229,3 +262,18 @@ def test_without_a_cuda_device_graph_calls_say_why_and_run_eagerly():
     out, _ = calls.execute(prepared, tuple(range(layout.rows)))
     reference = eager.forward(layout, tuple(range(layout.rows))).logits
     torch.testing.assert_close(out, reference)
+
+
+def test_a_graph_path_layer_launches_about_half_the_kernels_of_the_cpus():
+    """Issue 55: at 1-64 rows a layer's small kernels cost about what its GEMMs do, so the graph path's call form
+    keeps them few. Upper bounds on the counted operators per layer (packed_ss.models.op_count): a change that adds
+    one to a layer has to raise them on purpose."""
+    from packed_ss.models.op_count import CPU_FORM, GRAPH_FORMS, operations_per_layer
+
+    cpu = operations_per_layer(CPU_FORM)
+    graphs = {form.attention: operations_per_layer(form) for form in GRAPH_FORMS}
+    assert cpu["mm"] == graphs["written"]["mm"] == graphs["sdpa"]["mm"] == 4  # q|k|v, o, gate|up, down
+    assert sum(graphs["sdpa"].values()) <= 21 and sum(graphs["written"].values()) <= 26
+    assert sum(cpu.values()) - sum(graphs["sdpa"].values()) >= 20
+    assert graphs["sdpa"]["rms_norm"] == 2 and not graphs["sdpa"]["rsqrt"]  # one fused kernel per norm
+    assert graphs["sdpa"]["cat"] == 1 and graphs["sdpa"]["stack"] == 1  # RoPE's halves, the keys with the values

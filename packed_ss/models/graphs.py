@@ -6,9 +6,10 @@ replays them with a single launch. :class:`GraphCalls` records :class:`~packed_s
 once per padded row count Rp (:func:`~packed_ss.models.static.padded_rows`: 1, then multiples of the run's block size
 B, which covers every schedule's calls at that B) over the adapter's static cache of capacity K: the additive mask
 carries the cache's length, so one graph replays at every length and after every rollback. A graph's inputs (ids,
-positions, the (Rp, K + Rp) mask) are buffers of its own, copied into before each replay. The forward writes nothing
-(it returns the new rows' keys and values), so a graph never mutates the cache: the caller copies the rows it needs and
-writes the new keys and values at the cache's length before the next replay writes over the graph's outputs.
+positions, the rows' cache slots, the (Rp, K) mask) are buffers of its own, copied into before each replay. The
+forward writes the new rows' keys and values into the cache at those slots (C .. C + Rp - 1, the padding rows' past the
+length, unread) and attends over the cache alone (:attr:`~packed_ss.models.native.NativeCalls.in_place`), so a layer
+copies no keys; the caller copies the rows it needs before the next replay writes over the graph's outputs.
 
 Recording takes two untimed calls and the capture, at the first call of each (Rp, K) of an adapter; its time goes to
 ``compile_s`` (reported apart from decoding time, as compiling is). A capture that fails (out of GPU memory, an
@@ -105,36 +106,47 @@ class CudaRecorder:
 
 
 class CallGraph:
-    """One recorded call of Rp rows over a cache of capacity K: its input buffers, their replay, its output buffers."""
+    """One recorded call of Rp rows over a cache of capacity K: its input buffers, their replay, its output buffers.
 
-    def __init__(self, native, cache: torch.Tensor, rows: int, hidden_only: bool, recorder, mask_dtype: torch.dtype,
-                 attention: str = GRAPH_ATTENTION, gated: bool = False):
+    The call writes the cache, so the untimed calls of the recording run on the first call's own inputs (``first``,
+    as :meth:`replay` takes them): they write what that call writes, where it writes it."""
+
+    def __init__(self, native, cache: torch.Tensor, hidden_only: bool, recorder, first: tuple,
+                 attention: str = GRAPH_ATTENTION):
         device = cache.device
-        capacity = cache.shape[3]
-        self.ids = torch.zeros(rows, dtype=torch.long, device=device)
-        self.positions = torch.zeros(rows, dtype=torch.long, device=device)
-        self.bias = torch.zeros(rows, capacity + rows, dtype=mask_dtype, device=device)
-        # gated: the drafter LoRA on, its per-row multiplier a buffer too (paper Appendix F.2)
-        self.gate = torch.zeros(rows, dtype=cache.dtype, device=device) if gated else None
+        ids, positions, bias, slots, gate = first
+        self.ids = torch.empty_like(ids, device=device)  # (Rp,)
+        self.positions = torch.empty_like(positions, device=device)  # (Rp,)
+        self.slots = torch.empty_like(slots, device=device)  # (Rp,): where the rows' keys and values go in the cache
+        self.bias = torch.empty_like(bias, device=device)  # (Rp, K)
+        # the drafter LoRA on: its per-row multiplier a buffer too (paper Appendix F.2)
+        self.gate = None if gate is None else torch.empty_like(gate, device=device)
         # the graph reads these buffers and this cache tensor, wherever a replay finds them (all kept alive)
         self.cache = cache
-        (self.out, self.new_kv), self._replay = recorder.record(
-            lambda: native(self.ids, self.positions, self.bias, cache, hidden_only, None, attention, self.gate),
+        self._load(first)
+        (self.out,), self._replay = recorder.record(  # the outputs' tuple: (logits or hidden states,)
+            lambda: native(self.ids, self.positions, self.bias, cache, hidden_only, None, attention, self.gate,
+                           self.slots)[:1],
             device)
 
-    def replay(self, ids: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor,
-               gate: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The call on these inputs (host or device tensors of the recorded shapes): (logits or hidden states of
-        every row (Rp, V or H), the rows' keys and values (L, 2, Hkv, Rp, hd)). Both are the graph's own buffers,
-        which the next replay writes over: the caller copies what it keeps (the rows it needs, the new keys and
-        values into the cache) before then."""
+    def _load(self, inputs: tuple) -> None:
+        ids, positions, bias, slots, gate = inputs
         self.ids.copy_(ids, non_blocking=True)
         self.positions.copy_(positions, non_blocking=True)
+        self.slots.copy_(slots, non_blocking=True)
         self.bias.copy_(bias, non_blocking=True)
         if self.gate is not None:
             self.gate.copy_(gate, non_blocking=True)
+
+    def replay(self, ids: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor, slots: torch.Tensor,
+               gate: torch.Tensor | None = None) -> torch.Tensor:
+        """The call on these inputs (host or device tensors of the recorded shapes: (Rp,) ids, positions and cache
+        slots, (Rp, K) mask, (Rp,) gate or None): it writes the rows' keys and values into the cache at ``slots``
+        and returns the logits or hidden states of every row (Rp, V or H), the graph's own buffer, which the next
+        replay writes over: the caller copies the rows it keeps before then."""
+        self._load((ids, positions, bias, slots, gate))
         self._replay()
-        return self.out, self.new_kv
+        return self.out
 
     def replay_again(self) -> None:
         """The graph once more, on the inputs already in its buffers (timing)."""
@@ -186,6 +198,7 @@ class GraphCalls(NativeCalls):
         self._graphs.clear()  # they read the cache tensor they were recorded on
 
     gated_graphs = True  # calls with the drafter LoRA on replay graphs of their own (the gate a buffer)
+    in_place = True  # a graph writes its rows' keys and values into the cache (a buffer it mutates)
 
     def _compiled_call(self, inputs, total: int, variant=None):
         return self._replayed(inputs, total, None)
@@ -197,15 +210,15 @@ class GraphCalls(NativeCalls):
         """The call replayed from its graph (recorded first where there is none), or None: run it eagerly."""
         if self._function is None or not self.compiled:
             return None
-        ids, positions, bias, cache, hidden_only = inputs
+        ids, positions, bias, cache, hidden_only, slots = inputs
         key = (total, self.capacity, bool(hidden_only), gate is not None)
         graph = self._graphs.get(key)
         if graph is None:
             start = time.perf_counter()
             failure = None
             try:
-                graph = CallGraph(self.native, cache, total, bool(hidden_only), self._recorder, bias.dtype,
-                                  self.attention, gate is not None)
+                graph = CallGraph(self.native, cache, bool(hidden_only), self._recorder,
+                                  (ids, positions, bias, slots, gate), self.attention)
             except Exception as error:  # noqa: BLE001 - out of memory, an unrecordable operation: eager, one line
                 failure = (RuntimeError(f"out of GPU memory while recording the graph of {total} rows")
                            if isinstance(error, torch.cuda.OutOfMemoryError) else error.with_traceback(None))
@@ -217,7 +230,7 @@ class GraphCalls(NativeCalls):
                 return None
             self._graphs[key] = graph
             self.compile_s += time.perf_counter() - start
-        return graph.replay(ids, positions, bias, gate)
+        return graph.replay(ids, positions, bias, slots, gate), None  # the keys and values are in the cache
 
     def replay_ms(self, repeats: int = 10) -> dict[int, float]:
         """Rp -> the device time (ms, CUDA events) of one replay of the graph of Rp rows, on the inputs of its last

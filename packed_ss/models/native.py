@@ -7,9 +7,11 @@ rotary embeddings computed from the explicit position ids and attention written 
 own keys. transformers still loads the checkpoint, gives the configuration, and is the reference that the tests
 compare these logits with (``tests/test_native.py``).
 
-Attention never writes the cache inside the forward: the call returns its new keys and values and the caller
-writes them at the cache's length (:class:`NativeCalls`). A compiled graph therefore mutates nothing, so
-inductor neither copies the cache nor recompiles when its length moves; the additive mask carries the length.
+By default attention never writes the cache inside the forward: the call returns its new keys and values and the
+caller writes them at the cache's length (:class:`NativeCalls`). A compiled graph therefore mutates nothing, so
+inductor neither copies the cache nor recompiles when its length moves; the additive mask carries the length. The
+graph path on CUDA writes them in the call instead (``slots``): a CUDA graph may mutate a buffer, and attending over
+the cache alone saves the copies and the score pieces of the call's own keys (:attr:`NativeCalls.in_place`).
 
 Served: model types :data:`NATIVE_TYPES` on the CPU and on CUDA (where its padded calls replay as CUDA graphs by
 default, :mod:`packed_ss.models.graphs`), full attention, SiLU MLPs, static RoPE. Anything else
@@ -238,8 +240,18 @@ class NativeDecoder(torch.nn.Module):
     def layer_count(self) -> int:
         return len(self.layers)
 
+    # Whether RMSNorm runs as torch's rms_norm (one fused kernel on CUDA) instead of written out (8 kernels on a
+    # half-precision GPU call, faster on the CPU); None: on CUDA tensors. Either way: the same operations, in the
+    # same order and dtypes (tests/test_native.py compares both). float64 stays written out: transformers
+    # normalises in float32 whatever the dtype, and rms_norm would compute in float64.
+    fused_norm: bool | None = None
+
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """RMSNorm as transformers computes it: in float32, then the weight in the model's dtype."""
+        """RMSNorm as transformers computes it: normalised in float32, rounded to the model's dtype, then times the
+        weight in the model's dtype."""
+        if x.dtype != torch.float64 and (self.fused_norm or (self.fused_norm is None and x.is_cuda)):
+            # rms_norm without a weight: x / rms(x) in float32 (it upcasts half precision), cast back to x's dtype
+            return weight * F.rms_norm(x, (x.shape[-1],), None, self.eps)
         y = x.float()
         y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
         return weight * y.to(x.dtype)
@@ -255,38 +267,46 @@ class NativeDecoder(torch.nn.Module):
         return result
 
     @staticmethod
-    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+        """RoPE: x cos + rotate_half(x) sin, with rotate_half(x) = [-x2 | x1]. ``signed_sin`` is [-sin | sin] over the
+        two halves, so the negation is folded into it (bitwise the same: negation is exact), one kernel fewer."""
         half = x.shape[-1] // 2
-        return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
+        return x * cos + torch.cat((x[..., half:], x[..., :half]), -1) * signed_sin
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor, cache: torch.Tensor,
                 hidden_only: bool = False, keep: torch.Tensor | None = None,
-                attention: str = "written", gate: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                attention: str = "written", gate: torch.Tensor | None = None,
+                slots: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One call over [cache | new rows].
 
         Args:
             ids, positions: (R,) token ids and absolute positions.
             bias: (R, Kc + R) additive attention mask (0 where a row may attend, -inf elsewhere) over the first Kc
-                cache slots, then the call's own rows.
+                cache slots, then the call's own rows; (R, Kc) when ``slots`` is given (the rows are in the cache).
             cache: (L, 2, Hkv, Kc', hd) keys (index 0) and values (1); only its first Kc slots are read.
             hidden_only: return final-norm hidden states (n, H) instead of logits (n, V).
             keep: (n,) rows to return (default all R), selected before the LM head.
-            attention: ``"written"`` (default): scores over the cache and over the call's own keys apart, never
-                copying the cache; ``"sdpa"``: one ``scaled_dot_product_attention`` over [cache | new keys] (a copy
-                of the Kc cached keys per layer, a handful of kernels fewer: :data:`ATTENTIONS`).
+            attention: ``"written"`` (default): scores, softmax and values as separate kernels (without ``slots``:
+                over the cache and over the call's own keys apart, never copying the cache); ``"sdpa"``: one
+                ``scaled_dot_product_attention`` (without ``slots``: over [cache | new keys], a copy of the Kc cached
+                keys per layer). :data:`ATTENTIONS`.
             gate: (R,) the drafter LoRA's multiplier per row in the model's dtype (1: a proposal row, 0: not), or
                 None: the adapter is off for the call (paper Appendix F.2; what :class:`DrafterLora`'s hooks do on
                 transformers' forward, in the same order of operations).
-        Returns: (logits or hidden states of the kept rows, the new rows' keys and values (L, 2, Hkv, R, hd)).
+            slots: (R,) cache slots (< Kc) the new rows' keys and values are written to, in place, before each layer
+                attends over its Kc cache slots alone; or None (default): the cache is only read.
+        Returns: (logits or hidden states of the kept rows, the new rows' keys and values (L, 2, Hkv, R, hd), or
+        None when ``slots`` wrote them into the cache).
         """
-        rows, slots = ids.shape[0], bias.shape[-1] - ids.shape[0]
+        rows = ids.shape[0]
+        cached = bias.shape[-1] - (0 if slots is not None else rows)  # Kc: the cache slots each layer reads
         hq, hkv, hd = self.heads, self.kv_heads, self.head_dim
         group = hq // hkv
         x = F.embedding(ids, self.embed)
         freqs = positions[:, None].float() * self.inv_freq[None]
-        angles = torch.cat((freqs, freqs), -1)
-        cos = (angles.cos() * self.rope_scale).to(x.dtype)[:, None]  # (R, 1, hd): one row per position
-        sin = (angles.sin() * self.rope_scale).to(x.dtype)[:, None]
+        cos = (torch.cat((freqs, freqs), -1).cos() * self.rope_scale).to(x.dtype)[:, None]  # (R, 1, hd)
+        sin = (freqs.sin() * self.rope_scale).to(x.dtype)
+        signed_sin = torch.cat((-sin, sin), -1)[:, None]  # [-sin | sin]: rotate_half's sign (see _rotate)
         if self.llama4 is not None:  # Nemotron-Labs-Diffusion: queries scaled from position 16,384 on
             beta, original = self.llama4
             q_scale = (1 + beta * torch.log(1 + torch.floor(positions.float() / original))).to(x.dtype)[:, None, None]
@@ -294,31 +314,35 @@ class NativeDecoder(torch.nn.Module):
             raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {attention!r}")
         bias = bias.repeat(group, 1)  # (G R, Kc + R): query rows are grouped per key/value head
         if attention == "sdpa":
-            mask = bias.to(x.dtype)  # SDPA takes a float mask of the queries' dtype (0 and -inf are exact in any)
+            bias = bias.to(x.dtype)  # SDPA takes a float mask of the queries' dtype (0 and -inf are exact in any)
         softmax_dtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else None
-        new_kv = []
+        new_kv = [] if slots is None else None
         for index, layer in enumerate(self.layers):
             normed = self._rms(x, layer.norm_in)
             h = self._adapted(F.linear(normed, layer.qkv, layer.qkv_bias), normed, layer.lora_qkv, gate)
             qk, v = h[:, :(hq + hkv) * hd].view(rows, hq + hkv, hd), h[:, (hq + hkv) * hd:].view(rows, hkv, hd)
             if layer.qk_norm is not None:
                 qk = self._rms(qk, layer.qk_norm)
-            qk = self._rotate(qk, cos, sin)  # q's and k's heads at once: half the elementwise kernels
+            qk = self._rotate(qk, cos, signed_sin)  # q's and k's heads at once: half the elementwise kernels
             q, k = qk[:, :hq], qk[:, hq:]
             if self.llama4 is not None:
                 q = q * q_scale
             q = q.view(rows, hkv, group, hd).permute(1, 2, 0, 3).reshape(hkv, group * rows, hd)
-            k, v = k.transpose(0, 1), v.transpose(0, 1)  # (Hkv, R, hd)
-            new_kv.append(torch.stack((k, v)))
-            old_k, old_v = cache[index, 0, :, :slots], cache[index, 1, :, :slots]
-            if attention == "sdpa":
-                keys, values = torch.cat((old_k, k), 1), torch.cat((old_v, v), 1)  # (Hkv, Kc + R, hd)
-                out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask,
-                                                     scale=layer.scaling)[0]
-            else:
-                scores = torch.cat((q @ old_k.transpose(1, 2), q @ k.transpose(1, 2)), -1) * layer.scaling + bias
+            kv = torch.stack((k.transpose(0, 1), v.transpose(0, 1)))  # (2, Hkv, R, hd)
+            if slots is None:
+                new_kv.append(kv)
+            else:  # the rows join the cache first; attention then reads the cache alone
+                cache[index].index_copy_(2, slots, kv)
+            old_k, old_v = cache[index, 0, :, :cached], cache[index, 1, :, :cached]  # (Hkv, Kc, hd)
+            if slots is not None:
+                out = self._attend(q, old_k, old_v, bias, layer.scaling, attention, softmax_dtype)
+            elif attention == "sdpa":
+                keys, values = torch.cat((old_k, kv[0]), 1), torch.cat((old_v, kv[1]), 1)  # (Hkv, Kc + R, hd)
+                out = self._attend(q, keys, values, bias, layer.scaling, attention, softmax_dtype)
+            else:  # over the cache and the call's own keys apart: the cache is never copied
+                scores = torch.cat((q @ old_k.transpose(1, 2), q @ kv[0].transpose(1, 2)), -1) * layer.scaling + bias
                 weights = torch.softmax(scores, -1, dtype=softmax_dtype).to(q.dtype)
-                out = weights[..., :slots] @ old_v + weights[..., slots:] @ v  # (Hkv, G R, hd)
+                out = weights[..., :cached] @ old_v + weights[..., cached:] @ kv[1]  # (Hkv, G R, hd)
             out = out.view(hkv, group, rows, hd).permute(2, 0, 1, 3).reshape(rows, hq * hd)
             x = x + self._adapted(F.linear(out, layer.o, layer.o_bias), out, layer.lora_o, gate)
             normed = self._rms(x, layer.norm_out)
@@ -328,7 +352,18 @@ class NativeDecoder(torch.nn.Module):
         if keep is not None:
             x = x.index_select(0, keep)
         x = self._rms(x, self.norm)
-        return (x if hidden_only else F.linear(x, self.head)), torch.stack(new_kv)
+        return (x if hidden_only else F.linear(x, self.head)), (None if new_kv is None else torch.stack(new_kv))
+
+    @staticmethod
+    def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scaling: float,
+                attention: str, softmax_dtype: torch.dtype | None) -> torch.Tensor:
+        """Attention of the grouped queries q (Hkv, G R, hd) over ``keys`` and ``values`` (Hkv, S, hd) with the
+        additive mask ``bias`` (G R, S): (Hkv, G R, hd). ``"sdpa"`` takes a mask of the queries' dtype."""
+        if attention == "sdpa":
+            return F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=bias,
+                                                  scale=scaling)[0]
+        weights = torch.softmax((q @ keys.transpose(1, 2)) * scaling + bias, -1, dtype=softmax_dtype).to(q.dtype)
+        return weights @ values
 
 
 def native_decoder(model) -> NativeDecoder:
@@ -430,54 +465,65 @@ class NativeCalls(StaticCalls):
 
     # --- one call -----------------------------------------------------------------------------
     gated_graphs = False  # whether calls with the drafter LoRA on run compiled too (else eagerly)
+    # Whether the forward writes the call's keys and values into the cache itself (NativeDecoder.forward's
+    # ``slots``: the Rp rows at slots C .. C + Rp - 1, padding rows past the length, unread) and attends over the
+    # cache alone. The CPU's calls keep the cache read-only (torch.compile would copy a mutated input); the graph
+    # path writes in place (packed_ss.models.graphs).
+    in_place = False
 
     def prepare(self, layout, eager: bool = False, adapter_rows: tuple[int, ...] = ()) -> tuple:
-        """Host work of a call: padded rows, ids, positions and the additive mask, and the drafter LoRA's row gate
-        (1 on ``adapter_rows``; none when empty: the adapter is off); grows the cache when the call does not fit.
-        Compiled calls see all K slots; eager ones the C cached slots."""
+        """Host work of a call: padded rows, ids, positions, the additive mask and, in place, the cache slots of the
+        rows; and the drafter LoRA's row gate (1 on ``adapter_rows``; none when empty: the adapter is off); grows
+        the cache when the call does not fit. Compiled calls see all K slots; eager ones the C cached slots (and,
+        in place, their own C .. C + R - 1)."""
         rows, cached = layout.rows, self.length
         compiled = (self.compiled and not eager and PREFILL not in layout.regions
                     and (not adapter_rows or self.gated_graphs))
         total = padded_rows(rows, self.block_size) if compiled else rows
         if cached + total > self.capacity:
             self._allocate(cached + total, keep=cached)
-        slots = self.capacity if compiled else cached
-        ids = np.zeros((2, total), dtype=np.int64)
+        slots = self.capacity if compiled else cached + (total if self.in_place else 0)
+        own = cached if self.in_place else slots  # where the call's own rows sit among the mask's columns
+        ids = np.zeros((3, total), dtype=np.int64)
         ids[0, :rows], ids[1, :rows] = layout.token_ids, layout.position_ids
         ids[0, rows:] = layout.token_ids[-1]  # padding rows: any token at position 0, seeing only themselves
-        allowed = np.zeros((total, slots + total), dtype=bool)
+        ids[2] = cached + np.arange(total)  # in place: the rows' cache slots
+        allowed = np.zeros((total, slots + (0 if self.in_place else total)), dtype=bool)
         allowed[:rows, :cached] = True
-        allowed[:rows, slots:slots + rows] = layout.mask.numpy()
-        allowed[np.arange(rows, total), slots + np.arange(rows, total)] = True
+        allowed[:rows, own:own + rows] = layout.mask.numpy()
+        allowed[np.arange(rows, total), own + np.arange(rows, total)] = True
         bias = np.where(allowed, 0.0, -np.inf).astype(_numpy_dtype(self.cache.tensor.dtype))
         host = torch.from_numpy(ids)
         gate = None
         if adapter_rows:
             gate = torch.zeros(total, dtype=self.cache.tensor.dtype)
             gate[list(adapter_rows)] = 1
-        return (host[0], host[1], torch.from_numpy(bias)), rows, total, compiled, gate
+        cache_slots = host[2] if self.in_place else None
+        return (host[0], host[1], torch.from_numpy(bias), cache_slots), rows, total, compiled, gate
 
     def execute(self, prepared: tuple, need: tuple[int, ...], defer: bool = False) -> tuple[torch.Tensor, bool]:
         """Run a call made by :meth:`prepare`; returns (logits of the rows ``need``, False), or their final hidden
         states and True when ``defer`` (the caller applies the LM head to the rows it needs), and writes the new
-        rows' keys and values at the cache's length, which advances by R."""
-        (ids, positions, bias), rows, total, compiled, gate = prepared
+        rows' keys and values at the cache's length (or the call did, :attr:`in_place`), which advances by R."""
+        (ids, positions, bias, slots), rows, total, compiled, gate = prepared
         device = self.cache.tensor.device
         keep = torch.as_tensor(need, dtype=torch.long, device=device)
-        inputs = (ids, positions, bias, self.cache.tensor, defer)
+        inputs = (ids, positions, bias, self.cache.tensor, defer, slots)
         result = None
         if compiled:
             result = (self._compiled_call(inputs, total, "hidden" if defer else "logits") if gate is None
                       else self._gated_call(inputs, total, gate))
         if result is None:
             if device.type != "cpu":  # the host's inputs, on the model's device (a GPU's eager calls)
-                ids, positions, bias = (t.to(device, non_blocking=True) for t in (ids, positions, bias))
-                gate = None if gate is None else gate.to(device, non_blocking=True)
-            out, new_kv = self.native(ids, positions, bias, self.cache.tensor, defer, keep, self.attention, gate)
+                ids, positions, bias, slots, gate = (None if t is None else t.to(device, non_blocking=True)
+                                                     for t in (ids, positions, bias, slots, gate))
+            out, new_kv = self.native(ids, positions, bias, self.cache.tensor, defer, keep, self.attention, gate,
+                                      slots)
         else:
             out, new_kv = result
             out = out.index_select(0, keep)
-        self.cache.tensor[:, :, :, self.length:self.length + rows] = new_kv[:, :, :, :rows]
+        if new_kv is not None:
+            self.cache.tensor[:, :, :, self.length:self.length + rows] = new_kv[:, :, :, :rows]
         self.length += rows
         return out, defer
 
@@ -490,9 +536,10 @@ class NativeCalls(StaticCalls):
         import torch._inductor.config
 
         tuned = self.native.embed.dtype in TUNED_DTYPES
+        ids, positions, bias, cache, hidden_only, _ = inputs  # never in place: no slots
         with torch._inductor.config.patch(COMPILE_OPTIONS if tuned else {"freezing": True}), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="TypedStorage is deprecated")  # inductor's autotuner, not ours
-            return self._function(*inputs)
+            return self._function(ids, positions, bias, cache, hidden_only)
 
 
 def _numpy_dtype(dtype: torch.dtype):
