@@ -465,8 +465,11 @@ def kernel_profile(model, sizes: Sizes, rows: int = 32, calls: int = 3, attentio
     found = [e for e in prof.key_averages() if e.device_type == kind]
     own = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)  # microseconds
     top = sorted(found, key=own, reverse=True)[:8]
+    per_call = sum(e.count for e in found) / calls
+    layers = model.model.config.num_hidden_layers
     return {"rows": rows, "cached_tokens": prefix, "unit": "kernels" if cuda else "operators",
-            "per_call": sum(e.count for e in found) / calls, "ms_per_call": sum(map(own, found)) / 1000 / calls,
+            "per_call": per_call, "per_layer": per_call / layers,  # the head's, the mask's... shared among layers
+            "ms_per_call": sum(map(own, found)) / 1000 / calls,
             "top": [{"name": e.key[:100], "ms_per_call": own(e) / 1000 / calls, "per_call": e.count / calls}
                     for e in top]}
 
@@ -721,8 +724,8 @@ def summary_lines(report: dict) -> list[str]:
             if found.get("top"):
                 most = ", ".join(f"{t['name'][:40]} {t['ms_per_call']:.2f} ms x{t['per_call']:.0f}"
                                  for t in found["top"][:4])
-                lines.append(f"  eager {found['rows']}-row call: {found['per_call']:.0f} {found['unit']}, "
-                             f"{found['ms_per_call']:.2f} ms; most: {most}")
+                lines.append(f"  eager {found['rows']}-row call: {found['per_call']:.0f} {found['unit']} "
+                             f"({found.get('per_layer', 0):.1f} per layer), {found['ms_per_call']:.2f} ms; most: {most}")
     for name in ("race", "race_graphs"):
         if name not in report:
             continue

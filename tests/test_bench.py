@@ -192,6 +192,8 @@ def test_interrupt_keeps_what_was_measured(tmp_path):
     (["--temperature", "inf"], "finite"),
     (["--dtype", "float8"], "--dtype"),
     (["--device", "nonsense"], "--device"),
+    (["--schedules", "ar,ar-eager", "--no-compile"], "compiling is off"),
+    (["--schedules", "ar,ar-eager"], "this model's calls are eager"),  # compile's default on a CPU: eager calls
 ])
 def test_bad_arguments_exit_with_one_line(tiny_model_dir, prompt_file, args, message, capsys, tmp_path):
     base = ["--model", str(tiny_model_dir), "--prompts", str(prompt_file), "--max-new-tokens", "4",

@@ -124,8 +124,9 @@ def main(argv: list[str] | None = None) -> int:
             raise BenchError(f"--limit must be an integer >= 1, got {args.limit}")
         if threads_problem(args.threads):
             raise BenchError(threads_problem(args.threads))
-        if EAGER_AR in config.schedules and not args.compile:
-            raise BenchError(f"{EAGER_AR} times AR on eager calls beside --compile's AR: add --compile, or use ar")
+        if EAGER_AR in config.schedules and args.compile is False:  # None: the device decides (after loading)
+            raise BenchError(f"{EAGER_AR} times AR on eager calls beside compiled AR, but compiling is off "
+                             "(--no-compile or PACKED_SS_COMPILE=0): use ar")
         from packed_ss.models import device_dtype_problem
 
         problem = device_dtype_problem(args.device, args.dtype)
@@ -175,6 +176,9 @@ def _run(args, config: BenchConfig, prompts: list[Prompt]) -> int:
                            args.cache, args.compile, args.path)
     except ValueError as error:  # ModelLoadError included
         raise BenchError(str(error).splitlines()[0] if str(error) else repr(error)) from None
+    if EAGER_AR in config.schedules and not model.compiled:  # compile None on a CPU, or compiling failed
+        raise BenchError(f"{EAGER_AR} times AR on eager calls beside compiled AR, but this model's calls are eager "
+                         f"({model.compile_note or 'add --compile, or run on CUDA where calls replay CUDA graphs'})")
     print(configure_threads(model, args.threads), file=sys.stderr)
     bars = []
 

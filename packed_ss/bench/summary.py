@@ -36,8 +36,10 @@ DEFINITIONS = {
     "throughput": "total generated tokens / total decoder wall time, tokens per second (aggregate, Section 4)",
     "wall": "decoder wall time per response in seconds: model time + non-model decoder time; model "
             "loading and tokenisation excluded (E.5)",
-    "compile": "--compile: model calls through torch.compile at padded row counts; every shape is compiled in "
-               "the untimed warm-up (one full run per schedule and static-cache capacity), its time reported "
+    "compile": "compiled calls (--compile; on CUDA the graph path's CUDA graphs by default): model calls at padded "
+               "row counts through torch.compile, or replayed as CUDA graphs of the native forward; every shape "
+               "is compiled or recorded in the untimed warm-up (one full run per schedule and static-cache "
+               "capacity), its time reported "
                "apart (compile_s_warm_up); compile_s_in_timed_runs counts shapes first met inside a timed run, "
                "whose wall time then includes compiling (0 expected)",
     "mean_acceptance_length": "total tokens committed by verifying iterations / their number: A = h + 1 "
