@@ -91,15 +91,17 @@ def test_native_calls_equal_transformers_on_each_served_type(kind):
     _same_calls(native, reference, [2, 3, 4, 5, 6, 7, 8], 1e-10)
 
 
+@pytest.mark.parametrize("in_place", [True, False])
 @pytest.mark.parametrize("attention", ["written", "sdpa"])
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
-def test_the_graph_paths_call_form_equals_transformers(kind, attention):
-    """The form of the graph path's calls (issue 55): keys and values written into the cache inside the call, each
-    layer attending over the cache alone. Same call sequence as above: logits, deferred rows and caches agree with
-    transformers' forward. (Its fused RMSNorm: the test below.)"""
+def test_each_call_form_equals_transformers(kind, attention, in_place):
+    """Both call forms: keys and values written into the cache inside the call, each layer attending over the cache
+    alone (eager calls; every call of the graph path, issue 55), or the cache only read, the call's own keys
+    attended apart (torch.compile's calls). Same call sequence as above: logits, deferred rows and caches agree with
+    transformers' forward. (The graph path's fused RMSNorm: the test below.)"""
     model, tokenizer = _tiny(kind, seed=1)
     native, reference = _pair(model, tokenizer)
-    native.static.in_place, native.static.attention = True, attention
+    native.static.in_place, native.static.attention = in_place, attention
     _same_calls(native, reference, [2, 3, 4, 5, 6, 7, 8], 1e-10)
 
 

@@ -198,7 +198,7 @@ class GraphCalls(NativeCalls):
         self._graphs.clear()  # they read the cache tensor they were recorded on
 
     gated_graphs = True  # calls with the drafter LoRA on replay graphs of their own (the gate a buffer)
-    in_place = True  # a graph writes its rows' keys and values into the cache (a buffer it mutates)
+    in_place = True  # every call writes its rows' keys and values into the cache (a graph mutates the buffer)
 
     def _compiled_call(self, inputs, total: int, variant=None):
         return self._replayed(inputs, total, None)
