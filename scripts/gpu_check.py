@@ -390,10 +390,10 @@ def graph_call_cost(models: Models, sizes: Sizes, budget: Budget, device: str) -
                                        "over the cache as separate kernels (the default)",
                              "sdpa": "the call's keys written into the cache, then one "
                                      "scaled_dot_product_attention over it"}}
-    from packed_ss.models.op_count import CPU_FORM, GRAPH_FORMS, operations_per_layer
+    from packed_ss.models.op_count import COMPILED_FORM, GRAPH_FORMS, operations_per_layer
 
     # the kernels a layer launches, counted on the host (what the profile below sees on the device)
-    result["operations_per_layer"] = {"cpu_form": sum(operations_per_layer(CPU_FORM).values()),
+    result["operations_per_layer"] = {"compiled_form": sum(operations_per_layer(COMPILED_FORM).values()),
                                       **{form.attention: sum(operations_per_layer(form).values())
                                          for form in GRAPH_FORMS}}
     tokenizer = models.embedded("float32").tokenizer

@@ -61,7 +61,7 @@ def test_the_graph_call_cost_section_runs_on_a_cpu_and_says_no_graphs_ran():
     assert any("scaled_dot_product" in top["name"] or "attention" in top["name"]
                for top in entry["sdpa"]["eager_profile"]["top"]) or entry["sdpa"]["eager_profile"]["per_call"] < \
         entry["written"]["eager_profile"]["per_call"]
-    assert out["operations_per_layer"]["sdpa"] < out["operations_per_layer"]["cpu_form"]  # the graph path's form
+    assert out["operations_per_layer"]["sdpa"] < out["operations_per_layer"]["compiled_form"]  # the graph path's form
     lines = [line for line in check.summary_lines({"graph_call_cost": out, "environment": {}})
              if line.startswith("graph path")]
     assert len(lines) == 3 and "operations per layer" in lines[0], lines

@@ -270,9 +270,9 @@ def test_a_graph_path_layer_launches_about_half_the_kernels_of_the_cpus():
     """Issue 55: at 1-64 rows a layer's small kernels cost about what its GEMMs do, so the graph path's call form
     keeps them few. Upper bounds on the counted operators per layer (packed_ss.models.op_count): a change that adds
     one to a layer has to raise them on purpose."""
-    from packed_ss.models.op_count import CPU_FORM, GRAPH_FORMS, operations_per_layer
+    from packed_ss.models.op_count import COMPILED_FORM, GRAPH_FORMS, operations_per_layer
 
-    cpu = operations_per_layer(CPU_FORM)
+    cpu = operations_per_layer(COMPILED_FORM)
     graphs = {form.attention: operations_per_layer(form) for form in GRAPH_FORMS}
     assert cpu["mm"] == graphs["written"]["mm"] == graphs["sdpa"]["mm"] == 4  # q|k|v, o, gate|up, down
     assert sum(graphs["sdpa"].values()) <= 21 and sum(graphs["written"].values()) <= 26
