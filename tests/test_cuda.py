@@ -199,3 +199,36 @@ def test_the_drafter_lora_on_graphs_equals_transformers_forward_with_peft(nld_di
     for a, b in zip(_lora_calls(graphs), _lora_calls(reference), strict=True):
         torch.testing.assert_close(a.float().cpu(), b.float().cpu(), rtol=1e-4, atol=1e-3)
     assert any(key[3] for key in graphs.static._graphs)  # the gated calls replayed graphs of their own
+
+
+@pytest.mark.parametrize("attention,bound", [("sdpa", 27), ("written", 32)])
+def test_a_graph_path_layer_launches_about_the_kernels_counted_on_the_host(attention, bound):
+    """packed_ss.models.op_count counts a layer of the graph path's form on the host (21 operators with sdpa, 26
+    written out, bfloat16). On CUDA: a 2-layer model's kernels less a 1-layer model's, for one eager call of 16 rows
+    in that form. The bound allows cuBLAS a split-K reduction per GEMM and two more; rms_norm or SDPA falling back
+    to their many-kernel forms (the math backend, the composite norm) would exceed it."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from packed_ss.models.native import native_decoder
+
+    kernels = []
+    for layers in (1, 2):
+        torch.manual_seed(0)
+        config = LlamaConfig(vocab_size=256, hidden_size=256, intermediate_size=512, num_hidden_layers=layers,
+                             num_attention_heads=8, num_key_value_heads=2, head_dim=32)
+        decoder = native_decoder(LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval())
+        rows, capacity = 16, 256
+        cache = torch.zeros(layers, 2, 2, capacity, 32, dtype=torch.bfloat16, device="cuda")
+        ids = torch.arange(rows, device="cuda")
+        positions = 40 + ids  # the rows' cache slots too
+        bias = torch.zeros(rows, capacity, device="cuda")
+        with torch.no_grad():
+            decoder(ids, positions, bias, cache, False, None, attention, None, positions)  # untimed: set-up kernels
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as found:
+                decoder(ids, positions, bias, cache, False, None, attention, None, positions)
+                torch.cuda.synchronize()
+        kernels.append(sum(e.count for e in found.key_averages() if e.device_type == DeviceType.CUDA))
+    assert kernels[1] - kernels[0] <= bound, kernels
