@@ -241,9 +241,11 @@ class NativeDecoder(torch.nn.Module):
         return len(self.layers)
 
     # Whether RMSNorm runs as torch's rms_norm (one fused kernel on CUDA) instead of written out (8 kernels on a
-    # half-precision GPU call, faster on the CPU); None: on CUDA tensors. Either way: the same operations, in the
-    # same order and dtypes (tests/test_native.py compares both). float64 stays written out: transformers
-    # normalises in float32 whatever the dtype, and rms_norm would compute in float64.
+    # half-precision GPU call, faster on the CPU); None: on CUDA tensors. Both normalise in float32 and round before
+    # the weight multiplies, as transformers does. On the CPU rms_norm is those very operations (bitwise the same,
+    # tests/test_native.py); CUDA's kernel sums the squares in another order, so it may differ by an ulp
+    # (tests/test_cuda.py compares with a tolerance). float64 stays written out: transformers normalises in float32
+    # whatever the dtype, and rms_norm would compute in float64.
     fused_norm: bool | None = None
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
