@@ -279,3 +279,17 @@ def test_a_graph_path_layer_launches_about_half_the_kernels_of_the_cpus():
     assert sum(cpu.values()) - sum(graphs["sdpa"].values()) >= 20
     assert graphs["sdpa"]["rms_norm"] == 2 and not graphs["sdpa"]["rsqrt"]  # one fused kernel per norm
     assert graphs["sdpa"]["cat"] == 1 and graphs["sdpa"]["stack"] == 1  # RoPE's halves, the keys with the values
+
+
+def test_compiled_calls_asked_to_write_in_place_still_give_the_eager_calls_tokens():
+    """torch.compile's calls keep the cache read-only by default (in place they were slower here); asked to write in
+    place they must still be right: the mask has no columns for the call's own rows then, and the compiled forward
+    has to get the slots."""
+    from helpers import tiny_llama
+
+    eager = tiny_llama(seed=8, logit_scale=3.0)
+    compiled = tiny_llama(seed=8, logit_scale=3.0, compiled=True)
+    compiled.static.in_place = True
+    prompt, config = [4, 9, 2, 7], DecodeConfig(block_size=4, max_new_tokens=6)
+    assert generate(compiled, prompt, config, "ar").token_ids == generate(eager, prompt, config, "ar").token_ids
+    assert compiled.compiled and compiled.compile_note is None and compiled.static.shapes
