@@ -6,6 +6,7 @@ writes them afterwards (torch.compile's form). Both must give the same tokens (c
 form's median wall time per run.
 
     python scripts/call_form_ab.py --threads 1 --repeats 8
+    python scripts/call_form_ab.py --threads 1 --repeats 8 --compiled   # torch.compile's calls, each form compiled
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=8, help="timed runs per form and schedule (>= 1)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--block-size", type=int, default=8)
+    parser.add_argument("--compiled", action="store_true",
+                        help="torch.compile's calls (each form's shapes compiled in the untimed runs)")
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.threads < 1:
         parser.error("--repeats and --threads must be >= 1")
@@ -36,7 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     from packed_ss.models import DualModeModel
 
     torch.set_num_threads(args.threads)
-    model = DualModeModel.from_pretrained(args.model, device="cpu", compiled=False)
+    model = DualModeModel.from_pretrained(args.model, device="cpu", compiled=args.compiled)
+    if args.compiled and not model.compiled:
+        print(f"error: calls are not compiled ({model.compile_note})", file=sys.stderr)
+        return 2
     if model.path != "native":
         print(f"error: the model runs on transformers' forward ({model.path_note})", file=sys.stderr)
         return 2

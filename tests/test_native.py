@@ -289,7 +289,11 @@ def test_compiled_calls_asked_to_write_in_place_still_give_the_eager_calls_token
 
     eager = tiny_llama(seed=8, logit_scale=3.0)
     compiled = tiny_llama(seed=8, logit_scale=3.0, compiled=True)
+    read_only = compiled.share()  # the same network and compiled function, in the default form
     compiled.static.in_place = True
     prompt, config = [4, 9, 2, 7], DecodeConfig(block_size=4, max_new_tokens=6)
-    assert generate(compiled, prompt, config, "ar").token_ids == generate(eager, prompt, config, "ar").token_ids
-    assert compiled.compiled and compiled.compile_note is None and compiled.static.shapes
+    expected = generate(eager, prompt, config, "ar").token_ids
+    for model in (compiled, read_only, compiled):  # each form a compiled variant of its own, both kept
+        assert generate(model, prompt, config, "ar").token_ids == expected
+    for model in (compiled, read_only):
+        assert model.compiled and model.compile_note is None and model.static.shapes, model.compile_note

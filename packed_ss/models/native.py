@@ -47,7 +47,7 @@ ATTENTIONS = ("written", "sdpa")
 NATIVE = "packed_ss_native_decoder"  # attribute of the transformers network holding its NativeDecoder
 NATIVE_COMPILED = "packed_ss_native_compiled"  # ... its compiled NativeDecoder
 NATIVE_FAILURE = "packed_ss_native_compile_failure"  # ... or the error compiling it raised
-NATIVE_SHAPES = "packed_ss_native_shapes"  # ... and the (Rp, K, hidden-only) variants compiled so far
+NATIVE_SHAPES = "packed_ss_native_shapes"  # ... and the (Rp, K, variant) compiled so far (NativeCalls.execute)
 
 # Inductor settings of the compiled path: weights frozen as constants (so GEMMs get prepacked kernels) and GEMM
 # kernels chosen by measuring inductor's C++ micro-GEMM template against ATen's for each shape (once per shape and
@@ -470,8 +470,8 @@ class NativeCalls(StaticCalls):
     # Whether the forward writes the call's keys and values into the cache itself (NativeDecoder.forward's
     # ``slots``: the Rp rows at slots C .. C + Rp - 1, padding rows past the length, unread) and attends over the
     # cache alone. None: eager calls do (3-4% faster on the CPU than the read-only form); torch.compile's calls
-    # keep the cache read-only (compiled in place, a 1-row call of the embedded model took 2.06 ms against 1.17:
-    # inductor copies the mutated cache). The graph path: True (every call).
+    # keep the cache read-only (compiled in place, AR took 1.40x and Packed-SS 1.23x as long on the embedded model:
+    # inductor copies the mutated cache; scripts/call_form_ab.py --compiled). The graph path: True (every call).
     in_place: bool | None = None
 
     def _writes_cache(self, compiled: bool) -> bool:
@@ -520,7 +520,9 @@ class NativeCalls(StaticCalls):
         inputs = (ids, positions, bias, self.cache.tensor, defer, slots)
         result = None
         if compiled:
-            result = (self._compiled_call(inputs, total, "hidden" if defer else "logits") if gate is None
+            # a variant per output, attention and form: compiled graphs of one (Rp, K) that dynamo tells apart
+            variant = ("hidden" if defer else "logits", self.attention, slots is not None)
+            result = (self._compiled_call(inputs, total, variant) if gate is None
                       else self._gated_call(inputs, total, gate))
         if result is None:
             if device.type != "cpu":  # the host's inputs, on the model's device (a GPU's eager calls)
