@@ -114,10 +114,9 @@ class CallGraph:
     def __init__(self, native, cache: torch.Tensor, hidden_only: bool, recorder, first: tuple,
                  attention: str = GRAPH_ATTENTION):
         device = cache.device
-        ids, positions, bias, slots, gate = first
-        self.ids = torch.empty_like(ids, device=device)  # (Rp,)
-        self.positions = torch.empty_like(positions, device=device)  # (Rp,)
-        self.slots = torch.empty_like(slots, device=device)  # (Rp,): where the rows' keys and values go in the cache
+        index, bias, gate = first
+        self.index = torch.empty_like(index, device=device)  # (3, Rp): ids, positions, the rows' cache slots
+        self.ids, self.positions, self.slots = self.index
         self.bias = torch.empty_like(bias, device=device)  # (Rp, K)
         # the drafter LoRA on: its per-row multiplier a buffer too (paper Appendix F.2)
         self.gate = None if gate is None else torch.empty_like(gate, device=device)
@@ -130,21 +129,18 @@ class CallGraph:
             device)
 
     def _load(self, inputs: tuple) -> None:
-        ids, positions, bias, slots, gate = inputs
-        self.ids.copy_(ids, non_blocking=True)
-        self.positions.copy_(positions, non_blocking=True)
-        self.slots.copy_(slots, non_blocking=True)
+        index, bias, gate = inputs
+        self.index.copy_(index, non_blocking=True)
         self.bias.copy_(bias, non_blocking=True)
         if self.gate is not None:
             self.gate.copy_(gate, non_blocking=True)
 
-    def replay(self, ids: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor, slots: torch.Tensor,
-               gate: torch.Tensor | None = None) -> torch.Tensor:
-        """The call on these inputs (host or device tensors of the recorded shapes: (Rp,) ids, positions and cache
-        slots, (Rp, K) mask, (Rp,) gate or None): it writes the rows' keys and values into the cache at ``slots``
-        and returns the logits or hidden states of every row (Rp, V or H), the graph's own buffer, which the next
-        replay writes over: the caller copies the rows it keeps before then."""
-        self._load((ids, positions, bias, slots, gate))
+    def replay(self, index: torch.Tensor, bias: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+        """The call on these inputs (host or device tensors of the recorded shapes: ``index`` (3, Rp) the rows' ids,
+        positions and cache slots, ``bias`` the (Rp, K) mask, ``gate`` (Rp,) or None): it writes the rows' keys and
+        values into the cache at their slots and returns the logits or hidden states of every row (Rp, V or H), the
+        graph's own buffer, which the next replay writes over: the caller copies the rows it keeps before then."""
+        self._load((index, bias, gate))
         self._replay()
         return self.out
 
@@ -210,7 +206,7 @@ class GraphCalls(NativeCalls):
         """The call replayed from its graph (recorded first where there is none), or None: run it eagerly."""
         if self._function is None or not self.compiled:
             return None
-        ids, positions, bias, cache, hidden_only, slots = inputs
+        index, bias, cache, hidden_only, _ = inputs  # always in place
         key = (total, self.capacity, bool(hidden_only), gate is not None)
         graph = self._graphs.get(key)
         if graph is None:
@@ -218,7 +214,7 @@ class GraphCalls(NativeCalls):
             failure = None
             try:
                 graph = CallGraph(self.native, cache, bool(hidden_only), self._recorder,
-                                  (ids, positions, bias, slots, gate), self.attention)
+                                  (index, bias, gate), self.attention)
             except Exception as error:  # noqa: BLE001 - out of memory, an unrecordable operation: eager, one line
                 failure = (RuntimeError(f"out of GPU memory while recording the graph of {total} rows")
                            if isinstance(error, torch.cuda.OutOfMemoryError) else error.with_traceback(None))
@@ -230,7 +226,7 @@ class GraphCalls(NativeCalls):
                 return None
             self._graphs[key] = graph
             self.compile_s += time.perf_counter() - start
-        return graph.replay(ids, positions, bias, slots, gate), None  # the keys and values are in the cache
+        return graph.replay(index, bias, gate), None  # the keys and values are in the cache
 
     def replay_ms(self, repeats: int = 10) -> dict[int, float]:
         """Rp -> the device time (ms, CUDA events) of one replay of the graph of Rp rows, on the inputs of its last

@@ -502,34 +502,33 @@ class NativeCalls(StaticCalls):
         bias[:rows, own:own + rows][layout.mask.numpy()] = 0
         padding = np.arange(rows, total)
         bias[padding, own + padding] = 0
-        host = torch.from_numpy(ids)
         gate = None
         if adapter_rows:
             gate = torch.zeros(total, dtype=self.cache.tensor.dtype)
             gate[list(adapter_rows)] = 1
-        cache_slots = host[2] if in_place else None
-        return (host[0], host[1], torch.from_numpy(bias), cache_slots), rows, total, compiled, gate
+        # (ids, positions, slots) as one (3, Rp) tensor: one copy to the device, not three
+        return (torch.from_numpy(ids), torch.from_numpy(bias), in_place), rows, total, compiled, gate
 
     def execute(self, prepared: tuple, need: tuple[int, ...], defer: bool = False) -> tuple[torch.Tensor, bool]:
         """Run a call made by :meth:`prepare`; returns (logits of the rows ``need``, False), or their final hidden
         states and True when ``defer`` (the caller applies the LM head to the rows it needs), and writes the new
         rows' keys and values at the cache's length (or the call did, :attr:`in_place`), which advances by R."""
-        (ids, positions, bias, slots), rows, total, compiled, gate = prepared
+        (index, bias, in_place), rows, total, compiled, gate = prepared
         device = self.cache.tensor.device
         keep = torch.as_tensor(need, dtype=torch.long, device=device)
-        inputs = (ids, positions, bias, self.cache.tensor, defer, slots)
+        inputs = (index, bias, self.cache.tensor, defer, in_place)
         result = None
         if compiled:
             # a variant per output, attention and form: compiled graphs of one (Rp, K) that dynamo tells apart
-            variant = ("hidden" if defer else "logits", self.attention, slots is not None)
+            variant = ("hidden" if defer else "logits", self.attention, in_place)
             result = (self._compiled_call(inputs, total, variant) if gate is None
                       else self._gated_call(inputs, total, gate))
         if result is None:
             if device.type != "cpu":  # the host's inputs, on the model's device (a GPU's eager calls)
-                ids, positions, bias, slots, gate = (None if t is None else t.to(device, non_blocking=True)
-                                                     for t in (ids, positions, bias, slots, gate))
-            out, new_kv = self.native(ids, positions, bias, self.cache.tensor, defer, keep, self.attention, gate,
-                                      slots)
+                index, bias, gate = (None if t is None else t.to(device, non_blocking=True)
+                                     for t in (index, bias, gate))
+            out, new_kv = self.native(index[0], index[1], bias, self.cache.tensor, defer, keep, self.attention, gate,
+                                      index[2] if in_place else None)
         else:
             out, new_kv = result
             out = out.index_select(0, keep)
@@ -547,10 +546,11 @@ class NativeCalls(StaticCalls):
         import torch._inductor.config
 
         tuned = self.native.embed.dtype in TUNED_DTYPES
-        ids, positions, bias, cache, hidden_only, slots = inputs  # slots: None unless in_place asks (slower here)
+        index, bias, cache, hidden_only, in_place = inputs  # in place only where asked (slower here)
         with torch._inductor.config.patch(COMPILE_OPTIONS if tuned else {"freezing": True}), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="TypedStorage is deprecated")  # inductor's autotuner, not ours
-            return self._function(ids, positions, bias, cache, hidden_only, None, self.attention, None, slots)
+            return self._function(index[0], index[1], bias, cache, hidden_only, None, self.attention, None,
+                                  index[2] if in_place else None)
 
 
 def _numpy_dtype(dtype: torch.dtype):
