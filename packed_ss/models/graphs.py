@@ -204,9 +204,9 @@ class GraphCalls(NativeCalls):
 
     def _replayed(self, inputs, total: int, gate: torch.Tensor | None):
         """The call replayed from its graph (recorded first where there is none), or None: run it eagerly."""
-        if self._function is None or not self.compiled:
+        index, bias, cache, hidden_only, in_place = inputs
+        if self._function is None or not self.compiled or not in_place:  # graphs record the in-place form only
             return None
-        index, bias, cache, hidden_only, _ = inputs  # always in place
         key = (total, self.capacity, bool(hidden_only), gate is not None)
         graph = self._graphs.get(key)
         if graph is None:
