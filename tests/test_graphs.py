@@ -153,6 +153,31 @@ def test_a_graphs_outputs_are_copied_before_the_next_replay_writes_over_them():
     torch.testing.assert_close(first, kept, rtol=0, atol=0)
 
 
+def test_replaying_a_graph_again_to_time_it_leaves_the_cache_as_it_was():
+    """A graph writes its call's keys and values into the cache, so replaying it on its last call's inputs (what
+    replay_ms times) writes that call's slots again; after a rollback they hold other tokens. Within cache_kept they
+    come back: the cache, and the next call's logits, equal an eager twin's (reported by a review in session 27)."""
+    from packed_ss.layout import packed_layout
+
+    model, eager = on_graphs(tiny_llama(seed=3)), tiny_llama(seed=3)
+    for adapter in (model, eager):
+        adapter.reset(40, block_size=4)
+        prompt = prefill_layout([3, 4, 5, 6], 0, 1)
+        adapter.forward(prompt, prompt.verify_rows)
+        packed = packed_layout(6, [7, 8, 9], 3, 4, 1)  # an 8-row graph writing slots 4..11
+        adapter.forward(packed, packed.verify_rows + packed.draft_rows)
+        adapter.rollback(5)  # h = 0 accepted: slots 5.. are free again
+        for cached in range(5, 9):
+            adapter.forward(verify_layout([10 + cached], [], cached), (0,))
+    graph = next(graph for key, graph in model.static._graphs.items() if key[0] == 8)
+    with graph.cache_kept():
+        graph.replay_again()
+    for (k, v), (k_eager, v_eager) in zip(model.cached_kv(), eager.cached_kv(), strict=True):
+        assert torch.equal(k, k_eager) and torch.equal(v, v_eager)
+    after = [adapter.forward(verify_layout([20], [], 9), (0,)).logits for adapter in (model, eager)]
+    torch.testing.assert_close(after[0], after[1], rtol=0, atol=1e-12)
+
+
 def test_out_of_gpu_memory_while_recording_is_one_line_and_the_call_is_served_eagerly():
     """Another adapter of the network has graphs too: they go with the failure (the pool's memory is given back)."""
     model = on_graphs(tiny_llama(seed=6, logit_scale=3.0), FailingGraphCalls)

@@ -178,7 +178,7 @@ def _run(args, config: BenchConfig, prompts: list[Prompt]) -> int:
         raise BenchError(str(error).splitlines()[0] if str(error) else repr(error)) from None
     if EAGER_AR in config.schedules and not model.compiled:  # compile None on a CPU, or compiling failed
         raise BenchError(f"{EAGER_AR} times AR on eager calls beside compiled AR, but this model's calls are eager "
-                         f"({model.compile_note or 'add --compile, or run on CUDA where calls replay CUDA graphs'})")
+                         f"({model.compile_note or 'add --compile; CUDA graphs, the default on CUDA, need the native forward'})")
     print(configure_threads(model, args.threads), file=sys.stderr)
     bars = []
 

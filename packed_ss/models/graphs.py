@@ -24,6 +24,7 @@ size, V vocabulary.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import weakref
@@ -145,8 +146,19 @@ class CallGraph:
         return self.out
 
     def replay_again(self) -> None:
-        """The graph once more, on the inputs already in its buffers (timing)."""
+        """The graph once more, on the inputs already in its buffers (timing). It writes its last call's keys and
+        values into the cache again, at that call's slots, which a rollback since may have given to other tokens:
+        replay it within :meth:`cache_kept`."""
         self._replay()
+
+    @contextlib.contextmanager
+    def cache_kept(self):
+        """The cache's slots this graph writes, as they were on entry, restored on exit (:meth:`replay_again`)."""
+        kept = self.cache.index_select(3, self.slots)
+        try:
+            yield
+        finally:
+            self.cache.index_copy_(3, self.slots, kept)
 
 
 class GraphCalls(NativeCalls):
@@ -232,7 +244,7 @@ class GraphCalls(NativeCalls):
         """Rp -> the device time (ms, CUDA events) of one replay of the graph of Rp rows, on the inputs of its last
         call, for each graph recorded at the cache's current capacity (logit graphs): the mean of ``repeats``
         back-to-back replays after one queued first, so neither the host's input copies nor its launch latency
-        count. Empty without graphs.
+        count. Empty without graphs. The cache is as it was before (:meth:`CallGraph.cache_kept`).
 
         Raises: ValueError when ``repeats`` < 1."""
         if repeats < 1:
@@ -243,11 +255,12 @@ class GraphCalls(NativeCalls):
                 if capacity != self.capacity or hidden_only or gated:
                     continue
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                graph.replay_again()  # queued ahead: the timed replays start as soon as it ends
-                start.record()
-                for _ in range(repeats):
-                    graph.replay_again()
-                end.record()
-                end.synchronize()
+                with graph.cache_kept():  # the replays write their last call's slots: the cache comes back
+                    graph.replay_again()  # queued ahead: the timed replays start as soon as it ends
+                    start.record()
+                    for _ in range(repeats):
+                        graph.replay_again()
+                    end.record()
+                    end.synchronize()
                 found[rows] = start.elapsed_time(end) / repeats
         return found
