@@ -36,8 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from packed_ss import DecodeConfig, generate
+    from packed_ss.cli import quiet_loaders
     from packed_ss.models import DualModeModel
 
+    quiet_loaders()
     torch.set_num_threads(args.threads)
     model = DualModeModel.from_pretrained(args.model, device="cpu", compiled=args.compiled)
     if args.compiled and not model.compiled:

@@ -88,7 +88,12 @@ def operations_per_layer(form: CallForm, dtype: torch.dtype = torch.bfloat16, ro
     return _call_counts(2, dtype, rows, cached, form) - _call_counts(1, dtype, rows, cached, form)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    argparse.ArgumentParser(prog="python -m packed_ss.models.op_count",
+                            description="Operations per decoder layer of the native forward, per call form and dtype "
+                                        "(one per kernel a GPU launches; counted on the CPU).").parse_args(argv)
     forms = {"torch.compile's (cache read-only, RMSNorm written out)": COMPILED_FORM,
              "CPU eager (in place, RMSNorm written out)": EAGER_CPU_FORM,
              **{f"graph path, {form.attention}": form for form in GRAPH_FORMS}}
