@@ -27,6 +27,8 @@ class CallTable:
         model: which model's calls ("the embedded model, bfloat16").
         rows, ms: row counts (ascending) and the median milliseconds of a call of that many rows.
         source: the file the table came from (shown beside the projection).
+        forward: what ran the calls (the file's ``forward``; files without one were measured on transformers'
+            forward, eagerly).
     """
 
     device: str
@@ -35,6 +37,7 @@ class CallTable:
     rows: tuple[int, ...]
     ms: tuple[float, ...]
     source: str
+    forward: str = "transformers' forward, eager"
 
     def cost_ms(self, rows: int) -> float:
         """Milliseconds of a call of ``rows`` rows: linear between the measured row counts, the nearest end's
@@ -43,7 +46,7 @@ class CallTable:
 
     @property
     def label(self) -> str:
-        return f"{self.model}, {self.device} ({self.date})"
+        return f"{self.model}, {self.forward}, {self.device} ({self.date})"
 
 
 MODELS = {  # per_call_cost keys of scripts/gpu_check.py -> what the model is
@@ -66,13 +69,16 @@ def load_tables(path: str | Path) -> list[CallTable]:
     if not device or not isinstance(tables, dict):
         raise ValueError(f"{path.name} is not the JSON of scripts/gpu_check.py (no device name or per_call_cost)")
     date = "-".join(path.stem.split("-")[-3:])
+    forward = {"transformers (eager)": "transformers' forward, eager"}.get(tables.get("forward"),
+                                                                          tables.get("forward"))
     out = []
     for key, table in tables.items():
         if not isinstance(table, dict) or not table.get("by_rows"):
             continue
         points = sorted((int(r["rows"]), float(r["median_ms"])) for r in table["by_rows"])
         out.append(CallTable(device=device, date=date, model=MODELS.get(key, key.replace("_", " ")),
-                             rows=tuple(r for r, _ in points), ms=tuple(m for _, m in points), source=path.name))
+                             rows=tuple(r for r, _ in points), ms=tuple(m for _, m in points), source=path.name,
+                             **({"forward": forward} if forward else {})))
     if not out:
         raise ValueError(f"{path.name} holds no per-call table")
     return out

@@ -25,6 +25,18 @@ def test_the_shipped_h200_tables_are_read_with_their_device_and_date():
         assert table.rows[0] == 1 and table.rows[-1] == 256 and len(table.ms) == len(table.rows)
     raw = json.loads(next(GPU_TABLES.glob("gpu_check-*.json")).read_text())["per_call_cost"]["embedded_bfloat16"]
     assert tables[0].cost_ms(1) == pytest.approx(raw["by_rows"][0]["median_ms"])
+    # that first check measured transformers' forward, eagerly (its file predates the "forward" field): the label
+    # names it, so the page does not pass these figures off as the graph path's
+    assert all(t.forward == "transformers' forward, eager" and "transformers' forward" in t.label for t in tables)
+
+
+def test_a_tables_forward_comes_from_its_file(tmp_path):
+    table = {"by_rows": [{"rows": 1, "median_ms": 0.5}, {"rows": 8, "median_ms": 0.6}]}
+    data = {"environment": {"device_name": "GPU"},
+            "per_call_cost": {"forward": "the native forward, CUDA graphs", "embedded_bfloat16": table}}
+    (tmp_path / "gpu_check-gpu-2027-01-01.json").write_text(json.dumps(data))
+    (found,) = load_tables(tmp_path / "gpu_check-gpu-2027-01-01.json")
+    assert found.forward == "the native forward, CUDA graphs" and "CUDA graphs" in found.label
 
 
 def test_calls_are_priced_by_their_rows_between_the_measured_counts():
