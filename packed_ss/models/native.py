@@ -40,8 +40,9 @@ from packed_ss.models.static import CAPACITY_STEP, StaticCalls, dynamo_settings,
 NATIVE_TYPES = frozenset({"llama", "mistral", "ministral3", "qwen2", "qwen3"})
 STATIC_ROPE = frozenset({"default", "linear", "llama3", "yarn"})  # inv_freq does not depend on the call's length
 
-# How a call attends (NativeDecoder.forward's ``attention``): the CPU's calls use "written"; the graph path on CUDA
-# uses GRAPH_ATTENTION (packed_ss.models.graphs), and scripts/gpu_check.py measures both there.
+# How a call attends (NativeDecoder.forward's ``attention``): eager calls use "sdpa" (NativeCalls.attention),
+# torch.compile's "written" (COMPILED_ATTENTION); the graph path on CUDA uses GRAPH_ATTENTION
+# (packed_ss.models.graphs), and scripts/gpu_check.py measures both there.
 ATTENTIONS = ("written", "sdpa")
 
 NATIVE = "packed_ss_native_decoder"  # attribute of the transformers network holding its NativeDecoder
@@ -55,6 +56,7 @@ NATIVE_SHAPES = "packed_ss_native_shapes"  # ... and the (Rp, K, variant) compil
 COMPILE_OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
                    "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}  # quiet stderr
 TUNED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the C++ micro-GEMMs' types; float64 is only frozen
+COMPILED_ATTENTION = "written"  # how torch.compile's calls attend (NativeDecoder.forward's ``attention``)
 
 
 def native_problem(model) -> str | None:
@@ -443,7 +445,11 @@ class NativeCalls(StaticCalls):
 
     compiled_attribute, failure_attribute, shapes_attribute = NATIVE_COMPILED, NATIVE_FAILURE, NATIVE_SHAPES
     compiled_code = NativeDecoder.forward.__code__
-    attention = "written"  # NativeDecoder.forward's attention for this adapter's calls (ATTENTIONS)
+    # NativeDecoder.forward's attention (ATTENTIONS) for this adapter's eager calls: one SDPA over the cache, which
+    # in place copies nothing (0-4% faster than written out on the embedded model here, 11-12% at an 834-token
+    # prompt: scripts/call_form_ab.py --compare attention, docs/speed.md). torch.compile's calls attend written out
+    # (COMPILED_ATTENTION), as they were measured.
+    attention = "sdpa"
 
     # --- the cache ----------------------------------------------------------------------------
     def _allocate(self, tokens: int, keep: int = 0) -> None:
@@ -469,7 +475,7 @@ class NativeCalls(StaticCalls):
     gated_graphs = False  # whether calls with the drafter LoRA on run compiled too (else eagerly)
     # Whether the forward writes the call's keys and values into the cache itself (NativeDecoder.forward's
     # ``slots``: the Rp rows at slots C .. C + Rp - 1, padding rows past the length, unread) and attends over the
-    # cache alone. None: eager calls do (3-4% faster on the CPU than the read-only form); torch.compile's calls
+    # cache alone. None: eager calls do (2-5% faster on the CPU than the read-only form); torch.compile's calls
     # keep the cache read-only (compiled in place, AR took 1.40x and Packed-SS 1.23x as long on the embedded model:
     # inductor copies the mutated cache; scripts/call_form_ab.py --compiled). The graph path: True (every call).
     in_place: bool | None = None
@@ -519,8 +525,8 @@ class NativeCalls(StaticCalls):
         inputs = (index, bias, self.cache.tensor, defer, in_place)
         result = None
         if compiled:
-            # a variant per output, attention and form: compiled graphs of one (Rp, K) that dynamo tells apart
-            variant = ("hidden" if defer else "logits", self.attention, in_place)
+            # a variant per output and form: compiled graphs of one (Rp, K) that dynamo tells apart
+            variant = ("hidden" if defer else "logits", in_place)
             result = (self._compiled_call(inputs, total, variant) if gate is None
                       else self._gated_call(inputs, total, gate))
         if result is None:
@@ -549,7 +555,7 @@ class NativeCalls(StaticCalls):
         index, bias, cache, hidden_only, in_place = inputs  # in place only where asked (slower here)
         with torch._inductor.config.patch(COMPILE_OPTIONS if tuned else {"freezing": True}), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="TypedStorage is deprecated")  # inductor's autotuner, not ours
-            return self._function(index[0], index[1], bias, cache, hidden_only, None, self.attention, None,
+            return self._function(index[0], index[1], bias, cache, hidden_only, None, COMPILED_ATTENTION, None,
                                   index[2] if in_place else None)
 
 

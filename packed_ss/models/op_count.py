@@ -50,7 +50,7 @@ class CallForm:
 
 
 COMPILED_FORM = CallForm()  # torch.compile's calls on the CPU (every call's form before issue 55)
-EAGER_CPU_FORM = CallForm(in_place=True)  # eager calls on the CPU
+EAGER_CPU_FORM = CallForm("sdpa", in_place=True)  # eager calls on the CPU (NativeCalls.attention)
 GRAPH_FORMS = tuple(CallForm(attention, in_place=True, fused_norm=True) for attention in native.ATTENTIONS)
 
 
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
                             description="Operations per decoder layer of the native forward, per call form and dtype "
                                         "(one per kernel a GPU launches; counted on the CPU).").parse_args(argv)
     forms = {"torch.compile's (cache read-only, RMSNorm written out)": COMPILED_FORM,
-             "CPU eager (in place, RMSNorm written out)": EAGER_CPU_FORM,
+             "CPU eager (in place, sdpa, RMSNorm written out)": EAGER_CPU_FORM,
              **{f"graph path, {form.attention}": form for form in GRAPH_FORMS}}
     for dtype in (torch.bfloat16, torch.float32):
         for name, form in forms.items():
