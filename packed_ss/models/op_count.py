@@ -84,7 +84,8 @@ def operations_per_layer(form: CallForm, dtype: torch.dtype = torch.bfloat16, ro
                          cached: int = 48) -> collections.Counter:
     """Operator name -> how many times one decoder layer dispatches it, for a call of ``rows`` rows (tokens) over
     ``cached`` cached tokens in ``form``; ``sum(...values())`` is the layer's kernel count. A small random Llama of
-    GQA shape (8 query heads, 2 key/value heads) in ``dtype``."""
+    GQA shape (8 query heads, 2 key/value heads) in ``dtype``. While counting, ``torch.nn.functional.rms_norm`` is
+    patched in the whole process: a diagnostic for scripts and tests, not for a serving process."""
     return _call_counts(2, dtype, rows, cached, form) - _call_counts(1, dtype, rows, cached, form)
 
 
