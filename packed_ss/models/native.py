@@ -495,14 +495,15 @@ class NativeCalls(StaticCalls):
         if cached + total > self.capacity:
             self._allocate(cached + total, keep=cached)
         in_place = self._writes_cache(compiled)
-        slots = self.capacity if compiled else cached + (total if in_place else 0)
-        own = cached if in_place else slots  # where the call's own rows sit among the mask's columns
+        # the mask's cache columns (Kc): compiled calls read every slot, eager ones the cached (and in place, own) ones
+        columns = self.capacity if compiled else cached + (total if in_place else 0)
+        own = cached if in_place else columns  # where the call's own rows sit among the mask's columns
         ids = np.zeros((3, total), dtype=np.int64)
         ids[0, :rows], ids[1, :rows] = layout.token_ids, layout.position_ids
         ids[0, rows:] = layout.token_ids[-1]  # padding rows: any token at position 0, seeing only themselves
         ids[2] = cached + np.arange(total)  # in place: the rows' cache slots
         # the additive mask, written in place (4x faster than a boolean mask turned into floats at 64 x 2,048)
-        bias = np.full((total, slots + (0 if in_place else total)), -np.inf,
+        bias = np.full((total, columns + (0 if in_place else total)), -np.inf,
                        dtype=_numpy_dtype(self.cache.tensor.dtype))
         bias[:rows, :cached] = 0
         bias[:rows, own:own + rows][layout.mask.numpy()] = 0
