@@ -41,10 +41,12 @@ def decode_config(args) -> DecodeConfig:
 
 def load_model(name: str, device: str | None, dtype: str | None, family: str | None = None,
                drafter_lora: str | None = None, base_model: str | None = None, cache: str = "static",
-               compiled: bool = False, path: str = "auto"):
+               compiled: bool = False, path: str = "auto", announce: bool = True):
     """``DualModeModel.from_pretrained`` with every failure (bad device included) as a one-line ValueError;
     ``base_model`` given for a checkpoint that is not SetDLM's is one too. Where ``path="auto"`` cannot use the
-    native forward, one line on stderr says why."""
+    native forward, one line on stderr says why (:func:`announce_path`); a front end that may still refuse the
+    run after loading passes ``announce=False`` and calls :func:`announce_path` once its checks pass, so that a
+    refusal is one line."""
     from packed_ss.models import DualModeModel, ModelLoadError
 
     if base_model is not None and not base_model.strip():
@@ -60,9 +62,15 @@ def load_model(name: str, device: str | None, dtype: str | None, family: str | N
         raise ValueError(f"cannot load model {name!r} on {device or 'the default device'}: {first}") from None
     if base_model and model.family != "setdlm":
         raise ModelLoadError(f"--base-model applies to SetDLM checkpoints only; {name!r} is a {model.family} model")
+    if announce:
+        announce_path(model)
+    return model
+
+
+def announce_path(model) -> None:
+    """The one ``note:`` line on stderr naming why the native forward does not serve ``model``, if it does not."""
     if model.path_note:
         print(f"note: {model.path_note}", file=sys.stderr)
-    return model
 
 
 def compile_from_env() -> bool | None:
@@ -173,11 +181,12 @@ def _generate(args) -> int:
         if problem:
             raise UsageError(problem)
         model = load_model(args.model, args.device, args.dtype, args.family, args.drafter_lora, args.base_model,
-                           args.cache, args.compile, args.path)
+                           args.cache, args.compile, args.path, announce=False)
         get_schedule(args.schedule, model)
-        print(configure_threads(model, args.threads), file=sys.stderr)
         if config.order != "ltr" and not getattr(model, "any_order", False):
             raise UsageError(f"--order {config.order} needs an any-order model (e.g. --model assets/model-anyorder)")
+        announce_path(model)  # after the last refusal: a refused run prints one line
+        print(configure_threads(model, args.threads), file=sys.stderr)
         ids = model.encode(prompt)
         if model.compiled:  # compile every shape of the run before the one that is timed
             generate(model, ids, config, args.schedule)

@@ -169,16 +169,18 @@ def _run(args, config: BenchConfig, prompts: list[Prompt]) -> int:
     import torch
     from tqdm import tqdm
 
-    from packed_ss.cli import load_model
+    from packed_ss.cli import announce_path, load_model
 
     try:
         model = load_model(args.model, args.device, args.dtype, args.family, args.drafter_lora, args.base_model,
-                           args.cache, args.compile, args.path)
+                           args.cache, args.compile, args.path, announce=False)
     except ValueError as error:  # ModelLoadError included
         raise BenchError(str(error).splitlines()[0] if str(error) else repr(error)) from None
     if EAGER_AR in config.schedules and not model.compiled:  # compile None on a CPU, or compiling failed
         raise BenchError(f"{EAGER_AR} times AR on eager calls beside compiled AR, but this model's calls are eager "
                          f"({model.compile_note or 'add --compile; CUDA graphs, the default on CUDA, need the native forward'})")
+    any_order_problem(model, config)
+    announce_path(model)  # after the last refusal: a refused run prints one line
     print(configure_threads(model, args.threads), file=sys.stderr)
     bars = []
 
@@ -192,7 +194,6 @@ def _run(args, config: BenchConfig, prompts: list[Prompt]) -> int:
         else:
             bar.refresh()
 
-    any_order_problem(model, config)
     meta = {"model": model_name(args.model), "any_order": bool(getattr(model, "any_order", False)),
             "model_sha256": model_fingerprint(args.model), "prompt_source": str(args.prompts or "humaneval"),
             "limit": args.limit,

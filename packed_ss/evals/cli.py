@@ -102,17 +102,18 @@ def _run_tasks(args, plan) -> int:
     import torch
     import transformers
 
-    from packed_ss.cli import load_model
+    from packed_ss.cli import announce_path, load_model
 
     procs = Processes(args.device)
     try:
         model = load_model(args.model, procs.device(args.device), args.dtype, args.family, args.drafter_lora,
-                           args.base_model, args.cache, args.compile, args.path)
+                           args.base_model, args.cache, args.compile, args.path, announce=False)
     except ValueError as error:  # ModelLoadError included
         raise BenchError(str(error).splitlines()[0] if str(error) else repr(error)) from None
-    print(configure_threads(model, args.threads), file=sys.stderr)
     for config in plan.configs:
         any_order_problem(model, config)
+    announce_path(model)  # after the last refusal: a refused run prints one line
+    print(configure_threads(model, args.threads), file=sys.stderr)
     chats = tuple(chat_wanted(model, task, config.temperature, plan.chat) for task, config in zip(plan.tasks, plan.configs))
     plan = dataclasses.replace(plan, chats=chats)
     first = plan.configs[0]
