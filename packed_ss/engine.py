@@ -96,15 +96,19 @@ def scripted_drafter(model, prompt_ids: Sequence[int], config, quality: float, s
 
 
 def ar_continuation(model) -> Callable[[Sequence[int], int], tuple[list[int], int]]:
-    """``(prefix, n) -> (AR's greedy continuation of prefix, at most n tokens; model calls made)``, each run on an
-    adapter of its own (what a following :class:`ScriptedDrafter` computes after a near-tie)."""
+    """``(prefix, n) -> (AR's greedy continuation of prefix, at most n tokens; model calls made)``, run on one adapter
+    of its own, made here and kept for every call (what a following :class:`ScriptedDrafter` computes after a
+    near-tie; on the graph path a new adapter would record its graphs again)."""
     from packed_ss.config import DecodeConfig
+
+    own = model.share()
 
     def continuation(prefix: Sequence[int], n: int) -> tuple[list[int], int]:
         tokens, calls = [], 0
-        for record in decode(model.share(), list(prefix), DecodeConfig(block_size=2, max_new_tokens=max(1, n)), "ar"):
+        for record in decode(own, list(prefix), DecodeConfig(block_size=2, max_new_tokens=max(1, n)), "ar"):
             tokens.extend(record.appended)
             calls += len(record.calls)
         return tokens, calls
 
+    continuation.adapter = own  # its recording time, for a report
     return continuation

@@ -1,37 +1,38 @@
-"""One-shot GPU check: environment, CUDA tests, lossless check with near-tie margins, per-call cost, one race.
+"""One-shot GPU check: environment, CUDA tests, the graph path's call cost, the paper's experiment, lossless check.
 
 Usage::
 
-    python scripts/gpu_check.py [--out gpu_check.json] [--device cuda] [--quick] [--budget-s 270]
+    python scripts/gpu_check.py [--out gpu_check.json] [--device cuda] [--quick] [--budget-s 270] [--quality 0.985]
 
 Writes ONE JSON file (rewritten after every section, so a run cut short still leaves what it measured)
 with the sections, in this order (the last ones are skipped first when time runs out):
 
 1. ``environment``: Python, torch and transformers versions, device name, CUDA version, dtypes checked.
 2. ``cuda_tests``: ``pytest -q tests/test_cuda.py`` run in a subprocess: exit code and summary line.
-3. ``lossless``: greedy decoding of the embedded model (``assets/model``) on the app's default path (on CUDA the
+3. ``graph_call_cost``: the graph path's per-call model time (ms) against R = 1..256 for NLD-3B- and NLD-8B-shaped
+   bfloat16 models: the adapter's whole call and the graph's replay alone (CUDA events), each over the floor (one
+   read of the weights at the measured bandwidth).
+4. ``paper_experiment``: the paper's race in its own regime: randomly initialised decoders shaped like NLD-8B and
+   NLD-3B (Ministral3 layers; both shapes in bfloat16, then both in float32), each raced on the graph path and on
+   transformers' forward over the same weights: AR, Linear-SS (B = 32), Quadratic-SS (B = 8) and Packed-SS
+   (B = 32) with the scripted drafter at quality ``--quality`` (default 0.985; ``follow``: its reference follows a
+   run that leaves AR's output at a near-tie), on a few prompts, each lane run once untimed and once timed:
+   tokens/NFE, model time per iteration (the paper's Table 5 quantity, ms), time/NFE (ms), throughput
+   (tokens/s), agreement with AR, the Packed/Linear and Packed/Quadratic speed ratios and each lane's
+   graph-path/transformers speed ratio, with paired bootstrap intervals over the prompts; written after each
+   shape, dtype and forward.
+5. ``lossless``: greedy decoding of the embedded model (``assets/model``) on the app's default path (on CUDA the
    graph path) in float32 and bfloat16; for each speculative schedule, the prompts whose tokens differ from AR's in
    the same dtype, with the first differing index and AR's top-2 logit margin there (logits, from one no-cache
    forward) and whether that margin is a near-tie (threshold per dtype, written into the JSON).
-4. ``graph_call_cost``: the graph path's per-call model time (ms) against R = 1..256 for NLD-3B- and NLD-8B-shaped
-   bfloat16 models: the adapter's whole call and the graph's replay alone (CUDA events), each over the floor (one
-   read of the weights at the measured bandwidth).
-5. ``race``: AR, Linear-SS, Quadratic-SS and Packed-SS on one prompt (embedded model, bfloat16, B = 8,
-   128 new tokens) on transformers' forward, repeats in rotated order: medians of wall time (s), tokens/NFE,
-   time/NFE (ms) and throughput (tokens/s).
-6. ``race_graphs``: the same race on the graph path, its graphs recorded in an untimed full-length warm-up (the
-   recording time and the shapes are reported, and whether it fell back to eager calls, ``compile_note``).
-7. ``per_call_cost``: transformers' forward per call (the baseline of section 4), R = 1, 2, 4, ..., 256 on top of
+6. ``race_graphs``: AR, Linear-SS, Quadratic-SS and Packed-SS on one prompt (embedded model, bfloat16, B = 8,
+   128 new tokens) on the graph path, repeats in rotated order: medians of wall time (s), tokens/NFE, time/NFE
+   (ms) and throughput (tokens/s); its graphs recorded in an untimed full-length warm-up (the recording time and
+   the shapes are reported, and whether it fell back to eager calls, ``compile_note``).
+7. ``race``: the same race on transformers' forward.
+8. ``per_call_cost``: transformers' forward per call (the baseline of section 3), R = 1, 2, 4, ..., 256 on top of
    a fixed cached prefix, median of several repeats after warm-up, for the embedded model (float32, bfloat16) and
    a randomly initialised ~1B-parameter model of Nemotron-Labs-Diffusion's shape (Ministral3, bfloat16).
-8. ``paper_experiment``: the paper's race in its own regime: randomly initialised decoders shaped like NLD-8B and
-   NLD-3B (Ministral3 layers, bfloat16 then float32), each raced on the graph path and on transformers' forward
-   over the same weights: AR, Linear-SS (B = 32), Quadratic-SS (B = 8) and Packed-SS (B = 32) with the scripted
-   drafter at quality 0.985 (``follow``: its reference follows a run that leaves AR's output at a near-tie), on a
-   few prompts, each lane run once untimed and once timed: tokens/NFE, model time per iteration (the paper's
-   Table 5 quantity, ms), time/NFE (ms), throughput (tokens/s), agreement with AR, the Packed/Linear and
-   Packed/Quadratic speed ratios and each lane's graph-path/transformers speed ratio, with paired bootstrap
-   intervals over the prompts; written after each shape, dtype and forward.
 
 The whole check keeps within ``--budget-s`` seconds (default 270, so that it ends within 5 minutes
 with model loading and start-up): sections that no longer fit are recorded as ``"skipped: time
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import platform
 import statistics
@@ -94,7 +96,8 @@ PAPER_QUALITY = 0.985  # the scripted drafter: a proposal k tokens past its last
 class Sizes:
     """Sizes of one check: full (on a GPU) or ``--quick`` (tiny, for trying the script on a CPU)."""
 
-    def __init__(self, quick: bool):
+    def __init__(self, quick: bool, quality: float = PAPER_QUALITY):
+        self.paper_quality = quality  # the paper experiment's scripted drafter (PAPER_QUALITY)
         self.prompts = PROMPTS[:2] if quick else PROMPTS
         self.block_size = 8
         self.lossless_tokens = 16 if quick else 64  # new tokens per lossless run
@@ -538,50 +541,50 @@ def paper_experiment(models: Models, sizes: Sizes, budget: Budget, device: str, 
 
     tokenizer = models.embedded("float32").tokenizer
     on_cuda = device.startswith("cuda")
-    out = {"quality": PAPER_QUALITY, "lanes": dict(sizes.paper_lanes), "new_tokens": sizes.paper_tokens,
+    out = {"quality": sizes.paper_quality, "lanes": dict(sizes.paper_lanes), "new_tokens": sizes.paper_tokens,
            "prompts": list(sizes.paper_prompts),
            "forwards": {"graphs": "the native forward, its calls replayed as CUDA graphs" if on_cuda else
                         "the native forward, eager (no CUDA device: the graph path's code without its graphs)",
                         "transformers": "transformers' forward, eager"},
            "runs": {}}
     widest = max(block for _, block in sizes.paper_lanes)
-    for shape_name, shape in sizes.paper_shapes.items():
-        for dtype in sizes.paper_dtypes:
-            key = f"{shape_name}, {dtype}"
-            if not budget.allows(30):
-                out["runs"][key] = SKIPPED
-                continue
-            entry = out["runs"][key] = {}
-            try:
-                built = time.perf_counter()
-                graphs = nld_shaped_model(device, shape, tokenizer, dtype, path="native", compiled=None)
-                forwards = {"graphs": graphs, "transformers": wrapped(graphs.model, tokenizer, "transformers")}
-                entry["build_s"] = round(time.perf_counter() - built, 2)
-                # AR's output one widest block past the runs' end, on the graph path: the scripted drafters' script
-                # (one per prompt, untimed, shared by both forwards; each forward's run that leaves it follows its
-                # own verified prefix)
-                config = DecodeConfig(block_size=widest, max_new_tokens=sizes.paper_tokens + widest)
-                scripts = [generate(graphs, graphs.encode(text), config, "ar").token_ids
-                           for text in sizes.paper_prompts]
-                lanes = {}
-                for name, model in forwards.items():
-                    if not budget.allows(20):
-                        entry[name] = SKIPPED
-                        continue
-                    entry[name], lanes[name] = paper_lanes(model, scripts, sizes, budget)
-                    if progress is not None:
-                        progress(out)
-                if len(lanes) == 2:
-                    entry["graphs_over_transformers"] = {
-                        lane: _paired_ratio(lanes["graphs"][lane], lanes["transformers"][lane])
-                        for lane in lanes["graphs"]}
-            except Exception as error:  # noqa: BLE001 - out of memory, a load error: data, the rest still runs
-                entry.update(error_text(error))
-            finally:
-                graphs = forwards = None
-                free_memory()
-            if progress is not None:
-                progress(out)
+    # every shape in the paper's precision before any in float32 (a budget that runs out drops float32 first)
+    for dtype, (shape_name, shape) in itertools.product(sizes.paper_dtypes, sizes.paper_shapes.items()):
+        key = f"{shape_name}, {dtype}"
+        if not budget.allows(30):
+            out["runs"][key] = SKIPPED
+            continue
+        entry = out["runs"][key] = {}
+        try:
+            built = time.perf_counter()
+            graphs = nld_shaped_model(device, shape, tokenizer, dtype, path="native", compiled=None)
+            forwards = {"graphs": graphs, "transformers": wrapped(graphs.model, tokenizer, "transformers")}
+            entry["build_s"] = round(time.perf_counter() - built, 2)
+            # AR's output one widest block past the runs' end, on the graph path: the scripted drafters' script
+            # (one per prompt, untimed, shared by both forwards; each forward's run that leaves it follows its
+            # own verified prefix)
+            config = DecodeConfig(block_size=widest, max_new_tokens=sizes.paper_tokens + widest)
+            scripts = [generate(graphs, graphs.encode(text), config, "ar").token_ids
+                       for text in sizes.paper_prompts]
+            lanes = {}
+            for name, model in forwards.items():
+                if not budget.allows(20):
+                    entry[name] = SKIPPED
+                    continue
+                entry[name], lanes[name] = paper_lanes(model, scripts, sizes, budget)
+                if progress is not None:
+                    progress(out)
+            if len(lanes) == 2:
+                entry["graphs_over_transformers"] = {
+                    lane: _paired_ratio(lanes["graphs"][lane], lanes["transformers"][lane])
+                    for lane in lanes["graphs"]}
+        except Exception as error:  # noqa: BLE001 - out of memory, a load error: data, the rest still runs
+            entry.update(error_text(error))
+        finally:
+            graphs = forwards = None
+            free_memory()
+        if progress is not None:
+            progress(out)
     return out
 
 
@@ -594,7 +597,10 @@ def paper_lanes(model, scripts: list, sizes: Sizes, budget: Budget) -> tuple[dic
     from packed_ss.models.scripted import ScriptedDrafter
 
     report = {"path": model.path, "graphs": model.graphs, "note": model.compile_note}
-    recording_s = 0.0  # graphs are each adapter's own: the drafters' adapters record theirs
+    # Graphs are each adapter's own: one adapter per drafting lane and one for the continuations, kept across the
+    # prompts, so that each records its shapes once (the cache's capacity only grows on the graph path)
+    bases = {name: model.share() for name, _ in sizes.paper_lanes if name != "ar"}
+    follow = ar_continuation(model)
     lanes = {name: [] for name, _ in sizes.paper_lanes}
     made = {name: [] for name, _ in sizes.paper_lanes}  # continuations each untimed run made
     for index, (text, script) in enumerate(zip(sizes.paper_prompts, scripts)):
@@ -612,13 +618,13 @@ def paper_lanes(model, scripts: list, sizes: Sizes, budget: Budget) -> tuple[dic
                 lanes[name].append(generate(model, prompt, config, name))
                 made[name].append(0)
                 continue
-            drafter = ScriptedDrafter(model.share(), list(prompt) + list(script), PAPER_QUALITY, index,
-                                      follow=ar_continuation(model), anchors=anchors)
+            drafter = ScriptedDrafter(bases[name], list(prompt) + list(script), sizes.paper_quality, index,
+                                      follow=follow, anchors=anchors)
             generate(drafter, prompt, config, name)  # untimed: continuations, graphs and first-call costs
             made[name].append(drafter.anchored)
             lanes[name].append(generate(drafter, prompt, config, name))  # timed: computes none
-            recording_s += drafter.base.static.compile_s if drafter.base.static else 0.0
-    report["recording_s"] = round(recording_s + (model.static.compile_s if model.static else 0.0), 2)
+    adapters = [model, *bases.values(), follow.adapter]
+    report["recording_s"] = round(sum(a.static.compile_s for a in adapters if a.static), 2)
     report["lanes"] = _paper_table(lanes, made)
     report["ratios"] = {f"packed/{other}": _paired_ratio(lanes["packed"], lanes[other])
                         for other in ("linear", "quadratic")}
@@ -771,7 +777,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=None, metavar="SECTIONS",
                         help="comma-separated sections to run (the environment always runs), e.g. "
                              "graph_call_cost,paper_experiment for a second try within a GPU's time")
+    parser.add_argument("--quality", type=float, default=PAPER_QUALITY,
+                        help="the paper experiment's scripted drafter: a proposal k tokens past its last verified "
+                             f"one is right with probability quality**k (default {PAPER_QUALITY})")
     args = parser.parse_args(argv)
+    if not 0.0 <= args.quality <= 1.0:
+        parser.error(f"--quality must be in [0, 1], got {args.quality}")
     budget = Budget(args.budget_s)
     out = Path(args.out)
 
@@ -784,20 +795,22 @@ def main(argv: list[str] | None = None) -> int:
     transformers.logging.set_verbosity_error()
     if args.device == "cpu":
         torch.set_num_threads(1)  # small models: intra-op threads only add overhead (and spin on a busy CPU)
-    sizes = Sizes(args.quick)
+    sizes = Sizes(args.quick, args.quality)
     models = Models(args.device)
     report: dict = {"script": "scripts/gpu_check.py", "elapsed_s": 0.0}
     sections = [
         ("environment", lambda: environment(args.device, args.quick, args.budget_s), 0),
-        ("cuda_tests", lambda: cuda_tests(timeout_s=max(10.0, min(150.0, budget.left() - 90))), 30),
-        ("lossless", lambda: lossless(models, sizes, budget), 20),
+        # issue 55's own figures first (the graph path's call cost, the paper's experiment), then the embedded
+        # model's: a budget that runs out drops the sections measured on a GPU before
+        ("cuda_tests", lambda: cuda_tests(timeout_s=max(10.0, min(120.0, budget.left() - 170))), 30),
         ("graph_call_cost", lambda: graph_call_cost(models, sizes, budget, args.device), 30),
-        ("race", lambda: race(models, sizes, budget), 15),
-        ("race_graphs", lambda: race(models, sizes, budget, path="auto"), 15),
-        ("per_call_cost", lambda: per_call_cost(models, sizes, budget, args.device), 15),
         ("paper_experiment", lambda: paper_experiment(
             models, sizes, budget, args.device,
             progress=lambda partial: write_json(out, {**report, "paper_experiment": partial})), 60),
+        ("lossless", lambda: lossless(models, sizes, budget), 20),
+        ("race_graphs", lambda: race(models, sizes, budget, path="auto"), 15),
+        ("race", lambda: race(models, sizes, budget), 15),
+        ("per_call_cost", lambda: per_call_cost(models, sizes, budget, args.device), 15),
     ]
     names = [name for name, _, _ in sections]
     only = None if args.only is None else [name.strip() for name in args.only.split(",") if name.strip()]

@@ -82,3 +82,58 @@ def test_only_runs_the_sections_named_and_refuses_an_unknown_one(tmp_path, capsy
     report = json.loads(out.read_text())
     assert set(report) == {"script", "elapsed_s", "environment", "race"}, sorted(report)
     assert set(report["race"]["schedules"]) == {"ar", "linear", "quadratic", "packed"}
+
+
+def test_the_paper_lanes_make_one_adapter_per_lane_whatever_the_number_of_prompts(monkeypatch):
+    """On the graph path every adapter records its own graphs: a drafter adapter per prompt and lane, and one per
+    continuation after a near-tie, recorded the same shapes again and again (session 28). Now each drafting lane
+    and the continuations have one adapter for the whole section."""
+    from helpers import tiny_llama
+
+    from packed_ss import DecodeConfig, generate
+    from packed_ss.models.adapter import DualModeModel
+
+    check = load_script()
+    model = tiny_llama(seed=6, logit_scale=3.0)
+    made = []
+    share = DualModeModel.share
+    monkeypatch.setattr(DualModeModel, "share", lambda self, *a, **k: made.append(1) or share(self, *a, **k))
+    for prompts in (("w1 w2 w3",), ("w1 w2 w3", "w4 w5", "w6 w2")):
+        made.clear()
+        sizes = check.Sizes(quick=True, quality=0.5)
+        sizes.paper_prompts, sizes.paper_tokens = prompts, 12
+        scripts = [generate(model, model.encode(text), DecodeConfig(block_size=8, max_new_tokens=20), "ar").token_ids
+                   for text in prompts]
+        report, lanes = check.paper_lanes(model, scripts, sizes, check.Budget(600.0))
+        assert len(made) == 4, (prompts, len(made))  # Linear-, Quadratic- and Packed-SS, and the continuations
+        assert all(len(runs) == len(prompts) for runs in lanes.values())
+        assert report["lanes"]["ar"]["same_tokens_as_ar"] == f"{len(prompts)}/{len(prompts)}"
+
+
+def test_the_paper_experiment_runs_both_shapes_in_bfloat16_before_float32_and_takes_a_quality(monkeypatch, tmp_path,
+                                                                                                 capsys):
+    """A budget that runs out drops float32 first; a model that cannot be built is data, and the rest still runs."""
+    import json
+
+    import pytest
+
+    check = load_script()
+    built = []
+
+    def refuse(device, shape, tokenizer, dtype, **kwargs):
+        built.append((shape["num_hidden_layers"], dtype))
+        raise RuntimeError("CUDA out of memory (stand-in)")
+
+    monkeypatch.setattr(check, "nld_shaped_model", refuse)
+    out = tmp_path / "check.json"
+    assert check.main(["--device", "cpu", "--quick", "--only", "paper_experiment", "--quality", "0.9",
+                       "--out", str(out)]) == 0
+    report = json.loads(out.read_text())["paper_experiment"]
+    assert report["quality"] == 0.9
+    assert list(report["runs"]) == ["small-2L, bfloat16", "small-3L, bfloat16", "small-2L, float32",
+                                    "small-3L, float32"]
+    assert built == [(2, "bfloat16"), (3, "bfloat16"), (2, "float32"), (3, "float32")]
+    assert all("out of memory" in entry["error"] for entry in report["runs"].values())
+    with pytest.raises(SystemExit) as refused:
+        check.main(["--device", "cpu", "--quick", "--quality", "1.5"])
+    assert refused.value.code == 2 and "--quality must be in [0, 1]" in capsys.readouterr().err

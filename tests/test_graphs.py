@@ -131,14 +131,35 @@ def _calls(model, lengths_at: int):
 
 @pytest.mark.parametrize("attention", ["written", "sdpa"])
 def test_replays_equal_eager_calls_at_growing_lengths_after_a_rollback_and_after_the_cache_grows(attention):
-    """Twice: the second run's reset gives a new cache tensor of the first run's capacity, where a graph kept from
-    the first run would read the old tensor. Either attention against the CPU's eager calls (written out)."""
+    """Twice: the first run grows the cache (a new tensor: graphs over the old one must go), the second keeps the
+    grown capacity and replays at shorter lengths than the graphs were recorded at. Either attention against the
+    CPU's eager calls (written out), whose capacity follows each run."""
     graphs = on_graphs(tiny_llama(seed=3), attention=attention)
     eager = tiny_llama(seed=3)
     for run in range(2):
         for a, b in zip(_calls(graphs, 30 + run), _calls(eager, 30 + run), strict=True):
             torch.testing.assert_close(a, b)
         assert graphs.static.capacity > 256 and graphs.static.shapes  # it grew, and calls after that replayed graphs
+
+
+def test_a_shorter_run_replays_the_graphs_of_a_longer_one_instead_of_recording_again():
+    """Reported in session 28: each run's reset sized the cache to that run, so a short, a long and again a short
+    prompt recorded the short run's graphs twice. The capacity now only grows on the graph path; eager calls
+    keep sizing it to the run (there every call attends over the whole capacity)."""
+    model = on_graphs(tiny_llama(seed=6, logit_scale=3.0))
+    eager = tiny_llama(seed=6, logit_scale=3.0)
+    short, long = DecodeConfig(block_size=4, max_new_tokens=24), DecodeConfig(block_size=4, max_new_tokens=300)
+    prompt = [4, 9, 2, 7, 3]
+    want = {config: generate(eager, prompt, config, "packed").token_ids for config in (short, long)}
+    assert generate(model, prompt, short, "packed").token_ids == want[short]
+    assert generate(model, prompt, long, "packed").token_ids == want[long]
+    recorded, capacity = model.static._recorder.recorded, model.static.capacity
+    assert capacity > 256
+    for config in (short, long, short):
+        assert generate(model, prompt, config, "packed").token_ids == want[config]
+    assert model.static._recorder.recorded == recorded and model.static.capacity == capacity
+    generate(eager, prompt, short, "packed")
+    assert eager.static.capacity == 256  # the eager path still fits the cache to the run
 
 
 def test_a_graphs_outputs_are_copied_before_the_next_replay_writes_over_them():

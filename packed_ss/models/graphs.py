@@ -201,6 +201,14 @@ class GraphCalls(NativeCalls):
     def shapes(self) -> list[tuple[int, int]]:
         return list(dict.fromkeys(key[:2] for key in self._graphs))
 
+    def reset(self, tokens: int = 0, block_size: int | None = None) -> None:
+        """As :meth:`StaticCalls.reset`, but the capacity only grows: a graph reads the cache tensor it was recorded
+        on, so a shorter run than the last keeps the larger cache and replays its graphs (the mask carries the
+        length) instead of recording them again on a smaller one."""
+        if self.cache is not None:
+            tokens = max(tokens, self.capacity)
+        super().reset(tokens, block_size)
+
     def _allocate(self, tokens: int, keep: int = 0) -> None:
         super()._allocate(tokens, keep)
         self._graphs.clear()  # they read the cache tensor they were recorded on
