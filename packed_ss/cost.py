@@ -135,9 +135,11 @@ class Roofline:
     Attributes:
         flops_per_row: FLOPs one row costs in the weight matrices (2 per multiply-add, LM head included; the
             embedding lookup and attention over the cache, which grows with the context, left out).
-        weight_bytes: bytes of those matrices, read once by every call whatever its row count.
+        weight_bytes: bytes of those matrices, read once by every call whatever its row count (a head tied to the
+            embeddings counted once: the lookup reads a few rows, the head all of them).
         gflops: measured matrix-multiply throughput (GFLOP/s) of a large square product in the model's dtype.
-        read_gbs: measured read bandwidth (GB/s) over a buffer the size of the weights.
+        read_gbs: measured read bandwidth (GB/s): one reduction over a buffer the size of the weights, at most
+            :data:`READ_BUFFER_BYTES` (large enough to leave every cache; what a row-count-1 call's GEMVs do).
     """
 
     flops_per_row: float
@@ -160,9 +162,22 @@ class Roofline:
         return max(rows * self.compute_ms_per_row, self.read_ms)
 
 
+READ_BUFFER_BYTES = 1 << 30  # the bandwidth probe's largest buffer: beyond every cache, and an 8B model's weights
+# are not allocated a second time beside them
+
+
+def read_elements(weights: int, element_size: int) -> int:
+    """Elements of the bandwidth probe's buffer for ``weights`` weight elements of ``element_size`` bytes: the
+    weights' size, at least 1 Mi elements and at most :data:`READ_BUFFER_BYTES`."""
+    return max(1 << 20, min(weights, READ_BUFFER_BYTES // element_size))
+
+
 def roofline(model, repeats: int = 5) -> Roofline:
     """The :class:`Roofline` of ``model``'s network on this machine (median of ``repeats`` timings each), cached
-    on the network as ``roofline_fit``. A model without a network (scripted test models) raises ValueError."""
+    on the network as ``roofline_fit``.
+
+    Raises: ValueError for a model without a network (scripted test models) and when the device has no memory
+    left for the probes (one line; the caller reports no floor rather than losing its run)."""
     import time
 
     import torch
@@ -174,7 +189,9 @@ def roofline(model, repeats: int = 5) -> Roofline:
     if found is not None:
         return found
     embeddings = network.get_input_embeddings().weight
-    matrices = [p for p in network.parameters() if p.dim() == 2 and p is not embeddings]
+    head = network.get_output_embeddings()
+    tied = head is not None and head.weight is embeddings  # then parameters() yields the shared matrix once
+    matrices = [p for p in network.parameters() if p.dim() == 2 and (tied or p is not embeddings)]
     weights = sum(p.numel() for p in matrices)
     dtype, device = matrices[0].dtype, matrices[0].device
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
@@ -191,10 +208,15 @@ def roofline(model, repeats: int = 5) -> Roofline:
         return statistics.median(times)
 
     size = 1024
-    a, b = torch.randn(size, size, dtype=dtype, device=device), torch.randn(size, size, dtype=dtype, device=device)
-    gflops = 2 * size ** 3 / timed(lambda: a @ b) / 1e9
-    buffer = torch.ones(max(weights, 1 << 20), dtype=dtype, device=device)
-    read_gbs = buffer.numel() * buffer.element_size() / timed(buffer.sum) / 1e9
+    try:
+        a, b = torch.randn(size, size, dtype=dtype, device=device), torch.randn(size, size, dtype=dtype, device=device)
+        gflops = 2 * size ** 3 / timed(lambda: a @ b) / 1e9
+        del a, b
+        buffer = torch.ones(read_elements(weights, matrices[0].element_size()), dtype=dtype, device=device)
+        read_gbs = buffer.numel() * buffer.element_size() / timed(buffer.sum) / 1e9
+        del buffer
+    except torch.OutOfMemoryError:
+        raise ValueError(f"no {device.type} memory left to measure the machine's limits beside the model") from None
     fit = Roofline(2.0 * weights, weights * matrices[0].element_size(), gflops, read_gbs)
     network.roofline_fit = fit
     return fit

@@ -308,3 +308,60 @@ def test_drafter_lora_runs_on_graphs_give_the_reference_runs_tokens_and_proposal
     a, b = generate(graphs, prompt, config, name), generate(reference, prompt, config, name)
     assert a.token_ids == b.token_ids and [r.proposals for r in a.records] == [r.proposals for r in b.records]
     assert a.adapter_selected_rows == b.adapter_selected_rows > 0
+
+
+def test_a_collected_adapters_calls_go_to_the_next_adapter_with_their_graphs():
+    """Reported in session 28: a server makes an adapter per run and race lane, and each recorded every shape again
+    inside its first timed calls (a race on a GPU timed its lanes' recordings). Now a collected adapter's calls,
+    cache and graphs go to the network's next adapter; a live adapter's never do, and a new attention drops the
+    graphs recorded with the old one."""
+    import gc
+
+    eager = tiny_llama(seed=6, logit_scale=3.0)
+    prompt, config = [4, 9, 2, 7, 3], DecodeConfig(block_size=4, max_new_tokens=24)
+    want = {name: generate(eager, prompt, config, name).token_ids for name in LOSSLESS}
+
+    first = tiny_llama(seed=6, logit_scale=3.0)
+    first.static = HostGraphCalls.reused(first.model, first.supports_deferred_rows, True, owner=first)
+    for name in LOSSLESS:
+        assert generate(first, prompt, config, name).token_ids == want[name]
+    calls, recorder = first.static, first.static._recorder
+    recorded = recorder.recorded
+    second = first.share()
+    second.static = HostGraphCalls.reused(second.model, second.supports_deferred_rows, True, owner=second)
+    assert second.static is not calls  # the first adapter is alive: its calls are its own
+    del first
+    gc.collect()
+    third = second.share()
+    third.static = HostGraphCalls.reused(third.model, third.supports_deferred_rows, True, owner=third)
+    assert third.static is calls and calls.length == 0 and calls.compile_s == 0.0
+    for name in LOSSLESS:  # from an emptied cache, on the graphs recorded for the first adapter
+        assert generate(third, prompt, config, name).token_ids == want[name], name
+    assert recorder.recorded == recorded
+    calls.attention = "sdpa"  # graphs recorded with another attention are not replayed
+    assert calls.shapes == []
+    assert generate(third, prompt, config, "packed").token_ids == want["packed"] and recorder.recorded > recorded
+
+
+def test_calls_kept_for_later_adapters_are_bounded_and_go_when_graphs_fail():
+    import gc
+
+    from packed_ss.models.graphs import KEPT, KEPT_CALLS
+
+    base = tiny_llama(seed=6, logit_scale=3.0)
+    prompt, config = [4, 9, 2], DecodeConfig(block_size=4, max_new_tokens=4)
+    adapters = []
+    for _ in range(KEPT_CALLS + 3):
+        adapter = base.share()
+        adapter.static = HostGraphCalls.reused(adapter.model, adapter.supports_deferred_rows, True, owner=adapter)
+        generate(adapter, prompt, config, "packed")
+        adapters.append(adapter)
+    del adapters, adapter
+    gc.collect()
+    kept = getattr(base.model, KEPT)
+    assert len(kept) == KEPT_CALLS and len({id(calls) for calls in kept}) == KEPT_CALLS
+    failing = FailingGraphCalls(base.model, base.supports_deferred_rows, compiled=True)
+    base.static = failing
+    with pytest.warns(RuntimeWarning, match="out of GPU memory"):
+        generate(base, prompt, config, "packed")  # Packed-SS's 2B = 8-row call fails to record
+    assert not failing.compiled and kept == []

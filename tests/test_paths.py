@@ -24,6 +24,48 @@ def test_roofline_counts_every_weight_matrix_but_the_embeddings_and_bounds_a_cal
     assert roofline(model) is roof  # measured once per network
 
 
+def test_roofline_counts_a_head_tied_to_the_embeddings_once_and_caps_its_probe():
+    """Reported in session 28: a tied head is the embedding matrix, which the old filter dropped, so the floor of a
+    tied checkpoint left out its largest read. The probe buffer is capped (an 8B model's weights are not allocated
+    twice) and out of memory is one ValueError (the CLI then reports no floor and keeps its run)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from packed_ss.cost import READ_BUFFER_BYTES, read_elements
+
+    untied = tiny_llama(vocab_size=24, hidden=32, layers=2)
+    config = LlamaConfig(**{**untied.model.config.to_dict(), "tie_word_embeddings": True})
+    tied = LlamaForCausalLM(config).double().eval()
+    assert tied.get_output_embeddings().weight is tied.get_input_embeddings().weight
+    want = roofline(untied, repeats=1).weight_bytes  # the head is a matrix of its own there, the same size
+
+    class Holder:
+        model = tied
+
+    assert roofline(Holder(), repeats=1).weight_bytes == want
+    assert read_elements(10, 2) == 1 << 20 and read_elements(1 << 24, 2) == 1 << 24
+    assert read_elements(8 * 10**9, 2) * 2 == READ_BUFFER_BYTES
+
+
+def test_roofline_out_of_memory_is_one_value_error_and_the_cli_keeps_its_run(monkeypatch, tiny_model_dir, capsys):
+    import json
+
+    import pytest
+
+    from packed_ss import cost
+    from packed_ss.cli import main
+
+    def short_of_memory(*args, **kwargs):  # where the probe sizes its buffer, inside the measurement
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 16.00 GiB")
+
+    monkeypatch.setattr(cost, "read_elements", short_of_memory)
+    with pytest.raises(ValueError, match="no cpu memory left"):
+        roofline(tiny_llama(), repeats=1)
+    code = main(["generate", "--model", str(tiny_model_dir), "--prompt", "w1 w2", "--max-new-tokens", "3",
+                 "--json", "--threads", "1"])
+    out = capsys.readouterr().out
+    assert code == 0 and json.loads(out)["floor"] is None and json.loads(out)["nfe"] >= 1
+
+
 def test_paths_chart_and_text_show_both_fits_and_the_limit():
     model = tiny_llama()
     roof = roofline(model, repeats=1)

@@ -14,7 +14,10 @@ copies no keys; the caller copies the rows it needs before the next replay write
 Recording takes two untimed calls and the capture, at the first call of each (Rp, K) of an adapter; its time goes to
 ``compile_s`` (reported apart from decoding time, as compiling is). A capture that fails (out of GPU memory, an
 operation CUDA graphs cannot record) gives the network eager native calls from then on, with one line naming why
-(``note``); without a CUDA device nothing is recorded and :func:`graph_problem` says so. The network's
+(``note``); without a CUDA device nothing is recorded and :func:`graph_problem` says so. An adapter's calls outlive
+it: when it is collected they go, cache and graphs, to the network's next adapter (:meth:`GraphCalls.reused`), so a
+server that makes an adapter per run records each shape a few times in all, not in every run's timed calls; and the
+cache's capacity only grows, so a shorter run replays a longer one's graphs. The network's
 :class:`CudaRecorder` records every adapter's calls into one memory pool; the CPU tests give :class:`GraphCalls` a
 recorder with the same semantics (``tests/test_graphs.py``).
 
@@ -31,13 +34,15 @@ import weakref
 
 import torch
 
-from packed_ss.models.native import ATTENTIONS, NATIVE_FAILURE, NativeCalls
+from packed_ss.models.native import ATTENTIONS, NATIVE_FAILURE, NativeCalls, native_decoder
 
 GRAPHS = "packed_ss_graph_calls"  # attribute of the network marking its calls as graph-replayed (for `compiled`)
 RECORDER = "packed_ss_graph_recorder"  # ... and holding the recorder (one memory pool) of every adapter's graphs
+KEPT = "packed_ss_graph_calls_kept"  # ... and the calls of collected adapters, for later ones (GraphCalls.reused)
 # The graph path's attention (NativeDecoder.forward): "written" until scripts/gpu_check.py has measured "sdpa" against
 # it on a GPU (graph_call_cost gives both, each call over the floor).
 GRAPH_ATTENTION = "written"
+KEPT_CALLS = 8  # per network: adapters' calls (caches and graphs) kept for later adapters (GraphCalls.reused)
 
 
 def graph_problem(device: torch.device) -> str | None:
@@ -173,10 +178,8 @@ class GraphCalls(NativeCalls):
 
     def __init__(self, model, hidden_only: bool, compiled: bool = False, compiler=None,
                  attention: str = GRAPH_ATTENTION):
-        if attention not in ATTENTIONS:
-            raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {attention!r}")
-        self.attention = attention  # eager calls and recorded graphs alike
         self._graphs: dict[tuple[int, int, bool, bool], CallGraph] = {}  # (Rp, K, hidden only, gated)
+        self.attention = attention  # eager calls and recorded graphs alike
         recorder = getattr(model, RECORDER, None)
         if type(recorder) is not self.recorder_class:
             recorder = self.recorder_class()
@@ -184,6 +187,62 @@ class GraphCalls(NativeCalls):
         recorder.adapters.add(self)
         self._recorder = recorder
         super().__init__(model, hidden_only, compiled, compiler)
+
+    @property
+    def attention(self) -> str:
+        """How calls attend (:data:`~packed_ss.models.native.ATTENTIONS`); setting another drops the graphs recorded
+        with the old one. Raises: ValueError for an unknown name."""
+        return self._attention
+
+    @attention.setter
+    def attention(self, value: str) -> None:
+        if value not in ATTENTIONS:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {value!r}")
+        if value != getattr(self, "_attention", value):
+            self._graphs.clear()
+        self._attention = value
+
+    # --- adapters' calls kept for the next adapter -------------------------------------------
+    _pool_lock = threading.Lock()  # adapters are made and collected in any of a server's threads
+
+    @classmethod
+    def reused(cls, model, hidden_only: bool, compiled: bool = False, owner=None) -> "GraphCalls":
+        """Calls for a new adapter ``owner`` of ``model``: those an adapter of the network left when it was
+        collected, with their cache and recorded graphs (emptied: length 0), or new ones. When ``owner`` is
+        collected its calls go back for the next adapter (at most :data:`KEPT_CALLS` kept per network).
+
+        Why: graphs are an adapter's own (they read its cache tensor), and a server makes an adapter per run and
+        race lane; new calls would record every shape again inside the run's first timed calls."""
+        calls = None
+        if compiled:
+            with cls._pool_lock:
+                kept = getattr(model, KEPT, [])
+                for index in range(len(kept) - 1, -1, -1):
+                    candidate = kept[index]
+                    if (type(candidate) is cls and candidate.compiled and candidate._hidden_only == bool(hidden_only)
+                            and candidate.attention == GRAPH_ATTENTION and candidate.native is native_decoder(model)):
+                        calls = kept.pop(index)
+                        break
+        if calls is not None:
+            calls.rollback(0)
+            calls.compile_s, calls.budget_note = 0.0, None  # this adapter's own recording time from here
+        else:
+            calls = cls(model, hidden_only, compiled)
+        if owner is not None:
+            weakref.finalize(owner, calls._keep)
+        return calls
+
+    def _keep(self) -> None:
+        """Offer these calls to the network's next adapter (their owner is gone)."""
+        if not self.compiled or not self._graphs:
+            return
+        with self._pool_lock:
+            kept = getattr(self.model, KEPT, None)
+            if kept is None:
+                kept = []
+                object.__setattr__(self.model, KEPT, kept)
+            if len(kept) < KEPT_CALLS and all(other is not self for other in kept):
+                kept.append(self)
 
     def _compile(self, compiler):
         if getattr(self.model, NATIVE_FAILURE, None) is not None:
@@ -242,6 +301,8 @@ class GraphCalls(NativeCalls):
                 self._give_up(failure)
                 for adapter in list(self._recorder.adapters):  # every adapter's graphs: the pool's memory goes
                     adapter._graphs.clear()
+                with self._pool_lock:  # and the calls kept for later adapters, with their caches
+                    getattr(self.model, KEPT, []).clear()
                 self._recorder.release()
                 return None
             self._graphs[key] = graph
