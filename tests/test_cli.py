@@ -61,14 +61,16 @@ def test_bad_arguments_exit_with_one_line(tiny_model_dir, args, message, capsys)
     (["--schedule", "partial"], "does not run on an any-order model"),
 ])
 def test_a_run_refused_after_loading_prints_one_line(tiny_any_order_dir, args, message, capsys):
-    """The any-order model keeps transformers' forward, and its ``note:`` line (like the threads line) is printed
-    only once the run is accepted: a refusal after loading is the one ``error:`` line (reported in session 27)."""
-    code = main(["generate", "--model", str(tiny_any_order_dir), "--prompt", "w1 w2", "--threads", "1", *args])
+    """With the dynamic cache the model keeps transformers' forward, and its ``note:`` line (like the threads line)
+    is printed only once the run is accepted: a refusal after loading is the one ``error:`` line (reported in
+    session 27 on the any-order model)."""
+    dynamic = ["--model", str(tiny_any_order_dir), "--prompt", "w1 w2", "--cache", "dynamic"]
+    code = main(["generate", *dynamic, "--threads", "1", *args])
     err = capsys.readouterr().err
     assert code == 2 and message in err
     assert err.strip().splitlines() == [line for line in err.strip().splitlines() if line.startswith("error:")]
     assert len(err.strip().splitlines()) == 1
-    code, _, err = run_cli(capsys, "--model", str(tiny_any_order_dir), "--prompt", "w1 w2", "--max-new-tokens", "2")
+    code, _, err = run_cli(capsys, *dynamic, "--max-new-tokens", "2")
     assert code == 0 and "note: transformers' forward" in err  # an accepted run still says which forward runs
 
 

@@ -225,7 +225,7 @@ def test_setdlms_attention_cast_is_the_identity_here(setdlm, dtype):
     transformers' Qwen3 every projection, and the cache, already has the model's dtype, so the cast
     changes nothing."""
     folder, _, _ = setdlm
-    model = DualModeModel.from_pretrained(folder, device="cpu", dtype=dtype)
+    model = DualModeModel.from_pretrained(folder, device="cpu", dtype=dtype, path="transformers")  # SetDLM's own
     seen = set()
     for layer in model.model.model.layers:
         for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
@@ -549,3 +549,26 @@ def test_the_confidence_threshold_flag_reaches_the_diffusion_schedule(tiny_model
     assert "confidence threshold must be in (0, 1], got 1.5" in capsys.readouterr().err
     assert main(["generate", "--model", str(tiny_model_dir), "--prompt", "w1 w2", "--schedule", "diffusion",
                  "--max-new-tokens", "4", "--confidence-threshold", "1.0"]) == 0
+
+
+@pytest.mark.parametrize("order", ["ltr", "confidence"])
+def test_the_native_forward_and_its_graphs_decode_setdlm_as_transformers_forward_does(setdlm, order):
+    """Issue 55 names SetDLM among the models the GPU path serves: its any-order layouts (mask entries sharing
+    positions with tokens) are masks and positions like any other, so the native forward and its graphs (here the
+    CPU recorder with CUDA graphs' semantics) give transformers' tokens, the context's left crop included
+    (60 new tokens past SetDLM's 64-token context)."""
+    from test_graphs import HostGraphCalls
+
+    folder, _, native = setdlm
+    reference = DualModeModel.from_pretrained(folder, device="cpu", dtype="float64", path="transformers")
+    graphs = native.share()
+    graphs.static = HostGraphCalls(graphs.model, graphs.supports_deferred_rows, compiled=True)
+    assert native.path == "native" and native.path_note is None and reference.path == "transformers"
+    config = DecodeConfig(block_size=5, max_new_tokens=60, order=order)
+    cropped = {}
+    for name in ["ar", *SPECULATIVE, "diffusion"]:
+        want = generate(reference, PROMPT, config, name)
+        assert generate(native, PROMPT, config, name).token_ids == want.token_ids, name
+        assert generate(graphs, PROMPT, config, name).token_ids == want.token_ids, name
+        cropped[name] = want.cropped
+    assert graphs.static.shapes and cropped["packed"] > 0, (graphs.static.shapes, cropped)

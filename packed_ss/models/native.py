@@ -15,8 +15,9 @@ attend over the cache alone, which saves the copies and the score pieces of the 
 
 Served: model types :data:`NATIVE_TYPES` on the CPU and on CUDA (where its padded calls replay as CUDA graphs by
 default, :mod:`packed_ss.models.graphs`), full attention, SiLU MLPs, static RoPE. Anything else
-(another family, a forward hook other than the drafter LoRA's row gate, an any-order model) keeps transformers'
-forward, and :func:`native_problem` says why in one line. The drafter LoRA (:mod:`packed_ss.models.lora`) runs here
+(another family, a forward hook other than the drafter LoRA's row gate, the eager attention kernel asked for) keeps
+transformers' forward, and :func:`native_problem` says why in one line. Any-order models (SetDLM's Qwen3) are served:
+their layouts are masks and positions like any other (``tests/test_setdlm.py``). The drafter LoRA (:mod:`packed_ss.models.lora`) runs here
 too: its A and B matrices are added to the fused projections' columns, on the rows a per-call gate selects.
 
 Shape legend: R rows of the call (Rp padded), K cache capacity, C cached tokens, L layers, Hq query heads,
@@ -73,8 +74,6 @@ def native_problem(model) -> str | None:
     if hooked:
         return (f"the model carries forward hooks ({hooked[0]}{' ...' if len(hooked) > 1 else ''}: a change to its "
                 f"computation), which only transformers' forward runs")
-    if getattr(config, "any_order", False):
-        return "any-order models keep transformers' forward (SetDLM's own code is their reference)"
     if getattr(config, "_attn_implementation", "sdpa") == "eager":
         return "the checkpoint asks for transformers' eager attention kernel"
     why = static_cache_problem(config)
