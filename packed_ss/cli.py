@@ -226,9 +226,10 @@ def quiet_loaders() -> None:
 
 def call_floor(model, run) -> dict | None:
     """Each call's model time over the floor, one read of the weights at the measured bandwidth
-    (:func:`packed_ss.cost.roofline`): ``floor_ms``, the median and largest ratio, and the median ratio per row
+    (:func:`packed_ss.cost.roofline`): ``floor_ms``, every call's ratio in order (``over_floor_per_call``, the
+    prefill first, with its rows in ``rows_per_call``), the median and largest ratio, and the median ratio per row
     count (issue 55: how far a path's calls are from what the hardware must do). None for a model without a
-    network (scripted test models)."""
+    network (scripted test models) or where the device had no memory left to measure the floor."""
     import statistics
 
     from packed_ss.cost import roofline
@@ -238,13 +239,14 @@ def call_floor(model, run) -> dict | None:
     except ValueError:
         return None
     floor = limits.read_ms
+    calls = [call for record in run.records for call in record.calls]
+    ratios = [call.model_ms / floor for call in calls]
     by_rows: dict[int, list[float]] = {}
-    for record in run.records:
-        for call in record.calls:
-            by_rows.setdefault(call.layout.rows, []).append(call.model_ms / floor)
-    ratios = [r for values in by_rows.values() for r in values]
+    for call, ratio in zip(calls, ratios):
+        by_rows.setdefault(call.layout.rows, []).append(ratio)
     return {"floor_ms": round(floor, 4), "read_gbs": round(limits.read_gbs, 1),
             "weight_mb": round(limits.weight_bytes / 1e6, 1),
+            "over_floor_per_call": [round(r, 2) for r in ratios], "rows_per_call": [c.layout.rows for c in calls],
             "median_over_floor": round(statistics.median(ratios), 2) if ratios else None,
             "max_over_floor": round(max(ratios), 2) if ratios else None,
             "median_over_floor_by_rows": {rows: round(statistics.median(v), 2) for rows, v in sorted(by_rows.items())}}

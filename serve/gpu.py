@@ -71,6 +71,7 @@ class GpuTasks:
         self.generate = gpu_task(self._generate)
         self.calibration = gpu_task(self._calibration)
         self.divergence = gpu_task(self._divergence)
+        self._floor_task, self._floors = gpu_task(self._floor), {}  # (name, precision) -> Roofline
         self.costs = CostBook(gpu_task(self._cost))  # the latest fit of each model (serve.costs)
         self.paths = gpu_task(self._paths)
         self.background = Background()  # compiling, away from the gate (one job per network)
@@ -253,6 +254,25 @@ class GpuTasks:
         with turn():
             limits = roofline(model)
         return {"eager": eager, "compiled": compiled, "note": note, "compiling": compiling, "roofline": limits}
+
+    def floor(self, model_ref: tuple):
+        """:meth:`_floor`, measured once per model and precision and kept here (on ZeroGPU the network that
+        measured it lives in another process)."""
+        key = tuple(model_ref[:2])
+        if self._floors.get(key) is None:
+            self._floors[key] = self._floor_task(model_ref)
+        return self._floors[key]
+
+    def _floor(self, model_ref: tuple):
+        """The machine's limits for the model (:func:`packed_ss.cost.roofline`: its weight-read floor, measured
+        once per network at the gate, about a second on a CPU), or None where they cannot be measured (a model
+        without a network, no device memory left)."""
+        model = self.store.get(*model_ref[:2])
+        try:
+            with self.gate.turn(0.0) if self.gate is not None else nullcontext():
+                return roofline(model)
+        except ValueError:
+            return None
 
     def _divergence(self, model_ref: tuple, prompt_ids: Sequence[int], reference: Sequence[int],
                     other: Sequence[int]) -> Divergence | None:

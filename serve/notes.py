@@ -56,9 +56,10 @@ def model_note(store: ModelStore, name: str | None, model) -> str:
             f"{device}.")
 
 
-def forward_note(model, records) -> str:
+def forward_note(model, records, floor=None) -> str:
     """Which forward runs ``model``'s calls (native or transformers'; compiled, CUDA graphs or eager) and, once the
-    machine's weight-read floor is known for the network (measured by Explain's call paths or the CLI's ``--json``:
+    machine's weight-read floor is known for the network (``floor``, a :class:`packed_ss.cost.Roofline`, else the
+    one measured for the network by the race, Explain's call paths or the CLI's ``--json``:
     :func:`packed_ss.cost.roofline`), the median model time of ``records``' calls over it (issue 55)."""
     path = getattr(model, "path", None)
     if path is None:
@@ -67,7 +68,7 @@ def forward_note(model, records) -> str:
             else "compiled calls" if getattr(model, "compiled", False) else "eager calls")
     name = "the native forward" if path == "native" else "transformers' forward"
     text = f"Calls: {name}, {kind}"
-    floor = getattr(getattr(model, "model", None), "roofline_fit", None)
+    floor = floor or getattr(getattr(model, "model", None), "roofline_fit", None)
     times = [call.model_ms for record in records for call in record.calls]
     if floor is not None and times:
         ratio = sorted(times)[len(times) // 2] / floor.read_ms

@@ -18,7 +18,7 @@ from serve.block_sizes import BestBlockSizes
 from serve.gpu import GpuTasks
 from serve.lanes import Lane, cost_ratio, lane_from_run, speed_ratio, verdict_text
 from serve.limits import MAX_ROWS_PER_REQUEST, TIME_LIMIT, check_work, release_memory, worst_case_seconds
-from serve.notes import model_note
+from serve.notes import forward_note, model_note
 from serve.runs import schedule_for
 from serve.settings import OPTIONAL_LANES, RunSettings, parse_lanes
 from serve.timing import TimingLog
@@ -182,4 +182,6 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
     return RaceResult(settings=settings, lanes=lanes, greedy=c.greedy, compute_s=compute_s,
                       prompt_tokens=len(ids), rounds=turns.rounds, slice_range=turns.slice_range,
                       stopped_at=turns.stopped_at, block_size_source=source, interleaved=interleaved,
-                      left_out=left_out, model_note=model_note(tasks.store, settings.model, model))
+                      left_out=left_out,
+                      model_note=model_note(tasks.store, settings.model, model) + " " + forward_note(
+                          model, [record for run in runs for record in run.records], tasks.floor(settings.model_ref)))

@@ -58,7 +58,8 @@ class StepHandlers:
         text = shown.text
         if run is not None:  # said beside the text: what the model is
             text += model_note_html(model_note(self.server.store, run.settings.model, run.model) + " "
-                                    + forward_note(getattr(run.adapter, "base", run.adapter), run.shown_records()))
+                                    + forward_note(getattr(run.adapter, "base", run.adapter), run.shown_records(),
+                                                   self.server.tasks.floor(run.settings.model_ref)))
         return [slider, shown.grid, text, shown.stats, shown.figure if redraw else gr.skip()]
 
     def start_or_continue(self, values: RequestValues, us: UserSession,

@@ -32,6 +32,9 @@ def test_json_output(tiny_model_dir, capsys):
     floor = data["floor"]
     assert floor["floor_ms"] > 0 and floor["median_over_floor"] > 0 and floor["max_over_floor"] >= floor["median_over_floor"]
     assert sum(1 for _ in floor["median_over_floor_by_rows"]) >= 1
+    per_call = floor["over_floor_per_call"]  # every call's own ratio, the prefill first
+    assert len(per_call) == len(floor["rows_per_call"]) == data["nfe"] and all(r > 0 for r in per_call)
+    assert max(per_call) == floor["max_over_floor"] and floor["rows_per_call"][0] >= 3  # the prefill: the prompt
 
 
 @pytest.mark.parametrize("args,message", [
