@@ -86,7 +86,7 @@ NLD_MASK_ID = 100
 # The paper's model sizes (random weights), and two small stand-ins for --quick
 PAPER_SHAPES = {"NLD-8B": dict(hidden_size=4096, head_dim=128, num_attention_heads=32, num_key_value_heads=8,
                                num_hidden_layers=36, intermediate_size=12288, vocab_size=131072),
-                "NLD-3B": dict(hidden_size=3072, head_dim=96, num_attention_heads=32, num_key_value_heads=8,
+                "NLD-3B": dict(hidden_size=3072, head_dim=128, num_attention_heads=32, num_key_value_heads=8,
                                num_hidden_layers=26, intermediate_size=9216, vocab_size=131072)}
 PAPER_QUICK_SHAPES = {"small-2L": NLD_QUICK_SHAPE, "small-3L": {**NLD_QUICK_SHAPE, "num_hidden_layers": 3}}
 PAPER_LANES = (("ar", 32), ("linear", 32), ("quadratic", 8), ("packed", 32))  # the paper's block sizes
