@@ -229,7 +229,7 @@ class GraphCalls(NativeCalls):
         else:
             calls = cls(model, hidden_only, compiled)
         if owner is not None:
-            weakref.finalize(owner, calls._keep)
+            weakref.finalize(owner, calls._keep).atexit = False  # nothing to keep for a process that ends
         return calls
 
     def _keep(self) -> None:
