@@ -269,3 +269,24 @@ def test_a_graph_path_layer_launches_about_the_kernels_counted_on_the_host(atten
                 torch.cuda.synchronize()
         kernels.append(sum(e.count for e in found.key_averages() if e.device_type == DeviceType.CUDA))
     assert kernels[1] - kernels[0] <= bound, kernels
+
+
+@pytest.mark.parametrize("order", ["ltr", "confidence"])
+def test_setdlm_on_the_graph_path_decodes_as_transformers_forward(tmp_path, order):
+    """A Qwen3 network with a tied head and q/k norms (the SetDLM fixture) on CUDA in float64 (no near-ties, so
+    the confidence order cannot break a tie the other way): every any-order schedule gives transformers' tokens on
+    the graph path, past SetDLM's context (the left crop)."""
+    from helpers import write_setdlm_checkpoint
+    from test_setdlm import PROMPT
+
+    from packed_ss.models import DualModeModel
+
+    write_setdlm_checkpoint(tmp_path)
+    graphs = DualModeModel.from_pretrained(tmp_path, device="cuda", dtype="float64")
+    reference = DualModeModel.from_pretrained(tmp_path, device="cuda", dtype="float64", path="transformers")
+    assert graphs.path == "native" and graphs.graphs, graphs.compile_note
+    config = DecodeConfig(block_size=5, max_new_tokens=60, order=order)
+    for name in ["ar", *SPECULATIVE, "diffusion"]:
+        want = generate(reference, PROMPT, config, name)
+        assert generate(graphs, PROMPT, config, name).token_ids == want.token_ids, (name, order)
+    assert graphs.graphs and graphs.static.shapes, graphs.compile_note
