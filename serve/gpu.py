@@ -259,7 +259,7 @@ class GpuTasks:
         """:meth:`_floor`, measured once per model and precision and kept here (on ZeroGPU the network that
         measured it lives in another process)."""
         key = tuple(model_ref[:2])
-        if self._floors.get(key) is None:
+        if key not in self._floors:  # None kept too: a model without a floor is not measured again on every view
             self._floors[key] = self._floor_task(model_ref)
         return self._floors[key]
 
@@ -271,7 +271,7 @@ class GpuTasks:
         try:
             with self.gate.turn(0.0) if self.gate is not None else nullcontext():
                 return roofline(model)
-        except ValueError:
+        except (ValueError, RuntimeError):  # no network, no memory left (a CPU allocation fails as RuntimeError)
             return None
 
     def _divergence(self, model_ref: tuple, prompt_ids: Sequence[int], reference: Sequence[int],

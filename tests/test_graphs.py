@@ -142,10 +142,11 @@ def test_replays_equal_eager_calls_at_growing_lengths_after_a_rollback_and_after
         assert graphs.static.capacity > 256 and graphs.static.shapes  # it grew, and calls after that replayed graphs
 
 
-def test_a_shorter_run_replays_the_graphs_of_a_longer_one_instead_of_recording_again():
-    """Reported in session 28: each run's reset sized the cache to that run, so a short, a long and again a short
-    prompt recorded the short run's graphs twice. The capacity now only grows on the graph path; eager calls
-    keep sizing it to the run (there every call attends over the whole capacity)."""
+def test_a_run_takes_a_spare_cache_of_its_capacity_with_its_graphs_instead_of_recording_again():
+    """Reported in session 28: each run's reset sized the cache to that run and dropped the graphs, so a short, a
+    long and again a short run recorded the short run's graphs twice. Now the cache it leaves goes to the network's
+    spares with its graphs, and the next run of that capacity takes it; each run still attends over its own
+    capacity (256 here for the short run, as on a fresh adapter)."""
     model = on_graphs(tiny_llama(seed=6, logit_scale=3.0))
     eager = tiny_llama(seed=6, logit_scale=3.0)
     short, long = DecodeConfig(block_size=4, max_new_tokens=24), DecodeConfig(block_size=4, max_new_tokens=300)
@@ -153,13 +154,11 @@ def test_a_shorter_run_replays_the_graphs_of_a_longer_one_instead_of_recording_a
     want = {config: generate(eager, prompt, config, "packed").token_ids for config in (short, long)}
     assert generate(model, prompt, short, "packed").token_ids == want[short]
     assert generate(model, prompt, long, "packed").token_ids == want[long]
-    recorded, capacity = model.static._recorder.recorded, model.static.capacity
-    assert capacity > 256
+    recorded = model.static._recorder.recorded
     for config in (short, long, short):
         assert generate(model, prompt, config, "packed").token_ids == want[config]
-    assert model.static._recorder.recorded == recorded and model.static.capacity == capacity
-    generate(eager, prompt, short, "packed")
-    assert eager.static.capacity == 256  # the eager path still fits the cache to the run
+        assert model.static.capacity == (256 if config is short else 512)
+    assert model.static._recorder.recorded == recorded
 
 
 def test_a_graphs_outputs_are_copied_before_the_next_replay_writes_over_them():
@@ -310,58 +309,52 @@ def test_drafter_lora_runs_on_graphs_give_the_reference_runs_tokens_and_proposal
     assert a.adapter_selected_rows == b.adapter_selected_rows > 0
 
 
-def test_a_collected_adapters_calls_go_to_the_next_adapter_with_their_graphs():
+def test_a_collected_adapters_cache_and_graphs_serve_the_next_adapter_and_a_live_ones_never_do():
     """Reported in session 28: a server makes an adapter per run and race lane, and each recorded every shape again
-    inside its first timed calls (a race on a GPU timed its lanes' recordings). Now a collected adapter's calls,
-    cache and graphs go to the network's next adapter; a live adapter's never do, and a new attention drops the
-    graphs recorded with the old one."""
+    inside its first timed calls (a race on a GPU timed its lanes' recordings). Now a collected adapter's cache goes
+    with its graphs to the network's spares, from which the next run of that capacity takes it (emptied: the mask
+    carries the length); a live adapter's cache is its own; graphs are keyed by the attention they were recorded
+    with."""
     import gc
 
     eager = tiny_llama(seed=6, logit_scale=3.0)
     prompt, config = [4, 9, 2, 7, 3], DecodeConfig(block_size=4, max_new_tokens=24)
     want = {name: generate(eager, prompt, config, name).token_ids for name in LOSSLESS}
-
-    first = tiny_llama(seed=6, logit_scale=3.0)
-    first.static = HostGraphCalls.reused(first.model, first.supports_deferred_rows, True, owner=first)
+    first = on_graphs(tiny_llama(seed=6, logit_scale=3.0))
     for name in LOSSLESS:
         assert generate(first, prompt, config, name).token_ids == want[name]
-    calls, recorder = first.static, first.static._recorder
+    recorder, cache = first.static._recorder, first.static.cache
     recorded = recorder.recorded
-    second = first.share()
-    second.static = HostGraphCalls.reused(second.model, second.supports_deferred_rows, True, owner=second)
-    assert second.static is not calls  # the first adapter is alive: its calls are its own
+    second = on_graphs(first.share())
+    assert generate(second, prompt, config, "packed").token_ids == want["packed"]
+    assert second.static.cache is not cache and recorder.recorded > recorded  # the first adapter is alive
     del first
     gc.collect()
-    third = second.share()
-    third.static = HostGraphCalls.reused(third.model, third.supports_deferred_rows, True, owner=third)
-    assert third.static is calls and calls.length == 0 and calls.compile_s == 0.0
-    for name in LOSSLESS:  # from an emptied cache, on the graphs recorded for the first adapter
+    recorded = recorder.recorded
+    third = on_graphs(second.share())
+    for name in LOSSLESS:  # on the first adapter's cache and graphs, after the first adapter's last run
         assert generate(third, prompt, config, name).token_ids == want[name], name
-    assert recorder.recorded == recorded
-    calls.attention = "sdpa"  # graphs recorded with another attention are not replayed
-    assert calls.shapes == []
+    assert third.static.cache is cache and recorder.recorded == recorded and third.static.compile_s == 0.0
+    third.static.attention = "sdpa"  # graphs of another attention are not replayed: recorded anew
     assert generate(third, prompt, config, "packed").token_ids == want["packed"] and recorder.recorded > recorded
 
 
-def test_calls_kept_for_later_adapters_are_bounded_and_go_when_graphs_fail():
+def test_spare_caches_are_bounded_and_go_when_graphs_fail():
     import gc
 
-    from packed_ss.models.graphs import KEPT, KEPT_CALLS
+    from packed_ss.models.graphs import SPARE, SPARE_CACHES
 
     base = tiny_llama(seed=6, logit_scale=3.0)
     prompt, config = [4, 9, 2], DecodeConfig(block_size=4, max_new_tokens=4)
-    adapters = []
-    for _ in range(KEPT_CALLS + 3):
-        adapter = base.share()
-        adapter.static = HostGraphCalls.reused(adapter.model, adapter.supports_deferred_rows, True, owner=adapter)
+    adapters = [on_graphs(base.share()) for _ in range(SPARE_CACHES + 3)]
+    for adapter in adapters:
         generate(adapter, prompt, config, "packed")
-        adapters.append(adapter)
     del adapters, adapter
     gc.collect()
-    kept = getattr(base.model, KEPT)
-    assert len(kept) == KEPT_CALLS and len({id(calls) for calls in kept}) == KEPT_CALLS
-    failing = FailingGraphCalls(base.model, base.supports_deferred_rows, compiled=True)
-    base.static = failing
+    spares = getattr(base.model, SPARE)
+    assert len(spares) == SPARE_CACHES  # the oldest went, and their memory with them
+    failing = on_graphs(base.share(), FailingGraphCalls)
+    longer = DecodeConfig(block_size=4, max_new_tokens=300)  # a capacity no spare has: recorded anew
     with pytest.warns(RuntimeWarning, match="out of GPU memory"):
-        generate(base, prompt, config, "packed")  # Packed-SS's 2B = 8-row call fails to record
-    assert not failing.compiled and kept == []
+        generate(failing, prompt, longer, "packed")  # Packed-SS's 2B = 8-row call fails to record
+    assert not failing.static.compiled and len(spares) == 0

@@ -300,8 +300,7 @@ class DualModeModel:
         if self.path != "native":
             return StaticCalls(self.model, self.supports_deferred_rows, compiled)
         calls = GraphCalls if self.device.type == "cuda" else NativeCalls  # CUDA: compiled calls replay graphs
-        # graph calls go on to the network's next adapter when this one is collected (their graphs recorded once)
-        return calls.reused(self.model, self.supports_deferred_rows, compiled, owner=self)
+        return calls(self.model, self.supports_deferred_rows, compiled)
 
     def compiled_parts(self) -> tuple | None:
         """What a later load of the same checkpoint may adopt instead of compiling again

@@ -14,10 +14,11 @@ copies no keys; the caller copies the rows it needs before the next replay write
 Recording takes two untimed calls and the capture, at the first call of each (Rp, K) of an adapter; its time goes to
 ``compile_s`` (reported apart from decoding time, as compiling is). A capture that fails (out of GPU memory, an
 operation CUDA graphs cannot record) gives the network eager native calls from then on, with one line naming why
-(``note``); without a CUDA device nothing is recorded and :func:`graph_problem` says so. An adapter's calls outlive
-it: when it is collected they go, cache and graphs, to the network's next adapter (:meth:`GraphCalls.reused`), so a
-server that makes an adapter per run records each shape a few times in all, not in every run's timed calls; and the
-cache's capacity only grows, so a shorter run replays a longer one's graphs. The network's
+(``note``); without a CUDA device nothing is recorded and :func:`graph_problem` says so. A cache outlives its use:
+when a run needs another capacity, or its adapter is collected, the cache goes with its graphs to the network's
+:class:`SpareCaches`, and the next run of that capacity, on any adapter, takes it. A server that makes an adapter per
+run and race lane thus records each shape a few times in all, not in every run's timed calls, and every run still
+attends over its own capacity (race lanes are timed alike). The network's
 :class:`CudaRecorder` records every adapter's calls into one memory pool; the CPU tests give :class:`GraphCalls` a
 recorder with the same semantics (``tests/test_graphs.py``).
 
@@ -28,21 +29,23 @@ size, V vocabulary.
 from __future__ import annotations
 
 import contextlib
+import queue
 import threading
 import time
 import weakref
 
 import torch
 
-from packed_ss.models.native import ATTENTIONS, NATIVE_FAILURE, NativeCalls, native_decoder
+from packed_ss.models.native import ATTENTIONS, NATIVE_FAILURE, NativeCalls
+from packed_ss.models.static import CAPACITY_STEP
 
 GRAPHS = "packed_ss_graph_calls"  # attribute of the network marking its calls as graph-replayed (for `compiled`)
 RECORDER = "packed_ss_graph_recorder"  # ... and holding the recorder (one memory pool) of every adapter's graphs
-KEPT = "packed_ss_graph_calls_kept"  # ... and the calls of collected adapters, for later ones (GraphCalls.reused)
+SPARE = "packed_ss_graph_spare_caches"  # ... and the caches with graphs no adapter holds (SpareCaches)
 # The graph path's attention (NativeDecoder.forward): "written" until scripts/gpu_check.py has measured "sdpa" against
 # it on a GPU (graph_call_cost gives both, each call over the floor).
 GRAPH_ATTENTION = "written"
-KEPT_CALLS = 8  # per network: adapters' calls (caches and graphs) kept for later adapters (GraphCalls.reused)
+SPARE_CACHES = 8  # per network: caches with their graphs kept for later runs and adapters (SpareCaches)
 
 
 def graph_problem(device: torch.device) -> str | None:
@@ -166,6 +169,80 @@ class CallGraph:
             self.cache.index_copy_(3, self.slots, kept)
 
 
+class RecordedCache:
+    """A (L, 2, Hkv, K, hd) cache (:class:`~packed_ss.models.native.NativeCache`) and the graphs recorded over it,
+    keyed (Rp, K, hidden only, gated, attention)."""
+
+    def __init__(self, cache):
+        self.cache = cache
+        self.graphs: dict[tuple, CallGraph] = {}
+
+    @property
+    def capacity(self) -> int:
+        return self.cache.tensor.shape[3]
+
+
+class SpareCaches:
+    """The network's caches that no adapter holds, with their graphs, newest last, at most :data:`SPARE_CACHES`
+    (the oldest goes, and its memory with it). A cache comes back through a queue, which a finalizer may fill from
+    any thread at any moment (:meth:`give`, no lock taken); :meth:`take` and :meth:`clear` drain it under a lock."""
+
+    def __init__(self, limit: int = SPARE_CACHES):
+        self.limit = limit
+        self._returned = queue.SimpleQueue()
+        self._spare: list[RecordedCache] = []
+        self._lock = threading.Lock()
+
+    def give(self, recorded: RecordedCache) -> None:
+        """Keep ``recorded`` for a later run (safe in a finalizer)."""
+        if recorded.graphs:
+            self._returned.put(recorded)
+
+    def take(self, capacity: int) -> RecordedCache | None:
+        """The newest spare cache of ``capacity`` tokens, taken out, or None."""
+        with self._lock:
+            self._drain()
+            for index in range(len(self._spare) - 1, -1, -1):
+                if self._spare[index].capacity == capacity:
+                    return self._spare.pop(index)
+        return None
+
+    def clear(self) -> None:
+        """Drop every spare cache (a capture failed: graphs are off for the network)."""
+        with self._lock:
+            self._drain()
+            self._spare.clear()
+
+    def __len__(self) -> int:
+        with self._lock:
+            self._drain()
+            return len(self._spare)
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                self._spare.append(self._returned.get_nowait())
+            except queue.Empty:
+                break
+        del self._spare[:-self.limit]
+
+
+def _spare_caches(model) -> SpareCaches:
+    """The network's :class:`SpareCaches`, made on first use."""
+    found = getattr(model, SPARE, None)
+    if found is None:
+        found = SpareCaches()
+        object.__setattr__(model, SPARE, found)
+    return found
+
+
+def _give_back(model, held: list) -> None:
+    """A collected adapter's cache goes to the network's spares, unless graphs are off for the network (finalizer:
+    it holds neither the adapter nor its calls)."""
+    if held and getattr(model, NATIVE_FAILURE, None) is None:
+        _spare_caches(model).give(held.pop())
+
+
 class GraphCalls(NativeCalls):
     """:class:`~packed_ss.models.native.NativeCalls` whose padded calls replay CUDA graphs instead of
     ``torch.compile`` (see the module docstring). Graphs are this adapter's own: they read its cache tensor.
@@ -178,8 +255,12 @@ class GraphCalls(NativeCalls):
 
     def __init__(self, model, hidden_only: bool, compiled: bool = False, compiler=None,
                  attention: str = GRAPH_ATTENTION):
-        self._graphs: dict[tuple[int, int, bool, bool], CallGraph] = {}  # (Rp, K, hidden only, gated)
-        self.attention = attention  # eager calls and recorded graphs alike
+        if attention not in ATTENTIONS:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {attention!r}")
+        self.attention = attention  # eager calls and recorded graphs alike (graphs are keyed by it)
+        self._graphs: dict[tuple, CallGraph] = {}  # the current cache's graphs: (Rp, K, hidden only, gated, attention)
+        self._held: list[RecordedCache] = []  # the current cache and its graphs (to the spares when collected)
+        self._spares = _spare_caches(model)
         recorder = getattr(model, RECORDER, None)
         if type(recorder) is not self.recorder_class:
             recorder = self.recorder_class()
@@ -187,62 +268,7 @@ class GraphCalls(NativeCalls):
         recorder.adapters.add(self)
         self._recorder = recorder
         super().__init__(model, hidden_only, compiled, compiler)
-
-    @property
-    def attention(self) -> str:
-        """How calls attend (:data:`~packed_ss.models.native.ATTENTIONS`); setting another drops the graphs recorded
-        with the old one. Raises: ValueError for an unknown name."""
-        return self._attention
-
-    @attention.setter
-    def attention(self, value: str) -> None:
-        if value not in ATTENTIONS:
-            raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {value!r}")
-        if value != getattr(self, "_attention", value):
-            self._graphs.clear()
-        self._attention = value
-
-    # --- adapters' calls kept for the next adapter -------------------------------------------
-    _pool_lock = threading.Lock()  # adapters are made and collected in any of a server's threads
-
-    @classmethod
-    def reused(cls, model, hidden_only: bool, compiled: bool = False, owner=None) -> "GraphCalls":
-        """Calls for a new adapter ``owner`` of ``model``: those an adapter of the network left when it was
-        collected, with their cache and recorded graphs (emptied: length 0), or new ones. When ``owner`` is
-        collected its calls go back for the next adapter (at most :data:`KEPT_CALLS` kept per network).
-
-        Why: graphs are an adapter's own (they read its cache tensor), and a server makes an adapter per run and
-        race lane; new calls would record every shape again inside the run's first timed calls."""
-        calls = None
-        if compiled:
-            with cls._pool_lock:
-                kept = getattr(model, KEPT, [])
-                for index in range(len(kept) - 1, -1, -1):
-                    candidate = kept[index]
-                    if (type(candidate) is cls and candidate.compiled and candidate._hidden_only == bool(hidden_only)
-                            and candidate.attention == GRAPH_ATTENTION and candidate.native is native_decoder(model)):
-                        calls = kept.pop(index)
-                        break
-        if calls is not None:
-            calls.rollback(0)
-            calls.compile_s, calls.budget_note = 0.0, None  # this adapter's own recording time from here
-        else:
-            calls = cls(model, hidden_only, compiled)
-        if owner is not None:
-            weakref.finalize(owner, calls._keep).atexit = False  # nothing to keep for a process that ends
-        return calls
-
-    def _keep(self) -> None:
-        """Offer these calls to the network's next adapter (their owner is gone)."""
-        if not self.compiled or not self._graphs:
-            return
-        with self._pool_lock:
-            kept = getattr(self.model, KEPT, None)
-            if kept is None:
-                kept = []
-                object.__setattr__(self.model, KEPT, kept)
-            if len(kept) < KEPT_CALLS and all(other is not self for other in kept):
-                kept.append(self)
+        weakref.finalize(self, _give_back, model, self._held).atexit = False  # nothing to keep at exit
 
     def _compile(self, compiler):
         if getattr(self.model, NATIVE_FAILURE, None) is not None:
@@ -252,7 +278,7 @@ class GraphCalls(NativeCalls):
             object.__setattr__(self.model, NATIVE_FAILURE, RuntimeError(problem))
             return None
         object.__setattr__(self.model, GRAPHS, True)
-        return self  # a marker: calls go through _compiled_call
+        return GRAPHS  # a marker, not None (not self: no cycle delays the finalizer): calls go through _compiled_call
 
     failure_line = "CUDA graphs off ({first}); native calls run eagerly"
 
@@ -260,17 +286,23 @@ class GraphCalls(NativeCalls):
     def shapes(self) -> list[tuple[int, int]]:
         return list(dict.fromkeys(key[:2] for key in self._graphs))
 
-    def reset(self, tokens: int = 0, block_size: int | None = None) -> None:
-        """As :meth:`StaticCalls.reset`, but the capacity only grows: a graph reads the cache tensor it was recorded
-        on, so a shorter run than the last keeps the larger cache and replays its graphs (the mask carries the
-        length) instead of recording them again on a smaller one."""
-        if self.cache is not None:
-            tokens = max(tokens, self.capacity)
-        super().reset(tokens, block_size)
-
     def _allocate(self, tokens: int, keep: int = 0) -> None:
-        super()._allocate(tokens, keep)
-        self._graphs.clear()  # they read the cache tensor they were recorded on
+        """A cache of the run's capacity: a spare one of the network's, with its graphs, or a new one; the cache
+        held before goes to the spares (a graph reads the cache tensor it was recorded on). ``keep``: tokens of
+        the prefix carried over (the cache grew mid-run)."""
+        capacity = -(-tokens // CAPACITY_STEP) * CAPACITY_STEP
+        found = self._spares.take(capacity) if self.compiled else None
+        if found is None:
+            super()._allocate(tokens, keep)
+            found = RecordedCache(self.cache)
+        else:
+            if keep:
+                found.cache.tensor[:, :, :, :keep] = self.cache.tensor[:, :, :, :keep]
+            self.cache, self.capacity = found.cache, capacity
+        if self._held and self.compiled:
+            self._spares.give(self._held.pop())
+        self._held[:] = [found]
+        self._graphs = found.graphs
 
     gated_graphs = True  # calls with the drafter LoRA on replay graphs of their own (the gate a buffer)
     in_place = True  # every call writes its rows' keys and values into the cache (a graph mutates the buffer)
@@ -286,7 +318,7 @@ class GraphCalls(NativeCalls):
         index, bias, cache, hidden_only, in_place = inputs
         if self._function is None or not self.compiled or not in_place:  # graphs record the in-place form only
             return None
-        key = (total, self.capacity, bool(hidden_only), gate is not None)
+        key = (total, self.capacity, bool(hidden_only), gate is not None, self.attention)
         graph = self._graphs.get(key)
         if graph is None:
             start = time.perf_counter()
@@ -301,8 +333,7 @@ class GraphCalls(NativeCalls):
                 self._give_up(failure)
                 for adapter in list(self._recorder.adapters):  # every adapter's graphs: the pool's memory goes
                     adapter._graphs.clear()
-                with self._pool_lock:  # and the calls kept for later adapters, with their caches
-                    getattr(self.model, KEPT, []).clear()
+                self._spares.clear()  # and the spare caches' graphs, with the caches
                 self._recorder.release()
                 return None
             self._graphs[key] = graph
@@ -320,8 +351,8 @@ class GraphCalls(NativeCalls):
             raise ValueError(f"repeats must be >= 1, got {repeats}")
         found = {}
         with torch.cuda.device(self.device):
-            for (rows, capacity, hidden_only, gated), graph in self._graphs.items():
-                if capacity != self.capacity or hidden_only or gated:
+            for (rows, capacity, hidden_only, gated, attention), graph in self._graphs.items():
+                if capacity != self.capacity or hidden_only or gated or attention != self.attention:
                     continue
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 with graph.cache_kept():  # the replays write their last call's slots: the cache comes back

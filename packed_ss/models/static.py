@@ -151,12 +151,6 @@ class StaticCalls:
         if compiled and self._function is None and not known:
             warnings.warn(self.note, RuntimeWarning, stacklevel=3)
 
-    @classmethod
-    def reused(cls, model, hidden_only: bool, compiled: bool = False, owner=None) -> "StaticCalls":
-        """Calls for a new adapter ``owner`` of ``model``: new ones here (compiled code is the network's already);
-        :meth:`packed_ss.models.graphs.GraphCalls.reused` hands on a collected adapter's cache and graphs."""
-        return cls(model, hidden_only, compiled)
-
     # where the network keeps its compiled function, its compile failure and its compiled shapes (per forward kind)
     compiled_attribute, failure_attribute, shapes_attribute = COMPILED, COMPILE_FAILURE, COMPILED_SHAPES
     compiled_code = forward.__code__  # the function dynamo compiles (its variants count against COMPILE_BUDGET)
