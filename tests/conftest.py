@@ -1,7 +1,16 @@
+import os
 import sys
 from pathlib import Path
 
 import pytest
+
+# Each pytest-xdist worker launches its Gradio servers from a port range of its own (gradio reads
+# GRADIO_SERVER_PORT when it is imported and tries the next 100 ports). Two workers scanning one range raced
+# for a port: the loser's uvicorn thread died with "address already in use" before gradio tried the next port,
+# and that thread's exception fails the test (pytest.ini). Reported in session 28.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _WORKER.startswith("gw") and _WORKER[2:].isdigit() and "GRADIO_SERVER_PORT" not in os.environ:
+    os.environ["GRADIO_SERVER_PORT"] = str(7860 + 200 * int(_WORKER[2:]))
 
 import packed_ss  # noqa: F401  (before torch: bounds OpenMP's spin as the app does, packed_ss.threads)
 import torch
