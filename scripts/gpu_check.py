@@ -597,8 +597,8 @@ def paper_lanes(model, scripts: list, sizes: Sizes, budget: Budget) -> tuple[dic
     from packed_ss.models.scripted import ScriptedDrafter
 
     report = {"path": model.path, "graphs": model.graphs, "note": model.compile_note}
-    # Graphs are each adapter's own: one adapter per drafting lane and one for the continuations, kept across the
-    # prompts, so that each records its shapes once (the cache's capacity only grows on the graph path)
+    # One adapter per drafting lane and one for the continuations, kept across the prompts: each records the
+    # graphs of its shapes once, on its own cache (a live adapter's cache is its own)
     bases = {name: model.share() for name, _ in sizes.paper_lanes if name != "ar"}
     follow = ar_continuation(model)
     lanes = {name: [] for name, _ in sizes.paper_lanes}

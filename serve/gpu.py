@@ -227,7 +227,7 @@ class GpuTasks:
         except ModelLoadError as error:
             note = str(error)
         else:
-            if adapter.graphs:  # CUDA graphs are this adapter's own and take seconds: recorded here, then fitted
+            if adapter.graphs:  # CUDA graphs belong to a cache and take seconds: recorded here, then fitted
                 stage(1, "recording the probe's call shapes as CUDA graphs, then fitting them")
                 with turn():
                     warm_probe(adapter)

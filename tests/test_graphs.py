@@ -353,8 +353,45 @@ def test_spare_caches_are_bounded_and_go_when_graphs_fail():
     gc.collect()
     spares = getattr(base.model, SPARE)
     assert len(spares) == SPARE_CACHES  # the oldest went, and their memory with them
+    from packed_ss.models.graphs import RecordedCache, SpareCaches
+
+    none_kept = SpareCaches(limit=0)
+    recorded = RecordedCache(spares._spare[0].cache)
+    recorded.graphs[(1, 256)] = "a graph"
+    none_kept.give(recorded)
+    assert len(none_kept) == 0 and none_kept.take(256) is None
     failing = on_graphs(base.share(), FailingGraphCalls)
     longer = DecodeConfig(block_size=4, max_new_tokens=300)  # a capacity no spare has: recorded anew
     with pytest.warns(RuntimeWarning, match="out of GPU memory"):
         generate(failing, prompt, longer, "packed")  # Packed-SS's 2B = 8-row call fails to record
     assert not failing.static.compiled and len(spares) == 0
+
+
+def test_out_of_memory_for_a_new_cache_gives_the_spares_memory_back_and_tries_once_more(monkeypatch):
+    import gc
+
+    from packed_ss.models.graphs import SPARE
+    from packed_ss.models.native import NativeCalls
+
+    base = tiny_llama(seed=6, logit_scale=3.0)
+    eager = tiny_llama(seed=6, logit_scale=3.0)
+    prompt, short, long = [4, 9, 2], DecodeConfig(block_size=4, max_new_tokens=4), DecodeConfig(block_size=4,
+                                                                                                max_new_tokens=300)
+    first = on_graphs(base.share())
+    generate(first, prompt, short, "packed")
+    del first
+    gc.collect()
+    spares = getattr(base.model, SPARE)
+    assert len(spares) == 1
+    allocate, failures = NativeCalls._allocate, []
+
+    def short_of_memory_once(self, tokens, keep=0):
+        if not failures:
+            failures.append(tokens)
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+        return allocate(self, tokens, keep)
+
+    monkeypatch.setattr(NativeCalls, "_allocate", short_of_memory_once)
+    second = on_graphs(base.share())
+    assert generate(second, prompt, long, "packed").token_ids == generate(eager, prompt, long, "packed").token_ids
+    assert failures and len(spares) == 0 and second.static.capacity == 512

@@ -11,7 +11,7 @@ forward writes the new rows' keys and values into the cache at those slots (C ..
 length, unread) and attends over the cache alone (:attr:`~packed_ss.models.native.NativeCalls.in_place`), so a layer
 copies no keys; the caller copies the rows it needs before the next replay writes over the graph's outputs.
 
-Recording takes two untimed calls and the capture, at the first call of each (Rp, K) of an adapter; its time goes to
+Recording takes two untimed calls and the capture, at the first call of each (Rp, K) on a cache; its time goes to
 ``compile_s`` (reported apart from decoding time, as compiling is). A capture that fails (out of GPU memory, an
 operation CUDA graphs cannot record) gives the network eager native calls from then on, with one line naming why
 (``note``); without a CUDA device nothing is recorded and :func:`graph_problem` says so. A cache outlives its use:
@@ -187,6 +187,8 @@ class SpareCaches:
     (the oldest goes, and its memory with it). A cache comes back through a queue, which a finalizer may fill from
     any thread at any moment (:meth:`give`, no lock taken); :meth:`take` and :meth:`clear` drain it under a lock."""
 
+    making = threading.Lock()  # a network's first adapters may be made in two threads at once
+
     def __init__(self, limit: int = SPARE_CACHES):
         self.limit = limit
         self._returned = queue.SimpleQueue()
@@ -224,15 +226,18 @@ class SpareCaches:
                 self._spare.append(self._returned.get_nowait())
             except queue.Empty:
                 break
-        del self._spare[:-self.limit]
+        excess = len(self._spare) - self.limit
+        if excess > 0:
+            del self._spare[:excess]
 
 
 def _spare_caches(model) -> SpareCaches:
-    """The network's :class:`SpareCaches`, made on first use."""
-    found = getattr(model, SPARE, None)
-    if found is None:
-        found = SpareCaches()
-        object.__setattr__(model, SPARE, found)
+    """The network's :class:`SpareCaches`, made on first use (once, whichever thread makes the first adapter)."""
+    with SpareCaches.making:
+        found = getattr(model, SPARE, None)
+        if found is None:
+            found = SpareCaches()
+            object.__setattr__(model, SPARE, found)
     return found
 
 
@@ -245,10 +250,11 @@ def _give_back(model, held: list) -> None:
 
 class GraphCalls(NativeCalls):
     """:class:`~packed_ss.models.native.NativeCalls` whose padded calls replay CUDA graphs instead of
-    ``torch.compile`` (see the module docstring). Graphs are this adapter's own: they read its cache tensor.
+    ``torch.compile`` (see the module docstring). Graphs belong to the cache they read: the adapter's current one,
+    which may come with graphs from the network's spares (:class:`SpareCaches`).
 
-    Attributes (besides :class:`~packed_ss.models.static.StaticCalls`'): ``shapes`` the (Rp, K) recorded, in first-use
-    order; ``compile_s`` seconds spent recording (untimed calls and captures); ``attention`` how its calls attend
+    Attributes (besides :class:`~packed_ss.models.static.StaticCalls`'): ``shapes`` the (Rp, K) recorded on the current
+    cache, in first-use order; ``compile_s`` seconds this adapter spent recording (untimed calls and captures); ``attention`` how its calls attend
     (:data:`~packed_ss.models.native.ATTENTIONS`, default :data:`GRAPH_ATTENTION`)."""
 
     recorder_class = CudaRecorder  # what records a call (tests on the CPU give one that keeps CUDA graphs' semantics)
@@ -293,7 +299,12 @@ class GraphCalls(NativeCalls):
         capacity = -(-tokens // CAPACITY_STEP) * CAPACITY_STEP
         found = self._spares.take(capacity) if self.compiled else None
         if found is None:
-            super()._allocate(tokens, keep)
+            try:
+                super()._allocate(tokens, keep)
+            except torch.OutOfMemoryError:  # the spares' caches give their memory back first, then once more
+                self._spares.clear()
+                self._recorder.release()
+                super()._allocate(tokens, keep)
             found = RecordedCache(self.cache)
         else:
             if keep:
