@@ -83,9 +83,9 @@ def test_float32_speculative_schedules_equal_ar_on_transformers_forward(block_si
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_graph_path_logits_equal_transformers_forward(dtype, attention):
     """A prefill, then verify calls of 1 and 8 rows at growing lengths, on both forwards: float32 to rounding;
-    bfloat16 and float16 within 3% of the logits' largest magnitude (the two forwards round in different kernels). Each way
-    the graph path can attend: SDPA picks cuDNN for half precision on Hopper in torch 2.11 and the memory-efficient
-    kernel for float32, whose outputs this checks too."""
+    bfloat16 and float16 within 3% of the logits' largest magnitude (the two forwards round in different kernels).
+    Each way the graph path can attend: SDPA picks cuDNN for half precision on Hopper in torch 2.11 and the
+    memory-efficient kernel for float32, whose outputs this checks too."""
     from packed_ss.layout import prefill_layout, verify_layout
 
     graphs, reference = _load(dtype), _load(dtype, path="transformers")

@@ -253,9 +253,10 @@ class GraphCalls(NativeCalls):
     ``torch.compile`` (see the module docstring). Graphs belong to the cache they read: the adapter's current one,
     which may come with graphs from the network's spares (:class:`SpareCaches`).
 
-    Attributes (besides :class:`~packed_ss.models.static.StaticCalls`'): ``shapes`` the (Rp, K) recorded on the current
-    cache, in first-use order; ``compile_s`` seconds this adapter spent recording (untimed calls and captures); ``attention`` how its calls attend
-    (:data:`~packed_ss.models.native.ATTENTIONS`, default :data:`GRAPH_ATTENTION`)."""
+    Attributes (besides :class:`~packed_ss.models.static.StaticCalls`'): ``shapes`` the (Rp, K) recorded on the
+    current cache, in first-use order; ``compile_s`` seconds this adapter spent recording (untimed calls and
+    captures); ``attention`` how its calls attend (:data:`~packed_ss.models.native.ATTENTIONS`, default
+    :data:`GRAPH_ATTENTION`)."""
 
     recorder_class = CudaRecorder  # what records a call (tests on the CPU give one that keeps CUDA graphs' semantics)
 
