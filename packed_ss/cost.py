@@ -215,7 +215,7 @@ def roofline(model, repeats: int = 5) -> Roofline:
         buffer = torch.ones(read_elements(weights, matrices[0].element_size()), dtype=dtype, device=device)
         read_gbs = buffer.numel() * buffer.element_size() / timed(buffer.sum) / 1e9
         del buffer
-    except torch.OutOfMemoryError:
+    except RuntimeError:  # out of memory: torch.OutOfMemoryError on CUDA, a plain RuntimeError from the CPU allocator
         raise ValueError(f"no {device.type} memory left to measure the machine's limits beside the model") from None
     fit = Roofline(2.0 * weights, weights * matrices[0].element_size(), gflops, read_gbs)
     network.roofline_fit = fit

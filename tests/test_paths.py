@@ -57,9 +57,13 @@ def test_roofline_out_of_memory_is_one_value_error_and_the_cli_keeps_its_run(mon
     def short_of_memory(*args, **kwargs):  # where the probe sizes its buffer, inside the measurement
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 16.00 GiB")
 
-    monkeypatch.setattr(cost, "read_elements", short_of_memory)
-    with pytest.raises(ValueError, match="no cpu memory left"):
-        roofline(tiny_llama(), repeats=1)
+    def cpu_allocator_fails(*args, **kwargs):  # what the CPU allocator raises: no OutOfMemoryError there
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
+
+    for failure in (cpu_allocator_fails, short_of_memory):
+        monkeypatch.setattr(cost, "read_elements", failure)
+        with pytest.raises(ValueError, match="no cpu memory left"):
+            roofline(tiny_llama(), repeats=1)
     code = main(["generate", "--model", str(tiny_model_dir), "--prompt", "w1 w2", "--max-new-tokens", "3",
                  "--json", "--threads", "1"])
     out = capsys.readouterr().out
