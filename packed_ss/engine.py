@@ -98,7 +98,7 @@ def scripted_drafter(model, prompt_ids: Sequence[int], config, quality: float, s
 def ar_continuation(model) -> Callable[[Sequence[int], int], tuple[list[int], int]]:
     """``(prefix, n) -> (AR's greedy continuation of prefix, at most n tokens; model calls made)``, run on one adapter
     of its own, made here and kept for every call (what a following :class:`ScriptedDrafter` computes after a
-    near-tie; on the graph path a new adapter would record its graphs again)."""
+    near-tie; one cache and its graphs for all the continuations, not an adapter and a cache per call)."""
     from packed_ss.config import DecodeConfig
 
     own = model.share()
