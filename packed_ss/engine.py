@@ -3,6 +3,7 @@ follows a run's AR output (``scripted_drafter``, for teaching)."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 
@@ -40,10 +41,40 @@ def decode(model, prompt_ids: list[int], config: DecodeConfig, schedule: str = "
         raise ValueError(f"order {config.order!r} needs an any-order model (assets/model-anyorder); a left-to-right "
                          f"model verifies left to right: leave order at 'ltr'")
     runner = get_schedule(schedule, model)
-    if getattr(model, "any_order", False):
-        return runner.iterate(OrderSession(model, list(prompt_ids), config, runner.name))
-    session = Session(model, list(prompt_ids), config, runner.name)
+    kind = OrderSession if getattr(model, "any_order", False) else Session
+    session = kind(model, list(prompt_ids), config, runner.name)  # checks the prompt and settings now
+    adapter = getattr(model, "base", model)  # a scripted drafter's calls are its model's
+    if getattr(adapter, "graphs", False) is True:
+        return _rehearsed(model, adapter, lambda on: kind(on, list(prompt_ids), config, runner.name), runner)
     return runner.iterate(session)
+
+
+REHEARSAL_ITERATIONS = 3  # the prefill and two iterations: every schedule's steady call shapes
+
+
+def _rehearsed(model, adapter, session, runner) -> Iterator[IterationRecord]:
+    """The run's iterations after an untimed rehearsal of its first :data:`REHEARSAL_ITERATIONS` on the same adapter
+    (:meth:`~packed_ss.models.DualModeModel.rehearsing`): on the graph path every shape it meets is recorded there,
+    largest first, so that no timed call records (:mod:`packed_ss.models.graphs`). It runs at the first ``next()``,
+    inside whatever isolation the caller wraps the iterations in (a server's compute gate), never in a record's time.
+    ``session(model)`` makes a session of the run over ``model``."""
+    stand_in = adapter if adapter is model else _Rehearsal(model, adapter)
+    with adapter.rehearsing():
+        for _ in itertools.islice(runner.iterate(session(stand_in)), REHEARSAL_ITERATIONS):
+            pass
+    yield from runner.iterate(session(model))
+
+
+class _Rehearsal:
+    """A scripted drafter's model as the rehearsal calls it: the model's own calls, made as the drafter makes them
+    (whether deferred rows are asked for decides a call's graph), without the script (its counters stay the run's)."""
+
+    def __init__(self, drafter, adapter):
+        self._adapter = adapter
+        self.supports_deferred_rows = getattr(drafter, "supports_deferred_rows", False)
+
+    def __getattr__(self, name: str):
+        return getattr(self._adapter, name)
 
 
 def generate(model, prompt_ids: list[int], config: DecodeConfig, schedule: str = "packed") -> RunRecord:

@@ -63,14 +63,17 @@ class CallLogits:
 def close_iteration(index: int, schedule: str, calls: list[CallRecord], started: float, stop_reason: str | None,
                     **fields) -> IterationRecord:
     """The record of an iteration that began at ``started`` (``time.perf_counter()``): its wall time split
-    into model time (the calls') and non-model time, milliseconds; ``fields`` fill the rest."""
-    wall_ms = (time.perf_counter() - started) * 1000
+    into model time (the calls') and non-model time, milliseconds, the calls' CUDA graph recording left out
+    (``recorded_ms``); ``fields`` fill the rest."""
+    recorded_ms = sum(c.recorded_ms for c in calls)
+    wall_ms = (time.perf_counter() - started) * 1000 - recorded_ms
     model_ms = sum(c.model_ms for c in calls)
     defaults = dict(old_draft=(), verifier_tokens=(), verifier_probs=(), accept_probs=(), proposals=(),
                     proposal_start=0, kept=(), h=0, advance=0, appended=(), appended_sources=())
     defaults.update(fields)
     return IterationRecord(index=index, schedule=schedule, calls=tuple(calls), model_ms=model_ms,
-                           other_ms=max(0.0, wall_ms - model_ms), stop_reason=stop_reason, **defaults)
+                           other_ms=max(0.0, wall_ms - model_ms), stop_reason=stop_reason, recorded_ms=recorded_ms,
+                           **defaults)
 
 
 class PromptError(ValueError):

@@ -38,12 +38,15 @@ class CallRecord:
 
     ``adapter_selected``: rows that received the drafter adapter's update; ``adapter_evaluated``: rows it
     was computed for (the whole call when on, 0 when off). Paper Table 5's "selected" and "evaluated".
+    ``recorded_ms``: time spent recording the call's CUDA graph before its clock started (a shape the run's untimed
+    rehearsal did not meet, :mod:`packed_ss.models.graphs`); in neither ``model_ms`` nor the iteration's wall time.
     """
 
     layout: CallLayout
     model_ms: float
     adapter_selected: int = 0
     adapter_evaluated: int = 0
+    recorded_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,8 @@ class IterationRecord:
             positions removed because an end marker moved E before them (Algorithm 3 line 12).
         cropped: oldest cached tokens dropped before this iteration's calls to fit the model's context
             (SetDLM checkpoints beyond their ``length``, :mod:`packed_ss.any_order.session`); 0 otherwise.
+        recorded_ms: CUDA graph recording inside the iteration (its calls' ``recorded_ms``), left out of
+            ``other_ms`` and so of the wall time; 0 otherwise.
     """
 
     index: int
@@ -111,6 +116,7 @@ class IterationRecord:
     proposal_positions: tuple[int, ...] = ()
     dropped_positions: tuple[int, ...] = ()
     cropped: int = 0
+    recorded_ms: float = 0.0
 
     @property
     def rows(self) -> int:
@@ -172,6 +178,12 @@ class RunRecord:
     @property
     def tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def recorded_s(self) -> float:
+        """Seconds of CUDA graph recording inside the run's iterations, left out of ``wall_s`` (0.0 when its
+        shapes were all recorded before its clock started, or off the graph path)."""
+        return sum(r.recorded_ms for r in self.records) / 1000
 
     @property
     def cropped(self) -> int:

@@ -63,11 +63,13 @@ class HostGraphCalls(GraphCalls):
 
 
 class FailingRecorder(HostRecorder):
-    """Runs out of GPU memory at the recording of ``fail_at`` rows."""
+    """Runs out of GPU memory at every recording of ``fail_at`` rows; ``attempts`` counts recordings tried."""
 
     fail_at = 8
+    attempts = 0
 
     def record(self, call, device):
+        self.attempts += 1
         if call()[0].shape[0] == self.fail_at:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return super().record(call, device)
@@ -198,23 +200,70 @@ def test_replaying_a_graph_again_to_time_it_leaves_the_cache_as_it_was():
     torch.testing.assert_close(after[0], after[1], rtol=0, atol=1e-12)
 
 
-def test_out_of_gpu_memory_while_recording_is_one_line_and_the_call_is_served_eagerly():
-    """Another adapter of the network has graphs too: they go with the failure (the pool's memory is given back)."""
+def test_out_of_gpu_memory_while_recording_frees_the_spares_tries_once_more_then_serves_that_shape_eagerly():
+    """A capture that runs out of memory twice: that shape's calls run eagerly with one line, the spares' memory went
+    before the second try, and the network's other graphs stay (a 1-row graph still replays)."""
+    import gc
+
+    from packed_ss.models.graphs import SPARE
+
     model = on_graphs(tiny_llama(seed=6, logit_scale=3.0), FailingGraphCalls)
-    other = FailingGraphCalls(model.model, model.supports_deferred_rows, compiled=True)
     eager = tiny_llama(seed=6, logit_scale=3.0)
     prompt = [4, 9, 2, 7, 3]
     config = DecodeConfig(block_size=4, max_new_tokens=24)
     ar = generate(eager, prompt, config, "ar").token_ids
+    spare = on_graphs(model.share(), FailingGraphCalls)
+    assert generate(spare, prompt, DecodeConfig(block_size=4, max_new_tokens=300), "ar").token_ids[:24] == ar
+    del spare
+    gc.collect()
+    spares = getattr(model.model, SPARE)
+    assert len(spares) == 1
     assert generate(model, prompt, config, "ar").token_ids == ar and model.static._graphs  # a 1-row graph
-    model.static, first = other, model.static
+    recorder = model.static._recorder
+    attempts = recorder.attempts
     with pytest.warns(RuntimeWarning, match="out of GPU memory while recording the graph of 8 rows"):
         assert generate(model, prompt, config, "packed").token_ids == ar  # Packed-SS's 2B = 8-row calls
+    assert recorder.attempts - attempts == 2 and len(spares) == 0  # tried twice, the spares freed in between
     note = model.compile_note
-    assert note.startswith("CUDA graphs off") and "eagerly" in note and "\n" not in note, note
-    assert not model.graphs and not model.static._graphs and not first._graphs
-    assert model.static.note.count("out of GPU memory") == 1 and model.static.note == first.note
+    assert "8 rows" in note and "eagerly" in note and "\n" not in note, note
+    assert model.graphs and (1, 256, False, False, "written") in model.static._graphs
+    replays, attempts = model.static.replays, recorder.attempts
+    assert generate(model, prompt, config, "packed").token_ids == ar  # not tried again: eager 8-row calls
+    assert generate(model, prompt, config, "ar").token_ids == ar and model.static.replays > replays
+    assert recorder.attempts == attempts
+
+
+def test_a_capture_that_fails_otherwise_turns_graphs_off_for_the_network_and_keeps_nothing_of_the_failure():
+    """An operation the capture refuses: every adapter's graphs and the spares go, the session goes on eagerly, and the
+    note is one line; the error the network keeps holds no traceback (whose frames would keep the failed graph's
+    cache and buffers alive on the network)."""
+    import gc
+
+    from packed_ss.models.native import NATIVE_FAILURE
+
+    class Refusing(HostRecorder):
+        def record(self, call, device):
+            if call()[0].shape[0] == 8:
+                raise RuntimeError("operation not permitted when stream is capturing")
+            return super().record(call, device)
+
+    class RefusingGraphCalls(GraphCalls):
+        recorder_class = Refusing
+
+    model = on_graphs(tiny_llama(seed=6, logit_scale=3.0), RefusingGraphCalls)
+    other = on_graphs(model.share(), RefusingGraphCalls)
+    eager = tiny_llama(seed=6, logit_scale=3.0)
+    prompt, config = [4, 9, 2, 7, 3], DecodeConfig(block_size=4, max_new_tokens=24)
+    ar = generate(eager, prompt, config, "ar").token_ids
+    assert generate(other, prompt, config, "ar").token_ids == ar and other.static._graphs
+    with pytest.warns(RuntimeWarning, match="CUDA graphs off"):
+        assert generate(model, prompt, config, "packed").token_ids == ar
+    assert not model.graphs and not other.graphs and not other.static._graphs
+    assert model.compile_note.startswith("CUDA graphs off") and "\n" not in model.compile_note
+    kept = getattr(model.model, NATIVE_FAILURE)
+    assert kept.__traceback__ is None and kept.__context__ is None and kept.__cause__ is None
     assert generate(model, prompt, config, "linear").token_ids == ar  # the session stays usable, eagerly
+    gc.collect()
 
 
 def test_the_server_names_the_calls_it_runs_and_zerogpu_keeps_them_eager(monkeypatch):
@@ -335,7 +384,7 @@ def test_a_collected_adapters_cache_and_graphs_serve_the_next_adapter_and_a_live
     for name in LOSSLESS:  # on the first adapter's cache and graphs, after the first adapter's last run
         assert generate(third, prompt, config, name).token_ids == want[name], name
     assert third.static.cache is cache and recorder.recorded == recorded and third.static.compile_s == 0.0
-    third.static.attention = "sdpa"  # graphs of another attention are not replayed: recorded anew
+    third.static.graph_attention = "sdpa"  # graphs of another attention are not replayed: recorded anew
     assert generate(third, prompt, config, "packed").token_ids == want["packed"] and recorder.recorded > recorded
 
 
@@ -364,7 +413,7 @@ def test_spare_caches_are_bounded_and_go_when_graphs_fail():
     longer = DecodeConfig(block_size=4, max_new_tokens=300)  # a capacity no spare has: recorded anew
     with pytest.warns(RuntimeWarning, match="out of GPU memory"):
         generate(failing, prompt, longer, "packed")  # Packed-SS's 2B = 8-row call fails to record
-    assert not failing.static.compiled and len(spares) == 0
+    assert failing.static.compiled and len(spares) == 0  # the spares went to make room; graphs stay on
 
 
 def test_out_of_memory_for_a_new_cache_gives_the_spares_memory_back_and_tries_once_more(monkeypatch):

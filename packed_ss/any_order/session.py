@@ -116,7 +116,7 @@ class OrderSession:
         first when the call would exceed the model's context (module docstring)."""
         layout = self._fit(layout)
         out = self.model.forward(layout, rows)
-        self._calls.append(CallRecord(layout, out.model_ms))
+        self._calls.append(CallRecord(layout, out.model_ms, recorded_ms=getattr(out, "recorded_ms", 0.0)))
         self._last = layout
         return CallLogits.of(out.logits, self._never_emit)
 

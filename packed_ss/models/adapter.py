@@ -15,6 +15,7 @@ from __future__ import annotations
 import operator
 import time
 import warnings
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,12 +36,15 @@ class CallOutput:
     """Logits (len(rows), V) on the model's device for the requested rows, and the model time in ms.
 
     ``deferred``: hidden states (len(deferred), H) of the rows whose LM head was put off, or None when the
-    call computed no deferred rows (see :meth:`DualModeModel.forward`).
+    call computed no deferred rows (see :meth:`DualModeModel.forward`). ``recorded_ms``: time spent recording the
+    call's CUDA graph before its clock started (:mod:`packed_ss.models.graphs`; not part of ``model_ms``, and left
+    out of the iteration's wall time).
     """
 
     logits: torch.Tensor
     model_ms: float
     deferred: torch.Tensor | None = None
+    recorded_ms: float = 0.0
 
 
 # Architectures whose causal-LM head is exactly ``lm_head(last_hidden_state)`` (no scaling or soft-capping),
@@ -502,11 +506,15 @@ class DualModeModel:
 
     def _static_call(self, layout: CallLayout, rows: tuple[int, ...], deferred: tuple[int, ...],
                      eager: bool = False, adapter_rows: tuple[int, ...] = ()) -> CallOutput:
-        # host work before the clock, as in _call
+        # host work and a new shape's recording before the clock, as in _call
         prepared = self.static.prepare(layout, eager=eager, adapter_rows=adapter_rows)
+        recorded_s = self.static.record(prepared, defer=bool(deferred))
         self._sync()
         start = time.perf_counter()
-        out, hidden_states = self.static.execute(prepared, rows + deferred, defer=bool(deferred))
+        try:
+            out, hidden_states = self.static.execute(prepared, rows + deferred, defer=bool(deferred))
+        except torch.OutOfMemoryError:
+            raise self._memory_error(layout) from None
         hidden = None
         if hidden_states:
             logits = self.model.get_output_embeddings()(out[: len(rows)])
@@ -514,7 +522,32 @@ class DualModeModel:
         else:
             logits = out
         self._sync()
-        return CallOutput(self._as_float(logits), (time.perf_counter() - start) * 1000, hidden)
+        return CallOutput(self._as_float(logits), (time.perf_counter() - start) * 1000, hidden, recorded_s * 1000)
+
+    def _memory_error(self, layout: CallLayout) -> ValueError:
+        """The one-line error of a call that ran out of device memory, naming what its attention needed
+        (:func:`~packed_ss.models.native.attention_temporaries`) beside the cache; the cache keeps what it held
+        (the caller's run is over: a shorter prompt or fewer new tokens may fit)."""
+        from packed_ss.models.native import attention_temporaries
+
+        config = self.model.config
+        heads = int(config.num_attention_heads)
+        keys = layout.cached + layout.rows
+        need = attention_temporaries(layout.rows, keys, heads, int(getattr(config, "num_key_value_heads", None)
+                                                                    or heads))
+        cache = self.static.cache.tensor.nbytes if hasattr(self.static.cache, "tensor") else 0
+        self.static.release_spares()
+        return ValueError(f"out of device memory in a call of {layout.rows} rows over {keys} keys: its attention "
+                          f"needs up to {need / 2**30:.2f} GiB beside the {cache / 2**30:.2f} GiB KV cache; use a "
+                          f"shorter prompt or fewer new tokens")
+
+    @contextmanager
+    def rehearsing(self):
+        """Within the block, calls run untimed as a rehearsal of a run: on the graph path their shapes are noted and
+        recorded on leaving, largest first (:meth:`packed_ss.models.graphs.GraphCalls.rehearsing`); elsewhere
+        nothing changes. :func:`packed_ss.engine.decode` rehearses a graph path's run before its clock starts."""
+        with self.static.rehearsing() if self.static else nullcontext():
+            yield
 
     def _call(self, layout: CallLayout, rows: tuple[int, ...], deferred: tuple[int, ...]) -> CallOutput:
         device = self.device

@@ -58,6 +58,59 @@ COMPILE_OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_ba
                    "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}  # quiet stderr
 TUNED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the C++ micro-GEMMs' types; float64 is only frozen
 COMPILED_ATTENTION = "written"  # how torch.compile's calls attend (NativeDecoder.forward's ``attention``)
+# The attention temporaries one in-place call may build at once (its query rows are taken in chunks past it): an
+# 8,192-token prompt on NLD-3B's shape would otherwise build about 5 GB of scores on a GPU (attention_temporaries).
+ATTENTION_BYTES = 512 << 20
+# Per (query head, row, key): scores, their scaled and masked copies and the float32 softmax, at most 16 bytes, as
+# written out or as SDPA's math kernel builds them (its memory-efficient kernel builds none); the mask, repeated per
+# query group, 4 more per (group, row, key).
+SCORE_BYTES, MASK_BYTES = 16, 4
+
+
+def attention_chunk(rows: int, keys: int, heads: int, kv_heads: int, budget: int = ATTENTION_BYTES) -> int:
+    """Query rows attended at once in an in-place call of ``rows`` rows over ``keys`` keys with ``heads`` query and
+    ``kv_heads`` key/value heads, so that one chunk's temporaries stay within ``budget`` bytes: all ``rows`` when
+    they fit, else at least 1. Raises: ValueError for a count below 1."""
+    if min(rows, keys, heads, kv_heads) < 1:
+        raise ValueError(f"rows, keys and heads must be >= 1, got {rows}, {keys}, {heads}, {kv_heads}")
+    per_row = keys * (SCORE_BYTES * heads + MASK_BYTES * (heads // kv_heads))
+    return max(1, min(rows, budget // per_row))
+
+
+def attention_temporaries(rows: int, keys: int, heads: int, kv_heads: int, budget: int = ATTENTION_BYTES) -> int:
+    """Bytes of attention temporaries an in-place native call of ``rows`` rows over ``keys`` keys builds at most: its
+    (rows, keys) float32 mask and one chunk's scores and repeated mask (:func:`attention_chunk`)."""
+    chunk = attention_chunk(rows, keys, heads, kv_heads, budget)
+    return rows * keys * MASK_BYTES + chunk * keys * (SCORE_BYTES * heads + MASK_BYTES * (heads // kv_heads))
+
+
+def sdpa_backends(device: torch.device):
+    """The SDPA kernels a call on ``device`` may use: on CUDA the memory-efficient kernel (it takes an additive mask
+    and builds no scores) and the math kernel, never cuDNN's (a known fault of its graphs past 1,024 keys) nor flash
+    (no additive mask); None elsewhere (torch's own choice). Shown by name in :meth:`sdpa_names`."""
+    if device.type != "cuda":
+        return None
+    from torch.nn.attention import SDPBackend
+
+    return [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def sdpa_pinned(device: torch.device):
+    """A context in which SDPA on ``device`` uses :func:`sdpa_backends` only (nothing pinned off CUDA)."""
+    import contextlib
+
+    backends = sdpa_backends(device)
+    if backends is None:
+        return contextlib.nullcontext()
+    from torch.nn.attention import sdpa_kernel
+
+    return sdpa_kernel(backends)
+
+
+def sdpa_names(device: torch.device) -> list[str] | None:
+    """:func:`sdpa_backends` by name (what a capture records), None where torch chooses."""
+    backends = sdpa_backends(device)
+    return None if backends is None else [backend.name for backend in backends]
 
 
 def native_problem(model) -> str | None:
@@ -315,9 +368,12 @@ class NativeDecoder(torch.nn.Module):
             q_scale = (1 + beta * torch.log(1 + torch.floor(positions.float() / original))).to(x.dtype)[:, None, None]
         if attention not in ATTENTIONS:
             raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {attention!r}")
-        bias = bias.repeat(group, 1)  # (G R, Kc + R): query rows are grouped per key/value head
-        if attention == "sdpa":
-            bias = bias.to(x.dtype)  # SDPA takes a float mask of the queries' dtype (0 and -inf are exact in any)
+        # in place, a long call's query rows attend in chunks (ATTENTION_BYTES); the mask is repeated per chunk then
+        chunk = rows if slots is None else attention_chunk(rows, cached, hq, hkv)
+        if chunk == rows:
+            bias = bias.repeat(group, 1)  # (G R, Kc + R): query rows are grouped per key/value head
+            if attention == "sdpa":
+                bias = bias.to(x.dtype)  # SDPA takes a float mask of the queries' dtype (0 and -inf are exact in any)
         softmax_dtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else None
         new_kv = [] if slots is None else None
         for index, layer in enumerate(self.layers):
@@ -337,7 +393,9 @@ class NativeDecoder(torch.nn.Module):
             else:  # the rows join the cache first; attention then reads the cache alone
                 cache[index].index_copy_(2, slots, kv)
             old_k, old_v = cache[index, 0, :, :cached], cache[index, 1, :, :cached]  # (Hkv, Kc, hd)
-            if slots is not None:
+            if slots is not None and chunk < rows:
+                out = self._attend_chunked(q, old_k, old_v, bias, layer.scaling, attention, softmax_dtype, chunk)
+            elif slots is not None:
                 out = self._attend(q, old_k, old_v, bias, layer.scaling, attention, softmax_dtype)
             elif attention == "sdpa":
                 keys, values = torch.cat((old_k, kv[0]), 1), torch.cat((old_v, kv[1]), 1)  # (Hkv, Kc + R, hd)
@@ -357,14 +415,36 @@ class NativeDecoder(torch.nn.Module):
         x = self._rms(x, self.norm)
         return (x if hidden_only else F.linear(x, self.head)), (None if new_kv is None else torch.stack(new_kv))
 
+    @classmethod
+    def _attend_chunked(cls, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
+                        scaling: float, attention: str, softmax_dtype: torch.dtype | None, chunk: int) -> torch.Tensor:
+        """:meth:`_attend` with the queries taken ``chunk`` rows at a time: ``bias`` (R, S) not yet repeated per
+        group; the same (Hkv, G R, hd) out. Every row's attention is its own, so the result is the whole call's."""
+        hkv, grouped, hd = q.shape
+        rows = bias.shape[0]
+        group = grouped // rows
+        q = q.view(hkv, group, rows, hd)
+        out = torch.empty_like(q)
+        for start in range(0, rows, chunk):
+            stop = min(rows, start + chunk)
+            part = bias[start:stop].repeat(group, 1)  # (G c, S)
+            if attention == "sdpa":
+                part = part.to(q.dtype)
+            out[:, :, start:stop] = cls._attend(q[:, :, start:stop].reshape(hkv, group * (stop - start), hd), keys,
+                                                values, part, scaling, attention, softmax_dtype
+                                                ).view(hkv, group, stop - start, hd)
+        return out.view(hkv, grouped, hd)
+
     @staticmethod
     def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scaling: float,
                 attention: str, softmax_dtype: torch.dtype | None) -> torch.Tensor:
         """Attention of the grouped queries q (Hkv, G R, hd) over ``keys`` and ``values`` (Hkv, S, hd) with the
-        additive mask ``bias`` (G R, S): (Hkv, G R, hd). ``"sdpa"`` takes a mask of the queries' dtype."""
+        additive mask ``bias`` (G R, S): (Hkv, G R, hd). ``"sdpa"`` takes a mask of the queries' dtype and runs on
+        :func:`sdpa_backends` (on CUDA: never cuDNN's kernel)."""
         if attention == "sdpa":
-            return F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=bias,
-                                                  scale=scaling)[0]
+            with sdpa_pinned(q.device):
+                return F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=bias,
+                                                      scale=scaling)[0]
         weights = torch.softmax((q @ keys.transpose(1, 2)) * scaling + bias, -1, dtype=softmax_dtype).to(q.dtype)
         return weights @ values
 

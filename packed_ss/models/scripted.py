@@ -108,7 +108,7 @@ class ScriptedDrafter:
         index = torch.tensor([i for i, _ in picked], device=logits.device)
         logits[index] = 0.0
         logits[index, torch.tensor(tokens, device=logits.device)] = SCRIPTED_LOGIT
-        return CallOutput(logits, out.model_ms)
+        return CallOutput(logits, out.model_ms, recorded_ms=out.recorded_ms)
 
     def proposals(self, layout: CallLayout, rows: Sequence[int]) -> list[int]:
         """The scripted token of each mask row in ``rows``: the reference token, or a wrong one (module

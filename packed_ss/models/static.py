@@ -260,6 +260,21 @@ class StaticCalls:
         keep = torch.as_tensor(need, dtype=torch.long, device=out.device)
         return out[0].index_select(0, keep), self._hidden_only
 
+    def record(self, prepared: tuple, defer: bool = False) -> float:
+        """Record what the call ``prepared`` will replay, before its clock starts: seconds spent (here none: compiling
+        happens inside the compiled call, :mod:`packed_ss.models.graphs` records ahead)."""
+        return 0.0
+
+    def release_spares(self) -> None:
+        """Give back device memory held for later runs (:mod:`packed_ss.models.graphs` keeps spare caches)."""
+
+    def rehearsing(self):
+        """A context for an untimed rehearsal of a run (:func:`packed_ss.engine.decode`): nothing to do here
+        (:meth:`packed_ss.models.graphs.GraphCalls.rehearsing` records the shapes met, largest first)."""
+        import contextlib
+
+        return contextlib.nullcontext()
+
     def _eager(self, input_ids, position_ids, mask):
         return forward(self.model, self.cache, self._hidden_only, input_ids, position_ids, mask)
 

@@ -106,7 +106,8 @@ class Session:
             if deferred:
                 self._deferred = out.logits[len(rows):]
         selected = len(layout.proposal_rows) if adapter else 0
-        self._calls.append(CallRecord(layout, out.model_ms, selected, layout.rows if selected else 0))
+        self._calls.append(CallRecord(layout, out.model_ms, selected, layout.rows if selected else 0,
+                                      getattr(out, "recorded_ms", 0.0)))
         self._last_layout = layout
         return CallLogits.of(logits, self._never_emit).warped(self.config)
 
