@@ -66,6 +66,8 @@ class GpuTasks:
     def __init__(self, store: ModelStore, gate: ComputeGate | None = None):
         self.store = store
         self.gate = gate
+        if gate is not None:  # a loaded model's warm-up computes (and records CUDA graphs) at the gate too
+            store.gate = gate
         self.records = gpu_task(self._records)
         self.race = gpu_task(self._race)
         self.generate = gpu_task(self._generate)

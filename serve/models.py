@@ -117,6 +117,9 @@ class ModelStore:
         self._compiled: dict[tuple, tuple] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
+        # The server's compute gate (serve.limits.ComputeGate), set by serve.gpu.GpuTasks: a loaded model's warm-up records
+        # CUDA graphs, and nothing else may compute while a graph is captured, so its iterations take turns there.
+        self.gate = None
 
     @property
     def calls(self) -> str:
@@ -242,7 +245,7 @@ class ModelStore:
                 kept = self._compiled.get((*key, weight_files(key[0])))
             if kept is not None:
                 model.adopt_compiled(kept)
-            warm_up(model)
+            warm_up(model, self._isolate(model))
             with self._lock:
                 self._models[key] = model
                 while len(self._models) > self.capacity:
@@ -252,6 +255,15 @@ class ModelStore:
                     if parts is not None:
                         self._compiled[(*old, weight_files(old[0]))] = parts
             return model
+
+    def _isolate(self, model):
+        """How ``model``'s warm-up iterations run: each a turn of the compute gate where its calls record CUDA graphs
+        (a capture beside another visitor's call fails both), else freely (a CPU's compiling stays off the gate)."""
+        if self.gate is None or not getattr(model, "graphs", False):
+            return None
+        from serve.limits import gated
+
+        return lambda records: gated(records, self.gate, 0.0)
 
     def strings_for(self, model) -> Callable[[Sequence[int]], list[str]]:
         """A memoised ``ids -> display strings`` function for ``model`` (one decode per distinct id)."""
@@ -284,14 +296,16 @@ def weight_files(identity: str) -> tuple:
         return ()
 
 
-def warm_up(model) -> None:
+def warm_up(model, isolate=None) -> None:
     """A few untimed calls right after loading (AR and Packed-SS, a handful of tokens), so that one-off
     first-call costs (allocations, kernel choice) do not land in the first visitor's timings or the
-    cost fit."""
+    cost fit. ``isolate`` wraps each run's iterations (:func:`packed_ss.measure.timed_run`; a server's compute gate
+    where the calls record CUDA graphs)."""
     never = set(model.never_emit_ids)
     ids = [t for t in range(1, min(256, model.vocab_size)) if t not in never][:8]
     config = DecodeConfig(block_size=4, max_new_tokens=4)
-    warm_up_runs(model.share(), ids, [(schedule, config) for schedule in ("ar", "packed")])
+    warm_up_runs(model.share(), ids, [(schedule, config) for schedule in ("ar", "packed")], isolate)
     if getattr(model, "compiled", False) and not model.any_order:  # the default settings' shapes, compiled now
         config = DecodeConfig(block_size=int(RequestValues.block_size), max_new_tokens=int(RequestValues.max_new_tokens))
-        warm_up_runs(model.share(), ids, [(schedule, config) for schedule in ("ar", "linear", "quadratic", "packed")])
+        warm_up_runs(model.share(), ids, [(schedule, config) for schedule in ("ar", "linear", "quadratic", "packed")],
+                     isolate)

@@ -125,6 +125,14 @@ def hub_unreachable(name: str, timeout_s: float = 10.0) -> bool:
     return False
 
 
+def _size(count: int) -> str:
+    """A byte count for a message: GiB, MiB or KiB, two significant decimals at most."""
+    for unit, shift in (("GiB", 30), ("MiB", 20)):
+        if count >= 1 << shift:
+            return f"{count / (1 << shift):.2f} {unit}"
+    return f"{count / 1024:.1f} KiB"
+
+
 class DualModeModel:
     """A ``transformers`` causal LM used as verifier (causal rows) and drafter (mask rows).
 
@@ -538,8 +546,8 @@ class DualModeModel:
         cache = self.static.cache.tensor.nbytes if hasattr(self.static.cache, "tensor") else 0
         self.static.release_spares()
         return ValueError(f"out of device memory in a call of {layout.rows} rows over {keys} keys: its attention "
-                          f"needs up to {need / 2**30:.2f} GiB beside the {cache / 2**30:.2f} GiB KV cache; use a "
-                          f"shorter prompt or fewer new tokens")
+                          f"needs up to {_size(need)} beside the {_size(cache)} KV cache; use a shorter prompt or "
+                          f"fewer new tokens")
 
     @contextmanager
     def rehearsing(self):

@@ -67,17 +67,17 @@ ATTENTION_BYTES = 512 << 20
 SCORE_BYTES, MASK_BYTES = 16, 4
 
 
-def attention_chunk(rows: int, keys: int, heads: int, kv_heads: int, budget: int = ATTENTION_BYTES) -> int:
+def attention_chunk(rows: int, keys: int, heads: int, kv_heads: int, budget: int | None = None) -> int:
     """Query rows attended at once in an in-place call of ``rows`` rows over ``keys`` keys with ``heads`` query and
-    ``kv_heads`` key/value heads, so that one chunk's temporaries stay within ``budget`` bytes: all ``rows`` when
-    they fit, else at least 1. Raises: ValueError for a count below 1."""
+    ``kv_heads`` key/value heads, so that one chunk's temporaries stay within ``budget`` bytes (default
+    :data:`ATTENTION_BYTES`): all ``rows`` when they fit, else at least 1. Raises: ValueError for a count below 1."""
     if min(rows, keys, heads, kv_heads) < 1:
         raise ValueError(f"rows, keys and heads must be >= 1, got {rows}, {keys}, {heads}, {kv_heads}")
     per_row = keys * (SCORE_BYTES * heads + MASK_BYTES * (heads // kv_heads))
-    return max(1, min(rows, budget // per_row))
+    return max(1, min(rows, (ATTENTION_BYTES if budget is None else budget) // per_row))
 
 
-def attention_temporaries(rows: int, keys: int, heads: int, kv_heads: int, budget: int = ATTENTION_BYTES) -> int:
+def attention_temporaries(rows: int, keys: int, heads: int, kv_heads: int, budget: int | None = None) -> int:
     """Bytes of attention temporaries an in-place native call of ``rows`` rows over ``keys`` keys builds at most: its
     (rows, keys) float32 mask and one chunk's scores and repeated mask (:func:`attention_chunk`)."""
     chunk = attention_chunk(rows, keys, heads, kv_heads, budget)
