@@ -16,7 +16,8 @@ from packed_ss.registry import get_schedule
 from packed_ss.schedules.base import Session
 
 
-def decode(model, prompt_ids: list[int], config: DecodeConfig, schedule: str = "packed") -> Iterator[IterationRecord]:
+def decode(model, prompt_ids: list[int], config: DecodeConfig, schedule: str = "packed",
+           rehearse: bool = True) -> Iterator[IterationRecord]:
     """Yield one :class:`IterationRecord` per iteration; the caller may step, pause or stop early.
 
     Args:
@@ -27,6 +28,10 @@ def decode(model, prompt_ids: list[int], config: DecodeConfig, schedule: str = "
             ``"packed"``, ``"diffusion"``, ``"lookup"``, ``"packed-mixed"``, ``"partial"``); on an any-order
             model (``model.any_order``) ``"ar"``, ``"linear"``, ``"quadratic"``, ``"packed"`` or ``"diffusion"``
             with ``config.order`` (:mod:`packed_ss.any_order`).
+        rehearse: on the graph path (``model.graphs``), rehearse the run's first iterations untimed at the first
+            ``next()`` so that its graphs are recorded before its clock (:func:`_rehearsed`); False: shapes not
+            recorded yet are recorded before their calls' clocks (``recorded_ms``), as for short runs whose every
+            shape is recorded already.
     Raises:
         ValueError: unknown schedule, or the confidence order on a left-to-right model; PromptError: empty or too
             long prompt, or a token id outside the vocabulary (raised on creation); TypeError: a model that is
@@ -44,7 +49,7 @@ def decode(model, prompt_ids: list[int], config: DecodeConfig, schedule: str = "
     kind = OrderSession if getattr(model, "any_order", False) else Session
     session = kind(model, list(prompt_ids), config, runner.name)  # checks the prompt and settings now
     adapter = getattr(model, "base", model)  # a scripted drafter's calls are its model's
-    if getattr(adapter, "graphs", False) is True:
+    if rehearse and getattr(adapter, "graphs", False) is True:
         return _rehearsed(model, adapter, lambda on: kind(on, list(prompt_ids), config, runner.name), runner)
     return runner.iterate(session)
 
@@ -136,7 +141,9 @@ def ar_continuation(model) -> Callable[[Sequence[int], int], tuple[list[int], in
 
     def continuation(prefix: Sequence[int], n: int) -> tuple[list[int], int]:
         tokens, calls = [], 0
-        for record in decode(own, list(prefix), DecodeConfig(block_size=2, max_new_tokens=max(1, n)), "ar"):
+        # no rehearsal: the 1-row graph is recorded by the first continuation and replayed by every later one
+        for record in decode(own, list(prefix), DecodeConfig(block_size=2, max_new_tokens=max(1, n)), "ar",
+                             rehearse=False):
             tokens.extend(record.appended)
             calls += len(record.calls)
         return tokens, calls

@@ -184,4 +184,15 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
                       stopped_at=turns.stopped_at, block_size_source=source, interleaved=interleaved,
                       left_out=left_out,
                       model_note=model_note(tasks.store, settings.model, model) + " " + forward_note(
-                          model, [record for run in runs for record in run.records], tasks.floor(settings.model_ref)))
+                          model, [record for run in runs for record in run.records], tasks.floor(settings.model_ref))
+                      + recording_note(runs))
+
+
+def recording_note(runs) -> str:
+    """A sentence when CUDA graphs were recorded inside the race's iterations (shapes its untimed rehearsals did not
+    meet): their time was left out of the lanes' times (``recorded_ms``). Empty otherwise."""
+    recorded = [(run.schedule, run.recorded_s) for run in runs if run.recorded_s > 0]
+    if not recorded:
+        return ""
+    lanes = ", ".join(f"{schedule} {seconds * 1000:.0f} ms" for schedule, seconds in recorded)
+    return f" CUDA graphs recorded inside the race ({lanes}) were left out of those lanes' times."

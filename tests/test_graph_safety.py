@@ -332,3 +332,14 @@ def test_every_lossless_schedule_after_its_rehearsal_gives_ars_tokens_at_t_above
                    DecodeConfig(block_size=4, max_new_tokens=20, temperature=0.8, seed=3)):
         a, b = generate(model, [4, 9, 2, 7, 3], config, name), generate(eager, [4, 9, 2, 7, 3], config, name)
         assert a.token_ids == b.token_ids and a.nfe == b.nfe, (name, config.temperature)
+
+
+def test_the_race_says_when_graphs_were_recorded_inside_its_lanes():
+    from types import SimpleNamespace
+
+    from serve.race import recording_note
+
+    runs = [SimpleNamespace(schedule="ar", recorded_s=0.0), SimpleNamespace(schedule="packed", recorded_s=0.25)]
+    assert recording_note(runs) == (" CUDA graphs recorded inside the race (packed 250 ms) were left out of those "
+                                    "lanes' times.")
+    assert recording_note(runs[:1]) == ""

@@ -41,7 +41,8 @@ DEFINITIONS = {
                "is compiled or recorded in the untimed warm-up (one full run per schedule and static-cache "
                "capacity), its time reported "
                "apart (compile_s_warm_up); compile_s_in_timed_runs counts shapes first met inside a timed run, "
-               "whose wall time then includes compiling (0 expected)",
+               "whose wall time then includes compiling (0 expected); CUDA graphs are recorded before a call's "
+               "clock and left out of the wall time (a run's untimed rehearsal, or recorded_ms of the call)",
     "mean_acceptance_length": "total tokens committed by verifying iterations / their number: A = h + 1 "
                               "(bonus or correction included; any-order models: A = min(h + 1, u) with u open "
                               "positions in the window), less where EOS or the limit cut the iteration",
