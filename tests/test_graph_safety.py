@@ -343,3 +343,64 @@ def test_the_race_says_when_graphs_were_recorded_inside_its_lanes():
     assert recording_note(runs) == (" CUDA graphs recorded inside the race (packed 250 ms) were left out of those "
                                     "lanes' times.")
     assert recording_note(runs[:1]) == ""
+
+
+def test_a_process_whose_capture_state_broke_runs_every_network_eagerly_with_one_line():
+    class Broken(HostRecorder):
+        broken = "a failed CUDA graph capture left torch's capture state unusable (the capture stream is capturing)"
+
+    class BrokenGraphCalls(GraphCalls):
+        recorder_class = Broken
+
+    eager, model = tiny_llama(seed=6, logit_scale=3.0), on_graphs(tiny_llama(seed=6, logit_scale=3.0), BrokenGraphCalls)
+    config = DecodeConfig(block_size=4, max_new_tokens=12)
+    with pytest.warns(RuntimeWarning, match="capture state unusable"):
+        assert generate(model, [4, 9, 2], config, "packed").token_ids == generate(eager, [4, 9, 2], config,
+                                                                                  "packed").token_ids
+    assert not model.graphs and model.static.captures == 0 and "\n" not in model.compile_note
+
+
+@pytest.mark.parametrize("capturing", [False, True])
+def test_after_a_failed_capture_the_allocator_stops_filling_the_pool_and_a_stream_left_capturing_breaks_graphs(
+        monkeypatch, capturing):
+    """What :meth:`CudaRecorder._recover` does with torch's CUDA calls, observed through stand-ins: it ends the
+    allocator's routing into the pool (harmless when torch ended it itself: that raises), and where the stream is
+    still capturing, graphs go off in the process (``broken``) instead of every later call failing."""
+    import contextlib
+
+    from packed_ss.models.graphs import CudaRecorder
+
+    ended, emptied = [], []
+
+    def end(index, pool):
+        ended.append((index, pool))
+        raise RuntimeError("endAllocatePool: not currently recording to mempool_id")
+
+    monkeypatch.setattr(torch._C, "_cuda_endAllocateToPool", end, raising=False)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    monkeypatch.setattr(CudaRecorder, "broken", None)
+    recorder = CudaRecorder()
+    recorder._pool = (0, 7)
+    recorder._recover(object(), torch.device("cuda", 0))
+    assert ended == [(0, (0, 7))]
+    assert (CudaRecorder.broken is not None) == capturing and bool(emptied) != capturing
+    if capturing:
+        assert "capture stream is still capturing" in CudaRecorder.broken
+
+
+def test_a_cache_keeps_a_bounded_number_of_graphs(monkeypatch):
+    import packed_ss.models.graphs as graphs
+    from packed_ss.layout import draft_layout, prefill_layout
+
+    monkeypatch.setattr(graphs, "GRAPHS_PER_CACHE", 2)
+    model = on_graphs(tiny_llama(seed=6))
+    model.reset(60, block_size=2)
+    prompt = prefill_layout([3, 4, 5, 6], 0, model.mask_token_id)
+    model.forward(prompt, prompt.verify_rows)
+    for width in (2, 4, 6):  # calls of 2, 4 and 6 rows: three graphs, two kept (the newest)
+        layout = draft_layout(7, width - 1, 4, model.mask_token_id)
+        model.forward(layout, layout.draft_rows)
+        model.rollback(4)
+    assert [key[0] for key in model.static._graphs] == [4, 6]

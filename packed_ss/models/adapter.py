@@ -514,14 +514,14 @@ class DualModeModel:
 
     def _static_call(self, layout: CallLayout, rows: tuple[int, ...], deferred: tuple[int, ...],
                      eager: bool = False, adapter_rows: tuple[int, ...] = ()) -> CallOutput:
-        # host work and a new shape's recording before the clock, as in _call
-        prepared = self.static.prepare(layout, eager=eager, adapter_rows=adapter_rows)
-        recorded_s = self.static.record(prepared, defer=bool(deferred))
-        self._sync()
-        start = time.perf_counter()
         try:
+            # host work and a new shape's recording before the clock, as in _call
+            prepared = self.static.prepare(layout, eager=eager, adapter_rows=adapter_rows)
+            recorded_s = self.static.record(prepared, defer=bool(deferred))
+            self._sync()
+            start = time.perf_counter()
             out, hidden_states = self.static.execute(prepared, rows + deferred, defer=bool(deferred))
-        except torch.OutOfMemoryError:
+        except torch.OutOfMemoryError:  # a cache or a call too large for the device: one line, the memory named
             raise self._memory_error(layout) from None
         hidden = None
         if hidden_states:

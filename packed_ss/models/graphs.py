@@ -56,6 +56,7 @@ GRAPH_ATTENTION = "written"
 SPARE_CACHES = 8  # per network: caches with their graphs kept for later runs and adapters (SpareCaches)
 SPARE_FRACTION = 8  # ... holding at most 1/8 of the device's memory (CPU tests: SPARE_BYTES_HOST)
 SPARE_BYTES_HOST = 1 << 30
+GRAPHS_PER_CACHE = 24  # graphs kept per cache (the oldest recorded goes first): shapes of every B once used add up
 
 
 def graph_problem(device: torch.device) -> str | None:
@@ -435,8 +436,9 @@ class GraphCalls(NativeCalls):
         them off here (one line)."""
         if self._function is None or not self.compiled:
             return False
-        if CudaRecorder.broken is not None and self._recorder.problem is graph_problem:
-            self._give_up(RuntimeError(CudaRecorder.broken))
+        broken = getattr(self._recorder, "broken", None)  # CudaRecorder's is the process's
+        if broken is not None:
+            self._give_up(RuntimeError(broken))
             return False
         return True
 
@@ -484,6 +486,8 @@ class GraphCalls(NativeCalls):
         seconds = time.perf_counter() - start
         self.compile_s += seconds
         if failure is None:
+            while len(self._graphs) >= GRAPHS_PER_CACHE:  # the oldest graph goes, its buffers with it
+                del self._graphs[next(iter(self._graphs))]
             self._graphs[key] = graph
             self.captures += 1
         elif failure[0] and CudaRecorder.broken is None:
