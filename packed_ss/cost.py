@@ -225,6 +225,7 @@ READ_BUFFER_BYTES = 1 << 30  # the CPU's bandwidth probe's largest buffer: beyon
 # weights are not allocated a second time beside them
 CUDA_GEMM_SIDES = (8192, 4096, 2048, 1024)  # CUDA product n x n x n, the largest that fits: 2 * 8192^3 = 1.1 TFLOP,
 # about 1.1-1.5 ms on an H100 or H200, so the 5-20 us of a launch are noise
+CUDA_FLOAT64_SIDE = 2048  # float64's product: 17 GFLOP, under 20 ms at the 1 TFLOP/s of a device without FP64 units
 CPU_GEMM_SIDE = 1024  # the CPU's product: 2 GFLOP, tens of ms on one core, which the host clock times well
 CUDA_READ_BYTES = 4 << 30  # CUDA read probe: 4 GiB, over 60x an H100's or H200's 50-60 MB L2 (about 1 ms)
 MIN_READ_OVER_L2 = 4  # the CUDA read is at least this many times the L2, or it measures the L2
@@ -254,7 +255,8 @@ def probe_sizes(device_type: str, weights: int, element_size: int, free_bytes: i
     """The probes' sizes on a device of ``device_type`` for a model of ``weights`` weight elements of
     ``element_size`` bytes, each probe within :data:`PROBE_MEMORY_SHARE` of ``free_bytes`` (None: no bound).
 
-    CUDA: the largest of :data:`CUDA_GEMM_SIDES` whose three matrices fit, and a read of :data:`CUDA_READ_BYTES`
+    CUDA: the largest of :data:`CUDA_GEMM_SIDES` whose three matrices fit (at most :data:`CUDA_FLOAT64_SIDE` in
+    8-byte elements, whose arithmetic is slow on most devices), and a read of :data:`CUDA_READ_BYTES`
     or what fits, at least :data:`MIN_READ_OVER_L2` times ``l2_bytes`` (None or 0: :data:`UNKNOWN_L2_BYTES`), whatever
     the model's size; :data:`CUDA_RUNS` runs per timing. Elsewhere: a :data:`CPU_GEMM_SIDE` product and a read of the
     weights' size (:func:`read_elements`), one run per timing (the host clock).
@@ -263,12 +265,13 @@ def probe_sizes(device_type: str, weights: int, element_size: int, free_bytes: i
     room = None if free_bytes is None else int(free_bytes * PROBE_MEMORY_SHARE)
     fits = (lambda nbytes: True) if room is None else (lambda nbytes: nbytes <= room)
     if device_type == "cuda":
-        sides = [n for n in CUDA_GEMM_SIDES if fits(3 * n * n * element_size)]
+        sides = [n for n in CUDA_GEMM_SIDES if fits(3 * n * n * element_size)
+                 and (element_size < 8 or n <= CUDA_FLOAT64_SIDE)]
         least = MIN_READ_OVER_L2 * (l2_bytes or UNKNOWN_L2_BYTES)
         read = CUDA_READ_BYTES if room is None else min(CUDA_READ_BYTES, room)
         if not sides or read < least:
-            raise ValueError(f"no cuda memory left to measure the machine's limits beside the model "
-                             f"({(free_bytes or 0) / 2 ** 20:.0f} MiB free; a read of {least / 2 ** 20:.0f} MiB needed)")
+            raise ValueError(f"no cuda memory left to measure the machine's limits beside the model ("
+                             f"{(free_bytes or 0) / 2 ** 20:.0f} MiB free; a read of {least / 2 ** 20:.0f} MiB needed)")
         return ProbeSizes(sides[0], read // element_size, CUDA_RUNS)
     elements = read_elements(weights, element_size)
     if room is not None:
@@ -333,6 +336,24 @@ def free_memory_bytes(device) -> int | None:
         return None
 
 
+def _product_gflops(sizes: ProbeSizes, dtype, device, timed: Callable[..., float], repeats: int) -> float:
+    """GFLOP/s of the ``sizes.gemm_side`` cubed product in ``dtype`` on ``device``, on the clock ``timed``."""
+    import torch
+
+    n = sizes.gemm_side
+    a, b = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
+    product = torch.empty(n, n, dtype=dtype, device=device)
+    return 2 * n ** 3 / timed(lambda: torch.matmul(a, b, out=product), repeats, sizes.runs, device) / 1e9
+
+
+def _read_gbs(sizes: ProbeSizes, dtype, device, timed: Callable[..., float], repeats: int) -> float:
+    """GB/s of a sum over ``sizes.read_elements`` elements of ``dtype`` on ``device``, on the clock ``timed``."""
+    import torch
+
+    buffer = torch.ones(sizes.read_elements, dtype=dtype, device=device)
+    return buffer.numel() * buffer.element_size() / timed(buffer.sum, repeats, sizes.runs, device) / 1e9
+
+
 def roofline(model, repeats: int = 5) -> Roofline:
     """The :class:`Roofline` of ``model``'s network on this machine (median of ``repeats`` timings each,
     :func:`probe_timer`'s clock, :func:`probe_sizes`' sizes), cached on the network as ``roofline_fit``.
@@ -361,14 +382,8 @@ def roofline(model, repeats: int = 5) -> Roofline:
         peak, l2 = spec_peak(properties.name), getattr(properties, "L2_cache_size", None)
     try:
         sizes = probe_sizes(device.type, weights, size, free_memory_bytes(device), l2)
-        n = sizes.gemm_side
-        a, b = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
-        product = torch.empty(n, n, dtype=dtype, device=device)
-        gflops = 2 * n ** 3 / timed(lambda: torch.matmul(a, b, out=product), repeats, sizes.runs, device) / 1e9
-        del a, b, product
-        buffer = torch.ones(sizes.read_elements, dtype=dtype, device=device)
-        read_gbs = buffer.numel() * size / timed(buffer.sum, repeats, sizes.runs, device) / 1e9
-        del buffer
+        gflops = _product_gflops(sizes, dtype, device, timed, repeats)
+        read_gbs = _read_gbs(sizes, dtype, device, timed, repeats)
     except RuntimeError:  # out of memory: torch.OutOfMemoryError on CUDA, a plain RuntimeError from the CPU allocator
         raise ValueError(f"no {device.type} memory left to measure the machine's limits beside the model") from None
     finally:

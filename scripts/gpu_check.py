@@ -44,7 +44,8 @@ with the sections, in this order (the last ones are skipped first when time runs
 
 The sections keep within ``--budget-s`` seconds (default 270) besides the CUDA tests' ``--cuda-tests-s`` (default
 150), so that the check ends within 7.5 minutes with model loading and start-up: sections that no longer fit are
-recorded as ``"skipped: time budget"``. Expected failures (no CUDA, out of memory, a load error) are recorded as strings in the JSON
+recorded as ``"skipped: time budget"``.
+Expected failures (no CUDA, out of memory, a load error) are recorded as strings in the JSON
 and the remaining sections still run. ``--quick`` shrinks every size so that ``--device cpu --quick``
 finishes in well under two minutes on a laptop CPU.
 """
@@ -868,7 +869,8 @@ def summary_lines(report: dict) -> list[str]:
             if not isinstance(found, dict) or not found.get("top"):
                 lines.append(f"kernel profile {key} {attention}: {found}")
                 continue
-            most = ", ".join(f"{t['name'][:40]} {t['ms_per_call']:.2f} ms x{t['per_call']:.0f}" for t in found["top"][:4])
+            most = ", ".join(f"{t['name'][:40]} {t['ms_per_call']:.2f} ms x{t['per_call']:.0f}"
+                             for t in found["top"][:4])
             lines.append(f"kernel profile {key} {attention}, eager {found['rows']}-row call: {found['per_call']:.0f} "
                          f"{found['unit']} ({found.get('per_layer', 0):.1f} per layer), {found['ms_per_call']:.2f} ms; "
                          f"most: {most}")
