@@ -235,7 +235,7 @@ def run_captured(command: list[str], timeout_s: float, log: Path) -> dict:
 
 
 def _stop(process: subprocess.Popen) -> None:
-    """Interrupt ``process``'s group (its own session), then kill it if it is still there after the grace."""
+    """Interrupt ``process``'s process group (its own), then kill the group if it is still there after the grace."""
     for sent, wait_s in ((signal.SIGINT, INTERRUPT_GRACE_S), (signal.SIGKILL, None)):
         try:
             os.killpg(process.pid, sent)
