@@ -65,11 +65,12 @@ def paths_summary(eager, compiled, roof, note: str | None = None) -> str:
         text += f"\n\nNo compiled fit: {note or 'compiled calls are not available for this model'}."
     if roof is not None:
         text += (f"\n\n**Compute limit**: {roof.flops_per_row / 1e6:.1f} MFLOP per row (2 per weight, LM head included) "
-                 f"at the {roof.gflops:.0f} GFLOP/s a large matrix product reaches here = "
+                 f"at the {roof.gflops:.0f} GFLOP/s a large matrix product reaches here{_spec(roof.spec_gflops)} = "
                  f"**{roof.compute_ms_per_row:.4f} ms per row**. **Weight-read limit**: every call reads "
                  f"{roof.weight_bytes / 2 ** 20:.1f} MiB of weights, {roof.read_ms:.3f} ms at the "
-                 f"{roof.read_gbs:.0f} GB/s measured on a buffer that size. A call cannot be faster than the larger "
-                 f"of the two.")
+                 f"{roof.read_gbs:.0f} GB/s measured here{_spec(roof.spec_read_gbs)}. A call cannot be faster than "
+                 f"the larger of the two: the read up to about {roof.crossover_rows:.0f} rows, the arithmetic "
+                 f"beyond.")
         if eager is not None and compiled is not None:
             text += (f"\n\nA 1-row call (AR) costs {eager.ms(1) / roof.ms(1):.1f}× the limit eagerly and "
                      f"{compiled.ms(1) / roof.ms(1):.1f}× compiled: what is left above the limit is per-call overhead "
@@ -77,3 +78,8 @@ def paths_summary(eager, compiled, roof, note: str | None = None) -> str:
                      f"The smaller τ is against δ, the less a schedule's extra rows are free, and the more tokens per "
                      f"call it needs to beat AR.")
     return text
+
+
+def _spec(peak: float | None) -> str:
+    """The datasheet's figure beside a measured one, or nothing where the device is not known."""
+    return f" (datasheet: {peak:,.0f})" if peak else ""

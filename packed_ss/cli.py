@@ -225,11 +225,14 @@ def quiet_loaders() -> None:
 
 
 def call_floor(model, run) -> dict | None:
-    """Each call's model time over the floor, one read of the weights at the measured bandwidth
-    (:func:`packed_ss.cost.roofline`): ``floor_ms``, every call's ratio in order (``over_floor_per_call``, the
-    prefill first, with its rows in ``rows_per_call``), the median and largest ratio, and the median ratio per row
-    count (issue 55: how far a path's calls are from what the hardware must do). None for a model without a
-    network (scripted test models) or where the device had no memory left to measure the floor."""
+    """Each call's model time over its floor (:func:`packed_ss.cost.roofline`: the larger of the call's arithmetic at
+    the measured GFLOP/s and one read of the weights at the measured bandwidth): ``floor_ms`` the weight read (a
+    1-row call's floor), ``compute_ms_per_row`` and ``crossover_rows`` (where the arithmetic takes over), the
+    datasheet's peaks where the device is known (None otherwise), every call's ratio in order
+    (``over_floor_per_call``, the prefill first, with its rows in ``rows_per_call``), the median and largest ratio,
+    and the median ratio per row count (issue 55: how far a path's calls are from what the hardware must do). None
+    for a model without a network (scripted test models) or where the device had no memory left to measure the
+    floor."""
     import statistics
 
     from packed_ss.cost import roofline
@@ -238,14 +241,15 @@ def call_floor(model, run) -> dict | None:
         limits = roofline(model)
     except ValueError:
         return None
-    floor = limits.read_ms
     calls = [call for record in run.records for call in record.calls]
-    ratios = [call.model_ms / floor for call in calls]
+    ratios = [limits.over(call.model_ms, call.layout.rows) for call in calls]
     by_rows: dict[int, list[float]] = {}
     for call, ratio in zip(calls, ratios):
         by_rows.setdefault(call.layout.rows, []).append(ratio)
-    return {"floor_ms": round(floor, 4), "read_gbs": round(limits.read_gbs, 1),
-            "weight_mb": round(limits.weight_bytes / 1e6, 1),
+    return {"floor_ms": round(limits.read_ms, 4), "read_gbs": round(limits.read_gbs, 1),
+            "compute_ms_per_row": round(limits.compute_ms_per_row, 6), "gflops": round(limits.gflops, 1),
+            "crossover_rows": round(limits.crossover_rows, 1), "spec_gflops": limits.spec_gflops,
+            "spec_read_gbs": limits.spec_read_gbs, "weight_mb": round(limits.weight_bytes / 1e6, 1),
             "over_floor_per_call": [round(r, 2) for r in ratios], "rows_per_call": [c.layout.rows for c in calls],
             "median_over_floor": round(statistics.median(ratios), 2) if ratios else None,
             "max_over_floor": round(max(ratios), 2) if ratios else None,

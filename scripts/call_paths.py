@@ -48,9 +48,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:8s} tau = {tau:.3f} ms, delta = {delta:.4f} ms/row, 1-row call {tau + delta:.3f} ms "
               f"({args.repeats} fits: tau {', '.join(f'{f.tau_ms:.2f}' for f in found)})")
     roof = roofline(model, repeats=7)
-    print(f"roofline: {roof.flops_per_row / 1e6:.2f} MFLOP per row at {roof.gflops:.1f} GFLOP/s (1024^3 product) = "
+    spec = (f" (datasheet {roof.spec_gflops:.0f} GFLOP/s, {roof.spec_read_gbs:.0f} GB/s)"
+            if roof.spec_gflops and roof.spec_read_gbs else "")
+    print(f"roofline: {roof.flops_per_row / 1e6:.2f} MFLOP per row at {roof.gflops:.1f} GFLOP/s = "
           f"{roof.compute_ms_per_row:.4f} ms per row; {roof.weight_bytes / 2 ** 20:.1f} MiB of weights read at "
-          f"{roof.read_gbs:.1f} GB/s = {roof.read_ms:.3f} ms per call; a 1-row call cannot beat {roof.ms(1):.3f} ms")
+          f"{roof.read_gbs:.1f} GB/s = {roof.read_ms:.3f} ms per call{spec}; the floor of a call is the larger: "
+          f"the read up to {roof.crossover_rows:.0f} rows (a 1-row call cannot beat {roof.ms(1):.3f} ms), the "
+          f"arithmetic beyond")
     return 0
 
 

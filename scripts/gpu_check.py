@@ -2,16 +2,21 @@
 
 Usage::
 
-    python scripts/gpu_check.py [--out gpu_check.json] [--device cuda] [--quick] [--budget-s 270] [--quality 0.985]
+    python scripts/gpu_check.py [--out gpu_check.json] [--device cuda] [--quick] [--budget-s 270]
+                                [--cuda-tests-s 150] [--quality 0.985] [--only SECTIONS]
 
 Writes ONE JSON file (rewritten after every section, so a run cut short still leaves what it measured)
 with the sections, in this order (the last ones are skipped first when time runs out):
 
 1. ``environment``: Python, torch and transformers versions, device name, CUDA version, dtypes checked.
-2. ``cuda_tests``: ``pytest -q tests/test_cuda.py`` run in a subprocess: exit code and summary line.
+2. ``cuda_tests``: ``pytest tests/test_cuda.py`` in a subprocess, in one process (no xdist), verbose, stopping at
+   the first failure, with the slowest durations, within ``--cuda-tests-s`` seconds (its own budget, not the
+   sections'): exit code, whether it timed out, summary line and the output's tail; the whole output is written as
+   it comes to ``<out>.cuda_tests.log``, so a timeout (or this script's end) keeps what it printed.
 3. ``graph_call_cost``: the graph path's per-call model time (ms) against R = 1..256 for NLD-3B- and NLD-8B-shaped
-   bfloat16 models: the adapter's whole call and the graph's replay alone (CUDA events), each over the floor (one
-   read of the weights at the measured bandwidth).
+   bfloat16 models: the adapter's whole call and the graph's replay alone (CUDA events), each over the floor (the
+   larger of the call's arithmetic and one read of the weights, measured on the device, the datasheet's peaks
+   beside); what ran, read after the calls: graphs, note, the shapes replayed, graphs captured and replays.
 4. ``paper_experiment``: the paper's race in its own regime: randomly initialised decoders shaped like NLD-8B and
    NLD-3B (Ministral3 layers; both shapes in bfloat16, then both in float32), each raced on the graph path and on
    transformers' forward over the same weights: AR, Linear-SS (B = 32), Quadratic-SS (B = 8) and Packed-SS
@@ -27,16 +32,20 @@ with the sections, in this order (the last ones are skipped first when time runs
    forward) and whether that margin is a near-tie (threshold per dtype, written into the JSON).
 6. ``race_graphs``: AR, Linear-SS, Quadratic-SS and Packed-SS on one prompt (embedded model, bfloat16, B = 8,
    128 new tokens) on the graph path, repeats in rotated order: medians of wall time (s), tokens/NFE, time/NFE
-   (ms) and throughput (tokens/s); its graphs recorded in an untimed full-length warm-up (the recording time and
-   the shapes are reported, and whether it fell back to eager calls, ``compile_note``).
+   (ms) and throughput (tokens/s); its graphs recorded in an untimed full-length warm-up (the recording time is
+   reported, and what ran, read after the runs: graphs, shapes, captures, and why it fell back to eager calls).
 7. ``race``: the same race on transformers' forward.
 8. ``per_call_cost``: transformers' forward per call (the baseline of section 3), R = 1, 2, 4, ..., 256 on top of
    a fixed cached prefix, median of several repeats after warm-up, for the embedded model (float32, bfloat16) and
    a randomly initialised ~1B-parameter model of Nemotron-Labs-Diffusion's shape (Ministral3, bfloat16).
+9. ``kernel_profile``: where an eager native call of the paper's shapes spends its device time (kernels per call,
+   their time, the 8 that take most; ``torch.profiler``), after every timing, so that no profiler runs between
+   timings that are compared.
 
-The whole check keeps within ``--budget-s`` seconds (default 270, so that it ends within 5 minutes
-with model loading and start-up): sections that no longer fit are recorded as ``"skipped: time
-budget"``. Expected failures (no CUDA, out of memory, a load error) are recorded as strings in the JSON
+The sections keep within ``--budget-s`` seconds (default 270) besides the CUDA tests' ``--cuda-tests-s`` (default
+150), so that the check ends within 7.5 minutes with model loading and start-up: sections that no longer fit are
+recorded as ``"skipped: time budget"``.
+Expected failures (no CUDA, out of memory, a load error) are recorded as strings in the JSON
 and the remaining sections still run. ``--quick`` shrinks every size so that ``--device cpu --quick``
 finishes in well under two minutes on a laptop CPU.
 """
@@ -47,7 +56,10 @@ import argparse
 import gc
 import itertools
 import json
+import os
 import platform
+import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -117,19 +129,25 @@ class Sizes:
 
 
 class Budget:
-    """Wall-clock budget of the whole check, in seconds from the script's start."""
+    """Wall-clock budget of the sections, in seconds from the script's start less the seconds set aside (work with a
+    budget of its own, the CUDA tests)."""
 
     def __init__(self, total_s: float):
         self.total_s = total_s
         self.start = time.perf_counter()
+        self.aside = 0.0  # seconds spent on work outside this budget
 
     def elapsed(self) -> float:
-        """Seconds since the start."""
+        """Seconds since the start (all of them, those set aside included)."""
         return time.perf_counter() - self.start
+
+    def set_aside(self, seconds: float) -> None:
+        """Leave ``seconds`` already spent out of the budget (they were another budget's)."""
+        self.aside += seconds
 
     def left(self) -> float:
         """Seconds still available (negative once over)."""
-        return self.total_s - self.elapsed()
+        return self.total_s - (self.elapsed() - self.aside)
 
     def allows(self, needed_s: float) -> bool:
         """Whether ``needed_s`` more seconds still fit."""
@@ -187,23 +205,68 @@ def environment(device: str, quick: bool, budget_s: float) -> dict:
 
 
 # --- 2. CUDA tests ---------------------------------------------------------------------------------
-def cuda_tests(timeout_s: float) -> dict:
-    """Run ``pytest -q tests/test_cuda.py`` in a subprocess; exit code, summary line and wall time (s)."""
-    command = [sys.executable, "-m", "pytest", "-q", "tests/test_cuda.py"]
+CUDA_TESTS = "tests/test_cuda.py"
+CUDA_TESTS_S = 150.0  # the CUDA tests' own budget (seconds), apart from the sections' --budget-s
+INTERRUPT_GRACE_S = 10.0  # after a timeout: seconds between the interrupt (pytest then prints where it was) and a kill
+TAIL_LINES, TAIL_CHARS = 40, 4000  # the output kept in the JSON
+
+
+def run_captured(command: list[str], timeout_s: float, log: Path) -> dict:
+    """Run ``command`` (in the repository, Python unbuffered) with its stdout and stderr written to ``log`` as they
+    come, so that what it printed is kept however it ends, this script's own end included. After ``timeout_s``
+    seconds its process group is interrupted (pytest prints the test it was in), and killed
+    :data:`INTERRUPT_GRACE_S` seconds later if still there.
+
+    Returns ``exit_code`` (None when it timed out), ``timed_out``, ``wall_s`` (seconds), ``output_tail`` (its last
+    :data:`TAIL_LINES` non-empty lines, at most :data:`TAIL_CHARS` characters) and ``log`` (the path)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    try:
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return {"command": " ".join(command[1:]), "exit_code": None,
-                "summary": f"timed out after {timeout_s:.0f} s", "wall_s": time.perf_counter() - start}
-    lines = [line for line in done.stdout.splitlines() if line.strip()]
-    result = {"command": " ".join(command[1:]), "exit_code": done.returncode,
-              "summary": lines[-1] if lines else "(no output)", "wall_s": time.perf_counter() - start}
-    if done.returncode not in (0, 5):  # 5: no tests collected; anything else: keep the failures' tail
-        result["output_tail"] = "\n".join(lines[-40:])[-4000:]
-        if done.stderr.strip():
-            result["stderr_tail"] = done.stderr.strip()[-2000:]
-    return result
+    with open(log, "wb") as sink:
+        process = subprocess.Popen(command, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+        try:
+            code, timed_out = process.wait(timeout=timeout_s), False
+        except subprocess.TimeoutExpired:
+            code, timed_out = None, True
+            _stop(process)
+    lines = [line for line in log.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    return {"exit_code": code, "timed_out": timed_out, "wall_s": round(time.perf_counter() - start, 2),
+            "output_tail": "\n".join(lines[-TAIL_LINES:])[-TAIL_CHARS:], "log": str(log)}
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """Interrupt ``process``'s process group (its own), then kill the group if it is still there after the grace."""
+    for sent, wait_s in ((signal.SIGINT, INTERRUPT_GRACE_S), (signal.SIGKILL, None)):
+        try:
+            os.killpg(process.pid, sent)
+        except ProcessLookupError:  # gone already
+            break
+        try:
+            process.wait(timeout=wait_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def cuda_tests(timeout_s: float, log: Path, module: str = CUDA_TESTS) -> dict:
+    """Run ``pytest`` on ``module`` in a subprocess: one process (no xdist workers), verbose (each test named as it
+    starts), stopping at the first failure, with the 15 slowest tests' durations; its output in ``log``
+    (:func:`run_captured`). Returns the command, exit code, whether it timed out, summary line, wall time (s) and
+    the output's tail (the durations, or the failure, or where it was when it timed out)."""
+    command = [sys.executable, "-m", "pytest", "-v", "-p", "no:xdist", "-o", "addopts=-p no:cacheprovider -rs",
+               "-x", "--durations=15", module]
+    done = run_captured(command, timeout_s, log)
+    lines = done["output_tail"].splitlines()
+    summary = (f"timed out after {timeout_s:.0f} s in {_running(lines)}" if done["timed_out"]
+               else lines[-1] if lines else "(no output)")
+    return {"command": shlex.join(command[1:]), "timeout_s": timeout_s, "summary": summary, **done}
+
+
+def _running(lines: list[str]) -> str:
+    """The test pytest ``-v`` had started and not finished in ``lines`` (its last test line without an outcome)."""
+    outcomes = ("PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL", "XPASS")
+    started = [line.split()[0] for line in lines if "::" in line and not any(o in line.split() for o in outcomes)]
+    return started[-1] if started else "(no test started)"
 
 
 # --- models ----------------------------------------------------------------------------------------
@@ -308,8 +371,9 @@ def call_costs(model, sizes: Sizes, budget: Budget) -> dict:
 
     Every call computes the logits of all its R rows (a packed call needs nearly all of them). The cache, sized for
     the longest call from the start (one capacity for every call), is rolled back to the prefix before each call.
-    Returns R -> median / min ms and the ratio to R = 1; on the graph path also ``replay_ms``, the device time of
-    the graph's replay alone (CUDA events, :meth:`GraphCalls.replay_ms`).
+    Returns R -> median / min ms and the ratio to R = 1, and ``graph_replays``: how many of the timed calls replayed
+    a graph, read from the calls' count after them (None where the calls do not count replays); on the graph path
+    also ``replay_ms``, the device time of the graph's replay alone (CUDA events, :meth:`GraphCalls.replay_ms`).
     """
     import torch
 
@@ -327,13 +391,17 @@ def call_costs(model, sizes: Sizes, budget: Budget) -> dict:
             break
         layout = verify_layout(ids[prefix:prefix + rows], [], prefix)
         keep = tuple(range(rows))
-        times = []
+        times, before = [], None
         for attempt in range(sizes.cost_warmup + sizes.cost_repeats):
             model.rollback(prefix)
+            if attempt == sizes.cost_warmup:
+                before = _replays(model)
             ms = model.forward(layout, keep).model_ms
             if attempt >= sizes.cost_warmup:
                 times.append(ms)
-        rows_table.append({"rows": rows, "median_ms": median(times), "min_ms": min(times), "repeats": len(times)})
+        after = _replays(model)
+        rows_table.append({"rows": rows, "median_ms": median(times), "min_ms": min(times), "repeats": len(times),
+                           "graph_replays": None if before is None or after is None else after - before})
     replays = model.static.replay_ms(sizes.cost_repeats) if getattr(model, "graphs", False) else {}
     for row in rows_table:
         if row["rows"] in replays:
@@ -344,6 +412,11 @@ def call_costs(model, sizes: Sizes, budget: Budget) -> dict:
         if base and row.get("median_ms") is not None:
             row["relative_to_1_row"] = row["median_ms"] / base
     return {"cached_prefix_tokens": prefix, "warmup_calls_per_R": sizes.cost_warmup, "by_rows": rows_table}
+
+
+def _replays(model) -> int | None:
+    """The graph replays ``model``'s calls have made so far, or None where its calls do not count them."""
+    return getattr(model.static, "replays", None) if model.static is not None else None
 
 
 def per_call_cost(models: Models, sizes: Sizes, budget: Budget, device: str) -> dict:
@@ -377,13 +450,38 @@ def per_call_cost(models: Models, sizes: Sizes, budget: Budget, device: str) -> 
     return result
 
 
+def what_ran(*adapters) -> dict:
+    """What the calls of ``adapters`` ran, read after them (a capture that fails turns every adapter of the network
+    to eager calls and says why; one out of memory twice leaves that shape eager): ``graphs`` whether all of them
+    replay CUDA graphs now and, where replays are counted, replayed at least one, ``note`` the first one's note
+    (``compile_note``: why not, or which shape runs eagerly, or None), ``shapes`` the (rows, cache capacity) of their
+    graphs or compiled calls, ``eager_shapes`` those whose capture ran out of memory (their calls ran eagerly), and
+    ``captures`` and ``replays``, graphs captured and replays made, summed over them (None where the calls do not
+    count them)."""
+    statics = [adapter.static for adapter in adapters if adapter.static is not None]
+
+    def counted(name: str) -> int | None:
+        found = [getattr(static, name, None) for static in statics]
+        return None if not found or None in found else sum(found)
+
+    replays = counted("replays")
+    refused = {tuple(key[:2]) for static in statics for key in getattr(getattr(static, "_recorder", None),
+                                                                          "too_large", None) or {}}
+    return {"graphs": bool(adapters) and all(adapter.graphs for adapter in adapters) and replays != 0,
+            "note": next((adapter.compile_note for adapter in adapters if adapter.compile_note), None),
+            "shapes": [list(shape) for shape in dict.fromkeys(tuple(s) for static in statics for s in static.shapes)],
+            "eager_shapes": [list(shape) for shape in sorted(refused)],
+            "captures": counted("captures"), "replays": replays}
+
+
 def graph_call_cost(models: Models, sizes: Sizes, budget: Budget, device: str) -> dict:
     """Per-call model time on the graph path (issue 55: the native forward's calls replayed as CUDA graphs) for the
-    paper's shapes in bfloat16, against R = 1..256, with the floor: one read of the weights at the bandwidth measured
-    on the device (:func:`packed_ss.cost.roofline`) and each R's median over it, for each way the native forward can
-    attend (``attention``), with where an eager call's device time goes (:func:`kernel_profile`). Where the graph
-    path cannot run (no CUDA device, a capture failure) the model's note says why and the calls measured are eager
-    native ones."""
+    paper's shapes in bfloat16, against R = 1..256, with the floor (:func:`packed_ss.cost.roofline`: the larger of
+    the call's arithmetic and one read of the weights, measured on the device) and each R's median over it, for each
+    way the native forward can attend (``attention``, an adapter of its own each). What ran is read after the calls
+    (:func:`what_ran`): where the graph path cannot run (no CUDA device, a capture failure) ``graphs`` is false,
+    ``note`` says why and the calls measured from then on are eager native ones. Where an eager call's device time
+    goes is the last section's (:func:`kernel_profiles`), after every timing."""
     from packed_ss.cost import roofline
     from packed_ss.models.native import ATTENTIONS
 
@@ -395,7 +493,7 @@ def graph_call_cost(models: Models, sizes: Sizes, budget: Budget, device: str) -
                                      "scaled_dot_product_attention over it"}}
     from packed_ss.models.op_count import COMPILED_FORM, GRAPH_FORMS, operations_per_layer
 
-    # the kernels a layer launches, counted on the host (what the profile below sees on the device)
+    # the kernels a layer launches, counted on the host (what the kernel profile sees on the device)
     result["operations_per_layer"] = {"compiled_form": sum(operations_per_layer(COMPILED_FORM).values()),
                                       **{form.attention: sum(operations_per_layer(form).values())
                                          for form in GRAPH_FORMS}}
@@ -406,31 +504,73 @@ def graph_call_cost(models: Models, sizes: Sizes, budget: Budget, device: str) -
             continue
         model = None
         try:
-            on_cuda = device.startswith("cuda")  # elsewhere the section's code runs on eager native calls
             model = nld_shaped_model(device, shape, tokenizer, "bfloat16", path="native", compiled=None)
             limits = roofline(model)
-            entry = {"path": model.path, "graphs": model.graphs,
-                     "note": model.compile_note or (None if on_cuda else "no CUDA device: eager native calls"),
-                     "floor_ms": limits.read_ms, "read_gbs": limits.read_gbs}
+            entry = {"path": model.path, **floor_fields(limits)}
             # each attention of the native forward (ATTENTIONS) on an adapter of its own: its own graphs
             for attention in ATTENTIONS:
                 if attention != ATTENTIONS[0] and not budget.allows(20):
                     entry[attention] = SKIPPED
                     continue
                 adapter = model.share()
-                adapter.static.attention = attention
-                part = {**call_costs(adapter, sizes, budget),
-                        "capture_s": round(adapter.static.compile_s, 2) if adapter.static else None,
-                        "eager_profile": kernel_profile(adapter, sizes, attention=attention)}
+                # the graphs' attention (GraphCalls.graph_attention); off the graph path, the eager calls'
+                setattr(adapter.static, "graph_attention" if adapter.graphs else "attention", attention)
+                part = call_costs(adapter, sizes, budget)
+                part.update(what_ran(adapter), capture_s=round(adapter.static.compile_s, 2))
                 for row in part["by_rows"]:
                     if row.get("median_ms") is not None:
-                        row["over_floor"] = row["median_ms"] / limits.read_ms
+                        row["over_floor"] = limits.over(row["median_ms"], row["rows"])
                     if row.get("replay_ms") is not None:
-                        row["replay_over_floor"] = row["replay_ms"] / limits.read_ms
+                        row["replay_over_floor"] = limits.over(row["replay_ms"], row["rows"])
                 entry[attention] = part
                 adapter = None
+            entry.update(_ran_over(entry, on_cuda=device.startswith("cuda")))
             result[name] = entry
         except Exception as error:  # noqa: BLE001 - out of memory, a capture failure: data, the rest still runs
+            result[name] = error_text(error)
+        finally:
+            model = None
+            free_memory()
+    return result
+
+
+def floor_fields(limits) -> dict:
+    """A :class:`packed_ss.cost.Roofline` as JSON: the weight read (ms, the floor up to ``crossover_rows``), the
+    arithmetic per row (ms), the measured GFLOP/s and GB/s and the datasheet's (None where the device is not known)."""
+    return {"floor_ms": limits.read_ms, "compute_ms_per_row": limits.compute_ms_per_row,
+            "crossover_rows": limits.crossover_rows, "gflops": limits.gflops, "read_gbs": limits.read_gbs,
+            "spec_gflops": limits.spec_gflops, "spec_read_gbs": limits.spec_read_gbs}
+
+
+def _ran_over(entry: dict, on_cuda: bool) -> dict:
+    """What ran over a shape's attentions (their :func:`what_ran` parts): graphs only if every one replayed them,
+    the first note (without graphs on a CPU: that there is no CUDA device), captures and replays summed."""
+    parts = [part for part in entry.values() if isinstance(part, dict) and "graphs" in part]
+    note = next((part["note"] for part in parts if part["note"]), None)
+    counts = {key: None if not parts or any(part[key] is None for part in parts) else sum(part[key] for part in parts)
+              for key in ("captures", "replays")}
+    graphs = bool(parts) and all(part["graphs"] for part in parts)
+    return {"graphs": graphs,
+            "note": note or (None if on_cuda or graphs else "no CUDA device: eager native calls"), **counts}
+
+
+def kernel_profiles(models: Models, sizes: Sizes, budget: Budget, device: str) -> dict:
+    """Where an eager native call's device time goes (:func:`kernel_profile`) for each of the paper's shapes in
+    bfloat16 and each way the native forward attends: the last section, after every timing (a profiler running
+    between two timings that are compared skews the second). What the next step toward the floor has to fuse."""
+    from packed_ss.models.native import ATTENTIONS
+
+    tokenizer = models.embedded("float32").tokenizer
+    result = {"dtype": "bfloat16"}
+    for name, shape in sizes.paper_shapes.items():
+        if not budget.allows(15):
+            result[name] = SKIPPED
+            continue
+        model = None
+        try:
+            model = nld_shaped_model(device, shape, tokenizer, "bfloat16", path="native", compiled=False)
+            result[name] = {attention: kernel_profile(model, sizes, attention=attention) for attention in ATTENTIONS}
+        except Exception as error:  # noqa: BLE001 - out of memory: data, the rest still runs
             result[name] = error_text(error)
         finally:
             model = None
@@ -481,7 +621,8 @@ def kernel_profile(model, sizes: Sizes, rows: int = 32, calls: int = 3, attentio
 def race(models: Models, sizes: Sizes, budget: Budget, path: str = "transformers") -> dict:
     """Each schedule on one prompt, repeats in rotated order; medians per schedule. ``path``: ``"transformers"``
     (its forward, eager) or ``"auto"`` (the app's default: on CUDA the graph path, whose graphs are recorded in an
-    untimed full-length warm-up, at the timed runs' cache capacity; the recording time is reported).
+    untimed full-length warm-up, at the timed runs' cache capacity; the recording time is reported, and what ran,
+    read after the runs: :func:`what_ran`).
 
     Units: wall_s seconds of decoder time, time_per_nfe_ms milliseconds, throughput tokens per second.
     """
@@ -498,10 +639,7 @@ def race(models: Models, sizes: Sizes, budget: Budget, path: str = "transformers
         generate(model, prompt, warmup, name)
     runs = {name: [] for name in schedules}
     out = {"prompt": prompt_text, "dtype": "bfloat16", "block_size": config.block_size,
-           "max_new_tokens": config.max_new_tokens, "path": model.path, "graphs": model.graphs,
-           "compiled": model.compiled, "compile_note": model.compile_note,
-           "compile_s": model.static.compile_s if model.static else 0.0,
-           "shapes": list(model.static.shapes) if model.static else []}
+           "max_new_tokens": config.max_new_tokens, "path": model.path}
     for repeat in range(sizes.race_repeats):
         if repeat and not budget.allows(10):
             out["partial"] = f"{SKIPPED} after {repeat} repeats"
@@ -509,6 +647,8 @@ def race(models: Models, sizes: Sizes, budget: Budget, path: str = "transformers
         order = schedules[repeat % len(schedules):] + schedules[:repeat % len(schedules)]
         for name in order:
             runs[name].append(generate(model, prompt, config, name))
+    # what ran, read after the runs: a capture that failed in them turned the graphs off and says why
+    out.update(what_ran(model), compiled=model.compiled, compile_s=model.static.compile_s if model.static else 0.0)
     ar_tokens = runs["ar"][0].token_ids if runs.get("ar") else None
     table = {}
     for name, done in runs.items():
@@ -591,12 +731,13 @@ def paper_experiment(models: Models, sizes: Sizes, budget: Budget, device: str, 
 def paper_lanes(model, scripts: list, sizes: Sizes, budget: Budget) -> tuple[dict, dict]:
     """The paper's lanes on ``model`` over ``sizes.paper_prompts`` (their AR ``scripts``): each lane once untimed
     (graphs recorded, the scripted drafter's continuations after near-ties computed) and once timed, in rotated
-    order. Returns (the report: path, graphs, recording time, table and ratios; the timed runs per lane)."""
+    order. Returns (the report: path, what ran read after the runs (:func:`what_ran` over the lanes' adapters),
+    recording time, table and ratios; the timed runs per lane)."""
     from packed_ss import DecodeConfig, generate
     from packed_ss.engine import ar_continuation
     from packed_ss.models.scripted import ScriptedDrafter
 
-    report = {"path": model.path, "graphs": model.graphs, "note": model.compile_note}
+    report = {"path": model.path}
     # One adapter per drafting lane and one for the continuations, kept across the prompts: each records the
     # graphs of its shapes once, on its own cache (a live adapter's cache is its own)
     bases = {name: model.share() for name, _ in sizes.paper_lanes if name != "ar"}
@@ -624,6 +765,7 @@ def paper_lanes(model, scripts: list, sizes: Sizes, budget: Budget) -> tuple[dic
             made[name].append(drafter.anchored)
             lanes[name].append(generate(drafter, prompt, config, name))  # timed: computes none
     adapters = [model, *bases.values(), follow.adapter]
+    report.update(what_ran(*adapters))  # after the runs: a capture that failed in them turned the graphs off
     report["recording_s"] = round(sum(a.static.compile_s for a in adapters if a.static), 2)
     report["lanes"] = _paper_table(lanes, made)
     report["ratios"] = {f"packed/{other}": _paired_ratio(lanes["packed"], lanes[other])
@@ -724,14 +866,21 @@ def summary_lines(report: dict) -> list[str]:
             cells = [f"R={r['rows']}: {r['median_ms']:.2f} ({r.get('over_floor', 0):.1f}x"
                      + (f"; replay {r['replay_ms']:.2f}, {r['replay_over_floor']:.1f}x" if "replay_ms" in r else "")
                      + ")" for r in costs["by_rows"] if r.get("median_ms") is not None]
-            lines.append(f"graph path {key} {attention} (graphs: {part['graphs']}; floor {part['floor_ms']:.2f} ms): "
-                         + ", ".join(cells) + (f" | {part['note']}" if part.get("note") else ""))
-            found = costs.get("eager_profile") or {}
-            if found.get("top"):
-                most = ", ".join(f"{t['name'][:40]} {t['ms_per_call']:.2f} ms x{t['per_call']:.0f}"
-                                 for t in found["top"][:4])
-                lines.append(f"  eager {found['rows']}-row call: {found['per_call']:.0f} {found['unit']} "
-                             f"({found.get('per_layer', 0):.1f} per layer), {found['ms_per_call']:.2f} ms; most: {most}")
+            lines.append(f"graph path {key} {attention} (graphs: {costs.get('graphs')}, captures "
+                         f"{costs.get('captures')}; floor {part['floor_ms']:.2f} ms, "
+                         f"{part.get('compute_ms_per_row', 0):.4f} ms per row): " + ", ".join(cells)
+                         + (f" | {costs['note']}" if costs.get("note") else ""))
+    profiles = report.get("kernel_profile")
+    for key, part in (profiles.items() if isinstance(profiles, dict) else ()):
+        for attention, found in (part.items() if isinstance(part, dict) else ()):
+            if not isinstance(found, dict) or not found.get("top"):
+                lines.append(f"kernel profile {key} {attention}: {found}")
+                continue
+            most = ", ".join(f"{t['name'][:40]} {t['ms_per_call']:.2f} ms x{t['per_call']:.0f}"
+                             for t in found["top"][:4])
+            lines.append(f"kernel profile {key} {attention}, eager {found['rows']}-row call: {found['per_call']:.0f} "
+                         f"{found['unit']} ({found.get('per_layer', 0):.1f} per layer), {found['ms_per_call']:.2f} ms; "
+                         f"most: {most}")
     for name in ("race", "race_graphs"):
         if name not in report:
             continue
@@ -773,7 +922,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda", help="torch device (default cuda)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, to try the script on a CPU")
     parser.add_argument("--budget-s", type=float, default=270.0,
-                        help="wall-clock budget in seconds; sections that do not fit are skipped (default 270)")
+                        help="wall-clock budget of the sections in seconds, the CUDA tests' time left out; sections "
+                             "that do not fit are skipped (default 270)")
+    parser.add_argument("--cuda-tests-s", type=float, default=CUDA_TESTS_S,
+                        help=f"the CUDA tests' own time limit in seconds (default {CUDA_TESTS_S:.0f}); their output "
+                             f"is written as it comes to the JSON's name with .cuda_tests.log")
     parser.add_argument("--only", default=None, metavar="SECTIONS",
                         help="comma-separated sections to run (the environment always runs), e.g. "
                              "graph_call_cost,paper_experiment for a second try within a GPU's time")
@@ -783,6 +936,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 0.0 <= args.quality <= 1.0:
         parser.error(f"--quality must be in [0, 1], got {args.quality}")
+    if args.cuda_tests_s <= 0:
+        parser.error(f"--cuda-tests-s must be positive, got {args.cuda_tests_s}")
     budget = Budget(args.budget_s)
     out = Path(args.out)
 
@@ -802,7 +957,8 @@ def main(argv: list[str] | None = None) -> int:
         ("environment", lambda: environment(args.device, args.quick, args.budget_s), 0),
         # issue 55's own figures first (the graph path's call cost, the paper's experiment), then the embedded
         # model's: a budget that runs out drops the sections measured on a GPU before
-        ("cuda_tests", lambda: cuda_tests(timeout_s=max(10.0, min(120.0, budget.left() - 170))), 30),
+        # the CUDA tests run on a budget of their own (--cuda-tests-s), set aside from the sections' below
+        ("cuda_tests", lambda: cuda_tests(args.cuda_tests_s, out.with_name(out.stem + ".cuda_tests.log")), 0),
         ("graph_call_cost", lambda: graph_call_cost(models, sizes, budget, args.device), 30),
         ("paper_experiment", lambda: paper_experiment(
             models, sizes, budget, args.device,
@@ -811,6 +967,7 @@ def main(argv: list[str] | None = None) -> int:
         ("race_graphs", lambda: race(models, sizes, budget, path="auto"), 15),
         ("race", lambda: race(models, sizes, budget), 15),
         ("per_call_cost", lambda: per_call_cost(models, sizes, budget, args.device), 15),
+        ("kernel_profile", lambda: kernel_profiles(models, sizes, budget, args.device), 15),  # after every timing
     ]
     names = [name for name, _, _ in sections]
     only = None if args.only is None else [name.strip() for name in args.only.split(",") if name.strip()]
@@ -833,6 +990,8 @@ def main(argv: list[str] | None = None) -> int:
                 report[name] = run()
             except Exception as error:  # noqa: BLE001 - an expected failure is data, not a crash
                 report[name] = error_text(error)
+            if name == "cuda_tests":
+                budget.set_aside(time.perf_counter() - start)
         if isinstance(report[name], dict):
             report[name]["section_s"] = round(time.perf_counter() - start, 2)
         report["elapsed_s"] = round(budget.elapsed(), 2)

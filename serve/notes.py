@@ -60,7 +60,8 @@ def forward_note(model, records, floor=None) -> str:
     """Which forward runs ``model``'s calls (native or transformers'; compiled, CUDA graphs or eager) and, once the
     machine's weight-read floor is known for the network (``floor``, a :class:`packed_ss.cost.Roofline`, else the
     one measured for the network by the race, Explain's call paths or the CLI's ``--json``:
-    :func:`packed_ss.cost.roofline`), the median model time of ``records``' calls over it (issue 55)."""
+    :func:`packed_ss.cost.roofline`), the median over ``records``' calls of each one's model time over its floor, the
+    larger of its arithmetic and one read of the weights (:meth:`packed_ss.cost.Roofline.over`)."""
     path = getattr(model, "path", None)
     if path is None:
         return ""
@@ -69,9 +70,9 @@ def forward_note(model, records, floor=None) -> str:
     name = "the native forward" if path == "native" else "transformers' forward"
     text = f"Calls: {name}, {kind}"
     floor = floor or getattr(getattr(model, "model", None), "roofline_fit", None)
-    times = [call.model_ms for record in records for call in record.calls]
-    if floor is not None and times:
-        ratio = sorted(times)[len(times) // 2] / floor.read_ms
-        text += (f"; its calls take {ratio:.1f}x the weight-read floor ({floor.read_ms:.2f} ms: the weights once at "
-                 f"{floor.read_gbs:.0f} GB/s)")
+    calls = [call for record in records for call in record.calls]
+    if floor is not None and calls:
+        ratios = sorted(floor.over(call.model_ms, call.layout.rows) for call in calls)
+        text += (f"; its calls take {ratios[len(ratios) // 2]:.1f}x the floor (the larger of their arithmetic and one "
+                 f"read of the weights, {floor.read_ms:.2f} ms at {floor.read_gbs:.0f} GB/s)")
     return text + "."

@@ -107,7 +107,7 @@ def test_every_schedule_steps_and_draws_its_calls(client, schedule, title, calls
     assert title in grid and grid_iteration(grid) == 2
     assert "pss-error" not in status
     # which forward ran, and the calls over the weight-read floor, measured for the page (issue 55)
-    assert "Calls: " in text and "x the weight-read floor" in text, text
+    assert "Calls: " in text and "x the floor (the larger of their arithmetic and one read of the weights" in text, text
     figure = json.loads(plot["plot"] if isinstance(plot, dict) else plot)
     heatmaps = [trace for trace in figure["data"] if trace["type"] == "heatmap"]
     assert len(heatmaps) == calls  # Linear-SS shows its draft call and its verify call
@@ -522,7 +522,7 @@ def test_a_race_says_whether_other_requests_computed_during_it(tiny_model_dir):
     assert alone.interleaved == 0 and alone.to_json()["isolation"].startswith("Nothing else computed")
     # which forward ran the lanes, and their calls over the weight-read floor (measured for the race, issue 55)
     assert "Calls: the native forward, eager calls; its calls take" in alone.model_note, alone.model_note
-    assert "x the weight-read floor" in alone.model_note
+    assert "x the floor (the larger of their arithmetic" in alone.model_note
     done = threading.Event()
 
     def stepping():  # another visitor stepping through a run the whole time

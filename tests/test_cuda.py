@@ -267,6 +267,7 @@ def test_a_graph_path_layer_launches_about_the_kernels_counted_on_the_host(atten
                 decoder(ids, positions, bias, cache, False, None, attention, None, positions)
                 torch.cuda.synchronize()
         kernels.append(sum(e.count for e in found.key_averages() if e.device_type == DeviceType.CUDA))
+    assert kernels[0] > 0 and kernels[1] > kernels[0], kernels  # a profiler that recorded nothing proves nothing
     assert kernels[1] - kernels[0] <= bound, kernels
 
 
@@ -289,3 +290,92 @@ def test_setdlm_on_the_graph_path_decodes_as_transformers_forward(tmp_path, orde
         want = generate(reference, PROMPT, config, name)
         assert generate(graphs, PROMPT, config, name).token_ids == want.token_ids, (name, order)
     assert graphs.graphs and graphs.static.shapes, graphs.compile_note
+
+
+# --- the graph path's edges (issue 64): long caches, sampling, a capture out of memory ----------------------------
+def _random_llama(positions: int = 4096, dtype: torch.dtype = torch.float32):
+    """A randomly initialised 2-layer Llama network on CUDA with ``positions`` positions, on the graph path."""
+    from helpers import tiny_tokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from packed_ss.models import DualModeModel
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=256, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=8, num_key_value_heads=2, head_dim=32, max_position_embeddings=positions,
+                         tie_word_embeddings=False)
+    network = LlamaForCausalLM(config).to("cuda", dtype).eval()
+    return DualModeModel(network, tiny_tokenizer(256), mask_token_id=1, eos_token_id=None, path="native",
+                         compiled=True)
+
+
+@pytest.mark.parametrize("attention", ["written", "sdpa"])
+def test_graph_replays_equal_eager_calls_past_2048_cached_keys(attention):
+    """A cache of capacity 2304 holding 2100-2150 tokens: each replayed verify call's logits (float32) equal the eager
+    call's, for either attention (kernels may tile differently past 2048 keys)."""
+    from packed_ss.layout import prefill_layout, verify_layout
+
+    graphs = _random_llama()
+    eager = graphs.share(compiled=False)
+    got = {}
+    for model in (graphs, eager):
+        model.static.attention = attention  # before any call: its graphs are recorded attending so
+        model.reset(2304, block_size=8)
+        assert model.static.capacity >= 2304
+        first = prefill_layout([3 + i % 250 for i in range(2100)], 0, model.mask_token_id)
+        model.forward(first, first.verify_rows)
+        outputs = []
+        for step in range(6):
+            layout = verify_layout([5 + step], [6 + step] * 7, model.cache_length)
+            outputs.append(model.forward(layout, layout.verify_rows).logits.float().cpu())
+        assert model.cache_length > 2048
+        got[id(model)] = outputs
+    assert graphs.graphs and graphs.static.shapes, graphs.compile_note
+    assert all(capacity >= 2304 for _, capacity in graphs.static.shapes), graphs.static.shapes
+    for a, b in zip(got[id(graphs)], got[id(eager)], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_sampled_runs_on_graphs_equal_eager_runs_at_the_same_seed():
+    """T > 0: the embedded model in float64 (no near-ties between the two paths' roundings), each schedule's sampled
+    tokens at a seed on the graph path equal the eager native calls' at that seed."""
+    from packed_ss.models import DualModeModel
+
+    graphs = DualModeModel.from_pretrained(EMBEDDED, device="cuda", dtype="float64", path="native", compiled=True)
+    eager = graphs.share(compiled=False)
+    for seed in (0, 1):
+        config = DecodeConfig(block_size=8, max_new_tokens=NEW_TOKENS, temperature=1.0, seed=seed)
+        for text in PROMPTS[:2]:
+            prompt = graphs.encode(text)
+            for name in ["ar", *SPECULATIVE]:
+                want = generate(eager, prompt, config, name).token_ids
+                assert generate(graphs, prompt, config, name).token_ids == want, (name, seed, text)
+    assert graphs.graphs and graphs.static.shapes, graphs.compile_note
+
+
+def test_a_recording_out_of_gpu_memory_falls_back_to_eager_calls_and_leaves_the_allocator_usable():
+    """A real out of memory: the process's memory fraction set to what torch's allocator holds already, so that the
+    recording (its warm-up on the capture stream or the capture into the graphs' pool, neither of which can use the
+    blocks cached for the default stream) cannot get memory, while the eager calls reuse the blocks an identical
+    eager run left. After a second try, that shape's calls run eagerly: the run completes with that run's tokens,
+    the note says why, and afterwards the allocator empties its cache and serves a fresh allocation."""
+    model = _graph_model()
+    prompt, config = model.encode(PROMPTS[0]), DecodeConfig(block_size=8, max_new_tokens=NEW_TOKENS)
+    want = generate(model.share(compiled=False), prompt, config, "packed").token_ids  # its blocks stay cached
+    model.reset(len(prompt) + NEW_TOKENS, block_size=8)  # the run's cache (one capacity step), before the limit
+    cache = model.static.cache
+    torch.cuda.synchronize()
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    try:
+        torch.cuda.set_per_process_memory_fraction(torch.cuda.memory_reserved() / total)
+        run = generate(model, prompt, config, "packed")
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    assert model.static.cache is cache  # the run's own cache, allocated before the limit
+    assert run.token_ids == want
+    assert "out of GPU memory" in (model.compile_note or ""), model.compile_note
+    assert getattr(model.static._recorder, "too_large", None), "the shape that ran out of memory is served eagerly"
+    torch.cuda.empty_cache()
+    fresh = torch.ones(64 << 20, device="cuda")  # 256 MiB
+    assert fresh.sum().item() == 64 << 20
+

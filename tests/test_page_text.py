@@ -179,8 +179,8 @@ def test_an_interval_end_next_to_1_shows_which_side_it_is_on():
 
 
 def test_the_step_text_says_which_forward_ran_and_its_calls_over_the_floor():
-    """Issue 55: the page says which path ran and each call's ratio to the floor (one read of the weights at the
-    measured bandwidth), once the floor is known for the network."""
+    """The page says which path ran and its calls' ratio to the floor (the larger of their arithmetic and one read of
+    the weights at the measured bandwidth), once the floor is known for the network."""
     from helpers import tiny_llama
     from packed_ss import DecodeConfig, generate
     from packed_ss.cost import Roofline
@@ -190,8 +190,9 @@ def test_the_step_text_says_which_forward_ran_and_its_calls_over_the_floor():
     run = generate(model, [3, 4, 5], DecodeConfig(block_size=4, max_new_tokens=6), "packed")
     assert forward_note(model, run.records) == "Calls: the native forward, eager calls."
     model.model.roofline_fit = Roofline(flops_per_row=1e3, weight_bytes=1_000_000, gflops=10.0, read_gbs=10.0)
-    times = sorted(call.model_ms for record in run.records for call in record.calls)
+    times = sorted(call.model_ms for record in run.records for call in record.calls)  # read-bound: 0.1 ms each
     note = forward_note(model, run.records)
-    assert f"{times[len(times) // 2] / 0.1:.1f}x the weight-read floor (0.10 ms" in note and "10 GB/s" in note
+    assert f"{times[len(times) // 2] / 0.1:.1f}x the floor (the larger of their arithmetic and one read of the " \
+           f"weights, 0.10 ms" in note and "10 GB/s" in note
     other = tiny_llama(seed=1, path="transformers")
     assert forward_note(other, run.records).startswith("Calls: transformers' forward, eager calls")

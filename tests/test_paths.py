@@ -82,7 +82,14 @@ def test_paths_chart_and_text_show_both_fits_and_the_limit():
     assert figure.data[1].y[0] == compiled.ms(1)
     text = paths_summary(eager, compiled, roof)
     assert "| eager | 2.000 | 0.0800 | 2.080 |" in text and "| compiled | 0.500 | 0.0700 | 0.570 |" in text
-    assert "Compute limit" in text and "Weight-read limit" in text
+    assert "Compute limit" in text and "Weight-read limit" in text and "datasheet" not in text
+    from packed_ss.cost import Roofline
+
+    known = Roofline(flops_per_row=1e9, weight_bytes=2e9, gflops=600_000.0, read_gbs=4000.0, spec_gflops=989_000.0,
+                     spec_read_gbs=4800.0)
+    text = paths_summary(eager, compiled, known)
+    assert "600000 GFLOP/s a large matrix product reaches here (datasheet: 989,000)" in text
+    assert "4000 GB/s measured here (datasheet: 4,800)" in text and "the read up to about 300 rows" in text
     assert "No compiled fit: torch.compile failed" in paths_summary(eager, None, roof, "torch.compile failed (x)")
 
 
@@ -98,6 +105,89 @@ def test_an_extrapolated_fit_is_never_drawn_below_the_machine_limit():
     beyond = figure.data[1]
     assert beyond.line.dash == "dot" and list(beyond.x) == [32, 64, 128]
     assert all(y >= limit[x] for x, y in zip(beyond.x, beyond.y) if x in limit)
+
+
+def test_the_floor_is_the_larger_of_arithmetic_and_the_weight_read_on_both_sides_of_the_crossover():
+    """Issue 64: the floor of a call of R rows is max(R x arithmetic per row, one read of the weights); the CLI's
+    ratios over the floor divided every call by the read alone, so a call of many rows on a device that reads fast
+    seemed far above a floor it could not reach."""
+    from packed_ss import DecodeConfig, generate
+    from packed_ss.cli import call_floor
+    from packed_ss.cost import Roofline
+
+    roof = Roofline(flops_per_row=1e9, weight_bytes=2e9, gflops=2000.0, read_gbs=1000.0)  # 0.5 ms per row, 2 ms read
+    assert roof.compute_ms_per_row == 0.5 and roof.read_ms == 2.0 and roof.crossover_rows == 4.0
+    assert roof.ms(1) == 2.0 and roof.ms(4) == 2.0 and roof.ms(8) == 4.0 and roof.ms(256) == 128.0
+    assert roof.over(6.0, 1) == 3.0 and roof.over(6.0, 8) == 1.5  # the same time, either side of the crossover
+    model = tiny_llama(seed=1)
+    model.model.roofline_fit = Roofline(flops_per_row=1e9, weight_bytes=1e6, gflops=2000.0, read_gbs=1.0)
+    run = generate(model, [3, 4, 5, 6, 7, 8, 9, 10], DecodeConfig(block_size=4, max_new_tokens=4), "ar")
+    floor = call_floor(model, run)
+    calls = [call for record in run.records for call in record.calls]
+    assert floor["rows_per_call"][0] == 8 and 1 in floor["rows_per_call"]  # the prefill above the crossover (2 rows)
+    want = [round(call.model_ms / max(0.5 * call.layout.rows, 1.0), 2) for call in calls]
+    assert floor["over_floor_per_call"] == want and floor["crossover_rows"] == 2.0 and floor["floor_ms"] == 1.0
+
+
+def test_the_probes_are_timed_with_cuda_events_on_cuda_and_the_host_clock_elsewhere(monkeypatch):
+    """A 1024^3 product on an H100 is 3-5 us of work against 15-25 us of launch and synchronisation: the host clock
+    read its GFLOP/s 4-8x low. CUDA events time the device's work; a CPU's host clock is its own."""
+    from types import SimpleNamespace
+
+    from packed_ss import cost
+
+    assert cost.probe_timer(SimpleNamespace(type="cuda")) is cost.cuda_event_seconds
+    assert cost.probe_timer(torch.device("cpu")) is cost.host_seconds
+    timed = []
+
+    def fixed(fn, repeats, runs, device):  # every probe "takes" 2 ms: the figures follow from the sizes alone
+        timed.append((repeats, runs, device.type))
+        return 0.002
+
+    monkeypatch.setattr(cost, "probe_timer", lambda device: fixed)
+    model = tiny_llama(vocab_size=24, hidden=32, layers=2)
+    roof = roofline(model, repeats=3)
+    sizes = cost.probe_sizes("cpu", roof.weight_bytes // 8, 8, None)
+    assert timed == [(3, 1, "cpu"), (3, 1, "cpu")]
+    assert roof.gflops == 2 * sizes.gemm_side ** 3 / 0.002 / 1e9
+    assert roof.read_gbs == sizes.read_elements * 8 / 0.002 / 1e9
+    assert roof.spec_gflops is None and roof.spec_read_gbs is None  # a CPU is in no datasheet table
+
+
+def test_the_probes_are_sized_within_the_free_memory_and_past_the_l2():
+    """On CUDA the product is 8192^3 and the read 4 GiB, whatever the model's size (a 20 MB model's read measured
+    the L2), each within half the free memory; where not even a read of 4x the L2 fits, one ValueError."""
+    import pytest
+
+    from packed_ss.cost import CUDA_READ_BYTES, ProbeSizes, probe_sizes
+
+    gib, mib = 1 << 30, 1 << 20
+    assert probe_sizes("cuda", 10 ** 7, 2, 60 * gib, 50 * mib) == ProbeSizes(8192, CUDA_READ_BYTES // 2, 10)
+    for free in (60 * gib, 1 * gib, 300 * mib):
+        for size in (2, 4):
+            found = probe_sizes("cuda", 10 ** 7, size, free, 16 * mib)
+            assert 3 * found.gemm_side ** 2 * size <= free / 2 and found.read_elements * size <= free / 2
+            assert found.read_elements * size >= 4 * 16 * mib and found.runs > 1
+    assert probe_sizes("cuda", 10 ** 7, 2, 300 * mib, 16 * mib).gemm_side == 4096
+    assert probe_sizes("cuda", 10 ** 7, 8, 60 * gib, 50 * mib).gemm_side == 2048  # float64: slow on most devices
+    with pytest.raises(ValueError, match="no cuda memory left"):
+        probe_sizes("cuda", 10 ** 7, 2, 300 * mib, 50 * mib)  # 150 MiB to spare: less than 4x a 50 MB L2
+    assert probe_sizes("cpu", 10, 8, None) == ProbeSizes(1024, 1 << 20, 1)  # the weights' size, at least 1 Mi
+    assert probe_sizes("cpu", 10 ** 9, 2, 1 * gib).read_elements * 2 == 512 * mib
+    with pytest.raises(ValueError, match="no cpu memory left"):
+        probe_sizes("cpu", 10 ** 9, 8, 4 * mib)
+
+
+def test_the_datasheet_peaks_are_found_by_the_devices_whole_name():
+    from packed_ss.cost import spec_peak
+
+    assert spec_peak("NVIDIA H100 80GB HBM3").memory_gbs == 3350 and spec_peak("NVIDIA H100 PCIe").memory_gbs == 2000
+    assert spec_peak("NVIDIA H200").memory_gbs == 4800 and spec_peak("NVIDIA H200").tflops_bf16 == 989
+    assert spec_peak("NVIDIA L4").tflops_bf16 == 121 and spec_peak("NVIDIA L40S").tflops_bf16 == 362
+    assert spec_peak("NVIDIA A100-SXM4-80GB").memory_gbs == 2039
+    assert spec_peak("NVIDIA A100-PCIE-40GB").memory_gbs == 1555
+    assert spec_peak("NVIDIA A10G").memory_gbs == 600
+    assert spec_peak("NVIDIA L40") is None and spec_peak("NVIDIA GH200 480GB") is None and spec_peak("cpu") is None
 
 
 def broken_compile(fn, **options):
