@@ -84,12 +84,12 @@ def test_float32_speculative_schedules_equal_ar_on_transformers_forward(block_si
 def test_graph_path_logits_equal_transformers_forward(dtype, attention):
     """A prefill, then verify calls of 1 and 8 rows at growing lengths, on both forwards: float32 to rounding;
     bfloat16 and float16 within 3% of the logits' largest magnitude (the two forwards round in different kernels).
-    Each way the graph path can attend: SDPA picks cuDNN for half precision on Hopper in torch 2.11 and the
-    memory-efficient kernel for float32, whose outputs this checks too."""
+    Each way the graph path can attend: SDPA runs the memory-efficient kernel (or the math one: sdpa_backends pins
+    them, never cuDNN's), whose outputs this checks too."""
     from packed_ss.layout import prefill_layout, verify_layout
 
     graphs, reference = _load(dtype), _load(dtype, path="transformers")
-    graphs.static.attention = attention  # before any call: its graphs are recorded attending so
+    graphs.static.graph_attention = attention  # before any call: its graphs are recorded attending so
     got = {}
     for model in (graphs, reference):
         model.reset(300, block_size=8)
@@ -183,7 +183,7 @@ def _graph_model(dtype: str = "float32"):
 @pytest.mark.parametrize("block_size", [4, 8])
 def test_graph_path_schedules_equal_ar_in_float32(block_size, attention):
     model = _graph_model()
-    model.static.attention = attention  # before any call: its graphs are recorded attending so
+    model.static.graph_attention = attention  # before any call: its graphs are recorded attending so
     assert model.path == "native" and model.compiled, model.compile_note
     assert_lossless(model, block_size, " on graphs")
     assert model.compiled and model.static.shapes, model.compile_note  # graphs were recorded and kept
@@ -319,7 +319,7 @@ def test_graph_replays_equal_eager_calls_past_2048_cached_keys(attention):
     eager = graphs.share(compiled=False)
     got = {}
     for model in (graphs, eager):
-        model.static.attention = attention  # before any call: its graphs are recorded attending so
+        model.static.graph_attention = attention  # before any call: its graphs are recorded attending so
         model.reset(2304, block_size=8)
         assert model.static.capacity >= 2304
         first = prefill_layout([3 + i % 250 for i in range(2100)], 0, model.mask_token_id)
@@ -379,3 +379,42 @@ def test_a_recording_out_of_gpu_memory_falls_back_to_eager_calls_and_leaves_the_
     fresh = torch.ones(64 << 20, device="cuda")  # 256 MiB
     assert fresh.sum().item() == 64 << 20
 
+
+def test_a_model_loaded_for_one_visitor_records_its_graphs_at_the_gate_while_another_computes():
+    """Real captures beside real calls: a server's visitor loads the embedded model in bfloat16 (its warm-up records
+    graphs) while another visitor's runs compute on the float32 one the whole time. Every capture takes a turn of the
+    compute gate, so neither fails ("operation not permitted when stream is capturing"), both keep their graphs, and
+    the visitor's tokens stay those of its first run."""
+    import threading
+
+    from serve.gpu import GpuTasks
+    from serve.limits import ComputeGate
+    from serve.models import ModelStore
+
+    store = ModelStore(str(EMBEDDED), device="cuda", dtype="float32")
+    tasks = GpuTasks(store, ComputeGate())
+    first = store.get("")
+    assert first.graphs, first.compile_note
+    prompt, config = first.encode(PROMPTS[0]), DecodeConfig(block_size=8, max_new_tokens=24)
+    want = tasks.generate(("", ""), prompt, config, "packed").token_ids
+    done, errors, runs = threading.Event(), [], []
+
+    def visitor():
+        try:
+            while not done.is_set():
+                runs.append(tasks.generate(("", ""), prompt, config, "packed").token_ids)
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    other = threading.Thread(target=visitor)
+    other.start()
+    try:
+        loaded = store.get("", "bfloat16")
+    finally:
+        done.set()
+        other.join()
+    assert not errors, errors
+    assert runs and all(tokens == want for tokens in runs)
+    assert loaded.graphs and first.graphs and loaded.compile_note is None, loaded.compile_note
+    run = tasks.generate(("", "bfloat16"), prompt, config, "packed")
+    assert run.recorded_s == 0.0 and run.tokens > 0  # its shapes were recorded before its clock
