@@ -32,7 +32,7 @@ class DecodeConfig:
         drafter_lora: apply the model's drafter adapter to proposal rows (Appendix F.2); the model must
             have been loaded with one.
         drafter_width: Packed-SS + n-gram only: masks in each call's diffusion half (min(this, W)); its
-            n-gram drafts still reach W tokens. 3 measured fastest on this project's CPU (README).
+            n-gram drafts still reach W tokens. 3 measured fastest on this project's CPU (docs/speed.md).
         branches: Partial-branch SS only: Quadratic-SS branches per call (capped at |D| + 1); -1 picks k
             per call from the model's fitted call cost on this machine.
         order: any-order models only (paper Appendix C): the verification order policy, ``"ltr"``

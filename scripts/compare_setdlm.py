@@ -112,7 +112,7 @@ def ours(job: dict, models: dict) -> dict:
     from packed_ss.records import summarize
 
     if job["folder"] not in models:
-        # transformers' forward, as measured (README): SetDLM's own code runs transformers' Qwen3; the native
+        # transformers' forward, as measured (docs/checkpoints.md): SetDLM's own code runs transformers' Qwen3; the native
         # forward sums in another order, which can flip a saturated confidence at threshold 1.0
         models[job["folder"]] = DualModeModel.from_pretrained(job["folder"], device="cpu", path="transformers")
     config = DecodeConfig(block_size=job["window"] + 1, max_new_tokens=job["new_tokens"],

@@ -21,7 +21,7 @@ SETTLE_S = 1.0  # seconds a request over its address's limit waits for a finishe
 def address_share(concurrency_limit: int) -> int:
     """The places of a queue group running ``concurrency_limit`` events at once that one client address may hold
     (waiting or running): half of them, at least 1. One address's 8 model requests took all 8 of the compute
-    group's places, and another visitor's four-token request waited 9 s (fourth recheck of issue 35)."""
+    group's places, and another visitor's four-token request waited 9 s (issue 35)."""
     return max(1, int(concurrency_limit) // 2)
 
 

@@ -20,8 +20,8 @@ PATH_SESSION_ROUTES = ("heartbeat", "stream")  # GET /gradio_api/<route>/<sessio
 MAX_BODY_BYTES = 4 * 1024 * 1024  # larger request bodies are refused (413); a prompt is at most 20,000 characters
 MAX_DEPTH = 8  # JSON nesting a request body may have (the values are scalars and short lists)
 MAX_ID_CHARS = 256  # a session hash or event id longer than this is no id Gradio made
-# Gradio's routes for what this page does not use: each wrote files or told of other visitors (third recheck of
-# issue 35): deep links saved a session's whole state to disk per call, the monitoring summary counted everyone's
+# Gradio's routes for what this page does not use: each wrote files or told of other visitors (issue
+# 35): deep links saved a session's whole state to disk per call, the monitoring summary counted everyone's
 # requests, screen recordings were posted outside the upload limits, streams took new values for checked events.
 UNUSED_ROUTES = {"/gradio_api/deep_link": "deep links", "/gradio_api/process_recording": "screen recording",
                  "/gradio_api/stream": "streaming inputs or outputs", "/monitoring": "public monitoring",

@@ -273,7 +273,7 @@ class RequestGate(RawCallChecks):
         api, event_id = parts
         if len(event_id) <= MAX_ID_CHARS:
             # The event's session (Gradio's route falls back to the id itself, so that a session hash read as an
-            # event id streamed that session's results to whoever knew it: fourth recheck of issue 35).
+            # event id streamed that session's results to whoever knew it: issue 35).
             event = queue.event_ids_to_events.get(event_id)
             session = event.session_hash if event is not None else next(
                 (s for s, ids in queue.pending_event_ids_session.items() if event_id in ids), None)

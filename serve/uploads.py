@@ -419,7 +419,7 @@ def part_problem(body: bytes, boundary: bytes, charset: bytes | None = None) -> 
     and counted nowhere), or keep a file it does not answer with, or None. The body is read with the parser Gradio
     reads it with (python-multipart's ``MultipartParser``, its headers gathered as Gradio's ``GradioMultiPartParser``
     gathers them), so that the check and the upload cannot see different parts: a hand-made reading took the first
-    of two ``Content-Disposition`` headers where Gradio keeps the last (fourth recheck of issue 35).
+    of two ``Content-Disposition`` headers where Gradio keeps the last (issue 35).
 
     Refused: a body the parser cannot read, or one whose last part or closing delimiter never ends; a part with
     more or fewer than one ``Content-Disposition`` header; a part not named ``files`` (Gradio keeps the others'

@@ -372,7 +372,7 @@ def build_benchmark_tab(load_model: Callable[[str], object], models: Sequence[st
     # name a path, another visitor's file or anything else); clearing the widget clears the session's file.
     for widget, slot in ((saved["report_upload"], "summary"), (run["prompt_file"], "prompts")):
         # preprocess=False: the raw file object (SessionFiles checks its path); gr.File's preprocess left an empty
-        # temporary file in Gradio's cache on every event, never removed (fifth recheck of issue 35)
+        # temporary file in Gradio's cache on every event, never removed (issue 35)
         widget.upload(handlers.on_file(slot), [widget], None, api_visibility="private", show_progress="hidden",
                       preprocess=False)
         widget.clear(handlers.on_clear(slot), None, None, api_visibility="private")

@@ -7,7 +7,7 @@ import pytest
 # Each pytest-xdist worker launches its Gradio servers from a port range of its own (gradio reads
 # GRADIO_SERVER_PORT when it is imported and tries the next 100 ports). Two workers scanning one range raced
 # for a port: the loser's uvicorn thread died with "address already in use" before gradio tried the next port,
-# and that thread's exception fails the test (pytest.ini). Reported in session 28.
+# and that thread's exception fails the test (pytest.ini).
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 if _WORKER.startswith("gw") and _WORKER[2:].isdigit() and "GRADIO_SERVER_PORT" not in os.environ:
     os.environ["GRADIO_SERVER_PORT"] = str(7860 + 200 * int(_WORKER[2:]))

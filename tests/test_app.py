@@ -164,7 +164,7 @@ def test_race_page_event_and_replay(client):
 
 
 def test_documented_api_is_generate_and_race(client):
-    """As the README says: the page's own events (the Benchmark view's included) are callable but not listed."""
+    """As docs/app.md says: the page's own events (the Benchmark view's included) are callable but not listed."""
     api = client.view_api(print_info=False, return_format="dict")
     assert set(api["named_endpoints"]) == {"/generate", "/race"}
 

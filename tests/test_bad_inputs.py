@@ -422,7 +422,7 @@ def test_a_known_call_still_streams_its_result(server):
 
 def test_a_call_result_is_read_by_its_event_id_not_its_session_hash(server):
     """Gradio's result route falls back to reading the id as a session hash: whoever knew a raw call's session hash
-    took its result, and its own client then got "no event" (fourth recheck of issue 35, session 20)."""
+    took its result, and its own client then got "no event" (issue 35)."""
     import json
 
     from test_public_server import raw_call, stream_result
@@ -450,13 +450,13 @@ def test_a_call_result_is_read_by_its_event_id_not_its_session_hash(server):
     ("/gradio_api/queue/join", '{"data": [], "fn_index": [4], "session_hash": "abc123def45"}', 404, "no event [4]"),
     ("/gradio_api/queue/join", '{"data": [0], "fn_index": 0, "session_hash": ""}', 422, "needs a session_hash"),
     ("/gradio_api/queue/join", '{"data": [0], "fn_index": 0}', 422, "needs a session_hash"),
-    # a lone surrogate in a raw call's body poisoned Gradio's analytics for everyone (second recheck, session 19)
+    # a lone surrogate in a raw call's body poisoned Gradio's analytics for everyone
     ("/gradio_api/call/generate", '{"data": ["x"], "session_hash": "\\ud800"}', 422, "/generate: session_hash: 1 to"),
     ("/gradio_api/call/v2/generate", '{"prompt": "x", "session_hash": 5}', 422, "/generate: session_hash: 1 to"),
     ("/gradio_api/cancel", '{"session_hash": "\\ud800", "fn_index": 0, "event_id": "x"}', 422, "/cancel: session_hash"),
     ("/gradio_api/component_server", '{"data": 1, "component_id": 99999, "session_hash": "x", "fn_name": "y"}', 404,
      "no component of this page answers server calls"),
-    # third recheck (session 19): routes of features the page does not have
+    # routes of features the page does not have
     ("/gradio_api/process_recording", "{}", 404, "this page has no screen recording"),
     ("/gradio_api/stream/abc", '{"data": [1]}', 404, "this page has no streaming inputs or outputs"),
     ("/gradio_api/stream/abc/close", "{}", 404, "this page has no streaming inputs or outputs"),
@@ -478,7 +478,7 @@ def test_every_route_past_the_defaults_answers_a_bad_request_in_one_line(server,
                                   "/gradio_api/queue/data?session_hash=" + "a" * 50_000])  # item 5: cut-off streams
 def test_a_session_hash_in_a_path_or_query_is_checked_on_every_route(server, capfd, path):
     """A heartbeat for a NUL session logged about 100 lines of tracebacks (httpx.InvalidURL) and ran no unload;
-    spaces, accents and 5,000 characters were taken (second recheck, session 19)."""
+    spaces, accents and 5,000 characters were taken."""
     import json
 
     capfd.readouterr()
@@ -491,7 +491,7 @@ def test_a_session_hash_in_a_path_or_query_is_checked_on_every_route(server, cap
     ("/gradio_api/deep_link?session_hash=abcdefghijk", "this page has no deep links"),  # wrote 176 KB a call
     ("/monitoring/summary", "this page has no public monitoring"),  # every visitor's request counts
     ("/monitoring", "this page has no public monitoring"),  # printed the monitoring key to the log
-    # whatever ids they carry (fourth recheck, session 20: "stream/" was answered as a bad session hash)
+    # whatever ids they carry ("stream/" was answered as a bad session hash)
     ("/gradio_api/stream/", "this page has no streaming"), ("/gradio_api/stream/%00/0/1/playlist.m3u8",
                                                             "this page has no streaming"),
     ("/gradio_api/deep_link?session_hash=%ED%A0%80", "this page has no deep links"),
@@ -578,7 +578,7 @@ def test_one_address_cannot_fill_the_queue():
 
 def test_one_address_holds_half_the_model_requests_places():
     """One address's 8 model requests, each waited for before the next, took all 8 of the compute group's places: a
-    four-token request from another address waited 9 s (fourth recheck of issue 35). An address may hold half of a
+    four-token request from another address waited 9 s (issue 35). An address may hold half of a
     group's places, so another address always finds one free."""
     import asyncio
 
@@ -607,7 +607,7 @@ def test_one_address_holds_half_the_model_requests_places():
 
 def test_one_address_queues_one_benchmark_at_a_time():
     """The server runs one benchmark at a time for everyone: one address queued three from three sessions and a
-    visitor's waited 53 s behind them (third recheck of issue 35, session 19)."""
+    visitor's waited 53 s behind them (issue 35)."""
     import asyncio
 
     events, _, join = _queue_stub(delay_s=0.01, shares={1: ("benchmark", 1)})
@@ -625,7 +625,7 @@ def test_one_address_queues_one_benchmark_at_a_time():
 
 def test_a_burst_from_one_address_is_counted_as_it_arrives():
     """30 joins sent together from one address were all accepted (the count saw only events already answered) and
-    filled the queue (second recheck, session 19): a place is now held from the check to the answer."""
+    filled the queue: a place is now held from the check to the answer."""
     import asyncio
 
     from serve.address_shares import PER_CLIENT_EVENTS
@@ -652,7 +652,7 @@ def _event(server: str, api_name: str) -> int:
 
 
 @pytest.mark.parametrize("api_name, route, data, session, status, message", [
-    # a lone surrogate as session hash broke Gradio's clean-up of every later event (recheck N1)
+    # a lone surrogate as session hash broke Gradio's clean-up of every later event
     ("generate", "queue/join", None, "\ud800", 422, "needs a session_hash: 1 to 256 printable ASCII characters"),
     ("generate", "queue/join", None, " ", 422, "needs a session_hash"),
     ("js_fn", "queue/join", [], "abcdefghijk", 404, "runs in the browser only: there is nothing to call"),
@@ -663,8 +663,8 @@ def _event(server: str, api_name: str) -> int:
 ])
 def test_the_pages_events_refuse_bad_values_and_sessions_in_one_line_with_a_client_error(
         server, capfd, api_name, route, data, session, status, message):
-    """The page's unqueued events answered a refusal with HTTP 500; a browser-only event gave a traceback (recheck
-    of issue 35, F5 b')."""
+    """The page's unqueued events answered a refusal with HTTP 500; a browser-only event gave a traceback (issue
+    35)."""
     import json
 
     index = _event(server, api_name)

@@ -75,7 +75,7 @@ def test_a_sampled_step_explains_a_correction_that_is_not_the_verifiers_token(br
 
 def test_a_new_race_dims_and_labels_the_earlier_one_until_it_answers(browser, cut_url):  # noqa: F811
     """The earlier race's badge, lanes, charts and table stayed on screen as they were while a new race ran: read as
-    the new one's (newcomer run, issue 39)."""
+    the new one's (issue 39)."""
     page = open_app(browser, cut_url, PROMPT, 16)
     try:
         page.get_by_role("tab", name="Race").click()
@@ -101,7 +101,7 @@ def test_a_new_race_dims_and_labels_the_earlier_one_until_it_answers(browser, cu
 
 def test_the_earlier_races_table_never_stands_unmarked_beside_a_new_verdict(browser, cut_url):  # noqa: F811
     """The marks went when the new race answered, and the earlier race's table stayed, undimmed, beside the new
-    verdict until the replay's first frame (newcomer recheck, issue 53). What the table holds the moment its mark
+    verdict until the replay's first frame (issue 53). What the table holds the moment its mark
     goes is read by a MutationObserver, whatever the machine's speed."""
     page = open_app(browser, cut_url, PROMPT, 16)
     try:

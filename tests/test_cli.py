@@ -66,7 +66,7 @@ def test_bad_arguments_exit_with_one_line(tiny_model_dir, args, message, capsys)
 def test_a_run_refused_after_loading_prints_one_line(tiny_any_order_dir, args, message, capsys):
     """With the dynamic cache the model keeps transformers' forward, and its ``note:`` line (like the threads line)
     is printed only once the run is accepted: a refusal after loading is the one ``error:`` line (reported in
-    session 27 on the any-order model)."""
+    on the any-order model)."""
     dynamic = ["--model", str(tiny_any_order_dir), "--prompt", "w1 w2", "--cache", "dynamic"]
     code = main(["generate", *dynamic, "--threads", "1", *args])
     err = capsys.readouterr().err

@@ -129,5 +129,5 @@ def test_a_refused_race_marks_what_stays_on_screen_as_the_earlier_race():
     assert 'data-error="1"' in status and "model rows" in status
     assert 'data-badge="earlier"' in badge and "not this one" in badge and "B = 3, 8 new tokens" in badge
     assert server.session(request).race is None  # nothing of it is replayed or offered as this request's files
-    fresh = SimpleNamespace(session_hash="newcomer")
+    fresh = SimpleNamespace(session_hash="first-visit")
     assert handlers.on_race(values(8), [], "same", fresh)[1] == ""  # no earlier race: nothing to mark

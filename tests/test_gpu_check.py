@@ -218,7 +218,7 @@ def test_only_runs_the_sections_named_and_refuses_an_unknown_one(tmp_path, capsy
 
 def test_the_paper_lanes_make_one_adapter_per_lane_whatever_the_number_of_prompts(monkeypatch):
     """On the graph path every adapter records its own graphs: a drafter adapter per prompt and lane, and one per
-    continuation after a near-tie, recorded the same shapes again and again (session 28). Now each drafting lane
+    continuation after a near-tie, recorded the same shapes again and again. Now each drafting lane
     and the continuations have one adapter for the whole section."""
     from helpers import tiny_llama
 

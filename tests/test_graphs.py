@@ -145,7 +145,7 @@ def test_replays_equal_eager_calls_at_growing_lengths_after_a_rollback_and_after
 
 
 def test_a_run_takes_a_spare_cache_of_its_capacity_with_its_graphs_instead_of_recording_again():
-    """Reported in session 28: each run's reset sized the cache to that run and dropped the graphs, so a short, a
+    """Each run's reset sized the cache to that run and dropped the graphs, so a short, a
     long and again a short run recorded the short run's graphs twice. Now the cache it leaves goes to the network's
     spares with its graphs, and the next run of that capacity takes it; each run still attends over its own
     capacity (256 here for the short run, as on a fresh adapter)."""
@@ -178,7 +178,7 @@ def test_a_graphs_outputs_are_copied_before_the_next_replay_writes_over_them():
 def test_replaying_a_graph_again_to_time_it_leaves_the_cache_as_it_was():
     """A graph writes its call's keys and values into the cache, so replaying it on its last call's inputs (what
     replay_ms times) writes that call's slots again; after a rollback they hold other tokens. Within cache_kept they
-    come back: the cache, and the next call's logits, equal an eager twin's (reported by a review in session 27)."""
+    come back: the cache, and the next call's logits, equal an eager twin's."""
     from packed_ss.layout import packed_layout
 
     model, eager = on_graphs(tiny_llama(seed=3)), tiny_llama(seed=3)
@@ -359,7 +359,7 @@ def test_drafter_lora_runs_on_graphs_give_the_reference_runs_tokens_and_proposal
 
 
 def test_a_collected_adapters_cache_and_graphs_serve_the_next_adapter_and_a_live_ones_never_do():
-    """Reported in session 28: a server makes an adapter per run and race lane, and each recorded every shape again
+    """A server makes an adapter per run and race lane, and each recorded every shape again
     inside its first timed calls (a race on a GPU timed its lanes' recordings). Now a collected adapter's cache goes
     with its graphs to the network's spares, from which the next run of that capacity takes it (emptied: the mask
     carries the length); a live adapter's cache is its own; graphs are keyed by the attention they were recorded

@@ -140,7 +140,7 @@ def test_idle_and_surplus_sessions_are_forgotten_and_runs_bounded():
 
 def test_one_addresss_runs_never_drop_another_visitors_run():
     """A victim stepped to iteration 3; one address then sent a Step from each of 17 sessions, and the victim's
-    next Step started over (second recheck of issue 35, session 19)."""
+    next Step started over (issue 35)."""
     from serve.sessions import MAX_RUNS, MAX_RUNS_PER_CLIENT, Sessions
 
     sessions = Sessions()

@@ -65,7 +65,7 @@ def test_measure_is_admitted_as_a_heavy_request(server):
 
 def test_one_heavy_request_per_address_whatever_its_session_hashes(server):
     """Two races sent at once from one address, under two session hashes, took both heavy slots and every other
-    visitor's race was refused as busy (second recheck of issue 35, session 19)."""
+    visitor's race was refused as busy (issue 35)."""
     from types import SimpleNamespace
 
     def visitor(session: str, address: str):

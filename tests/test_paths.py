@@ -25,7 +25,7 @@ def test_roofline_counts_every_weight_matrix_but_the_embeddings_and_bounds_a_cal
 
 
 def test_roofline_counts_a_head_tied_to_the_embeddings_once_and_caps_its_probe():
-    """Reported in session 28: a tied head is the embedding matrix, which the old filter dropped, so the floor of a
+    """A tied head is the embedding matrix, which the old filter dropped, so the floor of a
     tied checkpoint left out its largest read. The probe buffer is capped (an 8B model's weights are not allocated
     twice) and out of memory is one ValueError (the CLI then reports no floor and keeps its run)."""
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -79,7 +79,7 @@ def _summary(estimate, low, high, ar_ms, prompts=164, tokens=128, b=6, machine="
 
 
 def test_a_live_benchmark_that_disagrees_with_the_bundled_report_is_told_why():
-    """A newcomer's in-app benchmarks gave Packed-SS / AR about 0.5 while the bundled report says 1.17, and nothing
+    """In-app benchmarks gave Packed-SS / AR about 0.5 while the bundled report says 1.17, and nothing
     said why (issue 53)."""
     from serve.benchmark import against_bundled
 

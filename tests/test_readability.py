@@ -34,7 +34,7 @@ def test_a_sampled_correction_that_is_not_the_verifiers_token_is_explained():
 
 
 def test_a_whitespace_correction_is_written_visibly():
-    """The note printed a correction of a newline and spaces as a blank gap (newcomer run, issue 39)."""
+    """The note printed a correction of a newline and spaces as a blank gap (issue 39)."""
     model = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0, eos=False)
     sequence, notes = list(PROMPT), []
     for seed in range(6):

@@ -1,4 +1,4 @@
-"""What the sandbox holds on its own (the audit hook switched off): every escape a tester found in the guard alone,
+"""What the sandbox holds on its own (the audit hook switched off): every known escape from the guard alone,
 each run inside bubblewrap, then the marker file and the victim process checked on the host. Controls run the
 same probes without the sandbox to show that they are real. Runs where ``bwrap`` is installed (CI installs
 it)."""

@@ -472,7 +472,7 @@ def test_left_to_right_decoding_crops_like_setdlm_at_window_one(sharp):
 
 @pytest.mark.parametrize("name", SPECULATIVE)
 def test_speculative_schedules_crop_too_and_agree_with_ar_until_the_context_fills(sharp, name):
-    """Their calls hold more rows than ar's, so past the crop they see a shorter context (README: Context)."""
+    """Their calls hold more rows than ar's, so past the crop they see a shorter context (docs/checkpoints.md: Context)."""
     model, _ = sharp
     got, reference = run(model, name, new=80), run(model, "ar", new=80)
     assert got.cropped > 0 and len(got.token_ids) == 80

@@ -260,7 +260,7 @@ def test_the_default_race_beside_a_cpu_burner_finishes_its_lanes(shipped):
 
 
 def test_the_server_log_says_when_a_probe_is_too_slow_to_measure(monkeypatch, capsys):
-    """A newcomer saw no `threads:` line after 25 requests on a busy machine: the probe was over its limit, so
+    """A page showed no `threads:` line after 25 requests on a busy machine: the probe was over its limit, so
     nothing was chosen and nothing said (issue 53)."""
     from serve.gpu import GpuTasks
     from serve.limits import ComputeGate

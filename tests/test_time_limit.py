@@ -237,7 +237,7 @@ def test_an_in_app_benchmark_stops_at_the_time_limit_in_one_line(tmp_path):
 
 def test_an_in_app_benchmark_lets_waiting_requests_through_within_seconds(tmp_path, monkeypatch):
     """A benchmark held the compute gate for each whole timed run: with long uploaded prompts a short /generate beside
-    it waited 18.8 s (second recheck of issue 35, session 19). A run that has held the gate over RUN_HOLD_S while
+    it waited 18.8 s (issue 35). A run that has held the gate over RUN_HOLD_S while
     another turn waits now stops the runs there; with nobody waiting it runs on."""
     import threading
 
@@ -280,7 +280,7 @@ def test_an_in_app_benchmark_lets_waiting_requests_through_within_seconds(tmp_pa
 
 def test_a_short_request_of_several_turns_is_not_made_to_wait_a_benchmark_run_for_each(tmp_path):
     """Runs just under RUN_HOLD_S are never cut, and each turn of a short request (thread tuning, the cost fit, each
-    iteration) waited for a whole run: 14 s for a 4-token /generate (third recheck of issue 35, session 19). A run
+    iteration) waited for a whole run: 14 s for a 4-token /generate (issue 35). A run
     now starts only once others have left the gate alone for QUIET_S."""
     import threading
 
@@ -379,8 +379,8 @@ def test_a_races_best_b_probe_spends_the_races_time_limit_not_a_second_one(clien
 
 
 def test_a_cut_lane_says_so_on_its_card_and_the_badge_claims_agreement_only_over_what_each_made():
-    """A newcomer saw a green "finished" on lanes the limit cut off, and "identical to AR's (9 tokens)" for a lane
-    of 2 tokens (issue 30's newcomer run)."""
+    """A page showed a green "finished" on lanes the limit cut off, and "identical to AR's (9 tokens)" for a lane
+    of 2 tokens (issue 30)."""
     from packed_ss.config import DecodeConfig
     from packed_ss.engine import decode, finish_run, generate
     from components.race_panel import badge_html, lanes_html

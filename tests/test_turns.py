@@ -173,7 +173,7 @@ def test_pairing_removes_the_machines_drift_that_unpaired_timing_would_keep():
 
 
 def test_a_round_a_lane_sat_out_is_joined_to_the_next_so_every_rounds_work_counts():
-    """A newcomer saw "16 rounds" beside "15 paired slices" and a ratio unlike the lanes' tokens per second: the
+    """A page showed "16 rounds" beside "15 paired slices" and a ratio unlike the lanes' tokens per second: the
     round one lane sat out was dropped with the other lane's work in it (issue 53)."""
     a = [(4, 10.0), (0, 0.0), (4, 10.0)]
     b = [(4, 20.0), (4, 20.0), (0, 0.0)]

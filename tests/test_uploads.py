@@ -187,7 +187,7 @@ def test_one_addresss_sessions_never_push_out_another_addresss_visitor():
     (b"form-data; name=\"files\"; filename*=UTF-8''", b"multipart/form-data; boundary=b0"),
     (b'form-data; name="files"', b"multipart/form-data; boundary=b0"),
     (b'form-data; name="files"; filename=""', b"multipart/form-data; BOUNDARY=b0"),
-    (b'form-data; name="files"', b"multipart/form-data; xboundary=zzz; boundary=b0"),  # second recheck (session 19)
+    (b'form-data; name="files"', b"multipart/form-data; xboundary=zzz; boundary=b0"),
     (b'form-data; name="files"', b"multipart/form-data; boundary = b0"),
     (b'form-data; filename="a.jsonl"', b"multipart/form-data; boundary=b0"),  # no field name
 ])
@@ -213,7 +213,7 @@ PART = b'--b0\r\nContent-Disposition: form-data; name="files"; filename="%s"\r\n
 @pytest.mark.parametrize("tail, message, charset", [
     (PART % b".." + b"TAIL\r\n--b0--\r\n", "an uploaded file's name cannot be stored: '..'", ""),
     (b"", "ends with its closing boundary", ""),  # a body never closed: Gradio kept a tmp file and answered []
-    # Fourth recheck (session 20): the check read the first of two Content-Disposition headers, Gradio the last;
+    # the check read the first of two Content-Disposition headers, Gradio the last;
     (b'--b0\r\nContent-Disposition: form-data; name="files"; filename="ok.txt"\r\n'
      b'Content-Disposition: form-data; name="files"; filename=".."\r\n\r\nTAIL\r\n--b0--\r\n',
      "each part of an upload has one Content-Disposition header (a part has 2)", ""),
@@ -231,7 +231,7 @@ PART = b'--b0\r\nContent-Disposition: form-data; name="files"; filename="%s"\r\n
 ])
 def test_an_upload_gradio_would_half_store_is_refused_before_it_stores_anything(server, tail, message, charset):
     """Three 2 MB files and then a part named ".." made Gradio answer 400 after storing the three under its hash
-    names, counted nowhere and never removed: 58 MB from one address past its 16 MB (third recheck, session 19).
+    names, counted nowhere and never removed: 58 MB from one address past its 16 MB.
     The body is now read by Gradio's own parser before Gradio reads it; no file holding either part's bytes is
     left anywhere in the upload folder (Gradio's temporary files included)."""
     from serve.uploads import upload_folder
@@ -261,7 +261,7 @@ def test_the_upload_check_reads_a_valid_upload_as_gradio_does():
 
 def test_a_chosen_upload_outlives_the_outputs_written_after_it(folders, tmp_path):
     """After a benchmark or two, the report files pushed the visitor's own prompt file out of the 8 files a session
-    keeps, and the next run was refused as "upload a JSONL file" (third recheck, session 19)."""
+    keeps, and the next run was refused as "upload a JSONL file"."""
     uploads, files = folders
     prompts = files.choose("a", "prompts", {"path": _uploaded(uploads, "p.jsonl", '{"prompt": "w1"}')})
     for n in range(3 * FILES_PER_SESSION):
@@ -281,7 +281,7 @@ def test_a_chosen_upload_outlives_the_outputs_written_after_it(folders, tmp_path
 ])
 def test_an_upload_with_an_odd_boundary_is_one_line(server, capfd, content_type, status, message):
     """Gradio answered 500 for an empty or 300-character boundary, and stored 6 files past the limit of 4 when a
-    parameter ending in "boundary" came first (second hostile recheck, session 19)."""
+    parameter ending in "boundary" came first."""
     host, port = server.split("//")[1].strip("/").split(":")
     body = b"".join(b"--b0\r\nContent-Disposition: form-data; name=\"files\"; filename=\"p%d.jsonl\"\r\n\r\n{}\r\n" % n
                     for n in range(6)) + b"--b0--\r\n"
@@ -480,7 +480,7 @@ def test_the_same_upload_by_two_visitors_is_each_ones_own(server):
 
 def test_choosing_an_upload_leaves_no_empty_file_behind(server):
     """gr.File's preprocess made an empty temporary file in Gradio's cache on every upload event and never removed
-    it: each visitor's event left one file on disk (fifth recheck of issue 35, session 20)."""
+    it: each visitor's event left one file on disk (issue 35)."""
     from helpers import page_event
     from serve.uploads import upload_folder
 
