@@ -100,8 +100,8 @@ def custom_generate(model, input_ids: torch.Tensor, logits_processor=None, stopp
         or a model without a mask token id (:class:`~packed_ss.models.ModelLoadError`).
     """
     config = generation_config if generation_config is not None else model.generation_config
-    prompt = one_prompt(input_ids, config, model_kwargs)
     refuse_unhonoured(config, logits_processor, stopping_criteria)
+    prompt = one_prompt(input_ids, config, model_kwargs)
     settings = DecodeConfig(block_size=block_size, max_new_tokens=new_tokens(config, len(prompt)), seed=seed,
                             order=order, confidence_threshold=confidence_threshold, drafter_width=drafter_width,
                             branches=branches, **sampling(config))

@@ -39,9 +39,11 @@ def pins() -> dict[str, str]:
 
 
 def requirements() -> list[Requirement]:
-    """Every requirement of pyproject.toml, the extras' too (the project's own extras left out)."""
+    """Every requirement of pyproject.toml: the build backend, the dependencies and the extras' (the project's own
+    extras left out)."""
     project = PYPROJECT["project"]
-    listed = project["dependencies"] + [r for extra in project["optional-dependencies"].values() for r in extra]
+    listed = (PYPROJECT["build-system"]["requires"] + project["dependencies"]
+              + [r for extra in project["optional-dependencies"].values() for r in extra])
     return [Requirement(r) for r in listed if normal(Requirement(r).name) != "packed-ss"]
 
 

@@ -327,7 +327,9 @@ class DualModeModel:
                 known from a tokenizer only).
             mask_token_id: default ``model.config.mask_token_id``, else the tokenizer's mask token.
             eos_token_id: default the tokenizer's EOS, else ``model.config.eos_token_id`` (the first of a list).
-            cache, compiled, path: as in :meth:`from_pretrained`.
+            cache, compiled, path: as in :meth:`from_pretrained`. The native forward (``path="auto"`` on a
+                Llama-family network) fuses the network's projection weights, which become views of the fused
+                matrices: the same values, held once; ``path="transformers"`` leaves the network as it is.
         No BOS is added by :meth:`encode` (ids given to the engine already hold what the model wants).
 
         Raises:
