@@ -13,11 +13,11 @@ import sys
 from pathlib import Path
 
 from packed_ss.config import DecodeConfig
-from packed_ss.inputs import threads_problem
+from packed_ss.inputs import embedded_model, threads_problem
 from packed_ss.threads import configure_threads
 from packed_ss.models import DTYPES
 
-DEFAULT_MODEL = str(Path(__file__).resolve().parents[1] / "assets" / "model")
+DEFAULT_MODEL = str(embedded_model())  # the checkout's assets/model, or the copy pip installed
 
 
 class UsageError(Exception):

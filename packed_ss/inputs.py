@@ -14,6 +14,18 @@ from pathlib import Path
 
 SHOWN_CHARS = 40  # longest echo of a user value inside an error message
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+# Where pip puts the checkout's assets/ (pyproject.toml maps assets/model into the package as packed_ss/assets/model).
+INSTALLED_ASSETS = Path(__file__).resolve().parent / "assets"
+
+
+def embedded_model() -> Path:
+    """The embedded model's folder: the copy an install carries (``packed_ss/assets/model``), else the checkout's
+    ``assets/model``; the checkout's path when neither holds a ``config.json`` (the loader then names what is
+    missing)."""
+    for folder in (INSTALLED_ASSETS / "model", PROJECT_ROOT / "assets" / "model"):
+        if (folder / "config.json").is_file():
+            return folder
+    return PROJECT_ROOT / "assets" / "model"
 
 
 class PromptTextError(ValueError):
@@ -110,12 +122,15 @@ def threads_problem(threads: int | None) -> str | None:
 
 
 def model_name(name: str | Path) -> str:
-    """How reports and pages name a model: a folder inside the project relative to it (``assets/model``),
-    anything else (a hub id, a folder elsewhere) as given, so no report holds this machine's paths."""
-    try:
-        return str(Path(name).resolve().relative_to(PROJECT_ROOT))
-    except (ValueError, OSError):
-        return str(name)
+    """How reports and pages name a model: a folder inside the project relative to it (``assets/model``), the
+    installed copy of the embedded model as ``assets/model`` too, anything else (a hub id, a folder elsewhere) as
+    given, so no report holds this machine's paths."""
+    for root, prefix in ((INSTALLED_ASSETS, Path("assets")), (PROJECT_ROOT, Path())):
+        try:
+            return str(prefix / Path(name).resolve().relative_to(root))
+        except (ValueError, OSError):
+            continue
+    return str(name)
 
 
 FULL_HASH_LIMIT = 256 * 2**20  # bytes of weights hashed in full; larger checkpoints hash their headers

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from packed_ss.layout import CallLayout
+from packed_ss.models.checkpoint import Checkpoint
 from packed_ss.models.errors import ModelLoadError, local_folder, quoted, some
 from packed_ss.models.families import pick_family, read_config
 from packed_ss.models.lora import DrafterLora, adapter_folder
@@ -166,8 +167,10 @@ class DualModeModel:
         self.adapter_note: str | None = None  # why a requested adapter was not loaded (require_adapter=False)
         self.vocab_size = int(model.config.vocab_size)
         # Never output: the mask token, and embedding rows past the tokenizer's vocabulary (padding rows
-        # that decode to nothing). The schedules give these ids zero probability in every distribution.
-        self.never_emit_ids = (self.mask_token_id,) + tuple(range(len(tokenizer), self.vocab_size))
+        # that decode to nothing; unknown without a tokenizer). The schedules give these ids zero probability in
+        # every distribution.
+        padding = range(len(tokenizer), self.vocab_size) if tokenizer is not None else ()
+        self.never_emit_ids = (self.mask_token_id,) + tuple(padding)
         self.max_length = int(getattr(model.config, "max_position_embeddings", 2048))
         # A same-position any-order model (paper Appendix C/D.2): decoded by packed_ss.any_order's schedules.
         self.any_order = bool(getattr(model.config, "any_order", False))
@@ -302,10 +305,56 @@ class DualModeModel:
         why_not = static_cache_problem(model.config) if compiled else None
         if why_not:
             raise ModelLoadError(f"--compile needs the static cache, and {name!r} cannot use it: {why_not}")
+        if getattr(model.config, "mask_token_id", None) is None:  # NLD's mapped config: wrap(model) finds it again
+            model.config.mask_token_id = checkpoint.mask_token_id
         loaded = cls(model.to(device), checkpoint.tokenizer, checkpoint.mask_token_id, checkpoint.eos_token_id,
                      checkpoint.bos_token_id, checkpoint.family, lora, cache, compiled, path)
         loaded.adapter_note = adapter_note
         return loaded
+
+    @classmethod
+    def wrap(cls, model, tokenizer=None, mask_token_id: int | None = None, eos_token_id: int | None = None,
+             cache: str = "static", compiled: bool | None = None, path: str = "auto") -> "DualModeModel":
+        """An adapter over a ``transformers`` causal LM already loaded, on its own device and dtype
+        (``AutoModelForCausalLM.from_pretrained(folder)``, or ``DualModeModel.from_pretrained(name).model`` for the
+        families transformers does not load natively). Nothing is read from disk.
+
+        Args:
+            model: the network; its forward must take a 4D boolean mask and position ids, as transformers' own
+                architectures do (Llama, Mistral, Ministral3, Qwen2/3...).
+            tokenizer: its tokenizer, or None: then :meth:`encode`, :meth:`decode` and :meth:`token_strings`
+                raise, and only the mask token is kept out of the outputs (the vocabulary's padding rows are
+                known from a tokenizer only).
+            mask_token_id: default ``model.config.mask_token_id``, else the tokenizer's mask token.
+            eos_token_id: default the tokenizer's EOS, else ``model.config.eos_token_id`` (the first of a list).
+            cache, compiled, path: as in :meth:`from_pretrained`. The native forward (``path="auto"`` on a
+                Llama-family network) fuses the network's projection weights, which become views of the fused
+                matrices: the same values, held once; ``path="transformers"`` leaves the network as it is.
+        No BOS is added by :meth:`encode` (ids given to the engine already hold what the model wants).
+
+        Raises:
+            ModelLoadError: no mask token id (not a dual-mode model), a special id outside the vocabulary, or
+            compiled calls without the static cache.
+            ValueError: an unknown ``cache`` or ``path``.
+        """
+        name = str(getattr(model, "name_or_path", "") or type(model).__name__)
+        config = model.config
+        if mask_token_id is None:
+            mask_token_id = getattr(config, "mask_token_id", None)
+        if mask_token_id is None and tokenizer is not None:
+            mask_token_id = tokenizer.mask_token_id
+        if mask_token_id is None:
+            raise ModelLoadError(f"{quoted(name)} is not a dual-mode model: it has no mask token id (config.mask_token_id, "
+                                 f"the tokenizer's mask token or mask_token_id=...)")
+        if eos_token_id is None and tokenizer is not None:
+            eos_token_id = tokenizer.eos_token_id
+        if eos_token_id is None:
+            eos_token_id = getattr(config, "eos_token_id", None)
+        if isinstance(eos_token_id, (list, tuple)):
+            eos_token_id = eos_token_id[0] if eos_token_id else None
+        ids = Checkpoint(model, tokenizer, mask_token_id, eos_token_id, None, "plain")
+        special_ids_problem(name, ids, int(config.vocab_size))
+        return cls(model, tokenizer, mask_token_id, eos_token_id, None, "plain", None, cache, compiled, path)
 
     def _calls(self, compiled: bool):
         """The static cache's calls of this adapter, run by the forward of :attr:`path`."""
@@ -343,8 +392,9 @@ class DualModeModel:
 
     # --- text ---------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``: BOS first when the family uses one (NLD), no other special tokens."""
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        """Token ids of ``text``: BOS first when the family uses one (NLD), no other special tokens.
+        Raises: ValueError for a model wrapped without a tokenizer."""
+        ids = self._text().encode(text, add_special_tokens=False)
         return ([self.bos_token_id] if self.bos_token_id is not None and ids else []) + ids
 
     @property
@@ -371,8 +421,15 @@ class DualModeModel:
 
     def decode(self, ids: list[int]) -> str:
         """Text of ``ids``, special tokens kept. Raises: ValueError for an id that is not an integer in
-        ``[0, vocab_size)``."""
-        return self.tokenizer.decode(self.checked_ids(ids), skip_special_tokens=False)
+        ``[0, vocab_size)``, or for a model wrapped without a tokenizer."""
+        return self._text().decode(self.checked_ids(ids), skip_special_tokens=False)
+
+    def _text(self):
+        """The tokenizer. Raises: ValueError for a model wrapped without one (:meth:`wrap`)."""
+        if self.tokenizer is None:
+            raise ValueError("this model was wrapped without a tokenizer: it has no text, only token ids "
+                             "(DualModeModel.wrap(model, tokenizer=...))")
+        return self.tokenizer
 
     def checked_ids(self, ids) -> list[int]:
         """``ids`` as a list of token ids of this model. Raises: ValueError for anything but integers in
@@ -393,7 +450,7 @@ class DualModeModel:
         them). A SentencePiece word-start marker ("▁") becomes the leading space that decoding a token
         alone drops, so joined pieces keep the spaces between words. Raises: ValueError as :meth:`decode`."""
         ids = self.checked_ids(ids)
-        pieces = self.tokenizer.convert_ids_to_tokens(ids)
+        pieces = self._text().convert_ids_to_tokens(ids)
         out = []
         for i, piece in zip(ids, pieces):
             text = self.tokenizer.decode([i], skip_special_tokens=False)

@@ -112,10 +112,14 @@ class DrafterLora:
         """Inject the adapter in ``folder`` (peft format) into ``model`` and load its weights.
 
         ``module_name`` maps a module path in the checkpoint's names to the model's.
-        Raises: ModelLoadError for a non-LoRA adapter, or weights that do not all map (keys named).
+        Raises: ModelLoadError for a non-LoRA adapter, weights that do not all map (keys named), or no peft.
         """
-        from peft import LoraConfig, inject_adapter_in_model, set_peft_model_state_dict
-        from peft.tuners.lora import LoraLayer
+        try:
+            from peft import LoraConfig, inject_adapter_in_model, set_peft_model_state_dict
+            from peft.tuners.lora import LoraLayer
+        except ImportError:  # an optional dependency (pyproject.toml's extra "lora"): one line, not a traceback
+            raise ModelLoadError("a drafter adapter needs peft, which is not installed: pip install peft (or "
+                                 "pip install 'packed-ss[lora]')") from None
         from safetensors.torch import load_file
 
         try:
