@@ -20,6 +20,7 @@ import ctypes
 import ctypes.util
 import heapq
 import itertools
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -28,6 +29,7 @@ from dataclasses import replace
 
 from packed_ss.any_order import ORDER_REGISTRY
 from packed_ss.config import DecodeConfig
+from packed_ss.models.process_state import restore_default_dtype
 from packed_ss.models.static import CAPACITY_STEP
 from packed_ss.records import RunRecord
 from packed_ss.schedules import REGISTRY
@@ -120,6 +122,8 @@ class ComputeGate:
 
     ``threads``: a :class:`packed_ss.threads.ThreadTuner` whose count is set in the thread of each turn (torch keeps
     the count per thread), so across every concurrent request at most that many torch threads compute at once.
+    Each turn also starts from the process's default dtype (put back, with one line in the server's log, where
+    something outside a model load left another: :func:`packed_ss.models.process_state.restore_default_dtype`).
     ``holder``: the native id of the thread whose turn it is (None between turns).
     """
 
@@ -156,6 +160,9 @@ class ComputeGate:
             self.holder = threading.get_native_id()
             if self.threads is not None:
                 self.threads.apply()
+            found = restore_default_dtype()  # a turn computes with the process's default dtype, whatever left another
+            if found is not None:
+                print(found, file=sys.stderr, flush=True)
             yield
         finally:
             with self._lock:
