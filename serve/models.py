@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import sys
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -112,7 +113,9 @@ class ModelStore:
         self._public: dict[str, str] = {}  # public name -> identity (what the page, the API and messages show)
         for identity, given in self._offered.items():
             self._public[self._public_name(identity, given)] = identity
-        self._strings: dict[int, dict[int, str]] = {}
+        # Display strings by model object, kept while it lives: a Step's model outlives its place in the store, and
+        # a key by id() was met again by another checkpoint's model at the freed one's address.
+        self._strings: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         # What the models dropped had compiled (packed_ss.models.native.compiled_parts), by (identity, dtype, their
         # weight files): a reload adopts it instead of compiling again. At most one entry per offered model and dtype.
         self._compiled: dict[tuple, tuple] = {}
@@ -255,7 +258,6 @@ class ModelStore:
                 self._models[key] = model
                 while len(self._models) > self.capacity:
                     old, dropped = self._models.popitem(last=False)
-                    self._strings.pop(id(dropped), None)
                     parts = dropped.compiled_parts() if hasattr(dropped, "compiled_parts") else None
                     if parts is not None:
                         self._compiled[(*old, weight_files(old[0]))] = parts
@@ -279,9 +281,10 @@ class ModelStore:
         return lambda records: gated(records, self.gate, 0.0)
 
     def strings_for(self, model) -> Callable[[Sequence[int]], list[str]]:
-        """A memoised ``ids -> display strings`` function for ``model`` (one decode per distinct id)."""
+        """A memoised ``ids -> display strings`` function for ``model`` (one decode per distinct id, kept while
+        ``model`` lives)."""
         with self._lock:
-            memo = self._strings.setdefault(id(model), {})
+            memo = self._strings.setdefault(model, {})
 
         def strings(ids: Sequence[int]) -> list[str]:
             missing = [i for i in dict.fromkeys(ids) if i not in memo]

@@ -149,6 +149,33 @@ def test_a_scripted_drafter_draws_the_same_whatever_the_default_dtype(default_dt
     assert beside_a_load == alone
 
 
+def test_display_strings_belong_to_the_model_they_were_made_for_not_to_its_address(tiny_model_dir):
+    """The store kept each model's token strings by ``id(model)``: a Step's model pushed out of the store by another
+    visitor's loads still made strings, and once it was freed a model of another checkpoint at the same address was
+    shown them."""
+    from serve.models import ModelStore
+
+    class Words:  # a model as far as display strings go, with a tokenizer of its own
+        def __init__(self, word: str):
+            self.word = word
+
+        def token_strings(self, ids):
+            return [f"{self.word}{i}" for i in ids]
+
+    store = ModelStore(str(tiny_model_dir), device="cpu")
+    first = Words("first-")
+    assert store.strings_for(first)([3]) == ["first-3"]
+    address = id(first)
+    del first
+    for _ in range(1000):  # CPython hands the freed address to the next object of its size
+        other = Words("other-")
+        if id(other) == address:
+            break
+    else:
+        pytest.skip("no object was given the freed address")
+    assert store.strings_for(other)([3]) == ["other-3"]
+
+
 # --- threads --------------------------------------------------------------------------------------------------------
 def test_a_turn_in_a_new_thread_computes_with_the_servers_count_after_another_thread_set_one(monkeypatch):
     """torch gives a new thread the count set last anywhere: after the background compile thread set 1 for itself, a
