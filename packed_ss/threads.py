@@ -166,12 +166,18 @@ class ThreadTuner:
         """The count calls run with now (None: torch's default, before any measurement)."""
         return self.fixed or (self.choice.threads if self.choice else None)
 
-    def apply(self) -> None:
-        """Set torch's thread count in the calling thread to :attr:`threads`, or to :attr:`default` before a
-        measurement chose one (nothing when it already is)."""
+    @property
+    def count(self) -> int:
+        """The count a call starting now runs with: :attr:`threads`, or :attr:`default` before a measurement chose
+        one."""
+        return self.threads or self.default
+
+    def apply(self, count: int | None = None) -> None:
+        """Set torch's thread count in the calling thread to ``count`` (a request's, taken from :attr:`count` when it
+        was admitted), else to :attr:`count` (nothing when it already is)."""
         import torch
 
-        threads = self.threads or self.default
+        threads = count or self.count
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
 

@@ -115,8 +115,10 @@ class GpuTasks:
     def _isolate(self, priority: float, alive: Callable[[], bool] | None = None, owner: object = None,
                  deadline: float | None = None):
         """A run's isolation for :func:`packed_ss.measure.timed_run`: each iteration computed alone at the gate
-        (wall time stays honest), stopped once ``alive()`` is False, ended at ``deadline`` (monotonic seconds)."""
-        return lambda records: gated(records, self.gate, priority, alive, owner, deadline)
+        (wall time stays honest) at the thread count of the moment it is made (the request's, kept whatever the
+        tuner measures meanwhile), stopped once ``alive()`` is False, ended at ``deadline`` (monotonic seconds)."""
+        threads = None if self.gate is None else self.gate.count
+        return lambda records: gated(records, self.gate, priority, alive, owner, deadline, threads)
 
     def _records(self, model_ref: tuple, prompt_ids: Sequence[int], config: DecodeConfig,
                  schedule: str, priority: float = 0.0, limit_s: float | None = None) -> list[IterationRecord]:
@@ -296,9 +298,10 @@ class GpuTasks:
         (``time.monotonic()``; the runs done are returned). Raises: ClientGone when ``alive()`` turns False."""
         model = self.store.get(*model_ref[:2])
         ids = list(prompt_ids)
+        threads = None if self.gate is None else self.gate.count  # every run of the set at one thread count
         warm = DecodeConfig(block_size=max(block_sizes), max_new_tokens=2)
         for _ in gated(decode(model.share(), ids, warm, "ar"), self.gate,
-                       float(worst_case_rows(["ar"], len(ids), warm)[0][2]), alive, deadline=deadline):
+                       float(worst_case_rows(["ar"], len(ids), warm)[0][2]), alive, deadline=deadline, threads=threads):
             pass
         out = []
         for i, b in enumerate(block_sizes):
@@ -308,7 +311,7 @@ class GpuTasks:
                     return out
                 rows = float(worst_case_rows([schedule], len(ids), config)[0][2])
                 records = list(gated(decode(model.share(), ids, config, schedule), self.gate, rows, alive,
-                                     deadline=deadline))
+                                     deadline=deadline, threads=threads))
                 if records:
                     out.append((b, records))
         return out

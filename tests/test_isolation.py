@@ -206,6 +206,44 @@ def test_a_turn_in_a_new_thread_computes_with_the_servers_count_after_another_th
         torch.set_num_threads(before)
 
 
+def test_a_run_keeps_its_thread_count_when_the_server_chooses_another_between_its_iterations(tiny_model_dir):
+    """The tuner measures again when another request finds its choice stale, and each turn applied the count of the
+    moment: a run admitted at 2 threads went on at 1 from its next iteration. A run now keeps the count it was
+    admitted with; the new one is for the requests admitted after."""
+    from packed_ss.threads import ThreadChoice, ThreadTuner
+    from serve.gpu import GpuTasks
+    from serve.limits import ComputeGate
+    from serve.models import ModelStore
+
+    tuner = ThreadTuner(options=(1,))  # nothing to measure: the choice below is the server's
+    tuner.choice = ThreadChoice(2, {2: 1.0})
+    seen: list[int] = []
+
+    class Counted(DualModeModel):
+        """The tiny model noting torch's thread count at each call; after its second, the server chooses 1 thread
+        (as a measurement made for another request would)."""
+
+        def forward(self, *args, **kwargs):
+            seen.append(torch.get_num_threads())
+            if len(seen) == 2:
+                tuner.choice = ThreadChoice(1, {1: 1.0})
+            return super().forward(*args, **kwargs)
+
+        def share(self, compiled=None):
+            return Counted(self.model, self.tokenizer, self.mask_token_id, self.eos_token_id)
+
+    base = tiny_llama(vocab_size=20, seed=2, logit_scale=3.0)
+    counted = Counted(base.model, base.tokenizer, base.mask_token_id, base.eos_token_id)
+    tasks = GpuTasks(ModelStore(str(tiny_model_dir), device="cpu", preloaded={"counted": counted}),
+                     ComputeGate(tuner))
+    before = torch.get_num_threads()
+    try:
+        tasks.generate(("counted", ""), [3, 4, 5], DecodeConfig(block_size=4, max_new_tokens=6), "ar")
+    finally:
+        torch.set_num_threads(before)
+    assert len(seen) == 6 and set(seen) == {2}, seen  # the prefill and 5 more calls
+
+
 # --- compiling ------------------------------------------------------------------------------------------------------
 class HeldCompiler:
     """A stand-in for ``torch.compile``: the function it returns runs the eager one. The first call made in a thread
