@@ -177,7 +177,7 @@ def test_display_strings_belong_to_the_model_they_were_made_for_not_to_its_addre
 
 
 # --- threads --------------------------------------------------------------------------------------------------------
-def test_a_turn_in_a_new_thread_computes_with_the_servers_count_after_another_thread_set_one(monkeypatch):
+def test_a_turn_in_a_new_thread_computes_with_the_servers_count_after_another_thread_set_one():
     """torch gives a new thread the count set last anywhere: after the background compile thread set 1 for itself, a
     later request's thread computed with 1 thread where the server's count was another (the tuner had not measured,
     or measured nothing: torch's count at start-up)."""
