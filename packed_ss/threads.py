@@ -141,15 +141,22 @@ class ThreadTuner:
     :data:`CHECK_S` seconds) drifts by :data:`DRIFT`, or after :data:`RECHOOSE_S` seconds. A model whose probe takes
     over :data:`MAX_PROBE_MS` keeps torch's default (long calls lose little to a busy core's wait; measuring them per
     request would cost seconds). torch keeps the count per calling thread, so :meth:`apply` sets it in the thread
-    about to compute (the compute gate calls it at each turn). Thread-safe.
+    about to compute (the compute gate calls it at each turn), torch's count at the tuner's making (:attr:`default`)
+    where nothing was chosen. Thread-safe.
     """
 
     def __init__(self, fixed: int | None = None, options: Sequence[int] | None = None,
                  clock: Callable[[], float] = time.monotonic):
+        import torch
+
         self.fixed = fixed
         self.options = tuple(options or candidates())
         self.clock = clock
         self.choice: ThreadChoice | None = None
+        # torch's count where the tuner is made (a server's start-up): what calls run with until a measurement chose
+        # one. Set at each turn all the same: a thread started later takes the count set last in any thread (the
+        # background compile's 1, a measurement's candidates), not this one.
+        self.default = torch.get_num_threads()
         self.reason = "given with --threads" if fixed else "not measured yet"
         self._chosen_at = self._checked_at = -float("inf")
         self._lock = threading.Lock()
@@ -159,12 +166,19 @@ class ThreadTuner:
         """The count calls run with now (None: torch's default, before any measurement)."""
         return self.fixed or (self.choice.threads if self.choice else None)
 
-    def apply(self) -> None:
-        """Set torch's thread count in the calling thread to :attr:`threads` (nothing when it already is)."""
+    @property
+    def count(self) -> int:
+        """The count a call starting now runs with: :attr:`threads`, or :attr:`default` before a measurement chose
+        one."""
+        return self.threads or self.default
+
+    def apply(self, count: int | None = None) -> None:
+        """Set torch's thread count in the calling thread to ``count`` (a request's, taken from :attr:`count` when it
+        was admitted), else to :attr:`count` (nothing when it already is)."""
         import torch
 
-        threads = self.threads
-        if threads is not None and torch.get_num_threads() != threads:
+        threads = count or self.count
+        if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
 
     def check(self, model, between: Callable[[], None] | None = None,
@@ -226,9 +240,7 @@ class ThreadTuner:
         if self.fixed:
             return f"{self.fixed} thread{'s' if self.fixed > 1 else ''} (given with --threads)"
         if self.choice is None:
-            import torch
-
-            return (f"torch's default, {torch.get_num_threads()} threads ({self.reason})"
+            return (f"torch's default, {self.default} threads ({self.reason})"
                     if self.reason.startswith("not measured:") else
                     "threads not measured yet (chosen at the first model call)")
         return f"{self.choice.describe()}, measured at {self.reason}"

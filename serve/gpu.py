@@ -99,12 +99,12 @@ class GpuTasks:
         if choice is not None or now != before:  # a new choice, or why none was measured (a slow probe)
             print(f"threads: {now}", file=sys.stderr, flush=True)
 
-    def _adapter(self, model_ref: tuple, prompt_ids: Sequence[int], config: DecodeConfig,
+    def _adapter(self, model, model_ref: tuple, prompt_ids: Sequence[int], config: DecodeConfig,
                  reference: Sequence[int] | None = None, isolate=None):
-        """A run's own adapter: the model's, or a scripted drafter over it (``model_ref[2]`` = its quality;
-        ``reference``: the AR output it follows, when already computed, else computed through ``isolate``: at the
-        gate, within the request's time limit)."""
-        model = self.store.get(*model_ref[:2])
+        """A run's own adapter: ``model``'s (the one its request got from the store: a reload of ``model_ref``
+        meanwhile, after another visitor's loads pushed it out, is not this run's), or a scripted drafter over it
+        (``model_ref[2]`` = its quality; ``reference``: the AR output it follows, when already computed, else computed
+        through ``isolate``: at the gate, within the request's time limit)."""
         quality = model_ref[2] if len(model_ref) > 2 else None
         if quality is None:
             return model.share()
@@ -115,18 +115,21 @@ class GpuTasks:
     def _isolate(self, priority: float, alive: Callable[[], bool] | None = None, owner: object = None,
                  deadline: float | None = None):
         """A run's isolation for :func:`packed_ss.measure.timed_run`: each iteration computed alone at the gate
-        (wall time stays honest), stopped once ``alive()`` is False, ended at ``deadline`` (monotonic seconds)."""
-        return lambda records: gated(records, self.gate, priority, alive, owner, deadline)
+        (wall time stays honest) at the thread count of the moment it is made (the request's, kept whatever the
+        tuner measures meanwhile), stopped once ``alive()`` is False, ended at ``deadline`` (monotonic seconds)."""
+        threads = None if self.gate is None else self.gate.count
+        return lambda records: gated(records, self.gate, priority, alive, owner, deadline, threads)
 
     def _records(self, model_ref: tuple, prompt_ids: Sequence[int], config: DecodeConfig,
                  schedule: str, priority: float = 0.0, limit_s: float | None = None) -> list[IterationRecord]:
         """Every iteration record of one run (an eager step-through run), those computed within ``limit_s``
         seconds (None: all)."""
         deadline = deadline_after(limit_s)
-        self._tuned(self.store.get(*model_ref[:2]))
+        model = self.store.get(*model_ref[:2])
+        self._tuned(model)
         isolate = self._isolate(priority, deadline=deadline)
         weighed = self._isolate(reference_rows(len(prompt_ids), config), deadline=deadline)  # a whole AR run
-        adapter = self._adapter(model_ref, prompt_ids, config, isolate=weighed)
+        adapter = self._adapter(model, model_ref, prompt_ids, config, isolate=weighed)
         return list(isolate(decode(adapter, list(prompt_ids), config, schedule)))
 
     def _race(self, model_ref: tuple, prompt_ids: Sequence[int], config: DecodeConfig,
@@ -156,11 +159,11 @@ class GpuTasks:
             warm_up(model.share(), prompt_ids, [("ar", DecodeConfig(block_size=config.block_size, max_new_tokens=2))],
                     isolate)
             # A scripted drafter follows AR's output: computed once for every lane.
-            reference = getattr(self._adapter(model_ref, prompt_ids, config, isolate=isolate), "reference", None)
+            reference = getattr(self._adapter(model, model_ref, prompt_ids, config, isolate=isolate), "reference", None)
             lanes, adapters, configs = [], [], []
             for schedule in schedules:
                 own = replace(config, block_size=(block_sizes or {}).get(schedule, config.block_size))
-                adapter = self._adapter(model_ref, prompt_ids, own, reference)
+                adapter = self._adapter(model, model_ref, prompt_ids, own, reference)
                 lanes.append((schedule, isolate(decode(adapter, list(prompt_ids), own, schedule))))
                 adapters.append(adapter)
                 configs.append(own)
@@ -178,10 +181,11 @@ class GpuTasks:
         :data:`~serve.limits.TIME_LIMIT`; None: no limit). Raises: ClientGone between two iterations once
         ``alive()`` is False."""
         deadline = deadline_after(limit_s)
-        self._tuned(self.store.get(*model_ref[:2]), alive)
+        model = self.store.get(*model_ref[:2])
+        self._tuned(model, alive)
         isolate = self._isolate(priority, alive, deadline=deadline)
-        return cut_off(timed_run(self._adapter(model_ref, prompt_ids, config, isolate=isolate), prompt_ids, config,
-                                 schedule, isolate))
+        return cut_off(timed_run(self._adapter(model, model_ref, prompt_ids, config, isolate=isolate), prompt_ids,
+                                 config, schedule, isolate))
 
     def cost(self, model_ref: tuple, alive: Callable[[], bool] | None = None) -> CallCost:
         """The model's latest per-call cost fit (:class:`serve.costs.CostBook`; measured at first use, stopped with
@@ -294,9 +298,10 @@ class GpuTasks:
         (``time.monotonic()``; the runs done are returned). Raises: ClientGone when ``alive()`` turns False."""
         model = self.store.get(*model_ref[:2])
         ids = list(prompt_ids)
+        threads = None if self.gate is None else self.gate.count  # every run of the set at one thread count
         warm = DecodeConfig(block_size=max(block_sizes), max_new_tokens=2)
         for _ in gated(decode(model.share(), ids, warm, "ar"), self.gate,
-                       float(worst_case_rows(["ar"], len(ids), warm)[0][2]), alive, deadline=deadline):
+                       float(worst_case_rows(["ar"], len(ids), warm)[0][2]), alive, deadline=deadline, threads=threads):
             pass
         out = []
         for i, b in enumerate(block_sizes):
@@ -306,7 +311,7 @@ class GpuTasks:
                     return out
                 rows = float(worst_case_rows([schedule], len(ids), config)[0][2])
                 records = list(gated(decode(model.share(), ids, config, schedule), self.gate, rows, alive,
-                                     deadline=deadline))
+                                     deadline=deadline, threads=threads))
                 if records:
                     out.append((b, records))
         return out

@@ -20,6 +20,7 @@ import ctypes
 import ctypes.util
 import heapq
 import itertools
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -28,6 +29,7 @@ from dataclasses import replace
 
 from packed_ss.any_order import ORDER_REGISTRY
 from packed_ss.config import DecodeConfig
+from packed_ss.models.process_state import restore_default_dtype
 from packed_ss.models.static import CAPACITY_STEP
 from packed_ss.records import RunRecord
 from packed_ss.schedules import REGISTRY
@@ -120,6 +122,8 @@ class ComputeGate:
 
     ``threads``: a :class:`packed_ss.threads.ThreadTuner` whose count is set in the thread of each turn (torch keeps
     the count per thread), so across every concurrent request at most that many torch threads compute at once.
+    Each turn also starts from the process's default dtype (put back, with one line in the server's log, where
+    something outside a model load left another: :func:`packed_ss.models.process_state.restore_default_dtype`).
     ``holder``: the native id of the thread whose turn it is (None between turns).
     """
 
@@ -135,11 +139,18 @@ class ComputeGate:
         self._started = 0  # turns begun so far
         self._released = time.monotonic()  # when the last turn ended
 
+    @property
+    def count(self) -> int | None:
+        """The torch thread count a request admitted now keeps for all its turns (None: no tuner): a new measurement
+        meanwhile, made for another request, changes the later requests' count, not this one's."""
+        return None if self.threads is None else self.threads.count
+
     @contextmanager
-    def turn(self, priority: float, owner: object = None):
+    def turn(self, priority: float, owner: object = None, threads: int | None = None):
         """Hold the gate for the body of the ``with`` block (waits for its turn); ``owner`` tags the turn
-        for :meth:`watch`. A waiting turn sleeps until the gate is handed to it: only the next turn is woken, so
-        waiting requests take no CPU from the one computing."""
+        for :meth:`watch`; ``threads``: the torch thread count of the request the turn belongs to (:attr:`count` when
+        it was admitted; None: the tuner's count now). A waiting turn sleeps until the gate is handed to it: only the
+        next turn is woken, so waiting requests take no CPU from the one computing."""
         with self._lock:
             if self._busy:
                 arrival, event = next(self._tickets), threading.Event()
@@ -155,7 +166,10 @@ class ComputeGate:
         try:
             self.holder = threading.get_native_id()
             if self.threads is not None:
-                self.threads.apply()
+                self.threads.apply(threads)
+            found = restore_default_dtype()  # a turn computes with the process's default dtype, whatever left another
+            if found is not None:
+                print(found, file=sys.stderr, flush=True)
             yield
         finally:
             with self._lock:
@@ -212,16 +226,18 @@ def deadline_after(limit_s: float | None) -> float | None:
 
 
 def gated(records: Iterator, gate: ComputeGate | None, priority: float,
-          alive: Callable[[], bool] | None = None, owner: object = None, deadline: float | None = None) -> Iterator:
-    """Yield the items of ``records``, computing each one while holding ``gate`` (turns tagged ``owner``); stop
-    (without error) once ``time.monotonic()`` has passed ``deadline``: the request's time limit, from the clock.
+          alive: Callable[[], bool] | None = None, owner: object = None, deadline: float | None = None,
+          threads: int | None = None) -> Iterator:
+    """Yield the items of ``records``, computing each one while holding ``gate`` (turns tagged ``owner``, at the
+    request's torch thread count ``threads``: :meth:`ComputeGate.turn`); stop (without error) once
+    ``time.monotonic()`` has passed ``deadline``: the request's time limit, from the clock.
 
     Raises: ClientGone before an iteration when ``alive()`` is False (the client disconnected).
     """
     while True:
         if alive is not None and not alive():
             raise ClientGone("the client disconnected; the run was stopped")
-        with gate.turn(priority, owner) if gate is not None else nullcontext():
+        with gate.turn(priority, owner, threads) if gate is not None else nullcontext():
             if deadline is not None and time.monotonic() >= deadline:
                 return
             item = next(records, StopIteration)

@@ -6,8 +6,10 @@ from __future__ import annotations
 import re
 import sys
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 
 from packed_ss.config import DecodeConfig
@@ -111,7 +113,9 @@ class ModelStore:
         self._public: dict[str, str] = {}  # public name -> identity (what the page, the API and messages show)
         for identity, given in self._offered.items():
             self._public[self._public_name(identity, given)] = identity
-        self._strings: dict[int, dict[int, str]] = {}
+        # Display strings by model object, kept while it lives: a Step's model outlives its place in the store, and
+        # a key by id() was met again by another checkpoint's model at the freed one's address.
+        self._strings: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         # What the models dropped had compiled (packed_ss.models.native.compiled_parts), by (identity, dtype, their
         # weight files): a reload adopts it instead of compiling again. At most one entry per offered model and dtype.
         self._compiled: dict[tuple, tuple] = {}
@@ -214,7 +218,9 @@ class ModelStore:
 
     def get(self, name: str | None, precision: str = ""):
         """The loaded :class:`DualModeModel` for ``name`` in ``precision`` ("" = the server's dtype); loads
-        it on first use (each precision is a model of its own, counted against ``capacity``).
+        it on first use (each precision is a model of its own, counted against ``capacity``). The weight files are
+        read (or downloaded) first, beside other visitors' calls; the load itself takes a turn of the compute gate
+        (:meth:`_turn`), and loads in several threads run one at a time.
 
         Raises: UserError for a model not offered; ModelLoadError (a ValueError) with a readable message
         when loading fails.
@@ -232,11 +238,13 @@ class ModelStore:
             with self._lock:
                 if key in self._models:
                     return self._models[key]
+            fetch_weights(key[0])  # the slow part, beside other visitors' calls: the files, into the local caches
             try:
-                model = DualModeModel.from_pretrained(key[0], device=self.device, dtype=dtype, family=self.family,
-                                                      drafter_lora=self.drafter_lora, require_adapter=False,
-                                                      base_model=self.base_model, cache=self.cache,
-                                                      compiled=self.compiled, path=self.path)
+                with self._turn():
+                    model = DualModeModel.from_pretrained(key[0], device=self.device, dtype=dtype, family=self.family,
+                                                          drafter_lora=self.drafter_lora, require_adapter=False,
+                                                          base_model=self.base_model, cache=self.cache,
+                                                          compiled=self.compiled, path=self.path)
             except ValueError as error:  # ModelLoadError included: its message without the server's paths
                 raise type(error)(hide_paths(str(error), key[0], self.offered_name(key[0]))) from None
             if model.path_note:
@@ -250,11 +258,18 @@ class ModelStore:
                 self._models[key] = model
                 while len(self._models) > self.capacity:
                     old, dropped = self._models.popitem(last=False)
-                    self._strings.pop(id(dropped), None)
                     parts = dropped.compiled_parts() if hasattr(dropped, "compiled_parts") else None
                     if parts is not None:
                         self._compiled[(*old, weight_files(old[0]))] = parts
             return model
+
+    def _turn(self):
+        """What a load runs in: a turn of the compute gate (none without a gate, or in a thread holding one already).
+        transformers sets torch's default dtype, one per process, to the loaded model's while it builds the network
+        (:mod:`packed_ss.models.process_state`), so no other visitor's iteration computes meanwhile."""
+        if self.gate is None or self.gate.holder == threading.get_native_id():
+            return nullcontext()
+        return self.gate.turn(0.0)
 
     def _isolate(self, model):
         """How ``model``'s warm-up iterations run: each a turn of the compute gate where its calls record CUDA graphs
@@ -266,9 +281,10 @@ class ModelStore:
         return lambda records: gated(records, self.gate, 0.0)
 
     def strings_for(self, model) -> Callable[[Sequence[int]], list[str]]:
-        """A memoised ``ids -> display strings`` function for ``model`` (one decode per distinct id)."""
+        """A memoised ``ids -> display strings`` function for ``model`` (one decode per distinct id, kept while
+        ``model`` lives)."""
         with self._lock:
-            memo = self._strings.setdefault(id(model), {})
+            memo = self._strings.setdefault(model, {})
 
         def strings(ids: Sequence[int]) -> list[str]:
             missing = [i for i in dict.fromkeys(ids) if i not in memo]
@@ -285,13 +301,57 @@ class ModelStore:
             return [identity for identity, _ in self._models]
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")  # the files of a model folder that hold its weights
+READ_CHUNK = 1 << 24  # bytes read at once by fetch_weights
+SHARD_INDEX = "model.safetensors.index.json"  # a sharded checkpoint's list of its weight files
+
+
+def fetch_weights(identity: str) -> None:
+    """Bring a model's weight files near before its load: a local folder's read once (the load, at the compute gate,
+    then finds them in the page cache), a hub id's downloaded into the hub cache as transformers names them (the
+    shards of ``model.safetensors.index.json``, else ``model.safetensors``; the network only for files not cached).
+    Nothing is raised: a file that cannot be had now is the load's to report."""
+    folder = Path(identity)
+    if folder.is_absolute():
+        for path in sorted(p for p in folder.glob("*") if p.suffix in WEIGHT_SUFFIXES):
+            try:
+                with open(path, "rb", buffering=0) as file:
+                    while file.read(READ_CHUNK):
+                        pass
+            except OSError:
+                pass
+        return
+    import json
+
+    from huggingface_hub import hf_hub_download
+
+    def fetched(name: str, network: bool) -> Path | None:
+        try:
+            return Path(hf_hub_download(identity, name, local_files_only=not network))
+        except Exception:  # noqa: BLE001 - not cached, not there, unreachable: the load says what
+            return None
+
+    index = fetched(SHARD_INDEX, False)
+    if index is None and fetched("model.safetensors", False) is None:  # nothing cached: ask the hub
+        index = fetched(SHARD_INDEX, True)
+        if index is None:
+            fetched("model.safetensors", True)
+    try:
+        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())) if index else []
+    except (OSError, ValueError, KeyError, AttributeError):
+        shards = []
+    for name in shards:
+        if fetched(name, False) is None:
+            fetched(name, True)
+
+
 def weight_files(identity: str) -> tuple:
     """``(name, size, modification time)`` of a local model folder's weight files, sorted (a reload of a folder
     whose weights changed is another checkpoint); ``()`` for a hub id or an unreadable folder."""
     folder = Path(identity)
     try:
         return tuple(sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir()
-                            if p.suffix in (".safetensors", ".bin", ".pt")))
+                            if p.suffix in WEIGHT_SUFFIXES))
     except OSError:
         return ()
 

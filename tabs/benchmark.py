@@ -126,10 +126,14 @@ class RunTurns:
     over :data:`RUN_HOLD_S` while others wait.
 
     Args: turn: ``() -> context manager``, one turn of the gate. gate: that :class:`serve.limits.ComputeGate`
-        (None: no one else to wait for). check: called while waiting (it may raise to stop the runs)."""
+        (None: no one else to wait for; its thread count when the benchmark starts is kept for every run). check:
+        called while waiting (it may raise to stop the runs)."""
 
     def __init__(self, turn: Callable[[], ContextManager], gate, check: Callable[[], None]):
         self.turn, self.gate, self.check = turn, gate, check
+        # torch's thread count of every run of this benchmark: the gate's when it was admitted (a measurement made for
+        # another request meanwhile changes later requests' count, not this benchmark's between two of its runs)
+        self.threads = None if gate is None else gate.count
         self.held_since: float | None = None  # when the run in progress took the gate
         self.seen: int | None = None  # the gate's turn count at the end of this benchmark's last turn
 
@@ -142,6 +146,8 @@ class RunTurns:
             self.check()
             time.sleep(QUIET_S / 10)
         with self.turn():
+            if self.threads is not None:
+                self.gate.threads.apply(self.threads)
             self.held_since = time.monotonic()
             try:
                 yield

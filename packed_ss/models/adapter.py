@@ -29,6 +29,7 @@ from packed_ss.models.families import pick_family, read_config
 from packed_ss.models.lora import DrafterLora, adapter_folder
 from packed_ss.models.graphs import GraphCalls
 from packed_ss.models.native import NativeCalls, adopt_compiled, compiled_parts, native_problem
+from packed_ss.models.process_state import loading
 from packed_ss.models.static import StaticCalls, kernel_mask, static_cache_problem
 
 
@@ -280,37 +281,40 @@ class DualModeModel:
         if base_model and chosen.name != "setdlm":  # a server may pass one for every model it offers: a warning
             warnings.warn(f"base_model {quoted(str(base_model))} applies to SetDLM checkpoints only; {quoted(name)} is a "
                           f"{chosen.name} model, so it is ignored", stacklevel=2)
-        try:
-            checkpoint = chosen.load(name, config, dtype, str(device), local_only, **options)
-        except ModelLoadError:
-            raise
-        except Exception as error:  # any loader failure becomes one clear message
-            raise ModelLoadError(offline if local_only else
-                                 f"cannot load model {name!r}: {type(error).__name__}: {error}") from error
-        model = checkpoint.model
-        special_ids_problem(name, checkpoint, int(model.config.vocab_size))
-        non_finite_problem(name, model)
-        lora, adapter_note = None, None
-        if drafter_lora:
-            folder = adapter_folder(local, name, drafter_lora, local_only)
+        # Torch's default dtype is one per process and from_pretrained sets it while it builds the network: one load
+        # at a time in the process (packed_ss.models.process_state), the files and the config read before.
+        with loading():
             try:
-                if folder is None:
-                    raise ModelLoadError(f"drafter adapter {drafter_lora!r}: no adapter_config.json there or in "
-                                         f"the model's subfolder {drafter_lora!r}")
-                lora = DrafterLora.load(model, folder, checkpoint.adapter_name)
-            except ModelLoadError as error:
-                if require_adapter:
-                    raise
-                adapter_note = str(error)  # the model loads without it (an adapter fits some models only)
-        why_not = static_cache_problem(model.config) if compiled else None
-        if why_not:
-            raise ModelLoadError(f"--compile needs the static cache, and {name!r} cannot use it: {why_not}")
-        if getattr(model.config, "mask_token_id", None) is None:  # NLD's mapped config: wrap(model) finds it again
-            model.config.mask_token_id = checkpoint.mask_token_id
-        loaded = cls(model.to(device), checkpoint.tokenizer, checkpoint.mask_token_id, checkpoint.eos_token_id,
-                     checkpoint.bos_token_id, checkpoint.family, lora, cache, compiled, path)
-        loaded.adapter_note = adapter_note
-        return loaded
+                checkpoint = chosen.load(name, config, dtype, str(device), local_only, **options)
+            except ModelLoadError:
+                raise
+            except Exception as error:  # any loader failure becomes one clear message
+                raise ModelLoadError(offline if local_only else
+                                     f"cannot load model {name!r}: {type(error).__name__}: {error}") from error
+            model = checkpoint.model
+            special_ids_problem(name, checkpoint, int(model.config.vocab_size))
+            non_finite_problem(name, model)
+            lora, adapter_note = None, None
+            if drafter_lora:
+                folder = adapter_folder(local, name, drafter_lora, local_only)
+                try:
+                    if folder is None:
+                        raise ModelLoadError(f"drafter adapter {drafter_lora!r}: no adapter_config.json there or in "
+                                             f"the model's subfolder {drafter_lora!r}")
+                    lora = DrafterLora.load(model, folder, checkpoint.adapter_name)
+                except ModelLoadError as error:
+                    if require_adapter:
+                        raise
+                    adapter_note = str(error)  # the model loads without it (an adapter fits some models only)
+            why_not = static_cache_problem(model.config) if compiled else None
+            if why_not:
+                raise ModelLoadError(f"--compile needs the static cache, and {name!r} cannot use it: {why_not}")
+            if getattr(model.config, "mask_token_id", None) is None:  # NLD's mapped config: wrap(model) finds it again
+                model.config.mask_token_id = checkpoint.mask_token_id
+            loaded = cls(model.to(device), checkpoint.tokenizer, checkpoint.mask_token_id, checkpoint.eos_token_id,
+                         checkpoint.bos_token_id, checkpoint.family, lora, cache, compiled, path)
+            loaded.adapter_note = adapter_note
+            return loaded
 
     @classmethod
     def wrap(cls, model, tokenizer=None, mask_token_id: int | None = None, eos_token_id: int | None = None,

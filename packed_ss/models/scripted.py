@@ -60,7 +60,8 @@ class ScriptedDrafter:
         self._tokens: list[int] = []  # with follow: the token id in each cache slot (verified prefix, call's rows)
         self._agreed = 0  # with follow: the verified tokens already found to agree with the reference
         generator = torch.Generator().manual_seed(seed)
-        self._u = torch.rand(len(self.reference) + 4096, generator=generator).tolist()  # one draw per position
+        # one draw per position, in float32 whatever torch's default dtype is (another thread's model load sets it)
+        self._u = torch.rand(len(self.reference) + 4096, generator=generator, dtype=torch.float32).tolist()
         for name in ("tokenizer", "mask_token_id", "eos_token_id", "bos_token_id", "vocab_size", "never_emit_ids",
                      "max_length", "device", "dtype", "drafter_lora", "adapter_note", "family", "pads_drafts"):
             setattr(self, name, getattr(base, name, None))

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from packed_ss.layout import PREFILL
+from packed_ss.models.process_state import COMPILING
 
 CAPACITY_STEP = 256  # capacities are multiples of this (fewer distinct shapes across runs)
 RECOMPILE_LIMIT = 64  # compiled variants dynamo keeps per function (shapes x capacities)
@@ -294,11 +295,17 @@ class StaticCalls:
             return None
         start = time.perf_counter()
         try:
-            if new:
-                out = self._call_compiled(inputs)
-            else:  # a shape compiled before: dynamo checks only the guards that tell its variants apart
-                with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+            if new:  # one compile at a time in the process (packed_ss.models.process_state)
+                with COMPILING:
                     out = self._call_compiled(inputs)
+            elif COMPILING.acquire(blocking=False):  # a shape compiled before: dynamo checks only the guards that tell
+                try:  # its variants apart, under a stance that is one per process, so only while nothing compiles
+                    with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+                        out = self._call_compiled(inputs)
+                finally:
+                    COMPILING.release()
+            else:  # another thread compiles meanwhile: every guard checked (the same variant, found more slowly)
+                out = self._call_compiled(inputs)
         except Exception as error:  # noqa: BLE001 - inductor/C++ compiler failures: eager from now on
             self._give_up(error)
             self._set_length(self.length)
