@@ -274,8 +274,8 @@ class ModelStore:
     def _isolate(self, model):
         """How ``model``'s warm-up iterations run: each a turn of the compute gate where its calls record CUDA graphs
         (a capture beside another visitor's call fails both), else freely (a CPU's compiling stays off the gate)."""
-        if self.gate is None or not getattr(model, "graphs", False):
-            return None
+        if self.gate is None or not getattr(model, "graphs", False) or self.gate.holder == threading.get_native_id():
+            return None  # no gate, no graphs, or this thread's turn already holds the gate
         from serve.limits import gated
 
         return lambda records: gated(records, self.gate, 0.0)
