@@ -33,9 +33,9 @@ def test_measure_decodes_a_bounded_prompt_and_waits_its_turn_at_the_rows_it_need
 
     turn = server.gate.turn
 
-    def noted(priority, owner=None):
+    def noted(priority, owner=None, threads=None):
         priorities.append(priority)
-        return turn(priority, owner)
+        return turn(priority, owner, threads)
 
     monkeypatch.setattr(server.tasks, "calibration", spy)
     monkeypatch.setattr(server.gate, "turn", noted)
