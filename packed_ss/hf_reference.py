@@ -45,6 +45,8 @@ class ReferenceRun:
     rows: int = 0
     mean_acceptance_length: float = float("nan")
     max_rows_per_call: int | None = None  # n/a: transformers' calls are not recorded
+    verify_iterations: int = 0  # iterations that verified a draft, where the loop counts them (vLLM's counters)
+    per_position_acceptance: tuple[float, ...] = ()  # accepted drafts at each position / drafts, where counted
 
     @property
     def tokens(self) -> int:

@@ -10,7 +10,8 @@ prompts, intervals).
   :class:`~packed_ss.records.RunRecord`: decoder wall time is the sum of the iteration times (model time
   plus non-model decoder time, prefill included); loading, tokenisation and detokenisation are outside
   (paper E.5). transformers' own ``generate`` (:data:`~packed_ss.hf_reference.HF_REFERENCES`) and llama.cpp's
-  loops (:data:`~packed_ss.llamacpp.LLAMACPP_REFERENCES`) are timed as one call each.
+  loops (:data:`~packed_ss.llamacpp.LLAMACPP_REFERENCES`) and vLLM's (:data:`~packed_ss.vllm_lanes.VLLM_REFERENCES`)
+  are timed as one call each.
 * Isolation: ``isolate`` wraps a run's iteration generator; a server passes its compute gate there
   (each iteration computed alone, other requests served between two iterations), or holds a turn around
   the whole run itself.
@@ -27,9 +28,10 @@ from packed_ss.config import DecodeConfig
 from packed_ss.engine import decode, finish_run
 from packed_ss.hf_reference import HF_REFERENCES, hf_generate
 from packed_ss.llamacpp import LLAMACPP_REFERENCES, llamacpp_generate
+from packed_ss.vllm_lanes import VLLM_REFERENCES, vllm_generate
 from packed_ss.records import IterationRecord, RunRecord
 
-REFERENCES = HF_REFERENCES + LLAMACPP_REFERENCES  # loops outside the engine, on the same weights, greedy only
+REFERENCES = HF_REFERENCES + LLAMACPP_REFERENCES + VLLM_REFERENCES  # loops outside the engine, same weights, greedy
 EAGER_AR = "ar-eager"  # benchmark row: AR through eager calls, to compare with --compile's AR in the same run
 
 Item = TypeVar("Item")
@@ -73,6 +75,8 @@ def timed_run(model, prompt_ids: Sequence[int], config: DecodeConfig, schedule: 
         return hf_generate(model, list(prompt_ids), config.max_new_tokens, schedule, config.block_size)
     if schedule in LLAMACPP_REFERENCES:
         return llamacpp_generate(model, list(prompt_ids), config.max_new_tokens, schedule, config.block_size)
+    if schedule in VLLM_REFERENCES:
+        return vllm_generate(model, list(prompt_ids), config.max_new_tokens, schedule, config.block_size)
     if schedule == EAGER_AR:  # the engine's AR on the eager path of the same weights, beside compiled runs
         run = timed_run(model.share(compiled=False), prompt_ids, config, "ar", isolate)
         return replace(run, schedule=EAGER_AR)

@@ -26,12 +26,16 @@ SCHEDULE_COLORS = {
     "ar-eager": "#8f8f8f",  # light grey (AR's eager twin)
     "llamacpp-ar": "#6c1348",  # plum
     "llamacpp-lookup": "#525f1f",  # olive
+    "vllm-ar": "#401808",  # dark brown
+    "vllm-ngram": "#9988cc",  # lavender
+    "vllm-suffix": "#004433",  # dark green
 }
 SCHEDULE_SYMBOLS = {
     "ar": "circle", "linear": "square", "quadratic": "diamond", "packed": "circle-open", "diffusion": "x",
     "lookup": "triangle-up", "packed-mixed": "star", "partial": "triangle-down", "hf-greedy": "pentagon",
     "hf-lookup": "hexagon", "hf-greedy-compiled": "cross", "ar-eager": "square-open",
     "llamacpp-ar": "diamond-open", "llamacpp-lookup": "triangle-up-open",
+    "vllm-ar": "circle-x", "vllm-ngram": "triangle-down-open", "vllm-suffix": "star-open",
 }
 OTHER_COLOR = "#5b6770"  # a schedule without its own colour
 MIN_DISTANCE = 20.0  # least CIEDE2000 distance between two schedules' colours (tested)

@@ -33,8 +33,10 @@ COMPARISONS = (("packed", "linear"), ("packed", "quadratic"), ("packed", "ar"), 
                ("lookup", "hf-lookup"), ("ar", "hf-greedy"), ("packed-mixed", "hf-lookup"), ("partial", "packed"),
                ("partial", "quadratic"), ("partial", "ar"), ("ar", "hf-greedy-compiled"), ("ar", EAGER_AR),
                ("ar", "llamacpp-ar"), ("packed-mixed", "llamacpp-ar"), ("lookup", "llamacpp-lookup"),
-               ("packed-mixed", "llamacpp-lookup"), ("llamacpp-lookup", "llamacpp-ar"))
-NO_BLOCK = ("ar", "hf-greedy", "hf-greedy-compiled", EAGER_AR, "llamacpp-ar")  # schedules whose output and cost do not depend on B
+               ("packed-mixed", "llamacpp-lookup"), ("llamacpp-lookup", "llamacpp-ar"),
+               ("ar", "vllm-ar"), ("packed-mixed", "vllm-ngram"), ("packed-mixed", "vllm-suffix"),
+               ("lookup", "vllm-ngram"), ("packed", "vllm-ar"), ("vllm-ngram", "vllm-ar"))
+NO_BLOCK = ("ar", "hf-greedy", "hf-greedy-compiled", EAGER_AR, "llamacpp-ar", "vllm-ar")  # schedules whose output and cost do not depend on B
 WARMUP_TOKENS = 8  # new-token limit of the untimed warm-up runs
 MAX_RESAMPLES = 1_000_000  # bootstrap resamples (E.5 uses 20,000); a resample matrix row is 8 bytes a column
 MAX_SEED = SEED_RANGE[1]  # run seeds (seed + prompt offsets) stay within the seeds that give distinct runs

@@ -6,7 +6,8 @@ import datetime
 import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager as ContextManager, nullcontext
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, replace
 
 import pandas as pd
 
@@ -17,6 +18,7 @@ from packed_ss.divergence import divergence
 from packed_ss.hf_reference import HF_REFERENCES, reference_problem
 from packed_ss.llamacpp import LLAMACPP_REFERENCES, llamacpp_problem
 from packed_ss.measure import EAGER_AR, REFERENCES, timed_run, warm_up
+from packed_ss.vllm_lanes import VLLM_REFERENCES, startup_seconds, vllm_problem
 
 Progress = Callable[[int, int, str], None]  # (runs done, runs planned, label of the next run)
 
@@ -66,7 +68,7 @@ def _example_row(unit: PlannedRun, prompt: Prompt, prompt_len: int, seed: int, r
         "tokens": run.tokens,
         "nfe": run.nfe,
         "iterations": run.iterations,
-        "verify_iterations": sum(1 for r in run.records if r.verifies),
+        "verify_iterations": getattr(run, "verify_iterations", 0) or sum(1 for r in run.records if r.verifies),
         "rows": run.rows,
         "max_rows_per_call": run.max_rows_per_call,
         "wall_s": run.wall_s,
@@ -121,6 +123,15 @@ def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progres
     problem = llamacpp and llamacpp_problem(model)
     if problem:
         raise BenchError(f"{', '.join(llamacpp)}: {problem}")
+    # vLLM's lanes where it cannot run are left out with one line each, and the rest of the run goes on
+    left_out = {s: why for s in config.schedules if s in VLLM_REFERENCES for why in [vllm_problem(model, s)] if why}
+    for schedule, why in left_out.items():
+        print(f"note: {schedule} left out: {why}", file=sys.stderr)
+    if left_out:
+        kept = tuple(s for s in config.schedules if s not in left_out)
+        if not kept:
+            raise BenchError("; ".join(f"{s}: {why}" for s, why in left_out.items()))
+        config = replace(config, schedules=kept)
     largest = max([config.block_size(s) for s in config.schedules] + list(config.probe_block_sizes))
     encoded, skipped = [], []
     for prompt in prompts:  # tokenisation happens here, outside the timed runs (E.5)
@@ -179,6 +190,8 @@ def run_benchmark(model, prompts: Sequence[Prompt], config: BenchConfig, progres
         "interrupted": interrupted,
         "device": str(getattr(model, "device", "unknown")),
         **compile_meta(model, warm_compile, rows["main"] + rows["probe"]),
+        **({"vllm": {"left_out": left_out, "startup_s": startup_seconds(model)}}
+           if left_out or any(s in VLLM_REFERENCES for s in config.schedules) else {}),
         "dtype": _model_dtype(model),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }

@@ -1,0 +1,91 @@
+"""The vLLM side of the vLLM reference lanes (:mod:`packed_ss.vllm_lanes`): one vLLM engine, one method, kept alive.
+
+Run by path with the vLLM environment's python (``bash scripts/make_vllm_env.sh``); it imports nothing of packed_ss,
+whose transformers is newer than the one vLLM pins. It reads one JSON object per line on stdin and writes one per
+line on stdout:
+
+* first, the set-up ``{"model": folder, "dtype": "float32", "method": "ar" | "ngram" | "suffix", "k": draft tokens,
+  "max_model_len": tokens}``, answered ``{"ready": true, "startup_s": s, "vllm": version}`` once the engine is built and
+  has decoded one warm-up prompt (or ``{"error": line}``);
+* then ``{"prompt": [ids], "max_new_tokens": n}``, answered ``{"token_ids": [...], "wall_s": s, "steps": engine steps
+  (the tokens less the accepted drafts: each step commits one token beyond them), "drafts": d, "draft_tokens": t,
+  "accepted": a, "accepted_per_position": [...]}``: the prompt decoded greedily at batch
+  1 (``wall_s`` the ``generate`` call alone), its speculative counters read from vLLM's own metrics before and after.
+
+An empty line or end of input ends it.
+"""
+
+import json
+import sys
+import time
+
+
+def counters(llm) -> dict:
+    """vLLM's speculative-decoding counters so far (its Prometheus metrics, logged stats on)."""
+    found = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "accepted_per_position": []}
+    names = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+             "vllm:spec_decode_num_accepted_tokens": "accepted"}
+    for metric in llm.get_metrics():
+        if metric.name in names:
+            found[names[metric.name]] = int(metric.value)
+        elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            found["accepted_per_position"] = [int(v) for v in metric.values]
+    return found
+
+
+def engine(setup: dict):
+    """The vLLM engine for ``setup`` (see the module docstring)."""
+    from vllm import LLM
+
+    method, k = setup["method"], int(setup.get("k", 4))
+    speculative = None
+    if method == "ngram":
+        speculative = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1,
+                       "prompt_lookup_max": 3}
+    elif method == "suffix":
+        speculative = {"method": "suffix", "num_speculative_tokens": k, "suffix_decoding_max_cached_requests": 0}
+    elif method != "ar":
+        raise ValueError(f"method must be ar, ngram or suffix, got {method!r}")
+    return LLM(model=setup["model"], dtype=setup.get("dtype", "float32"), max_model_len=int(setup["max_model_len"]),
+               speculative_config=speculative, disable_log_stats=False, seed=0, enable_prefix_caching=False)
+
+
+def main() -> int:
+    from vllm import SamplingParams, TokensPrompt
+
+    setup = json.loads(sys.stdin.readline())
+    start = time.perf_counter()
+    try:
+        llm = engine(setup)
+        llm.generate([TokensPrompt(prompt_token_ids=[1, 2, 3])], SamplingParams(temperature=0, max_tokens=8),
+                     use_tqdm=False)
+    except Exception as error:  # noqa: BLE001 - one line back to the caller
+        print(json.dumps({"error": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"}),
+              flush=True)
+        return 1
+    import vllm
+
+    print(json.dumps({"ready": True, "startup_s": time.perf_counter() - start, "vllm": vllm.__version__}), flush=True)
+    for line in sys.stdin:
+        if not line.strip():
+            break
+        ask = json.loads(line)
+        before = counters(llm)
+        params = SamplingParams(temperature=0, max_tokens=int(ask["max_new_tokens"]), ignore_eos=False)
+        start = time.perf_counter()
+        out = llm.generate([TokensPrompt(prompt_token_ids=list(ask["prompt"]))], params, use_tqdm=False)[0]
+        wall = time.perf_counter() - start
+        after = counters(llm)
+        tokens = list(out.outputs[0].token_ids)
+        answer = {"token_ids": tokens, "wall_s": wall,
+                  **{key: after[key] - before[key] for key in ("drafts", "draft_tokens", "accepted")},
+                  "accepted_per_position": [a - b for a, b in zip(after["accepted_per_position"],
+                                                                   before["accepted_per_position"]
+                                                                   or [0] * len(after["accepted_per_position"]))]}
+        answer["steps"] = len(tokens) - answer["accepted"]  # each step commits one token beyond its accepted drafts
+        print(json.dumps(answer), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
