@@ -110,3 +110,22 @@ def test_an_iteration_that_was_not_cut_keeps_its_correction_or_bonus():
         if record is not last:  # the run goes on: no proposal is dropped for a stop
             assert all(cls != "dropped" for cls, _ in chips(html, "proposals").values())
     assert advance_label(grid_html(last, sequence, strings, 1, "Packed-SS")) == "A = 4 (h = 3 + correction)"
+
+
+def test_an_any_order_iteration_names_the_positions_its_end_marker_cut():
+    """Any order (Appendix C): EOS accepted at position 6 before the window's position 7 moves E to 6; the pair at 7,
+    accepted in the same call, is cut: A = 1 and the grid and its sentence say so."""
+    from helpers import tiny_any_order
+
+    from components.order_grid import filled_before, narrate_order, order_grid_html
+
+    model = tiny_any_order(vocab_size=8, seed=0)
+    model.eos_token_id = 0
+    records = list(decode(model, [2], DecodeConfig(block_size=4, max_new_tokens=12, order="confidence"), "packed"))
+    last = records[-1]
+    assert (last.cut, last.advance, last.appended_positions, last.stop_reason) == (1, 1, (6,), "eos")
+    html = order_grid_html(last, filled_before(records, len(records) - 1), strings)
+    assert "A = 1, cut at EOS" in html
+    text = narrate_order(last, strings, "confidence")
+    assert "The accepted tokens were cut at EOS: E moved before 1 of the positions this call accepted, so it was " \
+           "not kept (A = 1)." in text
