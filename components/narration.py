@@ -1,8 +1,9 @@
 """One or two sentences per iteration, told from the record and specific to the schedule (paper Section 3).
 
 What the call read, how many draft tokens were accepted (h), what was appended (A, and whether it ended
-with a correction or a bonus token), which proposals were discarded and which became the next draft; at
-T > 0 the acceptance probabilities of the checked draft tokens. Pure: record in, HTML out.
+with a correction or a bonus token, or what EOS, a stop string or the limit cut), which proposals were discarded
+(their positions filled) or dropped (the run stopped) and which became the next draft; at T > 0 the acceptance
+probabilities of the checked draft tokens. Pure: record in, HTML out.
 """
 
 from __future__ import annotations
@@ -13,6 +14,29 @@ from collections.abc import Callable, Sequence
 from packed_ss.records import SOURCE_BONUS, SOURCE_CORRECTION, IterationRecord
 
 TokenStrings = Callable[[Sequence[int]], list[str]]
+
+
+# What ended a run, as "cut at ..." / "stopped at ..." completes it (packed_ss stop reasons and the server's).
+STOPPED_BY = {"limit": "the new-token limit", "eos": "EOS", "stop string": "a stop string",
+              "common stop": "the race's common token count", "time limit": "the time limit"}
+
+
+def stopped_by(reason: str | None, short: bool = False) -> str:
+    """What ended the run in words ("the new-token limit" for ``"limit"``, ``short``: "the limit"); the reason itself
+    when unknown."""
+    if short and reason == "limit":
+        return "the limit"
+    return STOPPED_BY.get(reason or "", reason or "the end of the run")
+
+
+def _cut(record: IterationRecord) -> str:
+    """What the stopping rule left out of C_t (``record.cut`` tokens): "the correction", or "2 accepted draft tokens
+    and the bonus token"; empty when nothing was cut."""
+    if not record.cut:
+        return ""
+    last = "the bonus token" if record.h == len(record.old_draft) else "the correction"
+    drafts = record.cut - 1
+    return (f"{drafts} accepted draft token{'s' if drafts != 1 else ''} and " if drafts else "") + last
 
 
 def _quoted(strings: TokenStrings, ids: Sequence[int]) -> str:
@@ -41,18 +65,30 @@ def _verdict(record: IterationRecord, strings: TokenStrings) -> str:
     if record.accept_probs:
         probs = ", ".join(f"{p:.2f}" for p in record.accept_probs)
         text += f" Acceptance probabilities min(1, p/Q) of the checked tokens: {probs}."
-    if a < record.h + 1 and record.stop_reason:
-        text += f" The run stopped here ({record.stop_reason}), so fewer tokens were kept."
+    if record.cut and checked:
+        first, last = record.prefix_len_before, record.prefix_len_before + a - 1
+        where = f"position {first}" if a == 1 else f"positions {first}-{last}"
+        text += (f" Only {where} {'was' if a == 1 else 'were'} filled: the run stopped at "
+                 f"{stopped_by(record.stop_reason)}, so {_cut(record)} {'was' if record.cut == 1 else 'were'} "
+                 f"not appended.")
     return text
 
 
 def _next_draft(record: IterationRecord, strings: TokenStrings) -> str:
-    """Which proposals were discarded (their positions are now filled) and which became the next draft."""
+    """Which proposals were discarded (their positions are now filled), which were dropped (past the positions
+    filled when the run stopped) and which became the next draft."""
     if not record.proposals:
         return ""
-    dropped, kept = record.discarded, record.kept
-    text = (f" The drafter's proposals for {_positions(record.proposal_start, dropped)} were discarded: "
-            f"{'those positions are' if len(dropped) > 1 else 'that position is'} now filled." if dropped else "")
+    kept, start = record.kept, record.proposal_start
+    filled = [i for i in record.discarded if start + i < record.prefix_len_after]
+    rest = [i for i in record.discarded if start + i >= record.prefix_len_after]
+    text = (f" The drafter's proposals for {_positions(start, filled)} were discarded: "
+            f"{'those positions are' if len(filled) > 1 else 'that position is'} now filled." if filled else "")
+    if rest:
+        lead = "Those" if filled else "The drafter's proposals"
+        text += (f" {lead} for {_positions(start, rest)} were dropped"
+                 + (f": the run stopped at {stopped_by(record.stop_reason)}, so there is no next draft."
+                    if record.stop_reason else "."))
     if kept:
         kept_ids = [record.proposals[i] for i in kept]
         text += (f" Proposals {_quoted(strings, kept_ids)} ({_positions(record.proposal_start, kept)}) "

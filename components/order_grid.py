@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 from packed_ss.records import IterationRecord
 
+from components.narration import stopped_by
 from components.style import source_class, visible
 
 TokenStrings = Callable[[Sequence[int]], list[str]]
@@ -38,6 +39,13 @@ def filled_before(records: Sequence[IterationRecord], index: int) -> dict[int, i
 def _positions(ps) -> str:
     ps = list(ps)
     return f"position{'s' if len(ps) != 1 else ''} {', '.join(map(str, ps))}"
+
+
+def _cut_by(record: IterationRecord) -> str:
+    """What cut an iteration's accepted positions: "cut at EOS", "cut at a stop string", or, while the run goes on
+    (the record names no stop reason), "cut by an end marker"."""
+    reason = record.stop_reason
+    return f"cut at {stopped_by(reason)}" if reason in ("eos", "stop string") else "cut by an end marker"
 
 
 def _pending(record: IterationRecord) -> bool:
@@ -100,7 +108,7 @@ def order_grid_html(record: IterationRecord, before: dict[int, int], strings: To
     ]
     a = len(record.appended)
     outcome = ("h and A after the verification call" if pending else f"{a} committed" if native
-               else f"h = {h} · A = {a}")
+               else f"h = {h} · A = {a}" + (f", {_cut_by(record)}" if record.cut else ""))
     heading = (f"Iteration {record.index} · {html.escape(title or record.schedule)} · "
                f"{'window' if native else 'order'} ({', '.join(map(str, order))}) · {outcome} · "
                f"{len(record.calls)} call{'s' if len(record.calls) != 1 else ''}, {record.rows} rows")
@@ -206,6 +214,10 @@ def narrate_order(record: IterationRecord, strings: TokenStrings, policy: str = 
         if jumps:
             words.append(f"Accepted out of textual order: {_positions(jumps)}, while an earlier one stays open for "
                          f"a later call.")
+    if record.cut and not _pending(record):
+        words.append(f"The accepted tokens were {_cut_by(record)}: E moved before {record.cut} of the positions this "
+                     f"call accepted, so {'it was' if record.cut == 1 else 'they were'} not kept (A = "
+                     f"{len(record.appended)}).")
     if record.dropped_positions:
         words.append(f"An end marker moved E: earlier accepted {_positions(record.dropped_positions)} were dropped.")
     return f'<p class="narration" data-narration="{html.escape(record.schedule)}">{html.escape(" ".join(words))}</p>'

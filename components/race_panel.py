@@ -273,8 +273,9 @@ SUMMARY_COLUMNS = (  # (key, header, tooltip): the race table's columns; the key
     ("wall-s", "wall s", ""), ("ms-per-nfe", "ms/NFE", ""), ("throughput", "tokens/s", ""),
     ("speed-vs-ar", "speed ÷ AR [95%]", "speed over AR's with its 95% interval over the paired slices"),
     ("mean-a", "mean A (prefill excluded)",
-     "mean acceptance length A = h + 1: tokens a verifying iteration committed (accepted draft tokens plus the "
-     "correction or bonus token), the prefill excluded; tokens/NFE counts every call"),
+     "mean acceptance length A: tokens a verifying iteration committed (h accepted draft tokens plus the "
+     "correction or bonus token, fewer where EOS, a stop string or the limit cut it), the prefill excluded; "
+     "tokens/NFE counts every call"),
     ("same", "= AR", ""),
 )
 

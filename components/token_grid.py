@@ -4,7 +4,9 @@ Columns are absolute token positions. Rows, top to bottom: the tail of the verif
 old draft d (accepted / rejected / unchecked), the verifier predictions v (reached rows solid, rows
 computed but not reached faded), the drafter's proposals z (kept ones become the next draft, discarded
 ones are struck through), the tokens appended to the prefix coloured by source, and a bar spanning the
-advance A. A schedule that mixes draft sources (Packed-SS + n-gram) adds the next draft D_t with each
+advance A. Where EOS, a stop string or the limit cut the iteration (``record.cut``), A counts only the tokens
+appended, the bar names the cut, verifier rows past it are drawn as not reached and proposals past it as dropped
+because the run stopped. A schedule that mixes draft sources (Packed-SS + n-gram) adds the next draft D_t with each
 token's source, and marks the old draft's n-gram tokens. Pure rendering: every value comes from an :class:`~packed_ss.records.IterationRecord`.
 """
 
@@ -15,6 +17,7 @@ from collections.abc import Callable, Sequence
 
 from packed_ss.records import SOURCE_CORRECTION, SOURCES, IterationRecord
 
+from components.narration import stopped_by
 from components.style import OPEN_SLOT, PROMPT, legend_html, source_class, visible
 
 TokenStrings = Callable[[Sequence[int]], list[str]]
@@ -36,7 +39,7 @@ def _proposal(i: int, pos: int, kept: set[int], filled_to: int, stop_reason: str
     if pos < filled_to:
         return "discarded", f"discarded: position {pos} was just filled by this iteration's accepted tokens"
     if stop_reason:
-        return "discarded", "discarded: the run stopped"
+        return "dropped", f"dropped: the run stopped at {stopped_by(stop_reason)}, so there is no next draft"
     if next_sources.get(pos) == "n-gram":  # Packed-SS + n-gram: the next draft took the n-gram's token here
         return "replaced", "replaced: the n-gram match's token looked likelier here (it is the next draft's)"
     return "discarded", "discarded"
@@ -94,8 +97,6 @@ def grid_html(record: IterationRecord, sequence: Sequence[int], strings: TokenSt
     text = dict(zip(ids, strings(ids))) if ids else {}
     verified = bool(v) and not prefill  # a draft was checked in this iteration
     kept = set(record.kept)
-    h = record.h
-    old_sources = record.old_draft_sources
     next_sources = dict(zip(range(after, after + len(nxt)), record.next_draft_sources))
 
     def row(label: str, cells: dict[int, str], css: str = "") -> str:
@@ -107,7 +108,7 @@ def grid_html(record: IterationRecord, sequence: Sequence[int], strings: TokenSt
         pos = start + i
         cls = "prefix last-prefix" if pos == before - 1 else "prefix"
         cells_prefix[pos] = _chip(text[tok], cls, f"prefix token {tok} at position {pos}")
-    cells_draft = {before + i: _draft_chip(i, tok, before + i, text, mask_token_id, verified, h, old_sources)
+    cells_draft = {before + i: _draft_chip(i, tok, text, mask_token_id, verified, record)
                    for i, tok in enumerate(draft)}
     diffusion = record.schedule == "diffusion"
     cells_v = _verifier_cells(record, before, text)
@@ -143,12 +144,14 @@ def grid_html(record: IterationRecord, sequence: Sequence[int], strings: TokenSt
 
 
 def _verifier_cells(record: IterationRecord, before: int, text: dict[int, str]) -> dict[int, str]:
-    """The verifier row: v(i) at position ``before`` + i with its probability, faded past the first rejection."""
+    """The verifier row: v(i) at position ``before`` + i with its probability, faded past the first rejection and
+    past the cut (a row whose position the run stopped before is not reached)."""
     cells = {}
     for i, tok in enumerate(record.verifier_tokens):
-        pos, reached = before + i, i <= record.h
+        pos, reached = before + i, i <= record.h and i < record.advance
         prob = f", p = {record.verifier_probs[i]:.3f}" if i < len(record.verifier_probs) else ""
-        what = "reached" if reached else "computed, not reached"
+        what = ("reached" if reached else "computed, not reached" if i > record.h
+                else f"computed, not reached: the run stopped at {stopped_by(record.stop_reason)} before position {pos}")
         cells[pos] = _chip(text[tok], "reached" if reached else "faded",
                            f"v({i + 1}) = {tok} at position {pos}{prob}: {what}")
     return cells
@@ -170,15 +173,18 @@ def _residual_note(record: IterationRecord, text: dict[int, str]) -> str:
             f'(its argmax). Drawing it so keeps the output distributed exactly as AR\'s.</div>')
 
 
-def _draft_chip(i: int, tok: int, pos: int, text: dict[int, str], mask_token_id: int, verified: bool, h: int,
-                old_sources: Sequence[str]) -> str:
-    """The chip of draft token d(i + 1) at ``pos``: mask slot, draft, or accepted / first rejected / not checked."""
+def _draft_chip(i: int, tok: int, text: dict[int, str], mask_token_id: int, verified: bool,
+                record: IterationRecord) -> str:
+    """The chip of draft token d(i + 1) of ``record``: mask slot, draft, or accepted (cut past the stopping index) /
+    first rejected / not checked."""
+    h, old_sources, pos = record.h, record.old_draft_sources, record.prefix_len_before + i
     if tok == mask_token_id:
         cls, what = "mask", "mask slot"
     elif not verified:
         cls, what = "", "draft"
     elif i < h:
-        cls, what = "accepted", "accepted draft"
+        cls, what = "accepted", ("accepted draft" if i < record.advance else
+                                 f"accepted draft, not appended: the run stopped at {stopped_by(record.stop_reason)}")
     elif i == h:
         cls, what = "rejected", "first rejected draft token"
     else:
@@ -189,19 +195,31 @@ def _draft_chip(i: int, tok: int, pos: int, text: dict[int, str], mask_token_id:
     return _chip(label, cls, f"d({i + 1}) = {tok} at position {pos}: {what}")
 
 
+def advance_label(record: IterationRecord, verified: bool, diffusion: bool) -> str:
+    """The advance bar's text: "A = 4 (h = 3 + correction)"; at a cut "A = 3: cut at the limit, h was 3 of 6"
+    (nothing after the accepted draft tokens was appended); block diffusion: the committed block."""
+    a, h = record.advance, record.h
+    if diffusion:
+        label = f"block committed: {a} tokens"
+        return label + (f", cut at {stopped_by(record.stop_reason, short=True)}" if record.cut else "")
+    if record.cut:
+        checked = len(record.old_draft)
+        return (f"A = {a}: cut at {stopped_by(record.stop_reason, short=True)}"
+                + (f", h was {h} of {checked}" if verified else ""))
+    what = "bonus" if record.appended_sources[-1:] == ("bonus",) else "correction"
+    return f"A = {a}" + (f" (h = {h} + {what})" if verified and a > 1 else "")
+
+
 def _advance_cells(record: IterationRecord, positions: Sequence[int], verified: bool, diffusion: bool) -> list[str]:
-    """The advance row: one cell spanning the appended tokens (A = h + correction or bonus; block diffusion:
-    the committed block), empty cells elsewhere."""
-    before, a, h = record.prefix_len_before, len(record.appended), record.h
+    """The advance row: one cell spanning the appended tokens (:func:`advance_label`), empty cells elsewhere."""
+    before, a = record.prefix_len_before, record.advance
     cells = []
     i = 0
     while i < len(positions):
         pos = positions[i]
         if a and pos == before:
             span = min(a, len(positions) - i)
-            what = "bonus" if record.appended_sources[-1:] == ("bonus",) else "correction"
-            label = (f"block committed: {a} tokens" if diffusion
-                     else f"A = {a}" + (f" (h = {h} + {what})" if verified and span > 1 else ""))
+            label = advance_label(record, verified, diffusion)
             cells.append(f'<td class="advance" colspan="{span}">{html.escape(label)}</td>')
             i += span
         else:
@@ -217,7 +235,8 @@ def _heading(record: IterationRecord, title: str, drafted: bool, prefill: bool, 
     # A draft not verified yet (Linear-SS shown after its drafting call) has no h or A to report.
     pending = drafted and not record.verifier_tokens and not record.appended and not diffusion
     outcome = (diffusion_outcome(record, mask_token_id) if diffusion
-               else "h and A after the verification call" if pending else f"h = {record.h} · A = {len(record.appended)}")
+               else "h and A after the verification call" if pending
+               else f"h = {record.h} · A = {record.advance}" + (f", cut at {stopped_by(record.stop_reason, short=True)}" if record.cut else ""))
     heading = (f"Iteration {record.index} · {html.escape(title or record.schedule)} · {outcome} · "
                f"{calls} call{'s' if calls != 1 else ''}, {record.rows} rows")
     if prefill:
@@ -237,6 +256,7 @@ def grid_legend_html() -> str:
     keys = [("accepted", "ok", "accepted draft"), ("rejected", "x", "first rejected"),
             ("unchecked", "u", "not checked"), ("reached", "v", "verifier row reached"), ("faded", "v", "computed, not reached"),
             ("kept", "z", "kept as next draft"), ("discarded", "z", "discarded (its position is now filled)"),
+            ("dropped", "z", "dropped (the run stopped)"),
             ("ngram", "g", "from an n-gram match (Packed-SS + n-gram)"),
             ("replaced", "z", "replaced by the n-gram's token (Packed-SS + n-gram)"),
             ("unmasked", "z", "unmasked by this call (block diffusion)"),

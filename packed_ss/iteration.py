@@ -69,7 +69,7 @@ def close_iteration(index: int, schedule: str, calls: list[CallRecord], started:
     wall_ms = (time.perf_counter() - started) * 1000 - recorded_ms
     model_ms = sum(c.model_ms for c in calls)
     defaults = dict(old_draft=(), verifier_tokens=(), verifier_probs=(), accept_probs=(), proposals=(),
-                    proposal_start=0, kept=(), h=0, advance=0, appended=(), appended_sources=())
+                    proposal_start=0, kept=(), h=0, appended=(), appended_sources=())
     defaults.update(fields)
     return IterationRecord(index=index, schedule=schedule, calls=tuple(calls), model_ms=model_ms,
                            other_ms=max(0.0, wall_ms - model_ms), stop_reason=stop_reason, recorded_ms=recorded_ms,

@@ -8,8 +8,9 @@ Metric definitions (shared/notes/field-notes.md, paper Section 4 and E.5):
 * time/NFE = decoder wall time / NFE (milliseconds);
 * throughput = generated tokens / decoder wall time (tokens per second);
 * mean acceptance length = mean tokens committed per verifying iteration: A = h + 1 (correction or bonus
-  included), or fewer where EOS, a stop string or the limit cut the iteration; the prefill iteration is
-  excluded; AR's iterations each commit A = 1;
+  included), or fewer where EOS, a stop string or the limit cut the iteration (A is then the tokens appended,
+  and the record's ``cut`` counts the rest); the prefill iteration is excluded; AR's iterations each commit
+  A = 1. A cut iteration counts with the A it appended (what it committed, not what the verifier accepted);
 * per-position acceptance rate i = committed draft tokens at draft position i / drafts that had a
   position i;
 * acceptance histogram = counts of committed draft tokens per verifying iteration (h, or fewer where
@@ -65,8 +66,16 @@ class IterationRecord:
         accept_probs: alpha_i = min(1, p/Q) of the tested draft tokens (T > 0), empty when greedy.
         proposals: z_t, the drafter's proposals; ``proposal_start`` is the position of z_t^(1).
         kept: indices into ``proposals`` that form the next draft D_t (the rest were discarded).
-        h: accepted draft tokens; advance: A_t = h + 1 before stopping (0 for calls that only draft).
+        h: draft tokens the verifier accepted (all of them, also those past a cut).
         appended, appended_sources: tokens added to the prefix and where each came from.
+        advance: A_t = len(appended), the tokens this iteration committed: h + 1 (accepted draft tokens plus
+            the correction or bonus) unless the stopping rule cut the iteration; 0 for calls that only draft.
+            Derived from ``appended``, never passed. Left to right, the advances of a run sum to its tokens;
+            any order, they sum to its tokens plus the ``dropped_positions`` of all its iterations.
+        cut: tokens of C_t the stopping rule left out (EOS, a stop string, the new-token limit, or the common
+            stop of a race): h + 1 - A_t for a verifying iteration (the correction or bonus first, then any
+            accepted draft tokens past the stopping index), the block's rest for block diffusion, the
+            accepted pairs past the new E any order; 0 when nothing was cut. ``stop_reason`` says why.
         calls: the model calls of this iteration.
         model_ms, other_ms: model time and non-model decoder time (milliseconds).
         stop_reason: ``"eos"``, ``"limit"``, ``"stop string"`` or ``None`` while running.
@@ -99,13 +108,13 @@ class IterationRecord:
     proposal_start: int
     kept: tuple[int, ...]
     h: int
-    advance: int
     appended: tuple[int, ...]
     appended_sources: tuple[str, ...]
     calls: tuple[CallRecord, ...]
     model_ms: float
     other_ms: float
     stop_reason: str | None = None
+    cut: int = 0
     next_draft: tuple[int, ...] = ()
     next_draft_sources: tuple[str, ...] = ()
     old_draft_sources: tuple[str, ...] = ()
@@ -117,6 +126,10 @@ class IterationRecord:
     dropped_positions: tuple[int, ...] = ()
     cropped: int = 0
     recorded_ms: float = 0.0
+    advance: int = field(init=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "advance", len(self.appended))  # A_t: the tokens this iteration committed
 
     @property
     def rows(self) -> int:
@@ -129,7 +142,8 @@ class IterationRecord:
 
     @property
     def discarded(self) -> tuple[int, ...]:
-        """Indices into ``proposals`` that were dropped (positions already filled by the verifier)."""
+        """Indices into ``proposals`` not kept: at positions this iteration filled, or past them where the run
+        stopped (or, Packed-SS + n-gram, replaced by the n-gram's token)."""
         return tuple(i for i in range(len(self.proposals)) if i not in self.kept)
 
     def first_call(self) -> "IterationRecord":
@@ -137,7 +151,7 @@ class IterationRecord:
         call only, the draft, no verifier outputs, nothing appended. Its time is the call's model time."""
         call = self.calls[0]
         return replace(self, calls=(call,), model_ms=call.model_ms, other_ms=0.0, verifier_tokens=(),
-                       verifier_probs=(), accept_probs=(), h=0, advance=0, appended=(), appended_sources=(),
+                       verifier_probs=(), accept_probs=(), h=0, appended=(), appended_sources=(), cut=0,
                        prefix_len_after=self.prefix_len_before, stop_reason=None)
 
     @property
@@ -238,10 +252,10 @@ class RunRecord:
 
 
 def _mean_advance(records: list[IterationRecord], verifying: list[IterationRecord]) -> float:
-    """Mean A over the iterations after the prefill: verifying iterations (h + 1 each), or AR's one-token
-    iterations (A = 1). 0.0 when there are none (a prefill-only run, block diffusion)."""
+    """Mean A over the iterations after the prefill: verifying iterations (h + 1 each, fewer where cut), or AR's
+    one-token iterations (A = 1). 0.0 when there are none (a prefill-only run, block diffusion)."""
     counted = verifying or [r for r in records if SOURCE_AR in r.appended_sources]
-    return sum(len(r.appended) for r in counted) / len(counted) if counted else 0.0
+    return sum(r.advance for r in counted) / len(counted) if counted else 0.0
 
 
 def _textual(records: list[IterationRecord]) -> tuple[tuple[int, ...], tuple[str, ...]]:

@@ -192,11 +192,13 @@ def trimmed(run: TurnRun, tokens: int) -> TurnRun:
 
 
 def cut_record(record: IterationRecord, keep: int) -> IterationRecord:
-    """``record`` with only its first ``keep`` appended tokens and the stop reason :data:`COMMON_STOP`."""
+    """``record`` with only its first ``keep`` appended tokens and the stop reason :data:`COMMON_STOP`; the tokens
+    left out join its ``cut`` (its A_t becomes ``keep``)."""
     keep = max(0, min(keep, len(record.appended)))
     positions = record.appended_positions[:keep] if record.appended_positions else ()
     return replace(record, appended=record.appended[:keep], appended_sources=record.appended_sources[:keep],
-                   appended_positions=positions, stop_reason=COMMON_STOP)
+                   appended_positions=positions, stop_reason=COMMON_STOP,
+                   cut=record.cut + len(record.appended) - keep)
 
 
 def slices(run: TurnRun) -> tuple[tuple[int, float], ...]:

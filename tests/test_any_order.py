@@ -22,8 +22,8 @@ PROMPT = [5, 6, 7, 8]
 
 
 def serial_reference(model, prompt: list[int], records, max_new_tokens: int) -> tuple[int, ...]:
-    """Proposition C.1's serial reference, uncached: in iteration t it generates A_t tokens greedily at
-    pi_t(1..A_t), each from one fresh forward over [prompt | P_{t-1}'s accepted tokens in acceptance
+    """Proposition C.1's serial reference, uncached: in iteration t it generates the A_t + cut tokens of C_t greedily
+    at pi_t(1..A_t + cut), each from one fresh forward over [prompt | P_{t-1}'s accepted tokens in acceptance
     order | the group's earlier tokens | a mask at the position], token rows attending causally in that
     order and the mask to all of them. EOS moves E to its position and drops pairs past it."""
     n = len(prompt)
@@ -32,7 +32,7 @@ def serial_reference(model, prompt: list[int], records, max_new_tokens: int) -> 
     never = list(getattr(model, "never_emit_ids", (model.mask_token_id,)))
     for record in records:
         group = []
-        for position in record.order[: record.advance]:
+        for position in record.order[: record.advance + record.cut]:
             pairs = context + group
             ids = prompt + [t for _, t in pairs] + [model.mask_token_id]
             pos = list(range(n)) + [j for j, _ in pairs] + [position]
@@ -97,7 +97,7 @@ def test_accepted_out_of_textual_order_positions_are_recorded():
     assert jumps, "no iteration accepted a later position before an earlier one"
     for r in got.records:
         assert set(r.appended_positions) <= set(r.order)
-        assert r.advance == min(r.h + 1, len(r.order))  # A_t = min(h_t + 1, u_t)
+        assert r.advance + r.cut == min(r.h + 1, len(r.order))  # C_t: min(h_t + 1, u_t) pairs, A_t of them kept
 
 
 def _rows_by_region(layout):
@@ -228,7 +228,7 @@ def test_eos_accepted_after_a_later_position_drops_it_and_matches_the_reference(
         model = tiny_any_order(seed=seed, vocab_size=12)
         got = run(model, "packed", order="confidence", new=30)
         if any(r.dropped_positions for r in got.records) or any(
-                len(r.appended_positions) < r.advance for r in got.records):
+                r.cut for r in got.records):
             found += 1
             assert got.token_ids == serial_reference(model, PROMPT, got.records, 30), seed
             assert got.token_ids[-1] == model.eos_token_id

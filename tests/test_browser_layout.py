@@ -310,6 +310,11 @@ def test_the_explain_diagram_and_unreached_rows_read_in_either_theme(browser, bo
         for chip in chips:
             assert chip["opacity"] == "1", chip
             assert contrast(_rgb(chip["text"]), _rgb(chip["back"])) >= MIN_CONTRAST, (theme, chip)
+        dropped = page.evaluate(PAINT, ".legend .chip.dropped")  # a proposal past the cut where the run stopped
+        assert dropped, "the grid's legend shows no dropped proposal"
+        for chip in dropped:
+            assert chip["opacity"] == "1", chip
+            assert contrast(_rgb(chip["text"]), _rgb(chip["back"])) >= MIN_CONTRAST, (theme, chip)
         page.get_by_role("tab", name="Explain").click()
         labels = page.evaluate(PAINT, ".schedule-diagram svg text")
         assert labels, "the diagram has no text"

@@ -248,6 +248,8 @@ def test_a_step_runs_records_as_json():
     assert records["iterations_done"] == 3 and records["iteration_shown"] == 2 and len(records["records"]) == 3
     assert [r["index"] for r in records["records"]] == [1, 2, 3]
     assert records["metrics"]["tokens"] == sum(len(r["appended"]) for r in records["records"])
+    assert records["metrics"]["tokens"] == sum(r["advance"] for r in records["records"])  # A_t: what was appended
+    assert all(r["cut"] == 0 for r in records["records"])  # the run has not stopped: nothing was cut
     assert records["metrics"]["nfe"] == sum(len(r["calls"]) for r in records["records"])
     call = records["records"][1]["calls"][0]
     assert call["rows"] == 6 and set(call) == {"name", "rows", "cached", "model_ms", "adapter_selected",

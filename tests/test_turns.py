@@ -73,6 +73,7 @@ def test_every_lane_stops_at_the_same_token_count_when_one_generator_runs_out(mo
         assert len(tokens) == turns.stopped_at, run.name  # the same count for every lane
         assert tokens == list(reference[:turns.stopped_at]), run.name  # lossless: AR's tokens
         assert run.records[-1].stop_reason == COMMON_STOP and not run.ended
+        assert sum(r.advance for r in run.records) == turns.stopped_at, run.name
         assert sum(t for t, _ in slices(run)) == turns.stopped_at  # the slices cover what is kept, no more
 
 
@@ -93,6 +94,21 @@ def test_a_lane_that_ended_before_the_common_count_keeps_its_whole_run(model):
     ended, stopped = turns.runs
     assert ended.ended and ended.tokens == 3 and ended.records[-1].stop_reason == "limit"
     assert stopped.records[-1].stop_reason == COMMON_STOP and stopped.tokens == turns.stopped_at
+
+
+def test_the_common_stop_cuts_an_iteration_as_the_stopping_rule_does():
+    """A lane trimmed to the common count keeps A_t = the tokens it kept; the rest joins the record's cut."""
+    from helpers import ScriptedModel
+
+    from packed_ss.turns import cut_record
+
+    prompt = [3, 4]
+    model = ScriptedModel(prompt, list(range(5, 40)), thresholds=[0] * 40, vocab_size=64)  # every draft accepted
+    record = list(decode(model, prompt, DecodeConfig(block_size=4, max_new_tokens=12), "packed"))[1]
+    assert record.advance == record.h + 1 == 4 and record.cut == 0
+    trimmed = cut_record(record, 1)
+    assert trimmed.stop_reason == COMMON_STOP and trimmed.appended == record.appended[:1]
+    assert (trimmed.advance, trimmed.cut, trimmed.h) == (1, 3, record.h)
 
 
 def test_lanes_must_be_given_and_named_apart(model):

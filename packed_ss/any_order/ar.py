@@ -36,6 +36,6 @@ class OrderAR:
             v = session.call(layout, layout.verify_rows).top
             # no draft (h = 0): the verifier's token is accepted and enters the cache next call as N
             appended, dropped = session.conclude([(order[0], v[0])], [SOURCE_PREFILL if first else SOURCE_AR], 0)
-            yield session.record(appended, dropped, prefix_len_before=before, verifier_tokens=v, advance=1,
+            yield session.record(appended, dropped, prefix_len_before=before, verifier_tokens=v,
                                  order=order)
             first = False

@@ -49,7 +49,7 @@ class ThresholdDiffusion:
             session.settle([])
             appended, dropped = session.accept(pairs, [SOURCE_DIFFUSION] * len(pairs))
             session.pending += [(j, session.filled[j]) for j in appended]
-            yield session.record(appended, dropped, prefix_len_before=before, advance=len(pairs), order=order,
+            yield session.record(appended, dropped, prefix_len_before=before, order=order,
                                  proposals=z, proposal_positions=order, proposal_start=order[0], kept=tuple(chosen))
             first = False
 

@@ -49,7 +49,7 @@ class OrderLinearSS:
             appended, dropped = session.conclude(pairs, sources, h)
             scores = session.order_scores(rows, {j: r for r, j in enumerate(order) if j not in session.filled})
             yield session.record(appended, dropped, prefix_len_before=before, old_draft=tuple(z),
-                                 draft_positions=order, verifier_tokens=v, h=h, advance=len(pairs), order=order,
+                                 draft_positions=order, verifier_tokens=v, h=h, order=order,
                                  proposals=tuple(z), proposal_positions=order, proposal_start=order[0],
                                  kept=tuple(range(u)))
             first = False

@@ -58,7 +58,7 @@ class OrderQuadraticSS:
             draft = {order[r]: z[r] for r in kept}
             scores = session.order_scores(z_rows, {order[r]: r for r in kept})
             yield session.record(appended, dropped, prefix_len_before=before, old_draft=old,
-                                 draft_positions=order[:kappa], verifier_tokens=v, h=h, advance=len(pairs),
+                                 draft_positions=order[:kappa], verifier_tokens=v, h=h,
                                  order=order, proposals=z, proposal_positions=order if z else (),
                                  proposal_start=order[0], kept=kept)
             first = False

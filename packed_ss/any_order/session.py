@@ -84,6 +84,7 @@ class OrderSession:
         self.iteration = 0
         self._calls: list[CallRecord] = []
         self._started = 0.0
+        self._new: list[int] = []  # positions this iteration filled (before any cut)
         self._last: CallLayout | None = None
         never = getattr(model, "never_emit_ids", (model.mask_token_id,))
         self._never_emit = torch.tensor(sorted(set(never)), dtype=torch.long)
@@ -108,6 +109,7 @@ class OrderSession:
     def begin(self) -> None:
         self.iteration += 1
         self._calls = []
+        self._new = []
         self._cropped_now = 0
         self._started = time.perf_counter()
 
@@ -167,6 +169,7 @@ class OrderSession:
     def commit(self, pairs: list[tuple[int, int]], sources: list[str]) -> None:
         """Fill the (position, token) ``pairs`` and move l past filled positions; no end marker is looked for."""
         for (j, t), s in zip(pairs, sources):
+            self._new.append(j)
             self.filled[j] = t
             self.sources[j] = s
             self.accepted.append(j)
@@ -240,14 +243,19 @@ class OrderSession:
 
     def record(self, appended: list[int] = (), dropped: list[int] = (), **fields) -> IterationRecord:
         """Close the iteration (times as :meth:`packed_ss.schedules.base.Session.record`); ``appended`` and
-        ``dropped`` are the positions :meth:`conclude` returned."""
+        ``dropped`` are the positions :meth:`conclude` returned (or the positions an end marker removed). The
+        record's ``cut`` counts the positions this iteration filled that the end marker removed again; its
+        ``dropped_positions`` only earlier iterations' positions, so that the output holds the sum of the
+        records' A_t less the sum of their dropped positions."""
         stop = (self.stop_reason or "limit") if self.finished else None
+        mine = set(self._new)
         return close_iteration(self.iteration, self.schedule, self._calls, self._started, stop,
                                prefix_len_after=self.prompt_len + len(self.filled),
                                appended=tuple(self.filled[j] for j in appended),
                                appended_sources=tuple(self.sources[j] for j in appended),
-                               appended_positions=tuple(appended), dropped_positions=tuple(dropped),
-                               cropped=self._cropped_now, **fields)
+                               appended_positions=tuple(appended),
+                               dropped_positions=tuple(j for j in dropped if j not in mine),
+                               cut=len(self._new) - len(appended), cropped=self._cropped_now, **fields)
 
     def conclude(self, pairs: list[tuple[int, int]], sources: list[str], h: int) -> tuple[list[int], list[int]]:
         """After a verifying call: cache N and the h accepted draft tokens, accept C_t = ``pairs`` (lines

@@ -151,7 +151,7 @@ class SetDLMDiffusion:
             generated += len(pairs)
             dropped = self._stop(session, step, width, last=step == len(steps) - 1)
             appended = [j for j, _ in pairs if j in session.filled]
-            yield session.record(appended, dropped, prefix_len_before=before, advance=len(pairs), order=order,
+            yield session.record(appended, dropped, prefix_len_before=before, order=order,
                                  proposals=z, proposal_positions=order, proposal_start=order[0], kept=chosen)
             if session.finished:
                 return

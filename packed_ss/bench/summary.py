@@ -45,7 +45,7 @@ DEFINITIONS = {
                "clock and left out of the wall time (a run's untimed rehearsal, or recorded_ms of the call)",
     "mean_acceptance_length": "total tokens committed by verifying iterations / their number: A = h + 1 "
                               "(bonus or correction included; any-order models: A = min(h + 1, u) with u open "
-                              "positions in the window), less where EOS or the limit cut the iteration",
+                              "positions in the window), less where EOS, a stop string or the limit cut the iteration",
     "ratios": "ratio of aggregated sums over the (resampled) prompts, e.g. throughput ratio = "
               "(sum tokens_A / sum wall_A) / (sum tokens_B / sum wall_B); not a mean of per-prompt ratios",
     "wall_difference_s": "mean wall seconds per response of A minus that of B, paired by prompt",

@@ -2,7 +2,8 @@
 
 Metric definitions are the engine's (:mod:`packed_ss.records`): tokens/NFE = new tokens / model forwards (prefill
 included); throughput = new tokens / decoder wall time (tokenisation and lm-eval's own work excluded, paper E.5);
-mean acceptance length = tokens committed per verifying iteration (A = h + 1, the prefill iteration excluded).
+mean acceptance length = tokens committed per verifying iteration (A = h + 1, fewer where EOS, a stop string or the
+limit cut it; the prefill iteration excluded).
 """
 
 from __future__ import annotations

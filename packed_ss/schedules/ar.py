@@ -37,6 +37,6 @@ class AR:
             appended, sources = session.commit([verdict.token], [source])
             session.rollback(len(session.prefix) - 1)
             yield session.record(prefix_len_before=before, prefix_len_after=len(session.prefix),
-                                 verifier_tokens=v, verifier_probs=v_probs, advance=1,
+                                 verifier_tokens=v, verifier_probs=v_probs,
                                  appended=tuple(appended), appended_sources=tuple(sources))
             source = SOURCE_AR

@@ -59,6 +59,7 @@ class Session:
         self.iteration = 0
         self._calls: list[CallRecord] = []
         self._started = 0.0
+        self._cut = 0  # tokens the stopping rule left out of this iteration's commit (IterationRecord.cut)
         self._last_layout: CallLayout | None = None
         self._deferred: torch.Tensor | None = None  # hidden states (or logits) of the last call's deferred rows
         self._deferred_rows: tuple[int, ...] = ()
@@ -85,6 +86,7 @@ class Session:
         """Start timing an iteration."""
         self.iteration += 1
         self._calls = []
+        self._cut = 0
         self._started = time.perf_counter()
 
     def call(self, layout: CallLayout, rows: tuple[int, ...], deferred: tuple[int, ...] = ()) -> CallLogits:
@@ -125,8 +127,10 @@ class Session:
         return CallLogits.of(out.logits, self._never_emit).warped(self.config)
 
     def record(self, **fields) -> IterationRecord:
-        """Close the iteration: wall time since :meth:`begin`, split into model and non-model time."""
-        return close_iteration(self.iteration, self.schedule, self._calls, self._started, self.stop_reason, **fields)
+        """Close the iteration: wall time since :meth:`begin`, split into model and non-model time, and the
+        tokens :meth:`commit` cut (``IterationRecord.cut``)."""
+        return close_iteration(self.iteration, self.schedule, self._calls, self._started, self.stop_reason,
+                               cut=self._cut, **fields)
 
     # --- token selection ------------------------------------------------------------------------
     def verify(self, draft: list[int], stored_q: list[SparseDist], rows: CallLogits):
@@ -177,8 +181,7 @@ class Session:
         appended, sources = self.commit([verdict.token], [SOURCE_PREFILL])
         self.rollback(len(self.prefix) - 1)
         return self.record(prefix_len_before=self.prompt_len, prefix_len_after=len(self.prefix),
-                           verifier_tokens=v, verifier_probs=v_probs, advance=1,
-                           appended=tuple(appended), appended_sources=tuple(sources))
+                           verifier_tokens=v, verifier_probs=v_probs, appended=tuple(appended), appended_sources=tuple(sources))
 
     def verify_in_causal_call(self, draft: list[int], stored_q: list[SparseDist], before: int,
                               name: str) -> IterationRecord:
@@ -192,14 +195,15 @@ class Session:
         self.rollback(len(self.prefix) - 1)
         return self.record(prefix_len_before=before, prefix_len_after=len(self.prefix), old_draft=tuple(draft),
                            verifier_tokens=v, verifier_probs=v_probs, accept_probs=verdict.accept_probs,
-                           h=verdict.h, advance=verdict.h + 1, appended=tuple(appended),
+                           h=verdict.h, appended=tuple(appended),
                            appended_sources=tuple(sources))
 
     # --- stopping and the cache -----------------------------------------------------------------
     def commit(self, tokens: list[int], sources: list[str]) -> tuple[list[int], list[str]]:
         """Append accepted tokens, pruned by the stopping index (Algorithm 1 lines 7-9).
 
-        a = min(A, L - generated, first EOS, end of the first completed stop string).
+        a = min(A, L - generated, first EOS, end of the first completed stop string); the A - a tokens left
+        out are the iteration's ``cut``.
         Returns: the tokens actually appended and their sources.
         """
         a = min(len(tokens), self.config.max_new_tokens - self.generated)
@@ -211,6 +215,7 @@ class Session:
             a, reason = self._stop_string_cut(tokens, a, reason)
         self.prefix.extend(tokens[:a])
         self.stop_reason = reason
+        self._cut = len(tokens) - a
         return tokens[:a], sources[:a]
 
     def _stop_string_cut(self, tokens: list[int], a: int, reason: str | None) -> tuple[int, str | None]:

@@ -109,7 +109,7 @@ class PackedSS:
                                  old_draft=old_draft, old_draft_sources=old_sources,
                                  verifier_tokens=v, verifier_probs=v_probs, accept_probs=verdict.accept_probs,
                                  proposals=nxt.shown, proposal_start=before, kept=nxt.kept,
-                                 h=verdict.h, advance=verdict.h + 1,
+                                 h=verdict.h,
                                  appended=tuple(appended), appended_sources=tuple(appended_sources),
                                  next_draft=tuple(draft) if sources else (), next_draft_sources=sources)
             first = False

@@ -123,7 +123,7 @@ class PartialSS:
             yield session.record(prefix_len_before=before, prefix_len_after=len(session.prefix),
                                  old_draft=old_draft, verifier_tokens=v, verifier_probs=v_probs,
                                  accept_probs=verdict.accept_probs, proposals=tuple(proposals),
-                                 proposal_start=start, kept=kept, h=verdict.h, advance=verdict.h + 1,
+                                 proposal_start=start, kept=kept, h=verdict.h,
                                  appended=tuple(appended), appended_sources=tuple(sources),
                                  branches=branches)
             first = False

@@ -64,6 +64,6 @@ class QuadraticSS:
                                  old_draft=old_draft, verifier_tokens=v, verifier_probs=v_probs,
                                  accept_probs=verdict.accept_probs, proposals=tuple(proposals),
                                  proposal_start=before + verdict.h, kept=kept, h=verdict.h,
-                                 advance=verdict.h + 1, appended=tuple(appended),
+                                 appended=tuple(appended),
                                  appended_sources=tuple(sources))
             first = False
