@@ -117,7 +117,11 @@ class VllmWorker:
         if not line:
             self.close()
             raise ReferenceFailed(f"vLLM lanes: no answer from vLLM's process within {timeout_s:.0f} s")
-        answer = json.loads(line)
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            self.close()
+            raise ReferenceFailed(f"vLLM lanes: vLLM's process answered {line.strip()[:120]!r}") from None
         if "error" in answer:
             self.close()
             raise ReferenceFailed(f"vLLM lanes: {answer['error']}")

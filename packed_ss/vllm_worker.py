@@ -16,6 +16,7 @@ An empty line or end of input ends it.
 """
 
 import json
+import os
 import sys
 import time
 
@@ -51,6 +52,16 @@ def engine(setup: dict):
 
 
 def main() -> int:
+    # the answers go to the original stdout; anything else written there (vLLM's and its libraries' own prints, its
+    # engine processes') goes to stderr instead
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    def say(answer: dict) -> None:
+        answers.write(json.dumps(answer) + "\n")
+        answers.flush()
+
     from vllm import SamplingParams, TokensPrompt
 
     setup = json.loads(sys.stdin.readline())
@@ -60,12 +71,11 @@ def main() -> int:
         llm.generate([TokensPrompt(prompt_token_ids=[1, 2, 3])], SamplingParams(temperature=0, max_tokens=8),
                      use_tqdm=False)
     except Exception as error:  # noqa: BLE001 - one line back to the caller
-        print(json.dumps({"error": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"}),
-              flush=True)
+        say({"error": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"})
         return 1
     import vllm
 
-    print(json.dumps({"ready": True, "startup_s": time.perf_counter() - start, "vllm": vllm.__version__}), flush=True)
+    say({"ready": True, "startup_s": time.perf_counter() - start, "vllm": vllm.__version__})
     for line in sys.stdin:
         if not line.strip():
             break
@@ -83,7 +93,7 @@ def main() -> int:
                                                                    before["accepted_per_position"]
                                                                    or [0] * len(after["accepted_per_position"]))]}
         answer["steps"] = len(tokens) - answer["accepted"]  # each step commits one token beyond its accepted drafts
-        print(json.dumps(answer), flush=True)
+        say(answer)
     return 0
 
 
