@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import signal
 import subprocess
 import threading
 from collections.abc import Sequence
@@ -96,9 +97,10 @@ class VllmWorker:
                        "OMP_NUM_THREADS": str(threads), "VLLM_LOGGING_LEVEL": "WARNING", "TQDM_DISABLE": "1"}
         self._lock = threading.Lock()
         try:
+            # a process group of its own: closing it ends vLLM's engine processes too, whatever state they are in
             self.process = subprocess.Popen([str(env_python()), str(WORKER)], stdin=subprocess.PIPE,
                                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                            env=environment, cwd=str(ROOT))
+                                            env=environment, cwd=str(ROOT), start_new_session=True)
         except OSError as error:
             raise ReferenceFailed(f"vLLM lanes: cannot start vLLM's python ({error})") from None
         atexit.register(self.close)
@@ -132,14 +134,18 @@ class VllmWorker:
         return self._ask({"prompt": [int(t) for t in prompt_ids], "max_new_tokens": int(max_new_tokens)}, CALL_S)
 
     def close(self) -> None:
-        """End the process (and vLLM's engine processes with it)."""
+        """End the process and vLLM's engine processes (its process group): asked first, then killed."""
         if self.process.poll() is None:
             try:
                 self.process.stdin.write("\n")
                 self.process.stdin.flush()
                 self.process.wait(timeout=30)
-            except (OSError, subprocess.TimeoutExpired):
-                self.process.kill()
+            except (OSError, ValueError, subprocess.TimeoutExpired):
+                pass
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _read_line(process, timeout_s: float) -> str:
