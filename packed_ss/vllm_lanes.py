@@ -19,6 +19,7 @@ leaves them out with that line.
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import signal
@@ -51,7 +52,9 @@ def env_python() -> Path:
     return Path(named) if named else ENV_PYTHON
 
 
+@functools.lru_cache(maxsize=16)
 def _imports(python: Path, module: str) -> bool:
+    """Whether ``python`` imports ``module`` (asked once per process: a vLLM import takes seconds of CPU)."""
     try:
         return subprocess.run([str(python), "-c", f"import {module}"], capture_output=True, timeout=120).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
@@ -95,6 +98,10 @@ class VllmWorker:
         cores = f"0-{threads - 1}" if threads > 1 else "0"
         environment = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB), "VLLM_CPU_OMP_THREADS_BIND": cores,
                        "OMP_NUM_THREADS": str(threads), "VLLM_LOGGING_LEVEL": "WARNING", "TQDM_DISABLE": "1"}
+        preload = [str(p) for p in (env_python().parent.parent / "lib" / "libiomp5.so",
+                                    Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")) if p.exists()]
+        if preload:  # Intel OpenMP and TCMalloc, as vLLM's CPU docs advise (its speculative decoding is slow without)
+            environment["LD_PRELOAD"] = ":".join(preload + [environment.get("LD_PRELOAD", "")]).rstrip(":")
         self._lock = threading.Lock()
         try:
             # a process group of its own: closing it ends vLLM's engine processes too, whatever state they are in
@@ -161,9 +168,6 @@ def worker(model, schedule: str, block_size: int) -> VllmWorker:
     """The network's vLLM worker for ``schedule`` at draft length B - 1, started on first use and kept.
 
     Raises: ReferenceFailed naming why the lane cannot run."""
-    problem = vllm_problem(model, schedule)
-    if problem:
-        raise ReferenceFailed(problem)
     network = model.model
     workers = getattr(network, LANES, None)
     if workers is None:
@@ -172,6 +176,9 @@ def worker(model, schedule: str, block_size: int) -> VllmWorker:
     method = METHODS[schedule]
     key = (method, 0 if method == "ar" else max(1, block_size - 1))
     if key not in workers:
+        problem = vllm_problem(model, schedule)
+        if problem:
+            raise ReferenceFailed(problem)
         dtype = str(model.dtype).removeprefix("torch.")
         workers[key] = VllmWorker(checkpoint_folder(model), dtype, method, key[1], int(model.max_length),
                                   torch.get_num_threads())
