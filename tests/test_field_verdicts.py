@@ -115,12 +115,12 @@ def test_an_object_of_the_solution_is_still_identical_to_itself():
 # --- names the tests read but do not import -----------------------------------------------------------------------
 def test_a_name_the_tests_read_without_importing_it_is_never_the_answers():
     record = SIZE_RECORD
-    assert mbpp.judged(record) == ("import sys", ("tuple_size",))  # sys comes from the reference's own import
-    assert mbpp.grade(record, f"```python\n{record['code']}```", SANDBOX).correct
     fake = ("```python\nclass sys:\n    @staticmethod\n    def getsizeof(x):\n        return 0\n\n"
             "def tuple_size(tuple_list):\n    return 0\n```")
     verdict = mbpp.grade(record, fake, SANDBOX)
     assert (verdict.correct, verdict.status) == (False, "failed"), verdict
+    assert mbpp.grade(record, f"```python\n{record['code']}```", SANDBOX).correct
+    assert mbpp.judged(record) == ("import sys", ("tuple_size",))  # sys comes from the reference's own import
     # without its own import the answer meets a NameError, as it does in one process
     bare = mbpp.grade(record, "```python\ndef tuple_size(t):\n    return sys.getsizeof(t)\n```", SANDBOX)
     assert not bare.correct and "NameError" in bare.detail, bare
