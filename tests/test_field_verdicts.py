@@ -129,3 +129,36 @@ def test_a_name_the_tests_read_without_importing_it_is_never_the_answers():
 def test_a_record_without_a_reference_solution_takes_every_free_name_from_the_answer():
     record = {**SIZE_RECORD, "code": ""}
     assert mbpp.judged(record) == ("", ("tuple_size", "sys"))
+
+
+# --- numbers with digit-group separators --------------------------------------------------------------------------
+GROUPED = [  # (gold, response, same): digits grouped by three are one number, whatever space groups them
+    ("1000", "\\boxed{1 000}", True), ("0", "\\boxed{1 000}", False),  # a plain space
+    ("1000", "\\boxed{1\u00a0000}", True), ("0", "\\boxed{1\u00a0000}", False),  # a non-breaking space
+    ("1000", "\\boxed{1~000}", True), ("1000", "\\boxed{1\\:000}", True),
+    ("1000000", "\\boxed{1 000 000}", True), ("12345678", "\\boxed{12\\,345\\,678}", True),
+    ("-1000", "\\boxed{-1\\,000}", True), ("1000.5", "\\boxed{1\\,000.5}", True),
+    ("3.14159", "\\boxed{3.141\\,59}", True), ("1000", "\\boxed{x = 1\\,000}", True),
+    ("1000", "The total is 1 000.", True), ("32348", "\\boxed{32,\\!348}", True),
+    # misgrouped: no number at all (math-verify read the product of the groups, 1*0 = 0)
+    ("0", "\\boxed{1\\,0000}", False), ("10000", "\\boxed{1\\,0000}", False), ("1", "\\boxed{1\\,0000}", False),
+    ("0", "\\boxed{10\\,00}", False), ("1000", "\\boxed{10\\,00}", False), ("10", "\\boxed{10\\,00}", False),
+    ("0", "\\boxed{1 0000}", False), ("100000", "\\boxed{1\\,000\\,00}", False), ("0", "\\boxed{1\\,000\\,00}", False),
+    ("1000000", "\\boxed{1000\\,000}", False), ("3.14159", "\\boxed{3.14\\,159}", False),
+]
+
+
+@pytest.mark.parametrize("gold,response,same", GROUPED)
+def test_digit_groups_are_read_only_where_they_group_by_three(gold, response, same):
+    from packed_ss.evals.maths import grade_math
+
+    verdict = grade_math(gold, response)
+    assert verdict.correct is same, verdict
+
+
+def test_a_misgrouped_number_is_read_as_the_text_it_is_and_a_decimal_comma_stays():
+    from packed_ss.evals.maths import numbers_as_written
+
+    assert numbers_as_written("\\boxed{10\\,00}") == "\\boxed{\\text{10\\,00}}"
+    assert numbers_as_written("3{,}14 and 2{,}5000 and 1{,}000") == "3{,}14 and 2{,}5000 and 1000"
+    assert numbers_as_written("the 3 sides, 4.5 each") == "the 3 sides, 4.5 each"
