@@ -7,9 +7,13 @@ by the problem's original base tests (Section 4.1).
   block; output cap 512 tokens (E.2); 7 samples per prompt at T > 0 (E.4).
 - Stops: none beyond the model's end markers.
 - Extraction: the response's first Python code block (the first that defines a function the reference solution
-  defines), or the raw response when it has none; then evalplus's sanitiser (:mod:`packed_ss.evals.sanitize`:
-  pruned to what the record's ``entry_point`` reaches, every definition kept without one; usage examples, prints and
-  ``if __name__`` blocks go) when what it keeps still defines a function asked for.
+  defines; evalplus reads the longest run of code in the whole response instead), or the raw response when it has
+  none; then evalplus's sanitiser (:mod:`packed_ss.evals.sanitize`) when what it keeps still defines a function
+  asked for. The sanitiser keeps every import, each class, each function that returns something and each
+  assignment, the first definition of a name winning, pruned to what the record's ``entry_point`` reaches where it
+  has one; usage examples, prints, top-level asserts and ``if __name__`` blocks go, and so do a decorated function
+  and a function that never returns (a ``yield``-only helper): an answer that relies on one fails, as under
+  evalplus, where a one-process ``exec`` passes it. The record's ``test_imports`` run before the answer's code.
 - Grader: ``test_list`` (after ``test_imports``) in :mod:`packed_ss.sandbox`, apart from the response; the
   functions the reference solution defines are the ones tested, builtin names included (``sum``). A name the tests
   read but neither import nor ask for (Mbpp/596's ``sys``) is never the response's: the tests get it from the
