@@ -107,9 +107,16 @@ def test_a_correct_one_process_pattern_is_ungradable_with_its_reason(case):
     assert verdict.detail.startswith("ungradable in isolation: the tests take ") and why in verdict.detail, verdict
 
 
-def test_an_object_of_the_solution_is_still_identical_to_itself():
-    solution = "_o = object()\ndef f():\n    return _o\n"
-    assert run_program(solution, "x = f()\nassert x == x and not (x != x) and x is f()\n", SANDBOX).correct
+def test_what_needs_no_answer_from_the_solution_still_passes():
+    """An object of the solution is identical to itself, and a dict or set it returns with its own objects as keys
+    crosses as one (its keys were distinct objects there): neither takes the object's word for anything."""
+    solution = ("_o = object()\ndef f():\n    return _o\nclass K:\n    pass\ndef g():\n    return {K(): 1, K(): 2}\n"
+                "def h():\n    return {K(), K()}\n")
+    tests = ("x = f()\nassert x == x and not (x != x) and x is f()\n"
+             "assert len(g()) == 2 and sorted(g().values()) == [1, 2] and len(h()) == 2\n")
+    assert passes_in_one_process(solution, tests)
+    verdict = run_program(solution, tests, SANDBOX)
+    assert verdict.correct, verdict
 
 
 # --- names the tests read but do not import -----------------------------------------------------------------------

@@ -376,6 +376,7 @@ class Link:
         self.solver = None  # the solver's process id
         self.kept = False  # the solution holds on to an argument it was given (its later changes stay there)
         self.one_process = ""  # the first use of a solution's object that only its own process can answer ("": none)
+        self.receiving = False  # a reply is being unpickled (a dict or set of the solution's objects is rebuilt)
 
     def handle(self, obj):
         """The handle of ``obj``, one of the tests' objects that stay in the judge (the table keeps it alive)."""
@@ -389,10 +390,13 @@ class Link:
             raise SolverGone(self.gone)
         try:
             send(self.requests, message, JudgeOut)
+            self.receiving = True
             return receive(self.replies, JudgeIn)
         except (OSError, EOFError, pickle.UnpicklingError, SolverGone) as error:
             self.gone = str(error) or type(error).__name__
             raise SolverGone(self.gone) from None
+        finally:
+            self.receiving = False
 
     def call(self, target, args, kwargs, kind="call"):
         self.calls += 1
@@ -582,7 +586,7 @@ class Remote:
 
 ONE_PROCESS_USES = {  # special methods of a Remote -> what the tests take of the solution's object through them
     "__bool__": "the truth value of", "__eq__ __ne__": "an equality comparison with",
-    "__lt__ __le__ __gt__ __ge__": "an ordering comparison with", "__hash__": "the hash (a set member, a dict key) of",
+    "__lt__ __le__ __gt__ __ge__": "an ordering comparison with",
     "__len__": "the length of", "__getitem__ __setitem__ __delitem__": "an item (by index or key) of",
     "__str__ __format__": "the text of",
     "__int__ __float__ __complex__ __index__ __round__ __trunc__ __floor__ __ceil__ __abs__ __neg__ __pos__ "
@@ -603,9 +607,18 @@ def one_process_use(what, identity):
     return method
 
 
+def remote_hash(self):
+    """A Remote's hash: its identity's while a reply is unpickled (a dict or set the solution returned is rebuilt
+    from objects that were distinct keys there), else a use that only the solution's process can answer."""
+    if LINK[0].receiving:
+        return object.__hash__(self)
+    raise LINK[0].needs_one_process(f"the hash (a set member, a dict key) of the solution's {self._type} object")
+
+
 for _names, _what in ONE_PROCESS_USES.items():
     for _name in _names.split():
         setattr(Remote, _name, one_process_use(_what, {"__eq__": True, "__ne__": False}.get(_name)))
+Remote.__hash__ = remote_hash
 
 
 class JudgeOut(pickle.Pickler):
