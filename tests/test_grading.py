@@ -120,9 +120,12 @@ def test_exiting_inside_the_function_under_test_fails():
     "        return super().__new__(cls, 0)\n    def __eq__(self, other):\n        return True\n",
 ])
 def test_a_result_whose_comparisons_the_solution_defines_is_not_trusted(trick):
+    """An object of the solution is compared by nobody: a plain value it stands for (an int subclass) crosses as
+    that value and fails; any other object's comparison is left unanswered ("ungradable", the comparison named)."""
     answer = f"```python\n{trick}\ndef square_perimeter(a):\n    return Any()\n```"
     verdict = mbpp.grade(MBPP[3], answer, SANDBOX)
-    assert (verdict.correct, verdict.detail) == (False, "tests.py line 1: AssertionError")
+    assert (verdict.correct, verdict.detail) == (False, "tests.py line 1: AssertionError") or (
+        verdict.correct, verdict.status) == (False, "ungradable") and "equality comparison" in verdict.detail, verdict
     listed = f"```python\n{trick}\ndef heap_queue_largest(numbers, n):\n    return [Any()] * n\n```"
     assert not mbpp.grade(MBPP[2], listed, SANDBOX).correct
     generated = f"```python\n{trick}\ndef heap_queue_largest(numbers, n):\n    return (Any() for _ in range(n))\n```"
@@ -132,7 +135,7 @@ def test_a_result_whose_comparisons_the_solution_defines_is_not_trusted(trick):
 def test_an_object_of_the_solution_has_no_truth_value_and_plain_results_keep_theirs():
     verdict = run_program("class Yes:\n    def __bool__(self):\n        return True\ndef f():\n    return Yes()\n",
                           "assert f()\n", SANDBOX)
-    assert not verdict.correct and "no truth value" in verdict.detail
+    assert (verdict.correct, verdict.status) == (False, "ungradable") and "truth value" in verdict.detail, verdict
     assert run_program("def f():\n    return [1]\n", "assert f()\nassert not f()[1:]\n", SANDBOX).correct
 
 

