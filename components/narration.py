@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 
 from packed_ss.records import SOURCE_BONUS, SOURCE_CORRECTION, IterationRecord
 
+from components.style import marked
+
 TokenStrings = Callable[[Sequence[int]], list[str]]
 
 
@@ -204,4 +206,4 @@ def narrate(record: IterationRecord, schedule: str, strings: TokenStrings, promp
     else:  # packed
         text = (f"One call verified the old draft in causal mode and, in the same call, drafted from the old prefix "
                 f"P_t-1 ({n} tokens) in diffusion mode. ") + _verdict(record, strings) + _next_draft(record, strings)
-    return f'<p class="narration" data-narration="{html.escape(schedule)}">{html.escape(text)}</p>'
+    return f'<p class="narration" data-narration="{html.escape(schedule)}">{marked(text)}</p>'

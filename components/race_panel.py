@@ -17,7 +17,7 @@ from packed_ss.bench.palette import schedule_color, schedule_symbol
 from packed_ss.projection import CallTable, project
 from packed_ss.wording import counted
 
-from components.style import legend_below, legend_html, source_class
+from components.style import legend_below, legend_html, marked, source_class
 from serve.lanes import Lane, cost_ratio, ratio_text, speed_ratio, verdict_parts
 
 TokenStrings = Callable[[Sequence[int]], list[str]]
@@ -80,7 +80,7 @@ def lanes_html(lanes: Sequence[Lane], clock_ms: float, strings: TokenStrings, gr
             cls = f"tok {source_class(lane.sources[i])}"
             if i < len(lane.differs) and lane.differs[i]:
                 cls += " diff"
-            spans.append(f'<span class="{cls}">{html.escape(piece)}</span>')
+            spans.append(f'<span class="{cls}">{marked(piece)}</span>')
         progress = 100 * min(clock_ms, lane.total_ms) / (lane.total_ms or 1.0)  # its own run: full when finished
         counters = [("nfe", "NFE", f"{c['nfe']}"), ("tokens", "tokens", f"{c['tokens']}"),
                     ("wall_s", "wall s", f"{c['wall_s']:.3f}"),

@@ -7,6 +7,7 @@ plotly charts use the same colours as the HTML chips.
 from __future__ import annotations
 
 import html
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,12 +60,45 @@ def source_class(source: str) -> str:
     return f"src-{style.css}"
 
 
+# Bidirectional formatting characters: each can reorder the text around it ("evil" shown as "live"), so none is
+# ever passed to the page; a mark with its short name stands in its place.
+BIDI_CONTROLS = {0x061C: "ALM", 0x200E: "LRM", 0x200F: "RLM", 0x202A: "LRE", 0x202B: "RLE", 0x202C: "PDF",
+                 0x202D: "LRO", 0x202E: "RLO", 0x2066: "LRI", 0x2067: "RLI", 0x2068: "FSI", 0x2069: "PDI"}
+
+
+def _mark(char: str) -> str:
+    """The visible stand-in of one control character (HTML): C0 controls and DEL as their Unicode control pictures
+    (NUL as ␀), bidirectional controls and C1 controls as a short name, each with its code point and name on hover."""
+    code = ord(char)
+    name = unicodedata.name(char, "") or {0x85: "NEXT LINE"}.get(code, "control")
+    if code < 0x20 or code == 0x7F:
+        shown = chr(0x2400 + code) if code < 0x20 else "\u2421"
+    else:
+        shown = BIDI_CONTROLS.get(code, f"U+{code:04X}")
+    return f'<span class="ctl" title="U+{code:04X} {html.escape(name)}">{shown}</span>'
+
+
+def _hidden(char: str) -> bool:
+    code = ord(char)
+    return (code < 0x20 and char not in "\n\t") or 0x7F <= code <= 0x9F or code in BIDI_CONTROLS
+
+
+def marked(text: str) -> str:
+    """``text`` as written, as HTML: escaped, with every control character that would be invisible or would reorder
+    the text around it (C0 and C1 controls but newline and tab, DEL, bidirectional formatting characters) shown as
+    a named mark in its place (:func:`_mark`). The marks hold no control character: the page shows the text in the
+    order it was written."""
+    if not any(_hidden(c) for c in text):
+        return html.escape(text)
+    return "".join(_mark(c) if _hidden(c) else html.escape(c) for c in text)
+
+
 def visible(token: str) -> str:
-    """HTML-escaped token text with whitespace made visible for chips (space ·, newline ⏎, tab ⇥)."""
+    """Token text for chips as HTML: whitespace made visible (space ·, newline ⏎, tab ⇥, carriage return ␍), control
+    and bidirectional characters marked (:func:`marked`); ∅ for a token with no text."""
     if token == "":
         return "∅"
-    shown = token.replace(" ", "·").replace("\n", "⏎").replace("\t", "⇥").replace("\r", "␍")
-    return html.escape(shown)
+    return marked(token.replace(" ", "·").replace("\n", "⏎").replace("\t", "⇥").replace("\r", "␍"))
 
 
 def load_css() -> str:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 from packed_ss.records import IterationRecord, RunRecord
 
-from components.style import OPEN_SLOT, PROMPT, legend_html, source_class, stats_html
+from components.style import OPEN_SLOT, PROMPT, legend_html, marked, source_class, stats_html
 
 TokenStrings = Callable[[Sequence[int]], list[str]]
 OPEN = "open"  # the source of an open position in an any-order model's text (components.step_view)
@@ -40,7 +40,7 @@ def text_html(prompt_ids: Sequence[int], token_ids: Sequence[int], sources: Sequ
         shown = ("…" if cut else "") + prompt_text[-4000:]
     else:
         shown = ("…" if len(prompt_ids) > len(shown_prompt) else "") + "".join(pieces[:len(shown_prompt)])
-    out.append(f'<span class="tok {source_class(PROMPT)}">{html.escape(shown)}</span>')
+    out.append(f'<span class="tok {source_class(PROMPT)}">{marked(shown)}</span>')
     for i, (piece, source) in enumerate(zip(pieces[len(shown_prompt):], sources)):
         if source == OPEN:  # an any-order model's position not accepted yet: a placeholder, not the mask token
             out.append(f'<span class="tok open-slot" title="open position: not accepted yet">{OPEN_SLOT}</span>')
@@ -51,7 +51,7 @@ def text_html(prompt_ids: Sequence[int], token_ids: Sequence[int], sources: Sequ
         if i < len(differs) and differs[i]:
             classes.append("diff")
         out.append(f'<span class="{" ".join(classes)}" title="{html.escape(source)} · token {token_ids[i]}">'
-                   f'{html.escape(piece)}</span>')
+                   f'{marked(piece)}</span>')
     out.append("</div>")
     return "".join(out)
 

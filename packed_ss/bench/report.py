@@ -131,7 +131,7 @@ def _header(summary: dict) -> list[str]:
         f"Model: `{meta.get('model', '?')}`"
         + (f" (sha256 {meta['model_sha256']})" if meta.get("model_sha256") else "")
         + f" on {meta.get('device', '?')} ({meta.get('dtype', '?')}), "
-        f"{meta.get('threads', '?')} CPU threads.",
+        f"{counted(meta['threads'], 'CPU thread', 'CPU threads') if isinstance(meta.get('threads'), int) else '? CPU threads'}.",
         f"Prompts: {meta.get('prompt_source') or meta.get('task') or '?'}, {meta['prompts_measured']} measured "
         f"({meta.get('prompts_given', '?')} given, {len(meta.get('skipped_prompts', []))} skipped, "
         f"{meta.get('prompts_incomplete', 0)} incomplete).",

@@ -13,6 +13,7 @@ Shape legend: R rows of the call, C cached tokens, V vocabulary.
 from __future__ import annotations
 
 import operator
+import re
 import time
 import warnings
 from contextlib import contextmanager, nullcontext
@@ -125,6 +126,45 @@ def hub_unreachable(name: str, timeout_s: float = 10.0) -> bool:
         kind = type(error).__name__.lower()
         return isinstance(error, (ConnectionError, TimeoutError)) or "connect" in kind or "timeout" in kind
     return False
+
+
+BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # a byte-fallback token (SentencePiece, Llama)
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """Byte-level BPE's printable stand-ins for the 256 bytes (GPT-2's table: printable Latin-1 characters stand
+    for themselves, the other bytes for code points from 256 on), stand-in -> byte."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {}, 0
+    for byte in range(256):
+        if byte in kept:
+            table[chr(byte)] = byte
+        else:
+            table[chr(256 + extra)] = byte
+            extra += 1
+    return table
+
+
+BYTE_LEVEL = _byte_level_alphabet()
+
+
+def token_bytes(piece: str) -> bytes | None:
+    """The bytes a token's piece stands for: a byte-fallback piece (``<0xF0>``) or a byte-level BPE piece (every
+    character one of :data:`BYTE_LEVEL`'s stand-ins); None for any other piece."""
+    found = BYTE_PIECE.fullmatch(piece)
+    if found:
+        return bytes([int(found.group(1), 16)])
+    if piece and all(c in BYTE_LEVEL for c in piece):
+        return bytes(BYTE_LEVEL[c] for c in piece)
+    return None
+
+
+def _utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _size(count: int) -> str:
@@ -452,7 +492,10 @@ class DualModeModel:
     def token_strings(self, ids: list[int]) -> list[str]:
         """Readable text of each token on its own (for chips, hover text and the text view, which joins
         them). A SentencePiece word-start marker ("▁") becomes the leading space that decoding a token
-        alone drops, so joined pieces keep the spaces between words. Raises: ValueError as :meth:`decode`."""
+        alone drops, so joined pieces keep the spaces between words. A token that holds part of a character's
+        UTF-8 bytes (a byte-level or byte-fallback token: an emoji takes several) is shown as its bytes,
+        ``<0xF0>``, where decoding it alone gives only the replacement character. Raises: ValueError as
+        :meth:`decode`."""
         ids = self.checked_ids(ids)
         pieces = self._text().convert_ids_to_tokens(ids)
         out = []
@@ -460,6 +503,10 @@ class DualModeModel:
             text = self.tokenizer.decode([i], skip_special_tokens=False)
             if isinstance(piece, str) and piece.startswith(WORD_START) and not text.startswith(" "):
                 text = " " + text
+            if "\ufffd" in text and isinstance(piece, str):
+                raw = token_bytes(piece)
+                if raw is not None and not _utf8(raw):
+                    text = "".join(f"<0x{b:02X}>" for b in raw)
             out.append(text)
         return out
 
