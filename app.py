@@ -20,6 +20,7 @@ from packed_ss.cli import one_line_warnings, quiet_loaders
 
 from components.style import ASSETS, page_script
 from serve.api import add_api
+from serve.asgi_io import ArrivingBodies
 from serve.address_shares import address_share
 from serve.request_gate import RequestGate
 from serve.blocks import PageBlocks
@@ -59,7 +60,8 @@ def launch_kwargs(demo: gr.Blocks | None = None) -> dict:
                     # them by default: every raw API call, a new session, grew the process by ~25 MB per 100. As
                     # many as the server remembers sessions (serve.sessions.MAX_HELD); the page keeps no gr.State.
                     "state_session_capacity": MAX_HELD}
-    middleware = [Middleware(BoundUploads)]  # a few files per upload request
+    bodies = ArrivingBodies()  # what request bodies hold while they arrive, uploads and the gate's alike
+    middleware = [Middleware(BoundUploads, bodies=bodies)]  # a few files per upload request
     endpoints = getattr(demo, "api_defaults", None)
     if endpoints:
         arity = {f.api_name: len(f.inputs) for f in demo.fns.values()
@@ -72,7 +74,7 @@ def launch_kwargs(demo: gr.Blocks | None = None) -> dict:
                                      listeners=getattr(demo, "call_listeners", None), takes_files=takes_files,
                                      events=events, queue=lambda: demo._queue,
                                      component_server=any(getattr(b, "server_fns", None) for b in demo.blocks.values()),
-                                     shares=group_shares(demo)))
+                                     shares=group_shares(demo), bodies=bodies))
     kwargs["app_kwargs"] = {"middleware": middleware}
     return kwargs
 

@@ -18,6 +18,13 @@ from serve.models import ANY_ORDER_MODEL, DEFAULT_MODEL
 from serve.settings import NEW_TOKENS_CAP
 
 
+# uvicorn trusting every hop takes an X-Forwarded-For list's first entry, which the client writes: every per-address
+# limit (serve.address_shares, serve.admission, serve.uploads, serve.sessions) would be one a client sets itself
+TRUSTS_EVERY_ADDRESS = ("FORWARDED_ALLOW_IPS=* lets every client name its own address (uvicorn then counts the first "
+                        "X-Forwarded-For entry, which the client writes): set it to the proxy's addresses, e.g. "
+                        "10.0.0.0/8")
+
+
 def app_parser() -> argparse.ArgumentParser:
     """The options; a Space sets the default model, the others offered, the adapter and SetDLM's base model
     as variables (``PACKED_SS_MODEL``, ``PACKED_SS_ALLOW_MODELS``, ``PACKED_SS_DRAFTER_LORA``,
@@ -63,7 +70,8 @@ def allowed_models(args: argparse.Namespace) -> list[str]:
 
 def options_problem(args: argparse.Namespace, allowed: list[str]) -> str | None:
     """A one-line message for options that cannot work (counts below 1, a port outside 1-65535, device or dtype, a
-    model name no folder can have or a model folder without config.json), else None."""
+    model name no folder can have or a model folder without config.json, a proxy setting that trusts every address:
+    :data:`TRUSTS_EVERY_ADDRESS`), else None."""
     for flag, value in (("--cap", args.cap), ("--models-held", args.models_held), ("--max-rows", args.max_rows),
                         ("--queue-size", args.queue_size)):
         if value < 1:
@@ -72,6 +80,8 @@ def options_problem(args: argparse.Namespace, allowed: list[str]) -> str | None:
         return f"--port must be a port number from 1 to 65535, got {args.port}"
     if not args.max_seconds > 0 or args.max_seconds == float("inf"):
         return f"--max-seconds must be a positive number of seconds, got {args.max_seconds}"
+    if "*" in (h.strip() for h in os.environ.get("FORWARDED_ALLOW_IPS", "").split(",")):
+        return TRUSTS_EVERY_ADDRESS
     if threads_problem(args.threads):
         return threads_problem(args.threads)
     problem = device_dtype_problem(args.device, args.dtype)

@@ -12,14 +12,14 @@ from __future__ import annotations
 import inspect
 import json
 
-from serve.asgi_io import forward, read_body, reply
+from serve.asgi_io import forward, receive_body, reply
 from serve.request_checks import MAX_BODY_BYTES, MAX_DEPTH, NO_SESSION_HASH, fill_defaults, holds_file, \
     is_session_hash, nesting, no_files
 
 
 class RawCallChecks:
     """The raw-call half of :class:`serve.request_gate.RequestGate` (its attributes: ``app``, ``endpoints``,
-    ``arity``, ``takes_files``)."""
+    ``arity``, ``takes_files``, ``bodies``)."""
 
     async def _check_call(self, endpoint: str, keywords: bool, scope, receive, send) -> None:
         """A raw ``POST /gradio_api/call/<endpoint>``: checked, padded with the documented defaults and passed on,
@@ -28,9 +28,9 @@ class RawCallChecks:
             await reply(send, 404, {"error": f"/{endpoint}: no such endpoint; the documented ones are "
                                               f"{', '.join('/' + name for name in self.endpoints)}"})
             return
-        body = await read_body(receive, MAX_BODY_BYTES)
+        body = await receive_body(scope, receive, send, MAX_BODY_BYTES, self.bodies,
+                                  f"/{endpoint}: request body over {MAX_BODY_BYTES:,} bytes")
         if body is None:
-            await reply(send, 413, {"error": f"/{endpoint}: request body over {MAX_BODY_BYTES:,} bytes"})
             return
         too_deep = False
         try:

@@ -15,12 +15,15 @@ from collections.abc import Callable
 from packed_ss.inputs import shown
 
 from serve.address_shares import PER_CLIENT_EVENTS, SETTLE_S, CallListeners
-from serve.asgi_io import forward, read_body, refusals_as_422, reply, validation_in_one_line
+from serve.asgi_io import ArrivingBodies, forward, receive_body, refusals_as_422, reply, validation_in_one_line
 from serve.raw_calls import RawCallChecks
 from serve.request_checks import (CALL_PREFIX, COMPONENT_SERVER_PATH, DATA_PATH, DIRECT_PREFIXES, JOIN_PATH,
                                   MAX_BODY_BYTES, MAX_DEPTH, MAX_ID_CHARS, NO_SESSION_HASH, UNUSED_ROUTES,
                                   UPLOAD_ROUTE, client_of, holds_file, id_problem, is_session_hash, nesting, no_files,
                                   stream_session)
+
+
+TOO_BIG = f"request body over {MAX_BODY_BYTES:,} bytes"
 
 
 class RequestGate(RawCallChecks):
@@ -44,13 +47,16 @@ class RequestGate(RawCallChecks):
         shares: ``{fn_index or api name: (its queue group, the places of that group one address may hold)}``: one
             address may have that many of the group's events waiting or running (:func:`address_share`), so that
             it cannot take every place the server runs at once and leave the others waiting behind it.
+        bodies: what request bodies may hold while they arrive (:class:`serve.asgi_io.ArrivingBodies`; shared with
+            the upload middleware); a body must be whole within :data:`serve.asgi_io.BODY_WITHIN_S` s (408).
     """
 
     def __init__(self, app, endpoints: dict[str, list[tuple[str, object]]], arity: dict[str, int] | None = None,
                  listeners: CallListeners | None = None, takes_files: set | None = None,
                  events: dict[int, int] | None = None, queue: Callable[[], object] | None = None,
-                 component_server: bool = True, shares: dict | None = None):
+                 component_server: bool = True, shares: dict | None = None, bodies: ArrivingBodies | None = None):
         self.app = app
+        self.bodies = bodies if bodies is not None else ArrivingBodies()
         self.component_server = component_server
         self.shares = shares or {}
         self.endpoints = endpoints
@@ -124,7 +130,7 @@ class RequestGate(RawCallChecks):
     async def _check_join(self, scope, receive, send) -> None:
         """Pass a queue join on when it names an event of the server with its values and a session (one line, 404 or
         422, otherwise) and its client has room in the queue (429)."""
-        read = await self._event_body(receive, send)
+        read = await self._event_body(scope, receive, send)
         if read is None:
             return
         body, payload = read
@@ -142,11 +148,11 @@ class RequestGate(RawCallChecks):
         finally:
             self._arrived(scope, kind)
 
-    async def _event_body(self, receive, send) -> tuple[bytes, dict] | None:
-        """The body of an event's POST and its JSON object; None once it is answered (413, or 422: no object)."""
-        body = await read_body(receive, MAX_BODY_BYTES)
+    async def _event_body(self, scope, receive, send) -> tuple[bytes, dict] | None:
+        """The body of an event's POST and its JSON object; None once it is answered (408, 413, 429:
+        :func:`serve.asgi_io.receive_body`; 422: no object)."""
+        body = await receive_body(scope, receive, send, MAX_BODY_BYTES, self.bodies, TOO_BIG)
         if body is None:
-            await reply(send, 413, {"error": f"request body over {MAX_BODY_BYTES:,} bytes"})
             return None
         try:
             payload = json.loads(body)
@@ -215,7 +221,7 @@ class RequestGate(RawCallChecks):
         """A POST to Gradio's direct routes (``run/<name>``, ``api/<name>``): the page's unqueued events send their
         ``fn_index`` to ``run/predict`` and are checked as a queue join is (:meth:`event_problem`); anything else
         gets the same answer as a queued event called directly (404)."""
-        read = await self._event_body(receive, send)
+        read = await self._event_body(scope, receive, send)
         if read is None:
             return
         body, payload = read
@@ -235,9 +241,8 @@ class RequestGate(RawCallChecks):
     async def _check_session_field(self, scope, receive, send) -> None:
         """Any other POST of Gradio's routes (``cancel``, ``reset``, ...): a ``session_hash`` in its JSON body must
         be one Gradio could have made (422 otherwise); the body is handed on as it came."""
-        body = await read_body(receive, MAX_BODY_BYTES)
+        body = await receive_body(scope, receive, send, MAX_BODY_BYTES, self.bodies, TOO_BIG)
         if body is None:
-            await reply(send, 413, {"error": f"request body over {MAX_BODY_BYTES:,} bytes"})
             return
         try:
             payload = json.loads(body)

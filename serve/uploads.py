@@ -33,7 +33,7 @@ from pathlib import Path
 
 from packed_ss.inputs import shown
 
-from serve.asgi_io import forward, read_body, reply
+from serve.asgi_io import ArrivingBodies, declared_length, forward, receive_body, reply
 from serve.request_checks import client_of
 from serve.errors import UserError
 
@@ -268,7 +268,10 @@ class BoundUploads:
     within ``recent_s`` seconds (429: the disk holds unused uploads that long, so this bounds what they can fill).
 
     Only uploads Gradio stores count (its answer is 200): a refused one (a file over the size limit) costs nobody
-    anything, and one client's uploads leave the others' budget open.
+    anything, and one client's uploads leave the others' budget open. What the headers tell is checked before a byte
+    of the body is read (the boundary; the Content-Length against the size limit and the address's budget); while
+    the body arrives it holds what ``bodies`` (:class:`serve.asgi_io.ArrivingBodies`, shared with the request gate)
+    allows, and it must be whole ``within_s`` seconds after its start (408).
 
     Each stored file is given a path of its own (:func:`own_paths`): Gradio names an upload by its bytes, so two
     visitors sending the same file would otherwise share one path, and one's use of it would tell the other."""
@@ -276,8 +279,9 @@ class BoundUploads:
     def __init__(self, app, max_files: int = FILES_PER_UPLOAD, max_file_bytes: int = MAX_UPLOAD_BYTES,
                  recent_bytes: int = RECENT_UPLOAD_BYTES, recent_s: float = RECENT_S,
                  client_bytes: int = CLIENT_UPLOAD_BYTES, uploads: str | Path | None = None,
-                 within_s: float = UPLOAD_WITHIN_S):
+                 within_s: float = UPLOAD_WITHIN_S, bodies: ArrivingBodies | None = None):
         self.app = app
+        self.bodies = bodies if bodies is not None else ArrivingBodies()  # what bodies may hold while they arrive
         self.within_s = within_s  # a body trickled in slower than this holds a connection: 408
         self.max_files = max_files
         self.max_bytes = max_files * max_file_bytes + 64 * 1024  # room for the parts' headers
@@ -291,19 +295,21 @@ class BoundUploads:
                 not scope.get("path", "").rstrip("/").endswith(UPLOAD_PATH):
             await self.app(scope, receive, send)
             return
-        try:
-            body = await read_body(receive, self.max_bytes, self.within_s)
-        except TimeoutError:
-            await reply(send, 408, {"error": f"an upload must arrive whole within {self.within_s:g} s of its start: "
-                                             f"send the file at once"})
-            return
-        if body is None:
-            await reply(send, 413, {"error": f"an upload may carry at most {self.max_files} files of "
-                                              f"{MAX_UPLOAD_BYTES // 2**20} MB"})
-            return
         boundary, why = boundary_of(scope)
         if boundary is None:
-            await reply(send, 400, {"error": why})
+            await reply(send, 400, {"error": why}, close=True)
+            return
+        client = client_of(scope)
+        declared = declared_length(scope)
+        if declared is not None and declared <= self.max_bytes and not self._fits(declared, client):
+            await reply(send, 429, {"error": self._over_budget()}, close=True)  # before a byte of it is read
+            return
+        body = await receive_body(scope, receive, send, self.max_bytes, self.bodies,
+                                  too_big=f"an upload may carry at most {self.max_files} files of "
+                                          f"{MAX_UPLOAD_BYTES // 2**20} MB",
+                                  too_slow=f"an upload must arrive whole within {self.within_s:g} s of its start: "
+                                           f"send the file at once", within_s=self.within_s)
+        if body is None:
             return
         parts = body.count(b"--" + boundary) - 1
         if parts > self.max_files:
@@ -313,12 +319,9 @@ class BoundUploads:
         if problem is not None:
             await reply(send, 400, {"error": problem})
             return
-        client = client_of(scope)
         entry = self._reserve(len(body), client)
         if entry is None:
-            await reply(send, 429, {"error": f"the server holds {self.recent_bytes // 2**20} MB of recent uploads "
-                                             f"({self.client_bytes // 2**20} MB from one address): try again in a "
-                                             f"few minutes"})
+            await reply(send, 429, {"error": self._over_budget()})
             return
         answer: list[dict] = []
 
@@ -339,16 +342,24 @@ class BoundUploads:
         for message in answer:
             await send(message)
 
-    def _reserve(self, size: int, client: str) -> list | None:
-        """Note ``size`` bytes from ``client`` when they fit in both budgets (their entry); None when not."""
+    def _over_budget(self) -> str:
+        return (f"the server holds {self.recent_bytes // 2**20} MB of recent uploads ({self.client_bytes // 2**20} MB "
+                f"from one address): try again in a few minutes")
+
+    def _fits(self, size: int, client: str) -> bool:
+        """Whether ``size`` more bytes from ``client`` fit in both budgets now."""
         now = time.monotonic()
         while self._recent and now - self._recent[0][0] > self.recent_s:
             self._recent.popleft()
         total = sum(n for _, n, _ in self._recent)
         mine = sum(n for _, n, who in self._recent if who == client)
-        if total + size > self.recent_bytes or mine + size > self.client_bytes:
+        return total + size <= self.recent_bytes and mine + size <= self.client_bytes
+
+    def _reserve(self, size: int, client: str) -> list | None:
+        """Note ``size`` bytes from ``client`` when they fit in both budgets (their entry); None when not."""
+        if not self._fits(size, client):
             return None
-        entry = [now, size, client]
+        entry = [time.monotonic(), size, client]
         self._recent.append(entry)
         return entry
 
