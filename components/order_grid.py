@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from packed_ss.records import IterationRecord
 
 from components.narration import stopped_by
-from components.style import source_class, visible
+from components.style import marked, source_class, visible
 
 TokenStrings = Callable[[Sequence[int]], list[str]]
 
@@ -220,4 +220,4 @@ def narrate_order(record: IterationRecord, strings: TokenStrings, policy: str = 
                      f"{len(record.appended)}).")
     if record.dropped_positions:
         words.append(f"An end marker moved E: earlier accepted {_positions(record.dropped_positions)} were dropped.")
-    return f'<p class="narration" data-narration="{html.escape(record.schedule)}">{html.escape(" ".join(words))}</p>'
+    return f'<p class="narration" data-narration="{html.escape(record.schedule)}">{marked(" ".join(words))}</p>'

@@ -442,6 +442,9 @@ class NativeDecoder(torch.nn.Module):
         additive mask ``bias`` (G R, S): (Hkv, G R, hd). ``"sdpa"`` takes a mask of the queries' dtype and runs on
         :func:`sdpa_backends` (on CUDA: never cuDNN's kernel)."""
         if attention == "sdpa":
+            if not q.is_cuda:  # torch's own kernel choice: no context to enter on a CPU call's every layer
+                return F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=bias,
+                                                      scale=scaling)[0]
             with sdpa_pinned(q.device):
                 return F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=bias,
                                                       scale=scaling)[0]
