@@ -1,8 +1,10 @@
 """vLLM as reference lanes: the serving engine's own greedy loop and speculative methods on the same weights.
 
-``vllm-ar`` is vLLM's plain greedy decoding, ``vllm-ngram`` its n-gram (prompt lookup) proposer and ``vllm-suffix``
-its suffix decoding (its cache of earlier responses off, so a repeated prompt gains nothing), with ``B - 1`` draft
-tokens, as the engine's own ``lookup`` drafts W = B - 1. They decode the project's own token ids, greedy, at batch 1,
+``vllm-ar`` is vLLM's plain greedy decoding, ``vllm-ngram`` its n-gram (prompt lookup) proposer, ``vllm-suffix``
+its suffix decoding (its cache of earlier responses off, so a repeated prompt gains nothing) and ``vllm-linear``
+Linear-SS inside vLLM (the model's own diffusion drafter as vLLM's proposer,
+``packed_ss/vllm_side/linear_ss_proposer.py``; its NFE counts vLLM's steps and the drafter's calls), with ``B - 1``
+draft tokens, as the engine's own ``lookup`` and ``linear`` draft W = B - 1. They decode the project's own token ids, greedy, at batch 1,
 and their tokens must equal ``ar``'s (the benchmark checks it, as for transformers' and llama.cpp's lanes).
 
 vLLM pins an older transformers than the project, so it lives in an environment of its own
@@ -32,8 +34,8 @@ import torch
 
 from packed_ss.hf_reference import ReferenceFailed, ReferenceRun
 
-VLLM_REFERENCES = ("vllm-ar", "vllm-ngram", "vllm-suffix")
-METHODS = {"vllm-ar": "ar", "vllm-ngram": "ngram", "vllm-suffix": "suffix"}
+VLLM_REFERENCES = ("vllm-ar", "vllm-ngram", "vllm-suffix", "vllm-linear")
+METHODS = {"vllm-ar": "ar", "vllm-ngram": "ngram", "vllm-suffix": "suffix", "vllm-linear": "linear"}
 ROOT = Path(__file__).resolve().parents[1]
 ENV_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 INSTALL = "bash scripts/make_vllm_env.sh"
@@ -94,7 +96,8 @@ class VllmWorker:
     Attributes: ``startup_s``, seconds it took to build the engine and decode a warm-up prompt (never timed);
     ``version``, vLLM's. Raises: ReferenceFailed (one line) when the process cannot start or its engine fails."""
 
-    def __init__(self, folder: Path, dtype: str, method: str, k: int, max_model_len: int, threads: int):
+    def __init__(self, folder: Path, dtype: str, method: str, k: int, max_model_len: int, threads: int,
+                 proposer_log: Path | None = None):
         cores = f"0-{threads - 1}" if threads > 1 else "0"
         environment = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB), "VLLM_CPU_OMP_THREADS_BIND": cores,
                        "OMP_NUM_THREADS": str(threads), "VLLM_LOGGING_LEVEL": "WARNING", "TQDM_DISABLE": "1"}
@@ -111,8 +114,10 @@ class VllmWorker:
         except OSError as error:
             raise ReferenceFailed(f"vLLM lanes: cannot start vLLM's python ({error})") from None
         atexit.register(self.close)
-        answer = self._ask({"model": str(folder), "dtype": dtype, "method": method, "k": k,
-                            "max_model_len": max_model_len}, STARTUP_S)
+        setup = {"model": str(folder), "dtype": dtype, "method": method, "k": k, "max_model_len": max_model_len}
+        if proposer_log is not None:
+            setup["proposer_log"] = str(proposer_log)
+        answer = self._ask(setup, STARTUP_S)
         self.startup_s, self.version = float(answer["startup_s"]), answer.get("vllm", "")
 
     def _ask(self, request: dict, timeout_s: float) -> dict:
@@ -136,9 +141,19 @@ class VllmWorker:
             raise ReferenceFailed(f"vLLM lanes: {answer['error']}")
         return answer
 
-    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> dict:
-        """vLLM's greedy output for ``prompt_ids``: the worker's answer (token ids, wall seconds, steps, counters)."""
-        return self._ask({"prompt": [int(t) for t in prompt_ids], "max_new_tokens": int(max_new_tokens)}, CALL_S)
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, temperature: float = 0.0,
+                 seed: int = 0) -> dict:
+        """vLLM's output for ``prompt_ids`` (greedy at ``temperature`` 0): the worker's answer (token ids, wall
+        seconds, steps, counters)."""
+        return self._ask({"prompt": [int(t) for t in prompt_ids], "max_new_tokens": int(max_new_tokens),
+                          "temperature": float(temperature), "seed": int(seed)}, CALL_S)
+
+    def generate_batch(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 0.0,
+                       seed: int = 0) -> dict:
+        """The prompts decoded together as one vLLM batch (request i seeded ``seed + i``): ``token_ids`` holds one
+        list per prompt, the counters are the batch's."""
+        return self._ask({"prompts": [[int(t) for t in ids] for ids in prompts], "max_new_tokens": int(max_new_tokens),
+                          "temperature": float(temperature), "seed": int(seed)}, CALL_S)
 
     def close(self) -> None:
         """End the process and vLLM's engine processes (its process group): asked first, then killed."""
@@ -199,7 +214,9 @@ def vllm_generate(model, prompt_ids: Sequence[int], max_new_tokens: int, schedul
     reason = "eos" if eos is not None and tokens and tokens[-1] == eos else "limit"
     steps = max(1, int(answer["steps"]))  # the first step is the prefill's; each later one verified a draft or none
     verifying = steps - 1
-    return ReferenceRun(schedule, tokens, steps, float(answer["wall_s"]), reason, iterations=steps,
+    # Linear-SS in vLLM: each verifying step follows one drafting call of the proposer (Table 2: two calls each)
+    nfe = steps + int(answer.get("drafts", 0)) if METHODS[schedule] == "linear" else steps
+    return ReferenceRun(schedule, tokens, nfe, float(answer["wall_s"]), reason, iterations=steps,
                         mean_acceptance_length=(len(tokens) - 1) / verifying if verifying else float("nan"),
                         verify_iterations=verifying, per_position_acceptance=_per_position(answer))
 

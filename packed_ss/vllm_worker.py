@@ -4,13 +4,18 @@ Run by path with the vLLM environment's python (``bash scripts/make_vllm_env.sh`
 whose transformers is newer than the one vLLM pins. It reads one JSON object per line on stdin and writes one per
 line on stdout:
 
-* first, the set-up ``{"model": folder, "dtype": "float32", "method": "ar" | "ngram" | "suffix", "k": draft tokens,
-  "max_model_len": tokens}``, answered ``{"ready": true, "startup_s": s, "vllm": version}`` once the engine is built and
+* first, the set-up ``{"model": folder, "dtype": "float32", "method": "ar" | "ngram" | "suffix" | "linear", "k": draft
+  tokens, "max_model_len": tokens, "proposer_log": file (optional)}``, answered ``{"ready": true, "startup_s": s, "vllm": version}`` once the engine is built and
   has decoded one warm-up prompt (or ``{"error": line}``);
-* then ``{"prompt": [ids], "max_new_tokens": n}``, answered ``{"token_ids": [...], "wall_s": s, "steps": engine steps
+* then ``{"prompt": [ids], "max_new_tokens": n, "temperature": T (default 0), "seed": s}``, answered ``{"token_ids": [...], "wall_s": s, "steps": engine steps
   (the tokens less the accepted drafts: each step commits one token beyond them), "drafts": d, "draft_tokens": t,
-  "accepted": a, "accepted_per_position": [...]}``: the prompt decoded greedily at batch
-  1 (``wall_s`` the ``generate`` call alone), its speculative counters read from vLLM's own metrics before and after.
+  "accepted": a, "accepted_per_position": [...]}``: the prompt decoded at batch 1 (``wall_s`` the ``generate`` call
+  alone), its speculative counters read from vLLM's own metrics before and after;
+* or ``{"prompts": [[ids], ...], ...}``: the prompts decoded together as one batch (request i seeded ``seed + i``),
+  answered with ``"token_ids"`` as one list per prompt and the batch's counters.
+
+``linear`` is Linear-SS inside vLLM: the model's own diffusion drafter as vLLM's ``custom_class`` proposer
+(``packed_ss/vllm_side/linear_ss_proposer.py``, put on ``PYTHONPATH`` here; ``proposer_log`` names its log of drafts).
 
 An empty line or end of input ends it.
 """
@@ -19,6 +24,10 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
+
+PROPOSER = "linear_ss_proposer.LinearSSProposer"
+PROPOSER_FOLDER = Path(__file__).resolve().with_name("vllm_side")
 
 
 def counters(llm) -> dict:
@@ -45,8 +54,15 @@ def engine(setup: dict):
                        "prompt_lookup_max": 3}
     elif method == "suffix":
         speculative = {"method": "suffix", "num_speculative_tokens": k, "suffix_decoding_max_cached_requests": 0}
+    elif method == "linear":
+        # vLLM's engine processes import the proposer by module path: its folder goes on their PYTHONPATH
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROPOSER_FOLDER), os.environ.get("PYTHONPATH")]))
+        sys.path.insert(0, str(PROPOSER_FOLDER))
+        if setup.get("proposer_log"):
+            os.environ["PACKED_SS_PROPOSER_LOG"] = str(setup["proposer_log"])
+        speculative = {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": k}
     elif method != "ar":
-        raise ValueError(f"method must be ar, ngram or suffix, got {method!r}")
+        raise ValueError(f"method must be ar, ngram, suffix or linear, got {method!r}")
     return LLM(model=setup["model"], dtype=setup.get("dtype", "float32"), max_model_len=int(setup["max_model_len"]),
                speculative_config=speculative, disable_log_stats=False, seed=0, enable_prefix_caching=False)
 
@@ -81,18 +97,22 @@ def main() -> int:
             break
         ask = json.loads(line)
         before = counters(llm)
-        params = SamplingParams(temperature=0, max_tokens=int(ask["max_new_tokens"]), ignore_eos=False)
+        batch = ask.get("prompts") or [ask["prompt"]]
+        temperature, seed = float(ask.get("temperature", 0.0)), int(ask.get("seed", 0))
+        params = [SamplingParams(temperature=temperature, max_tokens=int(ask["max_new_tokens"]), ignore_eos=False,
+                                 seed=seed + i if temperature > 0 else None) for i in range(len(batch))]
         start = time.perf_counter()
-        out = llm.generate([TokensPrompt(prompt_token_ids=list(ask["prompt"]))], params, use_tqdm=False)[0]
+        outs = llm.generate([TokensPrompt(prompt_token_ids=list(ids)) for ids in batch], params, use_tqdm=False)
         wall = time.perf_counter() - start
         after = counters(llm)
-        tokens = list(out.outputs[0].token_ids)
-        answer = {"token_ids": tokens, "wall_s": wall,
+        produced = [list(out.outputs[0].token_ids) for out in outs]
+        answer = {"token_ids": produced if "prompts" in ask else produced[0], "wall_s": wall,
                   **{key: after[key] - before[key] for key in ("drafts", "draft_tokens", "accepted")},
                   "accepted_per_position": [a - b for a, b in zip(after["accepted_per_position"],
                                                                    before["accepted_per_position"]
                                                                    or [0] * len(after["accepted_per_position"]))]}
-        answer["steps"] = len(tokens) - answer["accepted"]  # each step commits one token beyond its accepted drafts
+        # each step commits one token per request beyond its accepted drafts (batch 1: the engine's steps)
+        answer["steps"] = sum(len(tokens) for tokens in produced) - answer["accepted"]
         say(answer)
     return 0
 

@@ -29,6 +29,7 @@ SCHEDULE_COLORS = {
     "vllm-ar": "#401808",  # dark brown
     "vllm-ngram": "#9988cc",  # lavender
     "vllm-suffix": "#004433",  # dark green
+    "vllm-linear": "#020009",  # near black (the only colour left 20 apart from the others)
 }
 SCHEDULE_SYMBOLS = {
     "ar": "circle", "linear": "square", "quadratic": "diamond", "packed": "circle-open", "diffusion": "x",
@@ -36,6 +37,7 @@ SCHEDULE_SYMBOLS = {
     "hf-lookup": "hexagon", "hf-greedy-compiled": "cross", "ar-eager": "square-open",
     "llamacpp-ar": "diamond-open", "llamacpp-lookup": "triangle-up-open",
     "vllm-ar": "circle-x", "vllm-ngram": "triangle-down-open", "vllm-suffix": "star-open",
+    "vllm-linear": "square-x",
 }
 OTHER_COLOR = "#5b6770"  # a schedule without its own colour
 MIN_DISTANCE = 20.0  # least CIEDE2000 distance between two schedules' colours (tested)

@@ -35,7 +35,8 @@ COMPARISONS = (("packed", "linear"), ("packed", "quadratic"), ("packed", "ar"), 
                ("ar", "llamacpp-ar"), ("packed-mixed", "llamacpp-ar"), ("lookup", "llamacpp-lookup"),
                ("packed-mixed", "llamacpp-lookup"), ("llamacpp-lookup", "llamacpp-ar"),
                ("ar", "vllm-ar"), ("packed-mixed", "vllm-ngram"), ("packed-mixed", "vllm-suffix"),
-               ("lookup", "vllm-ngram"), ("packed", "vllm-ar"), ("vllm-ngram", "vllm-ar"))
+               ("lookup", "vllm-ngram"), ("packed", "vllm-ar"), ("vllm-ngram", "vllm-ar"),
+               ("vllm-linear", "linear"), ("vllm-linear", "vllm-ar"), ("packed", "vllm-linear"))
 NO_BLOCK = ("ar", "hf-greedy", "hf-greedy-compiled", EAGER_AR, "llamacpp-ar", "vllm-ar")  # schedules whose output and cost do not depend on B
 WARMUP_TOKENS = 8  # new-token limit of the untimed warm-up runs
 MAX_RESAMPLES = 1_000_000  # bootstrap resamples (E.5 uses 20,000); a resample matrix row is 8 bytes a column

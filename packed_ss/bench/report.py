@@ -24,7 +24,8 @@ LABELS = {"ar": "AR", "linear": "Linear-SS", "quadratic": "Quadratic-SS", "packe
           "partial": "Partial-branch SS", "hf-greedy": "transformers greedy", "hf-lookup": "transformers prompt lookup",
           "hf-greedy-compiled": "transformers greedy, static cache, compiled", "ar-eager": "AR, eager calls",
           "llamacpp-ar": "llama.cpp greedy", "llamacpp-lookup": "llama.cpp prompt lookup", "vllm-ar": "vLLM greedy",
-          "vllm-ngram": "vLLM n-gram", "vllm-suffix": "vLLM suffix decoding"}
+          "vllm-ngram": "vLLM n-gram", "vllm-suffix": "vLLM suffix decoding",
+          "vllm-linear": "Linear-SS in vLLM"}
 RATIOS = (("throughput_ratio", "Throughput"), ("tokens_per_nfe_ratio", "Tokens/NFE"),
           ("time_per_nfe_ratio", "Time/NFE"))
 
@@ -32,7 +33,7 @@ RATIOS = (("throughput_ratio", "Throughput"), ("tokens_per_nfe_ratio", "Tokens/N
 SHORT = {"packed-mixed": "Packed+n-gram", "partial": "Partial SS", "hf-greedy": "HF greedy", "hf-lookup": "HF lookup",
          "hf-greedy-compiled": "HF compiled", "ar-eager": "AR eager", "llamacpp-ar": "llama.cpp",
          "llamacpp-lookup": "llama.cpp lookup", "vllm-ar": "vLLM", "vllm-ngram": "vLLM n-gram",
-         "vllm-suffix": "vLLM suffix", "lookup": "Lookup", "diffusion": "Diffusion", "quadratic": "Quadratic", "linear": "Linear", "packed": "Packed"}
+         "vllm-suffix": "vLLM suffix", "vllm-linear": "vLLM Linear", "lookup": "Lookup", "diffusion": "Diffusion", "quadratic": "Quadratic", "linear": "Linear", "packed": "Packed"}
 FEW_PROMPTS = 10  # paired intervals over fewer prompts than this get a warning: they say little
 
 

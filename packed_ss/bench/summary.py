@@ -66,8 +66,9 @@ DEFINITIONS = {
                   "same weights written to GGUF in float32 and checked tensor by tensor, fed the same token ids: "
                   "its greedy loop, and prompt lookup with the engine's n-gram drafts (W = B - 1) verified in one "
                   "call; wall time is the decoding, prefill included, NFE counts llama.cpp's decode calls; "
-                  "vllm-ar, vllm-ngram and vllm-suffix are vLLM's greedy loop, n-gram proposer and suffix decoding "
-                  "(k = B - 1) in vLLM's own environment and process, on the same checkpoint folder and token ids: "
+                  "vllm-ar, vllm-ngram and vllm-suffix are vLLM's greedy loop, n-gram proposer and suffix decoding, "
+                  "vllm-linear Linear-SS inside vLLM (the model's diffusion drafter as vLLM's proposer; its NFE "
+                  "adds the drafter's calls) (k = B - 1) in vLLM's own environment and process, on the same checkpoint folder and token ids: "
                   "wall time is one generate call, prefill included (vLLM's start-up apart, meta.vllm.startup_s), "
                   "NFE counts vLLM's engine steps and the acceptance length comes from vLLM's own counters",
     "probe": "per schedule and B over the same prompts: tokens/s = mean tokens / mean wall, mean wall, "
