@@ -217,8 +217,9 @@ class GpuTasks:
 
     def _paths(self, model_ref: tuple, stage: Callable[[int, str], None] | None = None,
                deadline: float | None = None, alive: Callable[[], bool] | None = None) -> dict:
-        """The per-call cost fits of eager and compiled calls and the machine's limits for the model (each measured
-        once per network and cached on it). Every timed call is one turn of the compute gate; compiling the probe's
+        """The per-call cost fits of eager and compiled calls and the machine's limits for the model, all measured
+        again in this one pass (a limit probed at another moment, under another load, was once drawn above the calls
+        measured beside it; the compile itself is done once per checkpoint). Every timed call is one turn of the compute gate; compiling the probe's
         shapes runs away from it (:class:`serve.background.Background`, inline on ZeroGPU), and this request waits
         for that only until ``deadline`` (``time.monotonic()``; None: no limit) or until ``alive()`` turns False.
 
@@ -229,7 +230,7 @@ class GpuTasks:
         model = self.store.get(*model_ref[:2])
         turn = self._turn(alive)
         stage(0, "fitting eager calls (about 50 calls of 1-32 rows)")
-        eager = call_cost(model.share(compiled=False), turn=turn)
+        eager = call_cost(model.share(compiled=False), fresh=True, turn=turn)
         compiled, note, compiling = None, None, False
         try:
             adapter = model.share(compiled=True)
@@ -268,11 +269,11 @@ class GpuTasks:
                 elif job.exception() is not None:
                     note = f"compiling failed: {(str(job.exception()) or repr(job.exception())).splitlines()[0]}"
             if not compiling and note is None:
-                fit = call_cost(adapter, turn=turn)
+                fit = call_cost(adapter, fresh=True, turn=turn)
                 compiled, note = (fit, None) if adapter.compiled else (None, adapter.compile_note)
         stage(2, "measuring the machine's compute and weight-read limits")
-        with turn():
-            limits = roofline(model)
+        with turn():  # again on every press: the limits drawn beside the fits are measured in the same pass
+            limits = roofline(model, fresh=True)
         return {"eager": eager, "compiled": compiled, "note": note, "compiling": compiling, "roofline": limits}
 
     def floor(self, model_ref: tuple):
