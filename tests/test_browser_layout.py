@@ -242,6 +242,22 @@ def test_the_step_tab_fits_a_phone(browser, both_url):  # noqa: F811
         assert sizes[0] <= sizes[1], f"the page scrolls sideways: {sizes}"
         grid = page.evaluate(BOX, page.locator("#token-grid .token-grid-wrap").element_handle())
         assert grid["right"] <= PHONE["width"], grid  # wider grids scroll inside their own box
+        # ... and show that they do (no cue once: the advance chip read "A = 4 (h = 3 + corr" at the edge)
+        cue = page.evaluate("""() => { const w = document.querySelector('#token-grid .token-grid-wrap');
+            const a = w.querySelector('td.advance');
+            return {wider: w.scrollWidth > w.clientWidth, right: w.hasAttribute('data-more-right'),
+                    mask: getComputedStyle(w).maskImage || getComputedStyle(w).webkitMaskImage,
+                    bar: getComputedStyle(w).scrollbarWidth, hint: getComputedStyle(w.querySelector('.token-grid-head'),
+                    '::after').content, advance: a && [a.scrollWidth, a.clientWidth]}; }""")
+        if cue["wider"]:
+            # (the scrollbar itself: Playwright's headless chromium hides every scrollbar, so only its style is read)
+            assert cue["right"] and cue["mask"] not in ("", "none") and cue["bar"] != "none", cue
+            assert "scroll sideways" in cue["hint"], cue
+        assert cue["advance"] is None or cue["advance"][0] <= cue["advance"][1], cue  # the chip's text whole in it
+        page.evaluate("() => { const w = document.querySelector('#token-grid .token-grid-wrap'); "
+                      "w.scrollLeft = w.scrollWidth; }")
+        page.wait_for_function("!document.querySelector('#token-grid .token-grid-wrap')"
+                               ".hasAttribute('data-more-right')", timeout=10_000)  # at the end: no more to the right
         plot = page.evaluate(CHART_BOXES, "mask-plot")
         for item in plot["items"]:  # the mask legend whole, on the screen
             assert plot["frame"]["left"] - 0.5 <= item["left"] and item["right"] <= plot["frame"]["right"] + 0.5, item
