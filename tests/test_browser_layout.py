@@ -203,13 +203,21 @@ def test_narration_and_grid_labels_read_in_either_theme(browser, both_url, theme
         page.locator("#token-grid p.narration").wait_for(timeout=STEP_MS)
         _readable(page, theme, ("#token-grid p.narration", "#token-grid table.token-grid th",
                                 "#token-grid td.row-label", "#token-grid .token-grid-head", ".legend",
-                                ".stats-title", "#token-text span.tok"))
+                                ".stats-title", "#token-text span.tok", ".model-note", "#step-stats .stat .k",
+                                "#step-stats .stat .v"))
+        if theme == "dark":  # the note and the cards follow the theme (they stayed light)
+            for selector in (".model-note", "#step-stats .stat"):
+                back = page.evaluate(COLOURS, selector)[0]["back"]
+                assert sum(back) / 3 < 80, (selector, back)
         _shot(page, f"{theme}-step")
         if theme == "dark":  # the race lanes too: light cards whose text must stay dark
             page.locator("#limit input").fill(str(TOKENS))
             page.locator("#limit input").press("Tab")
             _race(page)
+            lane = page.evaluate(COLOURS, "#race-lanes .lane h4")[0]["back"]
+            assert sum(lane) / 3 < 80, lane  # a dark card in the dark theme
             _readable(page, theme, ("#race-lanes .lane h4", "#race-lanes .lane-b", "#race-lanes .token-text span.tok",
+                                    "#race-lanes .lane .bar-label", "#race-lanes .lane .done",
                                     "#race-lanes .lane .badge", "#race-badge .race-verdict", "#race-status .pss-note"))
             _shot(page, f"{theme}-race")
     finally:
