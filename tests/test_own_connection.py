@@ -1,7 +1,7 @@
 """A request is stopped only by its own connection closing (issue 67, item 4): a Fit in a fresh page was once
 answered "the client disconnected; the run was stopped" 6.3 s after it began, 12 s after another page had closed
 during the same Fit. A request's liveness check (serve.limits.client_alive) noted every running event of its
-session, so another event of the same page or client ending ended it too.
+page, so another event of the same page or client ending ended it too.
 
 The app here is two events beside each other: ``hold`` runs until the test releases it (or its liveness check
 says its client left) and answers what the check says then; ``quick`` ends when the test lets it.
@@ -64,7 +64,8 @@ def _reset(release, quick_go, started, ended):
 
 
 def test_a_quick_request_ending_beside_a_long_one_of_the_same_client_leaves_it_running(app_parts):
-    """gradio_client gives all the jobs of one Client one session: the quick job ending ended the long one."""
+    """gradio_client gives all the jobs of one Client one ``session_hash``: the quick job ending ended the long
+    one."""
     from gradio_client import Client
 
     url, release, quick_go, started, ended = app_parts
