@@ -63,7 +63,8 @@ def paths_figure(eager, compiled, roof) -> go.Figure:
         if outside:
             floor = (lambda r: roof.ms(r)) if roof is not None and not beaten else (lambda r: 0.0)
             kept = ", never below the limit" if roof is not None and not beaten else ""
-            traces.append(dict(type="scatter", mode="lines", name=f"{name} calls beyond {top} rows (extrapolated{kept})",
+            traces.append(dict(type="scatter", mode="lines",
+                               name=f"{name} calls beyond {top} rows (extrapolated{kept})",
                                x=outside, y=[max(fit.ms(r), floor(r)) for r in outside],
                                line=dict(color=COLORS[name], width=2, dash="dot"),
                                hovertemplate=f"{name}, extrapolated<br>%{{x}} rows: %{{y:.3f}} ms<extra></extra>"))

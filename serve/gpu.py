@@ -219,9 +219,9 @@ class GpuTasks:
                deadline: float | None = None, alive: Callable[[], bool] | None = None) -> dict:
         """The per-call cost fits of eager and compiled calls and the machine's limits for the model, all measured
         again in this one pass (a limit probed at another moment, under another load, was once drawn above the calls
-        measured beside it; the compile itself is done once per checkpoint). Every timed call is one turn of the compute gate; compiling the probe's
-        shapes runs away from it (:class:`serve.background.Background`, inline on ZeroGPU), and this request waits
-        for that only until ``deadline`` (``time.monotonic()``; None: no limit) or until ``alive()`` turns False.
+        measured beside it; the compile itself is done once per checkpoint). Every timed call is one turn of the
+        compute gate; compiling the probe's shapes runs away from it (:class:`serve.background.Background`, inline on
+        ZeroGPU), and this request waits for that only until ``deadline`` (``time.monotonic()``; None: no limit) or until ``alive()`` turns False.
 
         Returns ``eager``, ``compiled`` (None when the model cannot compile, or is still compiling: ``note`` says
         which), ``compiling`` (True while the compile goes on in the background) and ``roofline``.
@@ -263,9 +263,9 @@ class GpuTasks:
                 if not wait_for(job, deadline, alive, tick):
                     compiling = True
                     progress = self.background.progress(key)
-                    note = (f"{progress_note(progress) if progress is not None else 'still compiling in the background'}"
-                            f". This request's time limit came first: press the button again later for the compiled "
-                            f"fit (the compile goes on meanwhile, and other requests are served)")
+                    said = progress_note(progress) if progress is not None else "still compiling in the background"
+                    note = (f"{said}. This request's time limit came first: press the button again later for the "
+                            f"compiled fit (the compile goes on meanwhile, and other requests are served)")
                 elif job.exception() is not None:
                     note = f"compiling failed: {(str(job.exception()) or repr(job.exception())).splitlines()[0]}"
             if not compiling and note is None:

@@ -273,8 +273,8 @@ def client_alive(blocks, session_hash: str | None, listeners=None, origin: objec
     Call it from the request's own handler: it notes the request's own event among those running at that moment:
     the one that arrived with ``origin`` (the request's own HTTP request, ``gr.Request.request``: Gradio hands every
     queued event's handler the request of its join), else, where none matches (a direct call), every running event
-    of the page (the same ``session_hash``). The check then answers False once one of them is marked not alive (its event stream
-    disconnected) or has left the queue's running jobs (the job was cancelled, e.g. gradio_client's
+    of the page (the same ``session_hash``). The check then answers False once one of them is marked not alive (its
+    event stream disconnected) or has left the queue's running jobs (the job was cancelled, e.g. gradio_client's
     ``job.cancel()``: Gradio cancels the task but not the thread computing it), or, for a raw
     ``/gradio_api/call`` request, once nobody has opened its result stream for a few seconds (``listeners``:
     :class:`serve.address_shares.CallListeners`). Another event of the same page or client ending (a tab's view,
