@@ -221,7 +221,8 @@ class GpuTasks:
         again in this one pass (a limit probed at another moment, under another load, was once drawn above the calls
         measured beside it; the compile itself is done once per checkpoint). Every timed call is one turn of the
         compute gate; compiling the probe's shapes runs away from it (:class:`serve.background.Background`, inline on
-        ZeroGPU), and this request waits for that only until ``deadline`` (``time.monotonic()``; None: no limit) or until ``alive()`` turns False.
+        ZeroGPU), and this request waits for that only until ``deadline`` (``time.monotonic()``; None: no limit) or
+        until ``alive()`` turns False.
 
         Returns ``eager``, ``compiled`` (None when the model cannot compile, or is still compiling: ``note`` says
         which), ``compiling`` (True while the compile goes on in the background) and ``roofline``.
