@@ -45,6 +45,17 @@ INTRO = ("# Packed self-speculative decoding\nOne model drafts in diffusion mode
          "same prompt.")
 
 
+def page_theme() -> gr.themes.Base:
+    """Gradio's default theme with its sans-serif font in two whole weights: Gradio ships Source Sans Pro's regular
+    and bold faces whole but its semibold (the theme's 600, for buttons, headings and labels) as a 5 kB subset, so
+    most bold letters fell back to DejaVu Sans Bold beside a few semibold ones. Every weight above 400 now takes the
+    bold face (CSS picks the nearest heavier face), one family in every weight."""
+    from gradio.themes.utils import fonts
+
+    return gr.themes.Default(font=(fonts.LocalFont("Source Sans Pro", weights=(400, 700)), "ui-sans-serif",
+                                   "system-ui", "sans-serif"))
+
+
 def launch_kwargs(demo: gr.Blocks | None = None) -> dict:
     """Keyword arguments for ``demo.launch``: the page's CSS and script (Gradio 6 takes both at launch) and, for a
     demo built by :func:`build_demo`, the request gate's middleware. Also gives uvicorn its header deadline
@@ -54,7 +65,7 @@ def launch_kwargs(demo: gr.Blocks | None = None) -> dict:
     from serve.slow_clients import install
 
     install()  # uvicorn closes a connection whose header block takes over 10 s (it has no such limit of its own)
-    kwargs: dict = {"css_paths": [str(ASSETS / "style.css")], "js": page_script(),
+    kwargs: dict = {"css_paths": [str(ASSETS / "style.css")], "js": page_script(), "theme": page_theme(),
                     "max_file_size": MAX_UPLOAD,  # the Benchmark tab takes a small JSONL or summary.json
                     # Gradio keeps a copy of every component's settings per session hash (about 120 kB), 10,000 of
                     # them by default: every raw API call, a new session, grew the process by ~25 MB per 100. As

@@ -354,9 +354,10 @@ def _read_gbs(sizes: ProbeSizes, dtype, device, timed: Callable[..., float], rep
     return buffer.numel() * buffer.element_size() / timed(buffer.sum, repeats, sizes.runs, device) / 1e9
 
 
-def roofline(model, repeats: int = 5) -> Roofline:
+def roofline(model, repeats: int = 5, fresh: bool = False) -> Roofline:
     """The :class:`Roofline` of ``model``'s network on this machine (median of ``repeats`` timings each,
-    :func:`probe_timer`'s clock, :func:`probe_sizes`' sizes), cached on the network as ``roofline_fit``.
+    :func:`probe_timer`'s clock, :func:`probe_sizes`' sizes), cached on the network as ``roofline_fit``
+    (``fresh``: measured again, and cached, even when one is).
 
     Raises: ValueError for a model without a network (scripted test models) and when the device has no memory
     left for the probes (one line; the caller reports no floor rather than losing its run)."""
@@ -365,7 +366,7 @@ def roofline(model, repeats: int = 5) -> Roofline:
     network = getattr(model, "model", None)
     if network is None:
         raise ValueError("the roofline needs a transformers network")
-    found = getattr(network, "roofline_fit", None)
+    found = None if fresh else getattr(network, "roofline_fit", None)
     if found is not None:
         return found
     embeddings = network.get_input_embeddings().weight

@@ -19,7 +19,7 @@ from packed_ss.records import IterationRecord, RunRecord
 from packed_ss.schedules import SPECULATIVE
 from packed_ss.turns import MIN_SLICE_TOKENS, Turns, stop_together, take_turns
 
-from serve.background import Background, wait_for
+from serve.background import Background, progress_note, record_path, wait_for
 from serve.costs import CostBook
 from serve.errors import ClientGone
 from serve.limits import TIME_LIMIT, ComputeGate, cut_off, deadline_after, gated, reference_rows, worst_case_rows
@@ -54,6 +54,9 @@ COMPILING = ("compiling the probe's call shapes with torch.compile in the backgr
              "C++ GEMMs for each shape, 36 s from inductor's cache afterwards")
 
 
+TICK_S = 3.0  # seconds between two reports of a background compile's progress to the waiting page
+
+
 class GpuTasks:
     """The GPU work of each kind of request: one call each, light arguments, CPU data back.
 
@@ -76,7 +79,7 @@ class GpuTasks:
         self._floor_task, self._floors = gpu_task(self._floor), {}  # (name, precision) -> Roofline
         self.costs = CostBook(gpu_task(self._cost))  # the latest fit of each model (serve.costs)
         self.paths = gpu_task(self._paths)
-        self.background = Background()  # compiling, away from the gate (one job per network)
+        self.background = Background(record_path())  # compiling, away from the gate (one job per network)
         self.inline = has_spaces()  # ZeroGPU: a GPU call's work cannot outlive it, so it compiles in the call
 
     def _tuned(self, model, alive: Callable[[], bool] | None = None) -> None:
@@ -214,10 +217,12 @@ class GpuTasks:
 
     def _paths(self, model_ref: tuple, stage: Callable[[int, str], None] | None = None,
                deadline: float | None = None, alive: Callable[[], bool] | None = None) -> dict:
-        """The per-call cost fits of eager and compiled calls and the machine's limits for the model (each measured
-        once per network and cached on it). Every timed call is one turn of the compute gate; compiling the probe's
-        shapes runs away from it (:class:`serve.background.Background`, inline on ZeroGPU), and this request waits
-        for that only until ``deadline`` (``time.monotonic()``; None: no limit) or until ``alive()`` turns False.
+        """The per-call cost fits of eager and compiled calls and the machine's limits for the model, all measured
+        again in this one pass (a limit probed at another moment, under another load, was once drawn above the calls
+        measured beside it; the compile itself is done once per checkpoint). Every timed call is one turn of the
+        compute gate; compiling the probe's shapes runs away from it (:class:`serve.background.Background`, inline on
+        ZeroGPU), and this request waits for that only until ``deadline`` (``time.monotonic()``; None: no limit) or
+        until ``alive()`` turns False.
 
         Returns ``eager``, ``compiled`` (None when the model cannot compile, or is still compiling: ``note`` says
         which), ``compiling`` (True while the compile goes on in the background) and ``roofline``.
@@ -226,7 +231,7 @@ class GpuTasks:
         model = self.store.get(*model_ref[:2])
         turn = self._turn(alive)
         stage(0, "fitting eager calls (about 50 calls of 1-32 rows)")
-        eager = call_cost(model.share(compiled=False), turn=turn)
+        eager = call_cost(model.share(compiled=False), fresh=True, turn=turn)
         compiled, note, compiling = None, None, False
         try:
             adapter = model.share(compiled=True)
@@ -244,21 +249,32 @@ class GpuTasks:
                 stage(1, COMPILING)
                 # one job per checkpoint and dtype, not per load: a reload adopts what the first load compiled
                 # (serve.models.ModelStore), so its job is the one already done or running
-                job, started = self.background.job(("compile", self.store.resolve(model_ref[0]), model_ref[1]),
-                                                   lambda: warm_probe(model.share(compiled=True)))
-                if not wait_for(job, deadline, alive):
+                key = ("compile", self.store.resolve(model_ref[0]), model_ref[1])
+                job, _ = self.background.job(key, lambda: warm_probe(model.share(compiled=True)))
+                shown = [time.monotonic()]
+
+                def tick() -> None:  # the compile's measured progress, every few seconds
+                    if time.monotonic() - shown[0] < TICK_S:
+                        return
+                    shown[0] = time.monotonic()
+                    progress = self.background.progress(key)
+                    if progress is not None:
+                        stage(1, f"{progress_note(progress)} (short requests are served meanwhile)")
+
+                if not wait_for(job, deadline, alive, tick):
                     compiling = True
-                    note = (f"still compiling in the background ({time.monotonic() - started:.0f} s so far): this "
-                            f"request's time limit came first. Press the button again in a minute for the compiled "
-                            f"fit; other requests are served meanwhile")
+                    progress = self.background.progress(key)
+                    said = progress_note(progress) if progress is not None else "still compiling in the background"
+                    note = (f"{said}. This request's time limit came first: press the button again later for the "
+                            f"compiled fit (the compile goes on meanwhile, and other requests are served)")
                 elif job.exception() is not None:
                     note = f"compiling failed: {(str(job.exception()) or repr(job.exception())).splitlines()[0]}"
             if not compiling and note is None:
-                fit = call_cost(adapter, turn=turn)
+                fit = call_cost(adapter, fresh=True, turn=turn)
                 compiled, note = (fit, None) if adapter.compiled else (None, adapter.compile_note)
         stage(2, "measuring the machine's compute and weight-read limits")
-        with turn():
-            limits = roofline(model)
+        with turn():  # again on every press: the limits drawn beside the fits are measured in the same pass
+            limits = roofline(model, fresh=True)
         return {"eager": eager, "compiled": compiled, "note": note, "compiling": compiling, "roofline": limits}
 
     def floor(self, model_ref: tuple):

@@ -267,22 +267,28 @@ def release_memory() -> None:
         pass
 
 
-def client_alive(blocks, session_hash: str | None, listeners=None) -> Callable[[], bool]:
+def client_alive(blocks, session_hash: str | None, listeners=None, origin: object = None) -> Callable[[], bool]:
     """A check that the request of ``session_hash`` now running in a Gradio app (``blocks``) is still wanted.
 
-    Call it from the request's own handler: it notes the session's events running at that moment. The check
-    then answers False once one of them is marked not alive (its event stream disconnected) or has left the
-    queue's running jobs (the job was cancelled, e.g. gradio_client's ``job.cancel()``: Gradio cancels the
-    task but not the thread computing it), or, for a raw ``/gradio_api/call`` request, once nobody has opened
-    its result stream for a few seconds (``listeners``: :class:`serve.address_shares.CallListeners`). It reads
-    Gradio 6.31 queue internals (pinned in requirements.txt) and answers True when it cannot tell.
+    Call it from the request's own handler: it notes the request's own event among those running at that moment:
+    the one that arrived with ``origin`` (the request's own HTTP request, ``gr.Request.request``: Gradio hands every
+    queued event's handler the request of its join), else, where none matches (a direct call), every running event
+    of the page (the same ``session_hash``). The check then answers False once one of them is marked not alive (its
+    event stream disconnected) or has left the queue's running jobs (the job was cancelled, e.g. gradio_client's
+    ``job.cancel()``: Gradio cancels the task but not the thread computing it), or, for a raw
+    ``/gradio_api/call`` request, once nobody has opened its result stream for a few seconds (``listeners``:
+    :class:`serve.address_shares.CallListeners`). Another event of the same page or client ending (a tab's view,
+    a quick request beside a long one) does not end this one. It reads Gradio 6.31 queue internals (pinned in
+    requirements.txt) and answers True when it cannot tell.
     """
 
     def running() -> list:
         queue = getattr(blocks, "_queue", None)
         return [event for jobs in getattr(queue, "active_jobs", None) or [] for event in jobs or []]
 
-    mine = [event for event in running() if getattr(event, "session_hash", None) == session_hash]
+    now = running()
+    own = [event for event in now if origin is not None and getattr(event, "request", None) is origin]
+    mine = own or [event for event in now if getattr(event, "session_hash", None) == session_hash]
 
     def alive() -> bool:
         if not mine:

@@ -117,6 +117,21 @@ class RaceResult:
         }
 
 
+
+def sizes_source(source: str, schedules: Sequence[str], sizes: dict[str, int] | None, block_size: int) -> str:
+    """Where each lane's B came from (``source``, "" when every lane runs at the settings' B), naming the lanes that
+    have no best B of their own (a probe finds them for the three speculative schedules only) and so run at the
+    settings' ``block_size`` (AR has no B). "Each schedule at its best B" left Block-diffusion at the sidebar's B
+    without a word."""
+    if sizes is None or not source:
+        return source
+    plain = [REGISTRY[s].title if s in REGISTRY else s for s in schedules if s != "ar" and s not in sizes]
+    if not plain:
+        return source
+    lanes = plain[0] if len(plain) == 1 else ", ".join(plain[:-1]) + " and " + plain[-1]
+    verb, own = ("has", "its") if len(plain) == 1 else ("have", "their")
+    return f"{source}; {lanes} {verb} no best B of {own} own and ran at the sidebar's B = {block_size}"
+
 def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), log: TimingLog | None = None,
              max_rows: int = MAX_ROWS_PER_REQUEST, alive: Callable[[], bool] | None = None,
              best: "BestBlockSizes | None" = None, max_seconds: float | None = None,
@@ -149,6 +164,7 @@ def run_race(tasks: GpuTasks, settings: RunSettings, extra: Sequence[str] = (), 
     reference = ["ar"] if settings.scripted is not None else []  # a scripted drafter's AR reference run
     begun = time.monotonic()  # the time limit counts from here: a best-B probe spends part of it
     sizes, source = best.choose(tasks, settings, ids, max_rows, max_seconds) if best is not None else (None, "")
+    source = sizes_source(source, schedules, sizes, settings.config.block_size)
     once = check_work(schedules + reference, len(ids), settings.config, max_rows, block_sizes=sizes,
                       any_order=any_order)
     c = settings.config

@@ -102,7 +102,7 @@ class Server:
         work runs in another process)."""
         if self.eager or request is None or self.blocks is None:
             return None
-        return client_alive(self.blocks, request.session_hash, self.listeners)
+        return client_alive(self.blocks, request.session_hash, self.listeners, getattr(request, "request", None))
 
 
 GPU_TABLES = Path(__file__).resolve().parent.parent / "assets" / "gpu"  # scripts/gpu_check.py's JSON, shipped

@@ -195,7 +195,9 @@ def build_race_tab(server: Server, panel: SettingsPanel, concurrency_limit: int)
         gr.Markdown(INTRO)
         with gr.Row():
             optional = gr.CheckboxGroup(LANE_CHOICES, value=["lookup", "packed-mixed"], label="Optional lanes")
-            sizes_box = gr.Radio([("same B for every lane", "same"), ("each schedule at its best B", "best")],
+            sizes_box = gr.Radio([("same B for every lane", "same"),
+                                  ("each speculative schedule at its best B (the other lanes at the sidebar's B)",
+                                   "best")],
                                  value="same", label="Block size per lane", elem_id="race-sizes")
             replay = gr.Slider(0.1, 4, value=1, step=0.1, elem_id="replay-speed",
                                label="Replay speed (× real time, 0.1-4; a value outside is set to the nearer end)")

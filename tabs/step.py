@@ -182,12 +182,16 @@ def build_step_tab(server: Server, panel: SettingsPanel, concurrency_limit: int)
     with gr.Tab("Step through", id="step"):
         with gr.Row():
             step_btn = gr.Button("Step ▸", variant="primary", elem_id="step-btn")
+            # what computes a Step: pressed by the page script only, one at a time (STEP_PRESSED below)
+            step_run = gr.Button("Step", visible="hidden", elem_id="step-run")
             play_btn = gr.Button(PLAY, elem_id="play-btn")
             back_btn = gr.Button("◂ Back", elem_id="back-btn")
             reset_btn = gr.Button("Reset", elem_id="reset-btn")
             speed = gr.Slider(0.5, 10, value=2, step=0.5, label="Play speed (steps per second)")
             step_by = gr.Radio([("iteration", "iteration"), ("call (Linear-SS's two calls one by one)", "call")],
                                value="iteration", label="Step by", elem_id="step-by")
+        # Steps pressed while one is computing: counted here and run one after another (page script below)
+        gr.HTML('<p id="step-queue" class="step-queue" aria-live="polite"></p>', elem_id="step-queue-box")
         iteration = gr.Slider(0, 1, value=0, step=1, label="Iteration (scrub the iterations done so far)",
                               elem_id="iteration")
         grid = gr.HTML(empty_grid_html(), elem_id="token-grid")
@@ -207,13 +211,18 @@ def build_step_tab(server: Server, panel: SettingsPanel, concurrency_limit: int)
     settings = list(panel.components)
     # preprocess=False: the settings arrive raw and RequestValues validates them (one message for any bad value,
     # where Gradio's own checks answered a wrong type with a traceback or {"error": null}).
-    stepped = step_btn.click(panel.handler(handlers.on_step), settings, outputs, api_name="step",
+    stepped = step_run.click(panel.handler(handlers.on_step), settings, outputs, api_name="step",
                              api_visibility="undocumented", preprocess=False, **kw)
     # A changed setting (schedule, model, prompt...) starts a new run at the next Step: until then the run on
     # screen is marked as the earlier one (dimmed, labelled), and the mark goes when a Step or Reset answers.
     for component in settings:
         component.change(None, None, None, js=_earlier_run(True), api_visibility="private", queue=False)
     stepped.then(None, None, None, js=_earlier_run(False), api_visibility="private", queue=False)
+    # A Step pressed while one computes was dropped unseen (five quick presses gave 2 iterations; more at once meet
+    # the per-address limit of queued events): each press of the button is counted in the page, which starts one
+    # Step event at a time and, as each ends, the next one counted.
+    step_btn.click(None, None, None, js=STEP_PRESSED, api_visibility="private", queue=False)
+    stepped.then(None, None, None, js=STEP_ENDED, api_visibility="private", queue=False)
     timer.tick(panel.handler(handlers.on_tick), settings, outputs + [timer, play_btn], api_visibility="private",
                trigger_mode="once", preprocess=False, **kw)
     play_btn.click(handlers.on_play, [speed], [timer, play_btn], api_visibility="private", queue=False)
@@ -225,6 +234,7 @@ def build_step_tab(server: Server, panel: SettingsPanel, concurrency_limit: int)
     reset_btn.click(handlers.on_reset, None, outputs + [timer, play_btn], api_name="reset",
                     api_visibility="undocumented", **kw).then(None, None, None, js=_earlier_run(False),
                                                                api_visibility="private", queue=False)
+    reset_btn.click(None, None, None, js=STEPS_DROPPED, api_visibility="private", queue=False)
     # preprocess=False: a number typed past either end is clamped by on_scrub (the slider then shows
     # the iteration drawn) instead of failing Gradio's bound check and leaving the two out of step.
     iteration.release(handlers.on_scrub, [iteration], outputs, api_name="scrub", api_visibility="undocumented",
@@ -235,6 +245,20 @@ def build_step_tab(server: Server, panel: SettingsPanel, concurrency_limit: int)
 
 
 STEP_IDS = ("token-grid", "token-text", "step-stats", "mask-plot")
+
+# Page scripts for the Step button (window.packedSteps: {busy, queued}): a press starts a Step (a click of the hidden
+# #step-run, whose event computes it) unless one is computing; then it is counted and said in #step-queue, and each
+# Step that ends starts the next one counted. One Step event at a time: no press meets the per-address limit of
+# queued events. Reset drops the presses still counted.
+_STEPS = ("const s = (window.packedSteps ??= {busy: false, queued: 0}); "
+          "const line = document.getElementById('step-queue');")
+_SAY = ("if (line) line.textContent = s.queued ? (s.queued === 1 ? '1 more Step pressed: it runs when this one ends.' "
+        ": s.queued + ' more Steps pressed: they run one after another.') : '';")
+_RUN = "document.querySelector('#step-run button, button#step-run')?.click();"
+STEP_PRESSED = f"() => {{ {_STEPS} if (s.busy) s.queued += 1; else {{ s.busy = true; {_RUN} }} {_SAY} }}"
+STEP_ENDED = (f"() => {{ {_STEPS} s.busy = false; if (s.queued > 0) {{ s.queued -= 1; s.busy = true; "
+              f"setTimeout(() => {{ {_RUN} }}, 0); }} {_SAY} }}")
+STEPS_DROPPED = f"() => {{ {_STEPS} s.queued = 0; {_SAY} }}"
 
 
 def _earlier_run(on: bool) -> str:

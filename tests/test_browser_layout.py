@@ -203,13 +203,21 @@ def test_narration_and_grid_labels_read_in_either_theme(browser, both_url, theme
         page.locator("#token-grid p.narration").wait_for(timeout=STEP_MS)
         _readable(page, theme, ("#token-grid p.narration", "#token-grid table.token-grid th",
                                 "#token-grid td.row-label", "#token-grid .token-grid-head", ".legend",
-                                ".stats-title", "#token-text span.tok"))
+                                ".stats-title", "#token-text span.tok", ".model-note", "#step-stats .stat .k",
+                                "#step-stats .stat .v"))
+        if theme == "dark":  # the note and the cards follow the theme (they stayed light)
+            for selector in (".model-note", "#step-stats .stat"):
+                back = page.evaluate(COLOURS, selector)[0]["back"]
+                assert sum(back) / 3 < 80, (selector, back)
         _shot(page, f"{theme}-step")
         if theme == "dark":  # the race lanes too: light cards whose text must stay dark
             page.locator("#limit input").fill(str(TOKENS))
             page.locator("#limit input").press("Tab")
             _race(page)
+            lane = page.evaluate(COLOURS, "#race-lanes .lane h4")[0]["back"]
+            assert sum(lane) / 3 < 80, lane  # a dark card in the dark theme
             _readable(page, theme, ("#race-lanes .lane h4", "#race-lanes .lane-b", "#race-lanes .token-text span.tok",
+                                    "#race-lanes .lane .bar-label", "#race-lanes .lane .done",
                                     "#race-lanes .lane .badge", "#race-badge .race-verdict", "#race-status .pss-note"))
             _shot(page, f"{theme}-race")
     finally:
@@ -242,6 +250,22 @@ def test_the_step_tab_fits_a_phone(browser, both_url):  # noqa: F811
         assert sizes[0] <= sizes[1], f"the page scrolls sideways: {sizes}"
         grid = page.evaluate(BOX, page.locator("#token-grid .token-grid-wrap").element_handle())
         assert grid["right"] <= PHONE["width"], grid  # wider grids scroll inside their own box
+        # ... and show that they do (no cue once: the advance chip read "A = 4 (h = 3 + corr" at the edge)
+        cue = page.evaluate("""() => { const w = document.querySelector('#token-grid .token-grid-wrap');
+            const a = w.querySelector('td.advance');
+            return {wider: w.scrollWidth > w.clientWidth, right: w.hasAttribute('data-more-right'),
+                    mask: getComputedStyle(w).maskImage || getComputedStyle(w).webkitMaskImage,
+                    bar: getComputedStyle(w).scrollbarWidth, hint: getComputedStyle(w.querySelector('.token-grid-head'),
+                    '::after').content, advance: a && [a.scrollWidth, a.clientWidth]}; }""")
+        if cue["wider"]:
+            # (the scrollbar itself: Playwright's headless chromium hides every scrollbar, so only its style is read)
+            assert cue["right"] and cue["mask"] not in ("", "none") and cue["bar"] != "none", cue
+            assert "scroll sideways" in cue["hint"], cue
+        assert cue["advance"] is None or cue["advance"][0] <= cue["advance"][1], cue  # the chip's text whole in it
+        page.evaluate("() => { const w = document.querySelector('#token-grid .token-grid-wrap'); "
+                      "w.scrollLeft = w.scrollWidth; }")
+        page.wait_for_function("!document.querySelector('#token-grid .token-grid-wrap')"
+                               ".hasAttribute('data-more-right')", timeout=10_000)  # at the end: no more to the right
         plot = page.evaluate(CHART_BOXES, "mask-plot")
         for item in plot["items"]:  # the mask legend whole, on the screen
             assert plot["frame"]["left"] - 0.5 <= item["left"] and item["right"] <= plot["frame"]["right"] + 0.5, item

@@ -228,3 +228,19 @@ def test_benchmark_tab_colours_are_distinct_and_its_table_fits(page):
     model_choice = page.locator("input[aria-label='model']").first.input_value(timeout=60_000)
     assert not model_choice.startswith("/"), model_choice
     _shot(page, "benchmark")
+
+
+def test_bold_text_is_one_family_with_the_regular_text(page):
+    """Bold text mixed DejaVu Sans Bold with a few letters of Gradio's Source Sans Pro SemiBold (a 5 kB subset):
+    every weight on the page now comes from one family, the regular and the bold faces Gradio ships whole."""
+    page.wait_for_timeout(1000)  # the web fonts are in
+    cdp = page.context.new_cdp_session(page)
+    cdp.send("DOM.enable")
+    cdp.send("CSS.enable")
+    root = cdp.send("DOM.getDocument", {"depth": -1})["root"]["nodeId"]
+    families = {}
+    for selector in ("button#step-btn", "h1", "strong", "p", "label span"):
+        for node in cdp.send("DOM.querySelectorAll", {"nodeId": root, "selector": selector})["nodeIds"][:3]:
+            for font in cdp.send("CSS.getPlatformFontsForNode", {"nodeId": node})["fonts"]:
+                families.setdefault(font["familyName"], set()).add(selector)
+    assert len(families) == 1, families  # e.g. {"Source Sans 3": ...}; DejaVu Sans beside it before

@@ -196,3 +196,18 @@ def test_the_step_text_says_which_forward_ran_and_its_calls_over_the_floor():
            f"weights, 0.10 ms" in note and "10 GB/s" in note
     other = tiny_llama(seed=1, path="transformers")
     assert forward_note(other, run.records).startswith("Calls: transformers' forward, eager calls")
+
+
+def test_best_b_names_the_lanes_left_at_the_sidebars_b():
+    """"Each schedule at its best B" left Block-diffusion at the sidebar's B without a word on the page."""
+    from serve.race import sizes_source
+
+    probe = "each schedule's best B from a short probe"
+    found = {"linear": 4, "quadratic": 2, "packed": 8}
+    text = sizes_source(probe, ["ar", "linear", "quadratic", "packed", "diffusion"], found, 8)
+    assert text == f"{probe}; Block diffusion has no best B of its own and ran at the sidebar's B = 8"
+    both = sizes_source(probe, ["ar", "linear", "quadratic", "packed", "lookup", "diffusion"], found, 16)
+    assert both.endswith("Prompt lookup and Block diffusion have no best B of their own and ran at the sidebar's "
+                         "B = 16")
+    assert sizes_source(probe, ["ar", "linear", "quadratic", "packed"], found, 8) == probe  # every lane had its own
+    assert sizes_source("", ["ar", "diffusion"], None, 8) == ""  # the same B for every lane: nothing to name

@@ -98,13 +98,38 @@ def test_an_extrapolated_fit_is_never_drawn_below_the_machine_limit():
     faster than the limit (issue 53)."""
     from packed_ss.cost import Roofline
 
-    roof = Roofline(flops_per_row=1e9, gflops=100.0, weight_bytes=1e6, read_gbs=100.0)  # 10 ms per row
-    compiled = CallCost(0.5, 0.01)  # far below the limit at many rows: only possible as an extrapolation
+    roof = Roofline(flops_per_row=1e8, gflops=1000.0, weight_bytes=1e6, read_gbs=100.0)  # 0.1 ms per row
+    compiled = CallCost(5.0, 0.01)  # above the limit up to the 48 rows measured, below it far beyond them
     figure = paths_figure(None, compiled, roof)
     limit = {x: y for x, y in zip(figure.data[-1].x, figure.data[-1].y)}
     beyond = figure.data[1]
     assert beyond.line.dash == "dot" and list(beyond.x) == [32, 64, 128]
     assert all(y >= limit[x] for x, y in zip(beyond.x, beyond.y) if x in limit)
+
+
+def test_a_limit_that_measured_calls_beat_is_drawn_and_said_as_beaten():
+    """Explain drew the compiled fit (0.0997 ms per row, about 7 ms at 32 rows) below the dashed machine limit
+    (about 13.5 ms at 32 rows) under "A call cannot be faster than the larger of the two"."""
+    from components.paths import beaten_limits, limit_sentence
+    from packed_ss.cost import Roofline
+
+    roof = Roofline(flops_per_row=4.219e8, gflops=1000.0, weight_bytes=1e8, read_gbs=100.0)  # 0.42 ms per row
+    eager, compiled = CallCost(20.0, 0.5), CallCost(3.8, 0.0997)
+    beaten = beaten_limits(eager, compiled, roof)
+    assert {b.path for b in beaten} == {"compiled"} and 32 in {b.rows for b in beaten}
+    assert all(b.fit_ms < b.limit_ms for b in beaten)
+    text = paths_summary(eager, compiled, roof)
+    assert "cannot be faster" not in text and "⚠ Measured compiled calls beat this limit" in text
+    assert limit_sentence(beaten, roof) in text and "\n" not in limit_sentence(beaten, roof)
+    figure = paths_figure(eager, compiled, roof)
+    assert figure.data[-1].name.startswith("machine limit as probed (beaten")
+    beyond = next(t for t in figure.data if t.name.startswith("compiled calls beyond"))
+    assert list(beyond.y) == [compiled.ms(r) for r in beyond.x]  # not raised to a limit the measurements beat
+    # A limit no measured point beats is said to be one, and drawn as one
+    held = Roofline(flops_per_row=1e7, gflops=1000.0, weight_bytes=1e8, read_gbs=100.0)  # 0.01 ms per row, 1 ms read
+    assert beaten_limits(eager, compiled, held) == ()
+    assert "A call cannot be faster than the larger of the two" in paths_summary(eager, compiled, held)
+    assert paths_figure(eager, compiled, held).data[-1].name == "machine limit"
 
 
 def test_the_floor_is_the_larger_of_arithmetic_and_the_weight_read_on_both_sides_of_the_crossover():
