@@ -203,11 +203,13 @@ def nld_tokenizer(vocab_size: int = 128):
                                    mask_token="[MASK]")
 
 
-def write_nld_checkpoint(folder, seed: int = 0, logit_scale: float = 4.0, rename: dict | None = None) -> dict:
+def write_nld_checkpoint(folder, seed: int = 0, logit_scale: float = 4.0, rename: dict | None = None,
+                         **sizes) -> dict:
     """Write a random tiny NLD-format checkpoint (config.json, model.safetensors, tokenizer) to ``folder``.
 
     Tensors carry NLD's names (``encoder.*``, ``diffusion_head.weight``). ``rename`` maps a tensor name to
-    another (a broken checkpoint). Returns the state dict written (NLD names, float32).
+    another (a broken checkpoint); ``sizes`` override config fields (``head_dim=64``: vLLM's CPU attention takes
+    no head of 16). Returns the state dict written (NLD names, float32).
     """
     import json
     from pathlib import Path
@@ -217,7 +219,7 @@ def write_nld_checkpoint(folder, seed: int = 0, logit_scale: float = 4.0, rename
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    config = nld_config()
+    config = {**nld_config(), **sizes}
     torch.manual_seed(seed)
     skip = {"model_type", "architectures", "transformers_version", "torch_dtype"}
     fields = {k: v for k, v in config.items() if k in Ministral3Config.__dataclass_fields__ and k not in skip}

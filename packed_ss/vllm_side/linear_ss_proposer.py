@@ -237,6 +237,8 @@ class LinearSSProposer:
                         qkv[lora_rows, part] += update
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
             q, k = attn.rotary_emb(positions, q, k)
+            if getattr(attn, "do_llama_4_scaling", False):  # NLD / Ministral3: the query scale past its window
+                q = (q * attn._get_llama_4_attn_scale(positions)).to(q.dtype)
             q = q.reshape(rows, self.heads, self.head_dim).transpose(0, 1)
             k = k.reshape(rows, self.kv_heads, self.head_dim).transpose(0, 1)
             v = v.reshape(rows, self.kv_heads, self.head_dim).transpose(0, 1)
