@@ -279,6 +279,8 @@ def test_the_mask_plot_and_the_token_text_follow_the_theme(browser, both_url, th
         page.goto(f"{both_url}?__theme={theme}", wait_until="domcontentloaded")
         page.locator("#step-btn").wait_for(timeout=60_000)
         assert page.evaluate("document.body.classList.contains('dark')") == (theme == "dark")
+        page.wait_for_function("document.querySelector('#mask-plot .js-plotly-plot .main-svg') !== null",
+                               timeout=30_000)
         _chart_reads(page, "mask-plot", theme)  # the empty figure before the first Step
         _step(page, 1)
         page.wait_for_function("document.querySelectorAll('#mask-plot g.legend .traces').length >= 3",
