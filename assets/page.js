@@ -35,12 +35,15 @@
       return react.call(this, gd, ...themed(data, layout), config);
     };
     plotly.react.themed = true;
-    document.querySelectorAll(".js-plotly-plot").forEach((gd) => { if (gd.data) plotly.react(gd, gd.data, gd.layout); });
+    document.querySelectorAll(".js-plotly-plot").forEach((gd) => {
+      if (gd.data) plotly.react(gd, gd.data, gd.layout);  // drawn before plotly was wrapped: drawn again
+    });
   };
   if (window.Plotly) wrap(window.Plotly);
   else {
     let loaded;
-    Object.defineProperty(window, "Plotly", {configurable: true, get: () => loaded, set: (v) => { loaded = v; wrap(v); }});
+    const set = (v) => { loaded = v; wrap(v); };
+    Object.defineProperty(window, "Plotly", {configurable: true, get: () => loaded, set});
   }
   // On a narrow screen (a phone) the page starts with the settings sidebar closed: open, it covers the whole page.
   // The sidebar appears once Gradio has drawn the page; look for it a few times.

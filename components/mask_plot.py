@@ -183,7 +183,8 @@ def mask_figure(calls: Sequence[CallLayout], strings: TokenStrings, heading: str
         traces.append(dict(type="scatter", x=[None], y=[None], mode="markers", name=CODE_NAMES[code], marker=marker))
     if len(keys[LIGHT]) > len(present):
         traces.append(dict(type="scatter", x=[None], y=[None], mode="markers",
-                           name="first column: the cached prefix<br>(every row sees all of it)", marker=keys[LIGHT][-1]))
+                           name="first column: the cached prefix<br>(every row sees all of it)",
+                           marker=keys[LIGHT][-1]))
     labelled = max((c.rows for c in calls if c.rows <= ROW_LABELS_UP_TO), default=0)
     height = max(HEIGHT, FRAME_PX + ROW_PX * labelled)
     # The legend sits under the whole figure, from its left edge (not the heatmap's, which the row labels push right:
@@ -200,8 +201,8 @@ def _legend_markers(codes: Sequence[int], cached: bool) -> dict[str, list[dict]]
     keys = {}
     for theme in (LIGHT, DARK):
         chart = chart_colours(theme)
-        keys[theme] = [dict(symbol="square", size=12, color=cell_colours(theme)[code], line=dict(width=1, color=chart.line))
-                       for code in codes]
+        keys[theme] = [dict(symbol="square", size=12, color=cell_colours(theme)[code],
+                            line=dict(width=1, color=chart.line)) for code in codes]
         if cached:
             keys[theme].append(dict(symbol="square", size=12, color=chart.back, line=dict(width=3, color=chart.text)))
     return keys

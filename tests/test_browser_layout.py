@@ -292,7 +292,8 @@ def test_the_mask_plot_and_the_token_text_follow_the_theme(browser, both_url, th
         tokens = page.evaluate("""() => [...document.querySelectorAll('#token-text span.tok')].map(e => {
             const parse = (c) => (c.match(/[\\d.]+/g) || []).map(Number);
             const s = getComputedStyle(e), back = parse(s.backgroundColor);
-            return {cls: e.className, text: parse(s.color), back: back.length > 3 && back[3] === 0 ? null : back}; })""")
+            const clear = back.length > 3 && back[3] === 0;  // no background of its own (the prompt)
+            return {cls: e.className, text: parse(s.color), back: clear ? null : back}; })""")
         sources = [t for t in tokens if "src-prompt" not in t["cls"]]
         assert sources and all(t["back"] for t in sources), tokens  # every generated token on its source colour
         for token in tokens:
