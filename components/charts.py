@@ -20,6 +20,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from components.style import SCHEDULE_COLORS
+from components.theme import themed
 
 CHART_HEIGHT = 420  # px
 LOG_TICKS = [m * 10.0 ** e for e in range(-2, 6) for m in (1, 2, 5)]  # ms labels of the log axis
@@ -130,8 +131,8 @@ def cost_figure(model: CostModel | None, points: Sequence[tuple[str, int, float]
                   # Log axis with labels on 1-2-5 steps written out in full (not Plotly's minor "2, 3, 4, 5").
                   yaxis=dict(title=dict(text="model ms per iteration (log scale)"), type="log", tickmode="array",
                              tickvals=LOG_TICKS, ticktext=[f"{v:g}" for v in LOG_TICKS]),
-                  plot_bgcolor="#ffffff", legend=dict(orientation="v"))
-    return go.Figure(dict(data=traces, layout=layout))
+                  legend=dict(orientation="v"))
+    return themed(go.Figure(dict(data=traces, layout=layout)))
 
 
 def break_even(schedule: str, block_size: int, model: CostModel) -> float:
@@ -174,10 +175,10 @@ def break_even_figure(model: CostModel | None, measured: Sequence[tuple[str, int
     layout = dict(title=dict(text=title, x=0.01), height=CHART_HEIGHT, margin=dict(l=60, r=10, t=50, b=50),
                   xaxis=dict(title=dict(text="speculative width W = B − 1")),
                   yaxis=dict(title=dict(text="tokens per call (tokens/NFE)"), rangemode="tozero"),
-                  plot_bgcolor="#ffffff", legend=dict(orientation="v"),
-                  shapes=[dict(type="line", xref="paper", x0=0, x1=1, y0=1, y1=1,
-                               line=dict(color=SCHEDULE_COLORS["ar"], dash="dot", width=1))])
-    return go.Figure(dict(data=traces, layout=layout))
+                  legend=dict(orientation="v"),
+                  # AR's one token per call, in the theme's line colour (AR's dark grey vanished on the dark theme)
+                  shapes=[dict(type="line", xref="paper", x0=0, x1=1, y0=1, y1=1, line=dict(dash="dot", width=1))])
+    return themed(go.Figure(dict(data=traces, layout=layout)))
 
 
 def break_even_summary(model: CostModel | None, measured: Sequence[tuple[str, int, float, int]],

@@ -2,7 +2,8 @@
 
 Rows are the call's query rows, columns its keys: the whole cached prefix folded into one band (every
 row sees it), then the call's own rows. A cell is coloured by the region of its query row when the row
-may attend to the key (prefill, verify, draft, Quadratic's branch rows) and left pale when it may not.
+may attend to the key (prefill, verify, draft, Quadratic's branch rows) and in a tint of the background when it
+may not, in the page's light or dark theme (:data:`CELL_COLOURS`).
 Every row is labelled on the y axis (role, token, position id; region names for calls of more than 32
 rows), keys are grouped like the rows (verify keys, draft keys, branch h keys); hover gives the row's
 token and position id, the key's, and whether the key is visible or blocked.
@@ -19,12 +20,18 @@ from packed_ss.any_order.layout import PENDING, TOKENS
 from packed_ss.layout import BRANCH, DRAFT, PREFILL, VERIFY, CallLayout
 
 from components.style import legend_below
+from components.theme import DARK, LIGHT, chart_colours, themed
 
 TokenStrings = Callable[[Sequence[int]], list[str]]
 
 # Any-order calls (Appendix D.2) add N (pending accepted tokens) and O (draft tokens as token entries).
 REGION_CODES = {PREFILL: 1, VERIFY: 2, DRAFT: 3, BRANCH: 4, PENDING: 5, TOKENS: 6}
-CODE_COLORS = ["#f1f5f9", "#94a3b8", "#2563eb", "#f59e0b", "#16a34a", "#475569", "#db2777"]  # 0 = blocked
+# The cells' colours in the light and dark themes, code 0 (blocked) a tint of the chart's background: every region
+# colour at least 3:1 against the background and the blocked cells in its theme (WCAG 1.4.11), and far apart in hue.
+CELL_COLOURS = {
+    LIGHT: ("#f1f5f9", "#64748b", "#2563eb", "#b45309", "#15803d", "#7c3aed", "#db2777"),
+    DARK: ("#1e293b", "#94a3b8", "#60a5fa", "#f59e0b", "#4ade80", "#a78bfa", "#f472b6"),
+}
 CODE_NAMES = ["blocked", "prefill row sees key", "verify row sees key", "draft row sees key",
               "branch row sees key", "pending token (N) sees key", "draft token (O) sees key"]
 REGION_TITLES = {PREFILL: "prefill", VERIFY: "verify", DRAFT: "draft", BRANCH: "branch", PENDING: "N",
@@ -36,10 +43,16 @@ ROW_LABELS_UP_TO = 32  # calls with at most this many rows label every row; larg
 MAX_HOVER_CELLS = 40_000  # cells that get a "visible"/"blocked" hover text (the colours tell it beyond that)
 
 
-def _colorscale() -> list:
-    n = len(CODE_COLORS)
+def cell_colours(theme: str) -> tuple[str, ...]:
+    """The colour of each cell code (0 blocked, then :data:`REGION_CODES`' regions) in ``theme``."""
+    return CELL_COLOURS[theme]
+
+
+def _colorscale(theme: str = LIGHT) -> list:
+    colours = cell_colours(theme)
+    n = len(colours)
     scale = []
-    for k, color in enumerate(CODE_COLORS):
+    for k, color in enumerate(colours):
         scale += [[k / n, color], [(k + 1) / n, color]]
     return scale
 
@@ -90,7 +103,7 @@ def _call_spec(layout: CallLayout, strings: TokenStrings, i: int, domain: tuple[
     sfx = "" if i == 0 else str(i + 1)
     xref, yref = f"x{sfx}", f"y{sfx}"
     trace = dict(type="heatmap", z=codes, x=key_labels, y=row_labels, colorscale=_colorscale(), zmin=-0.5,
-                 zmax=len(CODE_COLORS) - 0.5, showscale=False, xaxis=xref, yaxis=yref, name=layout.name,
+                 zmax=len(CODE_NAMES) - 0.5, showscale=False, xaxis=xref, yaxis=yref, name=layout.name,
                  hovertemplate="query %{y}<br>key %{x}<extra></extra>")
     if codes.size <= MAX_HOVER_CELLS:  # say visible or blocked in the hover (bounded: Quadratic at large B)
         trace.update(text=np.where(codes > 0, "visible", "blocked").tolist(),
@@ -121,7 +134,7 @@ def _call_spec(layout: CallLayout, strings: TokenStrings, i: int, domain: tuple[
                             tickvals=row_ticks, ticktext=row_text, tickfont=dict(size=11), automargin=True,
                             title=dict(text="query rows<br>(role · token @ position)" if i == 0 else "")),
     }
-    line = dict(color="#0f172a", width=1.5)
+    line = dict(width=1.5)  # the theme's line colour (components.theme)
     shapes = []
     for a, _, _ in spans[1:]:  # region boundaries, across rows and keys (category index coordinates)
         shapes.append(dict(type="line", xref=xref, yref=yref, x0=-0.5, x1=rows + off - 0.5, y0=a - 0.5,
@@ -130,7 +143,7 @@ def _call_spec(layout: CallLayout, strings: TokenStrings, i: int, domain: tuple[
                            y1=rows - 0.5, line=line))
     if folded:  # the folded cache band
         shapes.append(dict(type="line", xref=xref, yref=yref, x0=0.5, x1=0.5, y0=-0.5, y1=rows - 0.5,
-                           line=dict(color="#0f172a", width=3)))
+                           line=dict(width=3)))
     return trace, axes, shapes
 
 
@@ -165,29 +178,40 @@ def mask_figure(calls: Sequence[CallLayout], strings: TokenStrings, heading: str
                                 yanchor="bottom", showarrow=False, font=dict(size=13)))
         x0 = x1 + gap
     present = sorted({REGION_CODES.get(r, 1) for c in calls for r in c.regions} | {0})
-    for code in present:  # a legend of the colours, as invisible marker traces
-        traces.append(dict(type="scatter", x=[None], y=[None], mode="markers", name=CODE_NAMES[code],
-                           marker=dict(symbol="square", size=12, color=CODE_COLORS[code],
-                                       line=dict(width=1, color="#64748b"))))
-    if any(c.cached for c in calls):
+    keys = _legend_markers(present, any(c.cached for c in calls))
+    for code, marker in zip(present, keys[LIGHT]):  # a legend of the colours, as invisible marker traces
+        traces.append(dict(type="scatter", x=[None], y=[None], mode="markers", name=CODE_NAMES[code], marker=marker))
+    if len(keys[LIGHT]) > len(present):
         traces.append(dict(type="scatter", x=[None], y=[None], mode="markers",
                            name="first column: the cached prefix<br>(every row sees all of it)",
-                           marker=dict(symbol="square", size=12, color="#ffffff", line=dict(width=3, color="#0f172a"))))
+                           marker=keys[LIGHT][-1]))
     labelled = max((c.rows for c in calls if c.rows <= ROW_LABELS_UP_TO), default=0)
     height = max(HEIGHT, FRAME_PX + ROW_PX * labelled)
     # The legend sits under the whole figure, from its left edge (not the heatmap's, which the row labels push right:
     # on a phone its entries then ran past the right edge); plotly keeps its rows clear of the tilted key labels.
     layout = dict(height=height, margin=dict(l=10, r=10, t=80, b=130), title=dict(text=heading, x=0.01),
-                  plot_bgcolor="#ffffff", showlegend=True, shapes=shapes, annotations=annotations,
-                  legend=legend_below(), **layout_axes)
-    return go.Figure(dict(data=traces, layout=layout))
+                  showlegend=True, shapes=shapes, annotations=annotations, legend=legend_below(), **layout_axes)
+    dark = [dict(colorscale=_colorscale(DARK)) for _ in calls] + [dict(marker=m) for m in keys[DARK]]
+    return themed(go.Figure(dict(data=traces, layout=layout)), dark)
+
+
+def _legend_markers(codes: Sequence[int], cached: bool) -> dict[str, list[dict]]:
+    """Per theme, the legend's square of each cell code in ``codes``, then (``cached``) the folded cache band's: the
+    background's colour inside the theme's line."""
+    keys = {}
+    for theme in (LIGHT, DARK):
+        chart = chart_colours(theme)
+        keys[theme] = [dict(symbol="square", size=12, color=cell_colours(theme)[code],
+                            line=dict(width=1, color=chart.line)) for code in codes]
+        if cached:
+            keys[theme].append(dict(symbol="square", size=12, color=chart.back, line=dict(width=3, color=chart.text)))
+    return keys
 
 
 def empty_figure(message: str) -> go.Figure:
     """A blank figure of the same height carrying one centred message."""
     fig = go.Figure()
-    fig.add_annotation(text=message, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
-                       font=dict(size=14, color="#64748b"))
+    fig.add_annotation(text=message, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False, font=dict(size=14))
     fig.update_layout(height=HEIGHT, xaxis=dict(visible=False), yaxis=dict(visible=False),
-                      plot_bgcolor="#ffffff", margin=dict(l=10, r=10, t=30, b=10))
-    return fig
+                      margin=dict(l=10, r=10, t=30, b=10))
+    return themed(fig)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 
 from components.charts import LOG_TICKS
+from components.theme import themed
 from packed_ss.cost import KEY_PROBE_ROWS, PROBE_ROWS
 
 CHART_HEIGHT = 380  # px
@@ -74,12 +75,12 @@ def paths_figure(eager, compiled, roof) -> go.Figure:
                            y=[roof.ms(r) for r in ROWS], line=dict(color=COLORS["limit"], width=2, dash="dash"),
                            hovertemplate="limit<br>%{x} rows: %{y:.3f} ms<extra></extra>"))
     layout = dict(title=dict(text="Call cost against rows: eager, compiled, and what the machine allows", x=0.01),
-                  height=CHART_HEIGHT, margin=dict(l=60, r=10, t=50, b=50), plot_bgcolor="#ffffff",
+                  height=CHART_HEIGHT, margin=dict(l=60, r=10, t=50, b=50),
                   xaxis=dict(title=dict(text="rows in the call"), type="log", tickvals=list(ROWS)),
                   # Labels on 1-2-5 steps written out in full, as the cost chart above it
                   yaxis=dict(title=dict(text="ms per call (log scale)"), type="log", tickmode="array",
                              tickvals=LOG_TICKS, ticktext=[f"{v:g}" for v in LOG_TICKS]))
-    return go.Figure(dict(data=traces, layout=layout))
+    return themed(go.Figure(dict(data=traces, layout=layout)))
 
 
 def paths_summary(eager, compiled, roof, note: str | None = None) -> str:

@@ -18,6 +18,7 @@ from packed_ss.projection import CallTable, project
 from packed_ss.wording import counted
 
 from components.style import legend_below, legend_html, marked, source_class
+from components.theme import themed
 from serve.lanes import Lane, cost_ratio, ratio_text, speed_ratio, verdict_parts
 
 TokenStrings = Callable[[Sequence[int]], list[str]]
@@ -231,8 +232,8 @@ def _line_figure(lanes: Sequence[Lane], xkey: str, title: str, xtitle: str,
     layout = dict(title=dict(text=title, x=0.01), height=CHART_HEIGHT, margin=dict(l=50, r=10, t=40, b=45),
                   xaxis=dict(title=dict(text=xtitle), zeroline=False, range=[0, 1.04 * x_end], automargin=True),
                   yaxis=dict(title=dict(text="tokens"), range=[0, 1.06 * y_end]),
-                  legend=legend_below(), plot_bgcolor="#ffffff")
-    return go.Figure(dict(data=traces, layout=layout))
+                  legend=legend_below())
+    return themed(go.Figure(dict(data=traces, layout=layout)))
 
 
 def race_figures(lanes: Sequence[Lane], clock_ms: float = float("inf")) -> tuple[go.Figure, go.Figure, go.Figure]:
@@ -262,8 +263,8 @@ def nfe_path_figure(lanes: Sequence[Lane], clock_ms: float = float("inf")) -> go
                   height=CHART_HEIGHT, margin=dict(l=50, r=10, t=40, b=45),
                   xaxis=dict(title=dict(text="tokens generated"), range=[0, 1.04 * x_end], automargin=True),
                   yaxis=dict(title=dict(text="NFE"), range=[0, 1.06 * y_end]),
-                  legend=legend_below(), plot_bgcolor="#ffffff")
-    return go.Figure(dict(data=traces, layout=layout))
+                  legend=legend_below())
+    return themed(go.Figure(dict(data=traces, layout=layout)))
 
 
 SUMMARY_COLUMNS = (  # (key, header, tooltip): the race table's columns; the key names the cells (data-col)

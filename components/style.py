@@ -1,7 +1,8 @@
 """Shared look of the app: token-source colours and labels, token escaping, legend, stat cards.
 
 The CSS classes live in ``assets/style.css``; the hex colours below mirror its ``--src-*`` variables so
-plotly charts use the same colours as the HTML chips.
+plotly charts use the same colours as the HTML chips, and its ``--tok-*`` ones: the text box of tokens in the light
+and the dark theme (:func:`token_colours`, tested against the CSS).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from components.theme import DARK, LIGHT
 from packed_ss.bench import palette
 from packed_ss.records import (SOURCE_AR, SOURCE_BONUS, SOURCE_CORRECTION, SOURCE_DIFFUSION, SOURCE_DRAFT,
                                SOURCE_PREFILL)
@@ -22,22 +24,65 @@ PROMPT = "prompt"  # pseudo-source of the prompt tokens in the text view
 
 @dataclass(frozen=True)
 class SourceStyle:
-    """CSS class suffix, chart colour and legend label of one token source."""
+    """CSS class suffix, chart colour (light), legend label and dark-theme background of one token source."""
 
     css: str
     color: str
     label: str
+    dark: str = ""
 
 
 SOURCE_STYLES: dict[str, SourceStyle] = {
     PROMPT: SourceStyle("prompt", "#94a3b8", "prompt"),
-    SOURCE_PREFILL: SourceStyle("prefill", "#cbd5e1", "prefill (first token)"),
-    SOURCE_DRAFT: SourceStyle("draft", "#bbf7d0", "accepted draft"),
-    SOURCE_CORRECTION: SourceStyle("correction", "#fed7aa", "correction"),
-    SOURCE_BONUS: SourceStyle("bonus", "#bfdbfe", "bonus"),
-    SOURCE_AR: SourceStyle("ar", "#e9d5ff", "autoregressive"),
-    SOURCE_DIFFUSION: SourceStyle("diffusion", "#fef08a", "diffusion (unverified)"),
+    # dark: the same hue, dark enough under light text (the text box turns dark in the dark theme)
+    SOURCE_PREFILL: SourceStyle("prefill", "#cbd5e1", "prefill (first token)", "#475569"),
+    SOURCE_DRAFT: SourceStyle("draft", "#bbf7d0", "accepted draft", "#166534"),
+    SOURCE_CORRECTION: SourceStyle("correction", "#fed7aa", "correction", "#9a3412"),
+    SOURCE_BONUS: SourceStyle("bonus", "#bfdbfe", "bonus", "#1e40af"),
+    SOURCE_AR: SourceStyle("ar", "#e9d5ff", "autoregressive", "#6b21a8"),
+    SOURCE_DIFFUSION: SourceStyle("diffusion", "#fef08a", "diffusion (unverified)", "#854d0e"),
 }
+OPEN_SOURCE = "open"  # an any-order model's open position in the text (components.text_view.OPEN)
+
+
+@dataclass(frozen=True)
+class TokenBox:
+    """The text box of tokens in one theme: its background, the tokens' text, the prompt's (muted) text, and an
+    open position's background and text."""
+
+    back: str
+    text: str
+    muted: str
+    slot: str
+    slot_text: str
+
+
+TOKEN_BOXES = {
+    LIGHT: TokenBox(back="#ffffff", text="#0f172a", muted="#64748b", slot="#f1f5f9", slot_text="#475569"),
+    DARK: TokenBox(back="#0f172a", text="#f1f5f9", muted="#94a3b8", slot="#1e293b", slot_text="#cbd5e1"),
+}
+
+
+def token_colours(theme: str) -> dict[str, tuple[str, str]]:
+    """``(background, text)`` of a token of each source in the text box of ``theme`` (:data:`~components.theme.LIGHT`
+    or :data:`~components.theme.DARK`): the prompt muted on the box itself, an open position on its own tint, every
+    other source its own background under the box's text (light backgrounds and dark text, or in the dark theme
+    dark backgrounds of the same hues and light text). Every pair has at least 4.5:1 (tested)."""
+    box = TOKEN_BOXES[theme]
+    colours = {PROMPT: (box.back, box.muted), OPEN_SOURCE: (box.slot, box.slot_text)}
+    for source, style in SOURCE_STYLES.items():
+        if source != PROMPT:
+            colours[source] = (style.dark if theme == DARK else style.color, box.text)
+    return colours
+
+
+def token_css(theme: str) -> dict[str, str]:
+    """The CSS variables (name: colour) that ``assets/style.css`` gives the text box of tokens in ``theme``."""
+    box = TOKEN_BOXES[theme]
+    names = {"--tok-box": box.back, "--tok-text": box.text, "--tok-muted": box.muted, "--tok-slot": box.slot,
+             "--tok-slot-text": box.slot_text}
+    return names | {f"--src-{SOURCE_STYLES[s].css}": back for s, (back, _) in token_colours(theme).items()
+                    if s not in (PROMPT, OPEN_SOURCE)}
 
 # Line colours and marker symbols of the schedules in charts: the benchmark reports' own (one colour per schedule
 # everywhere), distinct from the token-source colours.

@@ -21,6 +21,7 @@ from pathlib import Path
 import gradio as gr
 
 from components.style import error_html, legend_below
+from components.theme import themed
 from packed_ss.bench.plan import ALL_SCHEDULES, BenchError
 from packed_ss.bench.report import few_prompts_warning
 from packed_ss.bench.run import RunsStopped
@@ -88,7 +89,8 @@ def panel_figure(figure):
 
     The report's titles and right-hand legends are sized for a full-width page; in a third of the page the
     titles were cut off, and so were long legend entries. Here a title wraps (:func:`wrap_label`), the legend goes
-    below the plot (:func:`components.style.legend_below`) and its long entries wrap (:func:`wrap_label`).
+    below the plot (:func:`components.style.legend_below`) and its long entries wrap (:func:`wrap_label`); it follows
+    the page's theme (:func:`components.theme.themed`).
     """
     if figure is None:
         return None
@@ -106,7 +108,9 @@ def panel_figure(figure):
                          legend=legend_below(), margin=dict(l=50, r=10, t=top))
     fitted.update_xaxes(automargin=True, tickangle=-35)
     fitted.update_yaxes(automargin=True)
-    return fitted
+    for shape in fitted.layout.shapes:  # reference lines in the theme's line colour (the report's grey is for white)
+        shape.line.color = None
+    return themed(fitted)
 
 
 EARLIER = "What is shown below (if anything) is an earlier report, not this request's."

@@ -219,7 +219,89 @@ def test_narration_and_grid_labels_read_in_either_theme(browser, both_url, theme
             _readable(page, theme, ("#race-lanes .lane h4", "#race-lanes .lane-b", "#race-lanes .token-text span.tok",
                                     "#race-lanes .lane .bar-label", "#race-lanes .lane .done",
                                     "#race-lanes .lane .badge", "#race-badge .race-verdict", "#race-status .pss-note"))
+            for elem_id in ("race-nfe", "race-wall", "race-theorem"):  # the race's charts turn dark too
+                page.wait_for_function(f"(id) => {{ const b = ({CHART_BOXES})(id); return b.items.length >= 2; }}",
+                                       arg=elem_id, timeout=30_000)
+                _chart_reads(page, elem_id, theme)
             _shot(page, f"{theme}-race")
+    finally:
+        page.context.close()
+
+
+# A chart's colours as drawn: the figure's background (the first SVG's), its plot area's, the fill of every text
+# (the hover layer aside), the colours of its lines and marks, and each heatmap's colour scale.
+CHART_PAINT = """(id) => {
+    const gd = document.querySelector(`#${id} .js-plotly-plot`);
+    const svg = gd.querySelector('.main-svg'), plot = gd.querySelector('.bglayer rect.bg');
+    const texts = [...gd.querySelectorAll('.main-svg text')]
+        .filter(t => t.textContent.trim() && !t.closest('.hoverlayer') && t.getClientRects().length)
+        .map(t => ({fill: getComputedStyle(t).fill, sample: t.textContent.trim().slice(0, 30)}));
+    const lines = [...gd.querySelectorAll('.scatterlayer path.js-line')].map(l => getComputedStyle(l).stroke);
+    const heat = (gd._fullData || []).filter(t => t.type === 'heatmap').map(t => t.colorscale.map(s => s[1]));
+    return {paper: getComputedStyle(svg).backgroundColor, plot: plot && getComputedStyle(plot).fill, texts, lines,
+            heat};
+}"""
+
+
+def _colour(value: str) -> str:
+    return value.lower() if value.startswith("#") else _rgb(value)
+
+
+def _chart_reads(page, elem_id: str, theme: str) -> dict:
+    """The chart in ``#elem_id`` follows ``theme``: its background dark in the dark theme (light in the light one),
+    every text on it at least 4.5:1, every line and heatmap cell at least 3:1 against its plot area (a cell: against
+    the blocked cells too, the heatmap's first colour)."""
+    from packed_ss.bench.palette import contrast
+
+    paint = page.evaluate(CHART_PAINT, elem_id)
+    paper, plot = _rgb(paint["paper"]), _rgb(paint["plot"] or paint["paper"])
+    for back in (paper, plot):
+        dark = sum(int(back[i:i + 2], 16) for i in (1, 3, 5)) / 3 < 80
+        assert dark == (theme == "dark"), (elem_id, theme, back)
+    assert paint["texts"], elem_id
+    for text in paint["texts"]:
+        assert contrast(_rgb(text["fill"]), paper) >= MIN_CONTRAST, (elem_id, theme, paper, text)
+    for line in paint["lines"]:
+        assert contrast(_rgb(line), plot) >= 3, (elem_id, theme, plot, line)
+    for scale in paint["heat"]:
+        cells = list(dict.fromkeys(_colour(c) for c in scale))  # blocked first, then the regions
+        for cell in cells[1:]:
+            assert contrast(cell, plot) >= 3 and contrast(cell, cells[0]) >= 3, (elem_id, theme, plot, cells)
+    return paint
+
+
+@pytest.mark.parametrize("theme", ["dark", "light"])
+def test_the_mask_plot_and_the_token_text_follow_the_theme(browser, both_url, theme):  # noqa: F811
+    """In the dark theme the mask heatmap and the text box of tokens stayed white, the heatmap's pale blocked cells
+    and its amber and grey regions under 3:1 against the plot (issue 67)."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(f"{both_url}?__theme={theme}", wait_until="domcontentloaded")
+        page.locator("#step-btn").wait_for(timeout=60_000)
+        assert page.evaluate("document.body.classList.contains('dark')") == (theme == "dark")
+        page.wait_for_function("document.querySelector('#mask-plot .js-plotly-plot .main-svg') !== null",
+                               timeout=30_000)
+        _chart_reads(page, "mask-plot", theme)  # the empty figure before the first Step
+        _step(page, 1)
+        page.wait_for_function("document.querySelectorAll('#mask-plot g.legend .traces').length >= 3",
+                               timeout=30_000)
+        paint = _chart_reads(page, "mask-plot", theme)
+        assert paint["heat"], "no heatmap drawn"
+        box = page.evaluate(COLOURS, "#token-text .token-text")[0]["back"]
+        assert (sum(box) / 3 < 80) == (theme == "dark"), (theme, box)
+        tokens = page.evaluate("""() => [...document.querySelectorAll('#token-text span.tok')].map(e => {
+            const parse = (c) => (c.match(/[\\d.]+/g) || []).map(Number);
+            const s = getComputedStyle(e), back = parse(s.backgroundColor);
+            const clear = back.length > 3 && back[3] === 0;  // no background of its own (the prompt)
+            return {cls: e.className, text: parse(s.color), back: clear ? null : back}; })""")
+        sources = [t for t in tokens if "src-prompt" not in t["cls"]]
+        assert sources and all(t["back"] for t in sources), tokens  # every generated token on its source colour
+        for token in tokens:
+            back = token["back"] or box
+            assert _contrast({"text": token["text"], "back": back[:3]}) >= MIN_CONTRAST, (theme, token)
+            if theme == "dark" and token["back"]:
+                assert sum(back[:3]) / 3 < 110, (theme, token)  # a dark shade of the source's colour
+        _shot(page, f"{theme}-mask")
     finally:
         page.context.close()
 
