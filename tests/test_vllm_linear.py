@@ -388,3 +388,48 @@ def _pair_cells(model, prompt: list[int], pairs: list[tuple[int, int]]) -> tuple
     observed = [counts.get(key, 0) for key in keys] + [counts.get(None, 0)]
     wanted = [cells[key] for key in keys] + [len(pairs) - sum(cells.values())]
     return observed, wanted
+
+
+def test_an_nld_checkpoint_exported_for_vllm_decodes_as_the_checkpoint_itself(tmp_path):
+    """``python -m packed_ss.vllm_export`` on a tiny NLD checkpoint (NLD's names, yarn rope, the Llama-4 query scaling
+    from position 64): the folder it writes is a Ministral3 causal LM that keeps the mask id and the query scaling, and
+    the engine's Linear-SS on it gives the NLD checkpoint's tokens and drafts on a prompt that crosses position 64."""
+    from helpers import write_nld_checkpoint
+    from packed_ss.models import DualModeModel
+    from packed_ss.vllm_export import main
+
+    write_nld_checkpoint(tmp_path / "nld", head_dim=64, hidden_size=64)
+    assert main([str(tmp_path / "nld"), str(tmp_path / "out")]) == 0
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["architectures"] == ["Ministral3ForCausalLM"] and config["mask_token_id"] == 100
+    assert config["llama_4_scaling"] == {"original_max_position_embeddings": 64, "beta": 0.1}
+    assert main([str(tmp_path / "nld"), str(tmp_path / "out")]) == 2  # a folder holding a checkpoint is kept
+    prompt, config = [1] + [5 + (i * 7) % 90 for i in range(70)], DecodeConfig(block_size=4, max_new_tokens=12)
+    runs = []
+    for folder in (tmp_path / "nld", tmp_path / "out"):
+        model = DualModeModel.from_pretrained(str(folder), device="cpu", dtype="float32")
+        runs.append([(r.appended, r.old_draft) for r in decode(model, prompt, config, "linear")])
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _vllm_here(), reason="vLLM's environment is not installed (bash scripts/make_vllm_env.sh)")
+def test_in_vllm_an_exported_nld_checkpoint_decodes_as_the_engine_does_past_its_query_scaling_window(tmp_path):
+    """A tiny NLD checkpoint (query scaling from position 64) exported for vLLM: greedy, B = 4, a 71-token prompt,
+    vLLM with the proposer gives the engine's Linear-SS tokens on the NLD checkpoint itself."""
+    from helpers import write_nld_checkpoint
+    from packed_ss.models import DualModeModel
+    from packed_ss.vllm_export import export_for_vllm
+    from packed_ss.vllm_lanes import VllmWorker
+
+    write_nld_checkpoint(tmp_path / "nld", head_dim=64, hidden_size=64)
+    export_for_vllm(tmp_path / "nld", tmp_path / "out")
+    prompt = [1] + [5 + (i * 7) % 90 for i in range(70)]
+    model = DualModeModel.from_pretrained(str(tmp_path / "nld"), device="cpu", dtype="float32")
+    engine = [t for r in decode(model, prompt, DecodeConfig(block_size=4, max_new_tokens=40), "linear")
+              for t in r.appended]
+    lane = VllmWorker(tmp_path / "out", "float32", "linear", 3, 256, 1)
+    try:
+        assert lane.generate(prompt, 40)["token_ids"] == engine
+    finally:
+        lane.close()
