@@ -79,6 +79,12 @@ def vllm_problem(model=None, schedule: str | None = None) -> str | None:
         folder = checkpoint_folder(model)
         if folder is None:
             return "the vLLM lanes load a local checkpoint folder, and this model was not loaded from one"
+        config = json.loads((folder / "config.json").read_text())
+        if config.get("model_type") == "nemotron_labs_diffusion":
+            return ("vLLM has no Nemotron-Labs-Diffusion architecture: write the checkpoint as the Ministral3 folder "
+                    f"it loads (python -m packed_ss.vllm_export {folder} OUT) and benchmark OUT")
+        if method == "linear" and config.get("mask_token_id") is None:
+            return "vllm-linear drafts with the mask token, and the checkpoint's config.json has no mask_token_id"
     return None
 
 

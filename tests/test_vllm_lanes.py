@@ -68,3 +68,28 @@ def test_vllms_greedy_and_ngram_lanes_give_ars_tokens_with_vllms_own_acceptance(
     assert summary["schedules"]["vllm-ngram"]["mean_acceptance_length"] >= 1.0
     assert summary["meta"]["vllm"]["startup_s"] and not summary["meta"]["vllm"]["left_out"]
     assert set(VLLM_REFERENCES) >= {"vllm-ar", "vllm-ngram"}
+
+
+def test_an_nld_folder_or_a_folder_without_a_mask_id_is_left_out_with_the_command_that_fixes_it(tmp_path, monkeypatch):
+    """vLLM cannot load the NLD format, and Linear-SS in vLLM needs the mask id in config.json: one line each, the
+    first naming the export command."""
+    import json
+
+    from helpers import write_nld_checkpoint
+    from packed_ss.models import DualModeModel
+    from packed_ss import vllm_lanes
+
+    monkeypatch.setattr(vllm_lanes, "_imports", lambda python, module: True)
+    monkeypatch.setattr(vllm_lanes, "env_python", lambda: Path(__file__))  # any file that exists
+    write_nld_checkpoint(tmp_path / "nld")
+    nld = DualModeModel.from_pretrained(str(tmp_path / "nld"), device="cpu", dtype="float32")
+    why = vllm_problem(nld, "vllm-linear")
+    assert "no Nemotron-Labs-Diffusion architecture" in why and "python -m packed_ss.vllm_export" in why
+    plain = DualModeModel.from_pretrained(str(EMBEDDED), device="cpu", dtype="float32")
+    assert vllm_problem(plain, "vllm-linear") is None
+    config = json.loads((EMBEDDED / "config.json").read_text())
+    del config["mask_token_id"]
+    monkeypatch.setattr(vllm_lanes, "checkpoint_folder", lambda model: tmp_path / "bare")
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "bare" / "config.json").write_text(json.dumps(config))
+    assert "no mask_token_id" in vllm_problem(plain, "vllm-linear") and vllm_problem(plain, "vllm-ngram") is None
