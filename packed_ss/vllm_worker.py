@@ -8,7 +8,7 @@ line on stdout:
   tokens, "max_model_len": tokens, "proposer_log": file (optional)}``, answered ``{"ready": true, "startup_s": s, "vllm": version}`` once the engine is built and
   has decoded one warm-up prompt (or ``{"error": line}``);
 * then ``{"prompt": [ids], "max_new_tokens": n, "temperature": T (default 0), "seed": s}``, answered ``{"token_ids": [...], "wall_s": s, "steps": engine steps
-  (the tokens less the accepted drafts: each step commits one token beyond them), "drafts": d, "draft_tokens": t,
+  (vLLM's own count), "drafts": d, "draft_tokens": t,
   "accepted": a, "accepted_per_position": [...]}``: the prompt decoded at batch 1 (``wall_s`` the ``generate`` call
   alone), its speculative counters read from vLLM's own metrics before and after;
 * or ``{"prompts": [[ids], ...], ...}``: the prompts decoded together as one batch (request i seeded ``seed + i``),
@@ -32,12 +32,14 @@ PROPOSER_FOLDER = Path(__file__).resolve().with_name("vllm_side")
 
 def counters(llm) -> dict:
     """vLLM's speculative-decoding counters so far (its Prometheus metrics, logged stats on)."""
-    found = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "accepted_per_position": []}
+    found = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "accepted_per_position": [], "engine_steps": None}
     names = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
              "vllm:spec_decode_num_accepted_tokens": "accepted"}
     for metric in llm.get_metrics():
         if metric.name in names:
             found[names[metric.name]] = int(metric.value)
+        elif metric.name == "vllm:iteration_tokens_total":  # one observation per engine step
+            found["engine_steps"] = int(metric.count)
         elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
             found["accepted_per_position"] = [int(v) for v in metric.values]
     return found
@@ -111,8 +113,13 @@ def main() -> int:
                   "accepted_per_position": [a - b for a, b in zip(after["accepted_per_position"],
                                                                    before["accepted_per_position"]
                                                                    or [0] * len(after["accepted_per_position"]))]}
-        # each step commits one token per request beyond its accepted drafts (batch 1: the engine's steps)
-        answer["steps"] = sum(len(tokens) for tokens in produced) - answer["accepted"]
+        # the engine's steps, counted by vLLM (one observation of its tokens-per-step histogram each); where that
+        # metric is missing, each step commits one token per request beyond its accepted drafts (batch 1), which
+        # overcounts by the drafts a final step accepted past the token limit
+        if after["engine_steps"] is not None and before["engine_steps"] is not None:
+            answer["steps"] = after["engine_steps"] - before["engine_steps"]
+        else:
+            answer["steps"] = sum(len(tokens) for tokens in produced) - answer["accepted"]
         say(answer)
     return 0
 
