@@ -338,12 +338,15 @@ def test_the_step_tab_fits_a_phone(browser, both_url):  # noqa: F811
             return {wider: w.scrollWidth > w.clientWidth, right: w.hasAttribute('data-more-right'),
                     mask: getComputedStyle(w).maskImage || getComputedStyle(w).webkitMaskImage,
                     bar: getComputedStyle(w).scrollbarWidth, hint: getComputedStyle(w.querySelector('.token-grid-head'),
-                    '::after').content, advance: a && [a.scrollWidth, a.clientWidth]}; }""")
+                    '::after').content, advance: a && [a.scrollWidth, a.clientWidth],
+                    inset: a && [parseFloat(getComputedStyle(a).paddingLeft), parseFloat(getComputedStyle(a).paddingRight)]}; }""")
         if cue["wider"]:
             # (the scrollbar itself: Playwright's headless chromium hides every scrollbar, so only its style is read)
             assert cue["right"] and cue["mask"] not in ("", "none") and cue["bar"] != "none", cue
             assert "scroll sideways" in cue["hint"], cue
         assert cue["advance"] is None or cue["advance"][0] <= cue["advance"][1], cue  # the chip's text whole in it
+        # ... and off its edges (the grid's cells had no padding: "A = 3: cut at the limit, h was 3 of 6" touched it)
+        assert cue["inset"] is None or min(cue["inset"]) >= 4, cue
         page.evaluate("() => { const w = document.querySelector('#token-grid .token-grid-wrap'); "
                       "w.scrollLeft = w.scrollWidth; }")
         page.wait_for_function("!document.querySelector('#token-grid .token-grid-wrap')"
