@@ -23,6 +23,23 @@ STOPPED_BY = {"limit": "the new-token limit", "eos": "EOS", "stop string": "a st
               "common stop": "the race's common token count", "time limit": "the time limit"}
 
 
+def _rows(record) -> str:
+    """Why a Packed-SS call has the rows it has: 1 + |D| verifier rows (padded to B when the draft is padded) and B
+    drafter rows (Appendix D.1); 2B with a full or padded draft."""
+    if not record.old_draft or not record.calls:
+        return ""
+    layout = record.calls[-1].layout
+    drafting = len(layout.proposal_rows)
+    verify = layout.rows - drafting
+    pads = verify - 1 - len(record.old_draft)
+    if drafting <= 1 or pads < 0:
+        return ""
+    padded = f" and {pads} mask pad{'s' if pads != 1 else ''}" if pads else ""
+    return (f"Its {layout.rows} rows: {verify} verifier rows (the last prefix token, the {len(record.old_draft)}-token "
+            f"old draft{padded}) and {drafting} drafter rows (the last prefix token and {drafting - 1} masks); a full "
+            f"draft makes 2B = {2 * drafting}. ")
+
+
 def stopped_by(reason: str | None, short: bool = False) -> str:
     """What ended the run in words ("the new-token limit" for ``"limit"``, ``short``: "the limit"); the reason itself
     when unknown."""
@@ -205,5 +222,6 @@ def narrate(record: IterationRecord, schedule: str, strings: TokenStrings, promp
         text = _mixed(record, strings, n)
     else:  # packed
         text = (f"One call verified the old draft in causal mode and, in the same call, drafted from the old prefix "
-                f"P_t-1 ({n} tokens) in diffusion mode. ") + _verdict(record, strings) + _next_draft(record, strings)
+                f"P_t-1 ({n} tokens) in diffusion mode. ") + _rows(record) + _verdict(record, strings) \
+            + _next_draft(record, strings)
     return f'<p class="narration" data-narration="{html.escape(schedule)}">{marked(text)}</p>'

@@ -70,3 +70,18 @@ def test_two_source_narration_matches_the_next_draft():
         else:
             assert f"Next draft, {len(record.next_draft)} token" in text
             assert (f"{grams} copied after an earlier match" in text) == (grams > 0)
+
+
+def test_packed_says_why_its_call_has_the_rows_it_has():
+    """Step showed 15 rows and 12 rows where Explain says 2B = 16: the sentence names the verifier rows (1 + the old
+    draft's length) and the B drafter rows, and 2B for a full draft."""
+    for block in (4, 8):
+        for record in records("packed", thresholds=[0, 0, 1, 9, 9, 9] + [0] * 40, block=block, limit=24)[2:]:
+            text = narrate(record, "packed", strings, 2)
+            layout = record.calls[-1].layout
+            verify = len(layout.verify_rows)
+            if record.old_draft:
+                assert (f"Its {layout.rows} rows: {verify} verifier rows (the last prefix token, the "
+                        f"{len(record.old_draft)}-token old draft") in text, text
+                assert f"and {block} drafter rows" in text and f"2B = {2 * block}" in text
+                assert verify + block == layout.rows
