@@ -207,6 +207,28 @@ def test_each_prefix_token_is_computed_once_per_request(tmp_path, monkeypatch):
     assert last_prefix.tokens == output[: len(last_prefix.tokens)]
 
 
+def test_requests_with_one_prompt_in_one_batch_share_its_keys_once_and_keep_caches_of_their_own():
+    """Three requests of the same prompt decoded together (as 1,200 were in vLLM): the first computes the prompt's
+    keys, the others copy them (no prompt row computed twice), each keeps a cache of its own, and all three get the
+    engine's Linear-SS drafts and AR's tokens."""
+    model = tiny_llama(vocab_size=32, seed=11, logit_scale=4.0, eos=False)
+    proposer = _proposer(model, 3)
+    extended = []
+    original = proposer._draft
+
+    def counted(cache, prefix, temperature):
+        extended.append(len(prefix) - 1 - len(cache.tokens))
+        return original(cache, prefix, temperature)
+
+    proposer._draft = counted
+    prompt = [3, 4, 5, 6, 7, 8]
+    outputs = _vllm_loop(model, proposer, [prompt] * 3, 10)
+    tokens, _ = _engine_drafts(model, prompt, 3, 10)
+    assert outputs == [tokens] * 3
+    assert extended[:3] == [len(prompt), 0, 0]  # the first step: prompt and first token, then two copies
+    assert len({id(cache) for cache in proposer.caches.values()}) == 3
+
+
 def test_at_t_above_0_the_proposer_draws_from_the_engines_drafter_distribution_and_hands_it_to_the_verifier():
     """T = 0.8 on one row, greedy on the other: the sampled row's q is the engine's drafting call's warped
     distribution on the same prefix, its draft comes from q's support, and the runner holds q for vLLM's rejection

@@ -64,6 +64,14 @@ class PrefixCache:
     def keep(self, length: int) -> None:
         del self.tokens[length:]
 
+    def copy(self, length: int) -> "PrefixCache":
+        """A new cache holding this one's first ``length`` positions."""
+        twin = PrefixCache(len(self.keys), self.keys[0].shape[0], self.keys[0].shape[2], self.keys[0].dtype)
+        twin.tokens = self.tokens[:length]
+        for layer in range(len(self.keys)):
+            twin.append(layer, self.keys[layer][:, :length], self.values[layer][:, :length], 0)
+        return twin
+
     def append(self, layer: int, keys: torch.Tensor, values: torch.Tensor, start: int) -> None:
         """Store ``(kv_heads, e, head_dim)`` keys and values at positions ``start .. start + e - 1``."""
         end = start + keys.shape[1]
@@ -173,7 +181,7 @@ class LinearSSProposer:
                 probs.append(None)
                 continue
             prefix = token_ids_cpu[row, :n].tolist()
-            cache = self._cache_for(row, prefix)
+            cache = self._cache_for(row, prefix, claimed=caches.values())
             caches[row] = cache
             temperature = self._temperature(row)
             draft, q = self._draft(cache, prefix, temperature)
@@ -189,21 +197,24 @@ class LinearSSProposer:
         return drafts
 
     # --- the drafting call -----------------------------------------------------------------------------------------
-    def _cache_for(self, row: int, prefix: list[int]) -> PrefixCache:
+    def _cache_for(self, row: int, prefix: list[int], claimed=()) -> PrefixCache:
         """The cache sharing the longest start with ``prefix`` less its last token (the row's own when it is still
-        the same request; rows move when vLLM condenses its batch), trimmed to what it shares."""
+        the same request; rows move when vLLM condenses its batch), trimmed to what it shares. A cache another row
+        already took this step is copied up to what they share (requests with one prompt in one batch)."""
         wanted = prefix[:-1]
         best, best_len = None, -1
-        for cache in [self.caches.get(row)] + [c for r, c in self.caches.items() if r != row]:
+        for cache in [self.caches.get(row)] + [c for r, c in self.caches.items() if r != row] + list(claimed):
             if cache is None:
                 continue
             length = cache.common(wanted)
             if length > best_len:
                 best, best_len = cache, length
-            if length == len(wanted):
+            if length == len(wanted) and not any(cache is taken for taken in claimed):
                 break
         if best is None or best_len <= 0:
-            best, best_len = PrefixCache(len(self.layers), self.kv_heads, self.head_dim, self.dtype), 0
+            return PrefixCache(len(self.layers), self.kv_heads, self.head_dim, self.dtype)
+        if any(best is taken for taken in claimed):
+            return best.copy(best_len)
         best.keep(best_len)
         return best
 
@@ -242,10 +253,10 @@ class LinearSSProposer:
             q = q.reshape(rows, self.heads, self.head_dim).transpose(0, 1)
             k = k.reshape(rows, self.kv_heads, self.head_dim).transpose(0, 1)
             v = v.reshape(rows, self.kv_heads, self.head_dim).transpose(0, 1)
-            keys = torch.cat([cache.keys[index][:, :c], k], dim=1)
-            values = torch.cat([cache.values[index][:, :c], v], dim=1)
-            if e:
-                cache.append(index, k[:, :e], v[:, :e], c)
+            # every row's keys go into the buffer, read back as one view; only the extension's count as cached
+            # (the block's are past the cache's length and overwritten by the next step's)
+            cache.append(index, k, v, c)
+            keys, values = cache.keys[index][:, :c + rows], cache.values[index][:, :c + rows]
             group = self.heads // self.kv_heads
             if group > 1:
                 keys, values = keys.repeat_interleave(group, 0), values.repeat_interleave(group, 0)
