@@ -301,6 +301,14 @@ def test_the_mask_plot_and_the_token_text_follow_the_theme(browser, both_url, th
             assert _contrast({"text": token["text"], "back": back[:3]}) >= MIN_CONTRAST, (theme, token)
             if theme == "dark" and token["back"]:
                 assert sum(back[:3]) / 3 < 110, (theme, token)  # a dark shade of the source's colour
+        # the legend of the text colours shows the colours the text uses in this theme (in the dark one it kept the
+        # light pastels: a correction pale peach in the key, dark red-brown in the text)
+        swatches = page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('.legend .swatch')]
+            .map(e => [[...e.classList].find(c => c.startsWith('src-')), getComputedStyle(e).backgroundColor]))""")
+        shown = page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('#token-text span.tok')]
+            .map(e => [[...e.classList].find(c => c.startsWith('src-')), getComputedStyle(e).backgroundColor]))""")
+        shown.pop("src-prompt", None)
+        assert shown and all(swatches.get(cls) == back for cls, back in shown.items()), (theme, swatches, shown)
         _shot(page, f"{theme}-mask")
     finally:
         page.context.close()
