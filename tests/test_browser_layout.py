@@ -345,7 +345,7 @@ def test_the_step_tab_fits_a_phone(browser, both_url):  # noqa: F811
             const a = w.querySelector('td.advance');
             return {wider: w.scrollWidth > w.clientWidth, right: w.hasAttribute('data-more-right'),
                     mask: getComputedStyle(w).maskImage || getComputedStyle(w).webkitMaskImage,
-                    bar: getComputedStyle(w).scrollbarWidth, hint: getComputedStyle(w.querySelector('.token-grid-head'),
+                    bar: getComputedStyle(w).scrollbarWidth, hint: getComputedStyle(document.querySelector('#token-grid .token-grid-head'),
                     '::after').content, advance: a && [a.scrollWidth, a.clientWidth],
                     inset: a && [parseFloat(getComputedStyle(a).paddingLeft), parseFloat(getComputedStyle(a).paddingRight)]}; }""")
         if cue["wider"]:
@@ -359,6 +359,14 @@ def test_the_step_tab_fits_a_phone(browser, both_url):  # noqa: F811
                       "w.scrollLeft = w.scrollWidth; }")
         page.wait_for_function("!document.querySelector('#token-grid .token-grid-wrap')"
                                ".hasAttribute('data-more-right')", timeout=10_000)  # at the end: no more to the right
+        # the heading stays whole on the screen, scrolled or not (it scrolled with the grid: "3 · A = 4 · 1 call, 15")
+        head = page.evaluate("""() => { const h = document.querySelector('#token-grid .token-grid-head');
+            const r = h.getBoundingClientRect();
+            return {left: r.left, right: r.right, wide: h.scrollWidth <= h.clientWidth + 1, text: h.textContent,
+                    scrolls: !!h.closest('.token-grid-wrap')}; }""")
+        assert not head["scrolls"] and head["wide"], head
+        assert 0 <= head["left"] and head["right"] <= PHONE["width"], head
+        assert head["text"].startswith("Iteration 2") and "rows" in head["text"], head
         plot = page.evaluate(CHART_BOXES, "mask-plot")
         for item in plot["items"]:  # the mask legend whole, on the screen
             assert plot["frame"]["left"] - 0.5 <= item["left"] and item["right"] <= plot["frame"]["right"] + 0.5, item
