@@ -464,3 +464,34 @@ def test_a_changed_setting_marks_the_run_on_screen_as_the_earlier_one(page):
     _step(page, 1)  # the new run's first iteration: the mark goes
     page.wait_for_function("!document.getElementById('token-grid').classList.contains('step-earlier')",
                            timeout=STEP_MS)
+
+
+def test_the_run_has_ended_notice_stands_by_the_step_buttons(browser, both_url):  # noqa: F811
+    """"The run has ended (limit). Press Reset or change a setting." stood small and grey in the status line above the
+    tabs, far from the Step button: it stands by the Step tab's buttons."""
+    page = open_app(browser, both_url, "def fibonacci(n):\n", 3)
+    try:
+        notice = page.locator("#step-notice")
+        for _ in range(6):  # 3 new tokens: at most 3 iterations, then a Step that says the run has ended
+            page.locator("#step-btn").click()
+            page.wait_for_function("() => !(window.packedSteps && window.packedSteps.busy)", timeout=60_000)
+            if "has ended" in notice.inner_text():
+                break
+        assert "The run has ended" in notice.inner_text(), notice.inner_text()
+        assert "has ended" not in page.locator("#status").inner_text()
+        where = page.evaluate(f"""() => {{ const box = {BOX};
+            const controls = [document.querySelector('#step-btn'), document.querySelector('#step-by')];
+            let row = controls[0].parentElement;  // the row of the Step controls: the box holding the button and Step by
+            while (row && !row.contains(controls[1])) row = row.parentElement;
+            return {{button: box(document.querySelector('#step-btn')), row: box(row),
+                     notice: box(document.querySelector('#step-notice .pss-note')),
+                     grid: box(document.querySelector('#token-grid')),
+                     size: parseFloat(getComputedStyle(document.querySelector('#step-notice .pss-note')).fontSize),
+                     page: parseFloat(getComputedStyle(document.querySelector('#step-btn')).fontSize)}}; }}""")
+        # right under the row of the Step controls, above the grid, and not smaller than the Step button's label by much
+        assert where["row"]["bottom"] <= where["notice"]["top"] <= where["grid"]["top"], where
+        assert where["notice"]["top"] - where["row"]["bottom"] < 100, where  # under the queued-press line
+        assert where["size"] >= 0.9 * where["page"], where
+        _shot(page, "run-ended")
+    finally:
+        page.context.close()
