@@ -232,10 +232,18 @@ def judge(schedule: str, w: int, tpn: float, model: CostModel, iterations: Seque
                     f"{measured_ms:.2f} ms (median of {len(times)}), beyond {MISFIT:g}× its RMS error of {e:.2f} ms")
     calls = calls_per_iteration(schedule, w + 1)
     c, a = sum(model.call_ms(r) for r in calls) / len(calls), model.call_ms(1)
+    # every iteration commits at least one token: no run measures fewer tokens/NFE than one per call of an iteration
+    least = 1 / len(calls)
+    low = max(least, max(0.0, c - e) / (a + e))
     if a <= e:
-        return (f"cannot judge: the fit's RMS error ({e:.2f} ms) is as large as a one-row call ({a:.2f} ms), so the "
-                f"break-even could be anywhere above {max(0.0, c - e) / (a + e):.2f}")
-    low, high = max(0.0, c - e) / (a + e), (c + e) / (a - e)
+        why = f"the fit's RMS error ({e:.2f} ms) is as large as a one-row call ({a:.2f} ms)"
+        if low > least:
+            return f"cannot judge: {why}, so the break-even could be anywhere above {low:.2f} tokens/NFE"
+        per = "call" if len(calls) == 1 else f"{len(calls)} calls"
+        return (f"cannot judge: {why}, so the break-even could be anywhere at all: every {TITLES[schedule]} "
+                f"iteration already commits at least 1 token per {per} ({least:.2f} tokens/NFE), and the fit cannot "
+                f"tell which of that is enough to beat AR here")
+    high = (c + e) / (a - e)
     if tpn > high:
         return "beats AR here"
     if tpn < low:

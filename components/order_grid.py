@@ -17,6 +17,7 @@ from packed_ss.records import IterationRecord
 
 from components.narration import stopped_by
 from components.style import marked, source_class, visible
+from components.token_grid import grid_box
 
 TokenStrings = Callable[[Sequence[int]], list[str]]
 
@@ -114,9 +115,8 @@ def order_grid_html(record: IterationRecord, before: dict[int, int], strings: To
                f"{len(record.calls)} call{'s' if len(record.calls) != 1 else ''}, {record.rows} rows")
     if record.stop_reason:
         heading += f" · stopped: {html.escape(record.stop_reason)}"
-    return (f'<div class="token-grid-wrap" data-iteration="{record.index}">'
-            f'<div class="token-grid-head">{heading}</div>{"" if native else LEGEND}'
-            f'<table class="token-grid order-grid">{"".join(rows)}</table></div>')
+    return grid_box(heading, record.index, f'<table class="token-grid order-grid">{"".join(rows)}</table>',
+                    "" if native else LEGEND)
 
 
 def _draft_cells(record: IterationRecord, text: dict[int, str], rank: dict[int, int], pending: bool,

@@ -138,9 +138,16 @@ def grid_html(record: IterationRecord, sequence: Sequence[int], strings: TokenSt
         f'<tr class="sep" data-row="advance"><td class="row-label">advance</td>{"".join(adv_cells)}</tr>',
         *([row("next draft D<sub>t</sub>", cells_next, "next-draft")] if nxt else []),
     ]
-    return (f'<div class="token-grid-wrap" data-iteration="{record.index}">'
-            f'<div class="token-grid-head">{_heading(record, title, bool(draft), prefill, mask_token_id)}</div>'
-            f'<table class="token-grid">{"".join(rows)}</table>{_residual_note(record, text)}</div>')
+    return grid_box(_heading(record, title, bool(draft), prefill, mask_token_id), record.index,
+                    f'<table class="token-grid">{"".join(rows)}</table>{_residual_note(record, text)}')
+
+
+def grid_box(heading: str, index: int, body: str, key: str = "") -> str:
+    """One iteration's grid (HTML): its heading and ``key`` above the box that scrolls sideways
+    (``div.token-grid-wrap``, holding ``body``), so a grid wider than a phone's screen scrolls without its heading
+    (scrolled with it, it read "3 · A = 4 · 1 call, 15")."""
+    return (f'<div class="token-grid-box"><div class="token-grid-head">{heading}</div>{key}'
+            f'<div class="token-grid-wrap" data-iteration="{index}">{body}</div></div>')
 
 
 def _verifier_cells(record: IterationRecord, before: int, text: dict[int, str]) -> dict[int, str]:

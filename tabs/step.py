@@ -40,7 +40,7 @@ def play_interval(speed) -> float:
 
 
 class StepHandlers:
-    """The tab's event handlers; each returns the outputs ``[iteration, grid, text, stats, mask plot, status]``
+    """The tab's event handlers; each returns the outputs ``[iteration, grid, text, stats, mask plot, notice]``
     (plus the timer and the Play button where the playing state changes)."""
 
     def __init__(self, server: Server):
@@ -192,6 +192,9 @@ def build_step_tab(server: Server, panel: SettingsPanel, concurrency_limit: int)
                                value="iteration", label="Step by", elem_id="step-by")
         # Steps pressed while one is computing: counted here and run one after another (page script below)
         gr.HTML('<p id="step-queue" class="step-queue" aria-live="polite"></p>', elem_id="step-queue-box")
+        # the Step tab's own notices (the run has ended, a new run started, Reset, a refused Step): by its buttons, not
+        # in the status line above the tabs, where "The run has ended" stood small and far from the Step button
+        notice = gr.HTML("", elem_id="step-notice")
         iteration = gr.Slider(0, 1, value=0, step=1, label="Iteration (scrub the iterations done so far)",
                               elem_id="iteration")
         grid = gr.HTML(empty_grid_html(), elem_id="token-grid")
@@ -206,7 +209,7 @@ def build_step_tab(server: Server, panel: SettingsPanel, concurrency_limit: int)
                                   interactive=False, elem_id="step-file", scale=2)
         timer = gr.Timer(0.5, active=False)
 
-    outputs = [iteration, grid, text, stats, mask_plot, panel.status]
+    outputs = [iteration, grid, text, stats, mask_plot, notice]
     kw = dict(concurrency_id="step", concurrency_limit=concurrency_limit, show_progress="hidden")
     settings = list(panel.components)
     # preprocess=False: the settings arrive raw and RequestValues validates them (one message for any bad value,

@@ -301,6 +301,14 @@ def test_the_mask_plot_and_the_token_text_follow_the_theme(browser, both_url, th
             assert _contrast({"text": token["text"], "back": back[:3]}) >= MIN_CONTRAST, (theme, token)
             if theme == "dark" and token["back"]:
                 assert sum(back[:3]) / 3 < 110, (theme, token)  # a dark shade of the source's colour
+        # the legend of the text colours shows the colours the text uses in this theme (in the dark one it kept the
+        # light pastels: a correction pale peach in the key, dark red-brown in the text)
+        swatches = page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('.legend .swatch')]
+            .map(e => [[...e.classList].find(c => c.startsWith('src-')), getComputedStyle(e).backgroundColor]))""")
+        shown = page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('#token-text span.tok')]
+            .map(e => [[...e.classList].find(c => c.startsWith('src-')), getComputedStyle(e).backgroundColor]))""")
+        shown.pop("src-prompt", None)
+        assert shown and all(swatches.get(cls) == back for cls, back in shown.items()), (theme, swatches, shown)
         _shot(page, f"{theme}-mask")
     finally:
         page.context.close()
@@ -337,7 +345,7 @@ def test_the_step_tab_fits_a_phone(browser, both_url):  # noqa: F811
             const a = w.querySelector('td.advance');
             return {wider: w.scrollWidth > w.clientWidth, right: w.hasAttribute('data-more-right'),
                     mask: getComputedStyle(w).maskImage || getComputedStyle(w).webkitMaskImage,
-                    bar: getComputedStyle(w).scrollbarWidth, hint: getComputedStyle(w.querySelector('.token-grid-head'),
+                    bar: getComputedStyle(w).scrollbarWidth, hint: getComputedStyle(document.querySelector('#token-grid .token-grid-head'),
                     '::after').content, advance: a && [a.scrollWidth, a.clientWidth],
                     inset: a && [parseFloat(getComputedStyle(a).paddingLeft), parseFloat(getComputedStyle(a).paddingRight)]}; }""")
         if cue["wider"]:
@@ -351,6 +359,14 @@ def test_the_step_tab_fits_a_phone(browser, both_url):  # noqa: F811
                       "w.scrollLeft = w.scrollWidth; }")
         page.wait_for_function("!document.querySelector('#token-grid .token-grid-wrap')"
                                ".hasAttribute('data-more-right')", timeout=10_000)  # at the end: no more to the right
+        # the heading stays whole on the screen, scrolled or not (it scrolled with the grid: "3 · A = 4 · 1 call, 15")
+        head = page.evaluate("""() => { const h = document.querySelector('#token-grid .token-grid-head');
+            const r = h.getBoundingClientRect();
+            return {left: r.left, right: r.right, wide: h.scrollWidth <= h.clientWidth + 1, text: h.textContent,
+                    scrolls: !!h.closest('.token-grid-wrap')}; }""")
+        assert not head["scrolls"] and head["wide"], head
+        assert 0 <= head["left"] and head["right"] <= PHONE["width"], head
+        assert head["text"].startswith("Iteration 2") and "rows" in head["text"], head
         plot = page.evaluate(CHART_BOXES, "mask-plot")
         for item in plot["items"]:  # the mask legend whole, on the screen
             assert plot["frame"]["left"] - 0.5 <= item["left"] and item["right"] <= plot["frame"]["right"] + 0.5, item
@@ -448,3 +464,34 @@ def test_a_changed_setting_marks_the_run_on_screen_as_the_earlier_one(page):
     _step(page, 1)  # the new run's first iteration: the mark goes
     page.wait_for_function("!document.getElementById('token-grid').classList.contains('step-earlier')",
                            timeout=STEP_MS)
+
+
+def test_the_run_has_ended_notice_stands_by_the_step_buttons(browser, both_url):  # noqa: F811
+    """"The run has ended (limit). Press Reset or change a setting." stood small and grey in the status line above the
+    tabs, far from the Step button: it stands by the Step tab's buttons."""
+    page = open_app(browser, both_url, "def fibonacci(n):\n", 3)
+    try:
+        notice = page.locator("#step-notice")
+        for _ in range(6):  # 3 new tokens: at most 3 iterations, then a Step that says the run has ended
+            page.locator("#step-btn").click()
+            page.wait_for_function("() => !(window.packedSteps && window.packedSteps.busy)", timeout=60_000)
+            if "has ended" in notice.inner_text():
+                break
+        assert "The run has ended" in notice.inner_text(), notice.inner_text()
+        assert "has ended" not in page.locator("#status").inner_text()
+        where = page.evaluate(f"""() => {{ const box = {BOX};
+            const controls = [document.querySelector('#step-btn'), document.querySelector('#step-by')];
+            let row = controls[0].parentElement;  // the row of the Step controls: the box holding the button and Step by
+            while (row && !row.contains(controls[1])) row = row.parentElement;
+            return {{button: box(document.querySelector('#step-btn')), row: box(row),
+                     notice: box(document.querySelector('#step-notice .pss-note')),
+                     grid: box(document.querySelector('#token-grid')),
+                     size: parseFloat(getComputedStyle(document.querySelector('#step-notice .pss-note')).fontSize),
+                     page: parseFloat(getComputedStyle(document.querySelector('#step-btn')).fontSize)}}; }}""")
+        # right under the row of the Step controls, above the grid, and not smaller than the Step button's label by much
+        assert where["row"]["bottom"] <= where["notice"]["top"] <= where["grid"]["top"], where
+        assert where["notice"]["top"] - where["row"]["bottom"] < 100, where  # under the queued-press line
+        assert where["size"] >= 0.9 * where["page"], where
+        _shot(page, "run-ended")
+    finally:
+        page.context.close()

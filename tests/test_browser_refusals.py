@@ -53,7 +53,7 @@ def page(browser, app_url):  # noqa: F811
 def _messages(page) -> dict:
     """Counts of what the page shows as messages: error lines per result area, and Gradio's pop-ups."""
     return page.evaluate("""() => ({
-        step: document.querySelectorAll('#status .pss-error').length,
+        step: document.querySelectorAll('#step-notice .pss-error').length,
         everywhere: document.querySelectorAll('.pss-error').length,
         toasts: document.querySelectorAll('.toast-body, [data-testid="toast-body"]').length,
         text: [...document.querySelectorAll('.pss-error')].map(e => e.innerText),
@@ -67,7 +67,7 @@ def test_a_refused_step_shows_one_message_in_its_result_area_however_often_it_is
     page.locator("#limit input").press("Tab")
     for clicks in (1, 2, 3):
         page.locator("#step-btn").click()
-        page.wait_for_function("document.querySelectorAll('#status .pss-error').length > 0", timeout=60_000)
+        page.wait_for_function("document.querySelectorAll('#step-notice .pss-error').length > 0", timeout=60_000)
         page.wait_for_timeout(700)  # any pop-up would have appeared by now
         shown = _messages(page)
         assert shown["step"] == 1 and shown["everywhere"] == 1 and shown["toasts"] == 0, (clicks, shown)

@@ -290,3 +290,18 @@ def test_every_legend_entry_of_the_timing_chart_has_a_bar():
         assert any(y is not None for y in trace.y), trace.name
     whole = next(trace for trace in chart.data if trace.name.startswith("whole time"))
     assert {x for x, y in zip(whole.x, whole.y) if y is not None} == {"HF greedy", "HF lookup"}
+
+
+def test_the_break_even_under_a_noisy_fit_is_never_below_one_token_per_call():
+    """With the fit's error as large as a one-row call, Explain read "the break-even could be anywhere above 0.14":
+    fewer tokens per call than any run ever commits (every iteration commits at least one token)."""
+    from components.charts import CostModel, judge
+
+    noisy = CostModel(1.0, 0.01, 20, 1, 64, 2.0)  # a one-row call 1.01 ms, the RMS error 2 ms
+    packed = judge("packed", 3, 1.5, noisy, [])
+    assert packed.startswith("cannot judge") and "above 0." not in packed, packed
+    assert "at least 1 token per call (1.00 tokens/NFE)" in packed, packed
+    linear = judge("linear", 3, 1.5, noisy, [])
+    assert "at least 1 token per 2 calls (0.50 tokens/NFE)" in linear, linear
+    wide = judge("packed", 7, 1.5, CostModel(0.5, 0.5, 20, 1, 64, 1.0), [])  # calls of 16 rows cost 8.5 ms
+    assert "anywhere above 3.75 tokens/NFE" in wide, wide

@@ -53,6 +53,16 @@ def test_the_page_uses_the_same_token_colours(theme, selector):
     assert {name: found.get(name) for name in expected} == expected
 
 
+@pytest.mark.parametrize("theme, selector", [(LIGHT, ":root"), (DARK, ".dark .legend .swatch")])
+def test_the_legend_swatches_show_the_text_colours_of_the_theme(theme, selector):
+    """The legends of the text colours (Step, Race) kept the light pastels in the dark theme, where the text itself
+    shows dark shades (a correction pale peach in the key, dark red-brown in the text)."""
+    css = re.sub(r"/\*.*?\*/", "", (ASSETS / "style.css").read_text(encoding="utf-8"), flags=re.S)
+    found = _css_block(css, selector)
+    expected = {name: colour for name, colour in token_css(theme).items() if name.startswith("--src-")}
+    assert expected and {name: found.get(name) for name in expected} == expected
+
+
 @pytest.mark.parametrize("theme", THEMES)
 def test_chart_text_and_lines_read_on_the_charts_background(theme):
     c = chart_colours(theme)
