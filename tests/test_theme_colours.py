@@ -39,10 +39,13 @@ def test_the_dark_token_colours_are_dark_and_differ_from_the_light_ones():
 
 
 def _css_block(css: str, selector: str) -> dict[str, str]:
-    """The ``--name: #colour`` variables of the first rule whose selector is exactly ``selector``."""
-    match = re.search(r"(?:^|\})\s*" + re.escape(selector) + r"\s*\{([^}]*)\}", css, re.M)
-    assert match, selector
-    return dict(re.findall(r"(--[\w-]+):\s*(#[0-9a-fA-F]{6})\s*;", match.group(1)))
+    """The ``--name: #colour`` variables of every rule whose selector list holds ``selector`` exactly."""
+    found = {}
+    for selectors, body in re.findall(r"([^{}]+)\{([^}]*)\}", css):
+        if selector in (s.strip() for s in selectors.split(",")):
+            found.update(re.findall(r"(--[\w-]+):\s*(#[0-9a-fA-F]{6})\s*;", body))
+    assert found, selector
+    return found
 
 
 @pytest.mark.parametrize("theme, selector", [(LIGHT, ":root"), (DARK, ".dark .token-text")])
