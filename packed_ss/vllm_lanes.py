@@ -36,6 +36,7 @@ from packed_ss.hf_reference import ReferenceFailed, ReferenceRun
 
 VLLM_REFERENCES = ("vllm-ar", "vllm-ngram", "vllm-suffix", "vllm-linear")
 METHODS = {"vllm-ar": "ar", "vllm-ngram": "ngram", "vllm-suffix": "suffix", "vllm-linear": "linear"}
+LOSSLESS_SAMPLING = ("ar", "linear")  # methods whose T > 0 output is the model's own in vLLM's CPU build (see below)
 ROOT = Path(__file__).resolve().parents[1]
 ENV_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 INSTALL = "bash scripts/make_vllm_env.sh"
@@ -125,6 +126,16 @@ class VllmWorker:
             setup["proposer_log"] = str(proposer_log)
         answer = self._ask(setup, STARTUP_S)
         self.startup_s, self.version = float(answer["startup_s"]), answer.get("vllm", "")
+        self.method = method
+
+    def _sampling(self, temperature: float) -> float:
+        """``temperature`` where this method samples losslessly in vLLM's CPU build, else ValueError: its rejection
+        sampler divides by uninitialised temperatures at T > 0 (packed_ss/vllm_side/cpu_sampling_fix.py), which only
+        the Linear-SS proposer corrects in vLLM's process; plain greedy or sampled decoding never calls it."""
+        if temperature > 0 and self.method not in LOSSLESS_SAMPLING:
+            raise ValueError(f"vLLM's {self.method} lane is greedy only: vLLM 0.32.0's CPU build samples its "
+                             f"speculative tokens wrongly at T > 0 (docs/vllm.md)")
+        return float(temperature)
 
     def _ask(self, request: dict, timeout_s: float) -> dict:
         with self._lock:
@@ -152,14 +163,14 @@ class VllmWorker:
         """vLLM's output for ``prompt_ids`` (greedy at ``temperature`` 0): the worker's answer (token ids, wall
         seconds, steps, counters)."""
         return self._ask({"prompt": [int(t) for t in prompt_ids], "max_new_tokens": int(max_new_tokens),
-                          "temperature": float(temperature), "seed": int(seed)}, CALL_S)
+                          "temperature": self._sampling(temperature), "seed": int(seed)}, CALL_S)
 
     def generate_batch(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 0.0,
                        seed: int = 0) -> dict:
         """The prompts decoded together as one vLLM batch (request i seeded ``seed + i``): ``token_ids`` holds one
         list per prompt, the counters are the batch's."""
         return self._ask({"prompts": [[int(t) for t in ids] for ids in prompts], "max_new_tokens": int(max_new_tokens),
-                          "temperature": float(temperature), "seed": int(seed)}, CALL_S)
+                          "temperature": self._sampling(temperature), "seed": int(seed)}, CALL_S)
 
     def close(self) -> None:
         """End the process and vLLM's engine processes (its process group): asked first, then killed."""

@@ -93,3 +93,19 @@ def test_an_nld_folder_or_a_folder_without_a_mask_id_is_left_out_with_the_comman
     (tmp_path / "bare").mkdir()
     (tmp_path / "bare" / "config.json").write_text(json.dumps(config))
     assert "no mask_token_id" in vllm_problem(plain, "vllm-linear") and vllm_problem(plain, "vllm-ngram") is None
+
+
+def test_a_vllm_lane_that_samples_wrongly_at_t_above_0_refuses_it_in_one_line():
+    """vLLM 0.32.0's CPU build draws speculative tokens at T > 0 with uninitialised temperatures; only its plain
+    loop and the Linear-SS proposer (which corrects it in vLLM's process) may sample; greedy goes for every lane."""
+    from packed_ss.vllm_lanes import VllmWorker
+
+    for method, samples in (("ar", True), ("linear", True), ("ngram", False), ("suffix", False)):
+        lane = object.__new__(VllmWorker)
+        lane.method = method
+        assert lane._sampling(0.0) == 0.0
+        if samples:
+            assert lane._sampling(0.7) == 0.7
+        else:
+            with pytest.raises(ValueError, match=f"vLLM's {method} lane is greedy only"):
+                lane._sampling(0.7)

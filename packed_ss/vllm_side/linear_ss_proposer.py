@@ -174,6 +174,7 @@ class LinearSSProposer:
         drafts: list[list[int]] = []
         probs: list[torch.Tensor | None] = []
         caches: dict[int, PrefixCache] = {}
+        taken: dict[int, PrefixCache] = {}  # by id: the caches rows took this step
         for row, sampled in enumerate(sampled_token_ids):
             n = int(num_tokens_no_spec[row])
             if not len(sampled) or n + self.width + 1 > self.max_len:
@@ -181,8 +182,8 @@ class LinearSSProposer:
                 probs.append(None)
                 continue
             prefix = token_ids_cpu[row, :n].tolist()
-            cache = self._cache_for(row, prefix, claimed=caches.values())
-            caches[row] = cache
+            cache = self._cache_for(row, prefix, taken)
+            caches[row] = taken[id(cache)] = cache
             temperature = self._temperature(row)
             draft, q = self._draft(cache, prefix, temperature)
             drafts.append(draft)
@@ -197,23 +198,24 @@ class LinearSSProposer:
         return drafts
 
     # --- the drafting call -----------------------------------------------------------------------------------------
-    def _cache_for(self, row: int, prefix: list[int], claimed=()) -> PrefixCache:
+    def _cache_for(self, row: int, prefix: list[int], taken: dict[int, PrefixCache]) -> PrefixCache:
         """The cache sharing the longest start with ``prefix`` less its last token (the row's own when it is still
         the same request; rows move when vLLM condenses its batch), trimmed to what it shares. A cache another row
         already took this step is copied up to what they share (requests with one prompt in one batch)."""
         wanted = prefix[:-1]
         best, best_len = None, -1
-        for cache in [self.caches.get(row)] + [c for r, c in self.caches.items() if r != row] + list(claimed):
+        others = [c for r, c in self.caches.items() if r != row]
+        for cache in [self.caches.get(row), *others, *taken.values()]:
             if cache is None:
                 continue
             length = cache.common(wanted)
             if length > best_len:
                 best, best_len = cache, length
-            if length == len(wanted) and not any(cache is taken for taken in claimed):
+            if length == len(wanted) and id(cache) not in taken:
                 break
         if best is None or best_len <= 0:
             return PrefixCache(len(self.layers), self.kv_heads, self.head_dim, self.dtype)
-        if any(best is taken for taken in claimed):
+        if id(best) in taken:
             return best.copy(best_len)
         best.keep(best_len)
         return best
