@@ -5,9 +5,10 @@ llama.cpp (where llama-cpp-python is installed) on the same weights in GGUF. Eac
 over a cache of ``--prefix`` tokens (the tokens of a held-out HumanEval prompt), rolled back after it, so that every
 path computes the same call again and again; the figure is the median of ``--calls`` calls after warm-up calls.
 
-    python scripts/call_floor.py --threads 2 --prefix 150 --calls 200
+    python scripts/call_floor.py --threads 2 --prefix 150 --calls 200 --json docs/figures/call-floor.json
 
-Prints one Markdown table (ms per call, and each path's ratio to llama.cpp at the same rows) and the load average.
+Prints one Markdown table (ms per call, and each path's ratio to llama.cpp at the same rows) and the load average;
+``--json`` writes the same table for docs/speed.md (``python -m packed_ss.bench.tables`` draws it).
 Speed is measured here, never asserted by a test.
 """
 
@@ -71,6 +72,7 @@ def main() -> int:
     parser.add_argument("--prefix", type=int, default=150, help="tokens before the call (default 150)")
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--warm", type=int, default=20)
+    parser.add_argument("--json", type=Path, help="write the table here (e.g. docs/figures/call-floor.json)")
     args = parser.parse_args()
     import torch
 
@@ -110,6 +112,17 @@ def main() -> int:
         if "llama.cpp" in names:
             cells += [f"{table[name, r] / table['llama.cpp', r]:.2f}x" for r in ROWS]
         print(f"| {name} | " + " | ".join(cells) + " |")
+    if args.json:
+        from packed_ss.bench.grid import Column, save
+
+        columns = [Column("path")] + [Column(f"{r} row{'s' if r > 1 else ''} (ms)", 3) for r in ROWS]
+        rows = [[name] + [table[name, r] for r in ROWS] for name in names]
+        if "llama.cpp" in names:
+            columns += [Column(f"/ llama.cpp at {r}", 2, "x") for r in ROWS]
+            rows = [row + [table[row[0], r] / table["llama.cpp", r] for r in ROWS] for row in rows]
+        save(args.json, columns, rows, note=f"causal call after {len(prefix)} tokens, {args.threads} threads, "
+                                            f"median of {args.calls} calls")
+        print(f"wrote {args.json}", file=sys.stderr)
     return 0
 
 

@@ -12,6 +12,10 @@ prompt (``--prompt long``: an 834-token prompt, where attention weighs more).
     python scripts/call_form_ab.py --threads 1 --repeats 8
     python scripts/call_form_ab.py --threads 1 --repeats 8 --compiled   # torch.compile's calls, each form compiled
     python scripts/call_form_ab.py --threads 1 --repeats 6 --compare attention --prompt long
+
+``--json PATH`` adds the run's row (each schedule's first side / second side) to the table at PATH, replacing the row
+an earlier run of the same arguments wrote; docs/speed.md draws docs/figures/call-forms.json
+(``python -m packed_ss.bench.tables``). Speed is measured here, never asserted by a test.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt", choices=tuple(PROMPTS), default="short")
     parser.add_argument("--compiled", action="store_true",
                         help="torch.compile's calls (each form's shapes compiled in the untimed runs)")
+    parser.add_argument("--json", type=Path, help="add this run's row to the table here")
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.threads < 1:
         parser.error("--repeats and --threads must be >= 1")
@@ -70,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     prompt = model.encode(PROMPTS[args.prompt])
     config = DecodeConfig(block_size=args.block_size, max_new_tokens=args.max_new_tokens)
     sides = SIDES[args.compare]
+    ratios = {}
     for schedule in ("ar", "packed"):
         tokens, times = {}, {label: [] for label, _, _ in sides}
         for label, attribute, value in sides * 2:  # untimed
@@ -86,8 +92,23 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         medians = {label: statistics.median(found) * 1000 for label, found in times.items()}
         (first, *_), (second, *_) = sides
+        ratios[schedule] = medians[first] / medians[second]
         print(f"{schedule}, {len(prompt)}-token prompt: " + ", ".join(f"{k} {ms:.1f} ms" for k, ms in medians.items())
               + f" (median of {args.repeats}; {first} / {second} {medians[first] / medians[second]:.3f})")
+    if args.json:
+        from packed_ss.bench.grid import Column, put_row
+
+        (first, *_), (second, *_) = sides
+        flags = list(argv if argv is not None else sys.argv[1:])
+        if "--json" in flags:
+            at = flags.index("--json")
+            del flags[at:at + 2]
+        label = (f"{first} / {second}, {'compiled' if args.compiled else 'eager'}, {len(prompt)}-token prompt, "
+                 f"{args.threads} thread{'s' if args.threads > 1 else ''}")
+        columns = [Column("comparison (median wall per run)"), Column("AR", 3), Column("Packed-SS", 3)]
+        put_row(args.json, columns, " ".join(flags), [label, ratios["ar"], ratios["packed"]],
+                note=f"B = {args.block_size}, {args.max_new_tokens} new tokens, median of {args.repeats} runs per side")
+        print(f"wrote {args.json}")
     return 0
 
 

@@ -7,7 +7,8 @@ the same prompts. For every schedule measured in both, it prints the paired rati
 (throughput, tokens/NFE, time/NFE; 95% percentile bootstrap over prompts, the same resampled prompts for
 every schedule, as the benchmark does) and how many prompts' outputs differ between the two orders (the
 paper's speed-accuracy trade-off, Appendix C). The two runs were timed one after the other, not
-interleaved per prompt, so read small throughput differences as ties.
+interleaved per prompt, so read small throughput differences as ties. ``--json PATH`` writes the same table for
+docs/speed.md (``python -m packed_ss.bench.tables`` draws it).
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def main(argv: list[str] | None = None) -> int:
     import pandas as pd
 
+    from packed_ss.bench.report import _label
     from packed_ss.bench.summary import compare, complete_prompts, read_examples
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("ltr", type=Path, help="benchmark folder measured with --order ltr")
     parser.add_argument("confidence", type=Path, help="benchmark folder measured with --order confidence")
     parser.add_argument("--resamples", type=int, default=20_000)
+    parser.add_argument("--json", type=Path, help="write the table here (e.g. docs/figures/orders.json)")
     args = parser.parse_args(argv)
     runs = {}
     for order, folder in (("ltr", args.ltr), ("confidence", args.confidence)):
@@ -44,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(prompts)} prompts in both runs\n")
     print("| schedule | throughput ratio | tokens/NFE ratio | time/NFE ratio | outputs differing |")
     print("|---|---|---|---|---|")
+    rows = []
     for name in names:
         c = compare(both, f"{name}@confidence", name, prompts, args.resamples)
         hashes = {order: frame[frame["schedule"] == key].set_index("prompt_index")["token_hash"]
@@ -52,6 +56,17 @@ def main(argv: list[str] | None = None) -> int:
         cells = [f"{c[k]['estimate']:.3f} [{c[k]['low']:.3f}, {c[k]['high']:.3f}]"
                  for k in ("throughput_ratio", "tokens_per_nfe_ratio", "time_per_nfe_ratio")]
         print(f"| {name} | {' | '.join(cells)} | {differing} of {len(prompts)} |")
+        rows.append([_label(name)] + [{k: c[key][k] for k in ("estimate", "low", "high")}
+                                      for key in ("throughput_ratio", "tokens_per_nfe_ratio", "time_per_nfe_ratio")]
+                    + [f"{differing} of {len(prompts)}"])
+    if args.json:
+        from packed_ss.bench.grid import Column, save
+
+        columns = [Column("schedule (confidence / ltr)"), Column("throughput ratio", 3), Column("tokens/NFE ratio", 3),
+                   Column("time/NFE ratio", 3), Column("outputs differing")]
+        save(args.json, columns, rows, note=f"{len(prompts)} prompts in both runs, 95% bootstrap intervals over "
+                                            f"prompts, {args.resamples:,} resamples")
+        print(f"wrote {args.json}")
     return 0
 
 

@@ -11,6 +11,9 @@ measured rate.
 
 Part 2 runs Packed-SS on HumanEval prompts and prints the engine's non-model decoder time (everything
 between model calls: layouts, masks, argmax, acceptance, cache rollback, records) as a share of wall.
+
+``--json PATH`` writes part 1's split and part 2's share as the table docs/speed.md shows
+(``python -m packed_ss.bench.tables`` draws it). Speed is measured here, never asserted by a test.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ GROUPS = {  # operator name -> group shown in the table
     "aten::_scaled_dot_product_flash_attention_for_cpu": "attention kernel",
     "aten::scaled_dot_product_attention": "attention kernel",
     "aten::_scaled_dot_product_attention_math": "attention kernel",
-    "aten::cat": "KV cache concatenation",
+    "aten::cat": "concatenation (aten::cat)",
 }
 
 
@@ -108,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-size", type=int, default=6)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=200, help="1-row calls timed and profiled")
+    parser.add_argument("--json", type=Path, help="write the table here (e.g. docs/figures/profile-call.json)")
     args = parser.parse_args(argv)
     import torch
 
@@ -137,6 +141,19 @@ def main(argv: list[str] | None = None) -> int:
           f"{share['model_s']:.2f} s, non-model decoder time {share['other_s']:.3f} s = "
           f"{100 * share['other_s'] / total:.1f}% of decoder wall "
           f"({1000 * share['other_s'] / share['iterations']:.3f} ms per iteration)")
+    if args.json:
+        from packed_ss.bench.grid import Column, save
+
+        parts = sorted(found["groups"].items(), key=lambda kv: -kv[1]) + [("Python and dispatch (the rest)", rest)]
+        rows = [[group, ms, 100 * ms / call] for group, ms in parts]
+        rows.append([f"(unprofiled: the call's median, {found['op_calls']:.0f} tensor operators per call)",
+                     found["call_ms"], None])
+        rows.append([f"(Packed-SS, B = {args.block_size}, {len(prompts)} prompts: non-model decoder time per iteration)",
+                     1000 * share["other_s"] / share["iterations"], 100 * share["other_s"] / total])
+        save(args.json, [Column("part"), Column("ms per call", 3), Column("share (%)", 1)], rows,
+             note=f"a 1-row call after a {len(prompts[0])}-token prompt, {found['threads']} threads, "
+                  f"{args.repeats} calls profiled; the last row's share is of Packed-SS's decoder wall")
+        print(f"wrote {args.json}")
     return 0
 
 

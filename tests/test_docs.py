@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from packed_ss.bench.tables import FILES, main, rewritten
+from packed_ss.bench import grid
+from packed_ss.bench.tables import FILES, main, rewritten, unmarked_figures
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -56,6 +57,34 @@ def test_the_figures_tables_are_what_their_json_says():
         assert "<!-- table: " in text, name
         assert rewritten(text) == text, f"{name} differs from its JSON: run python -m packed_ss.bench.tables"
     assert main(["--check"]) == 0
+
+
+def test_no_table_of_figures_is_typed_by_hand():
+    for name in FILES:
+        assert unmarked_figures((ROOT / name).read_text(encoding="utf-8")) == [], name
+    typed = "Text.\n\n| path | 1 row (ms) |\n|---|---|\n| native | 0.854 |\n\nMore text.\n"
+    assert unmarked_figures(typed) == ["| path | 1 row (ms) |"]
+    words = "| schedule | rows |\n|---|---|\n| Packed-SS | 2B |\n"
+    fenced = "```\n" + typed + "```\n"
+    assert unmarked_figures(words) == [] and unmarked_figures(fenced) == []
+
+
+def test_a_scripts_grid_is_drawn_with_its_provenance_and_rows_replace_by_key(tmp_path):
+    columns = [grid.Column("comparison"), grid.Column("AR", 3), grid.Column("vs", 2, "x")]
+    path = tmp_path / "forms.json"
+    grid.put_row(path, columns, "--threads 1", ["one thread", 0.9612, 1.5], note="B = 8")
+    grid.put_row(path, columns, "--threads 2", ["two threads", 0.95, {"estimate": 1.1, "low": 1.0, "high": 1.2}])
+    data = grid.put_row(path, columns, "--threads 1", ["one thread", 0.97, None])
+    assert [row[0] for row in data["rows"]] == ["one thread", "two threads"] and len(data["runs"]) == 2
+    said, table = grid.render(data).split("\n\n")
+    assert said.startswith("Measured on ") and "`python " in said
+    assert table.splitlines()[2:] == ["| one thread | 0.970 | - |", "| two threads | 0.950 | 1.10 [1.00, 1.20] |"]
+    with pytest.raises(ValueError, match="2 values for 3 columns"):
+        grid.save(tmp_path / "bad.json", columns, [["a", 1.0]])
+    with pytest.raises(ValueError, match="other columns"):
+        grid.put_row(path, columns[:2], "k", ["a", 1.0])
+    marked = f"<!-- table: grid {path} -->\nold\n<!-- /table -->"
+    assert rewritten(marked, root=tmp_path) == f"<!-- table: grid {path} -->\n" + grid.render(data) + "<!-- /table -->"
 
 
 def test_a_table_typed_over_by_hand_is_found_and_rewritten(tmp_path):

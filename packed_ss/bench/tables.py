@@ -1,4 +1,4 @@
-"""The figures tables of README.md and docs/speed.md, written from the benchmark's JSON, never typed by hand.
+"""The figures tables of README.md and the docs (:data:`FILES`), written from their JSON, never typed by hand.
 
 A table in a markdown file sits between two markers naming its kind and its source::
 
@@ -12,7 +12,12 @@ differ and exits 1 (the test suite runs that check). Kinds (:data:`KINDS`):
 
 * ``headline``: each schedule's B, tokens/NFE, time/NFE (ms), throughput (tokens/s) and throughput over AR's;
 * ``schedules``: the same with the share of wall time spent outside the model (non-model decoder time);
-* ``comparisons``: every paired ratio of the run with its 95% interval (throughput, tokens/NFE, time/NFE).
+* ``comparisons``: every paired ratio of the run with its 95% interval (throughput, tokens/NFE, time/NFE);
+* ``grid``: a measuring script's own table (``scripts/call_floor.py --json`` and the like,
+  :mod:`packed_ss.bench.grid`), with the line that says when, where and by which command it was measured.
+
+A table of measured figures outside the markers is a table typed by hand: :func:`unmarked_figures` finds them, and
+the test suite fails on any in :data:`FILES`.
 """
 
 from __future__ import annotations
@@ -23,11 +28,14 @@ import re
 import sys
 from pathlib import Path
 
+from packed_ss.bench import grid
 from packed_ss.bench.report import _interval, _label, _num
 
 ROOT = Path(__file__).resolve().parents[2]
-FILES = ("README.md", "docs/speed.md")  # relative to the repository root
+FILES = ("README.md", "docs/speed.md", "docs/any-order.md", "docs/command-line.md", "assets/model/README.md",
+         "assets/model-anyorder/README.md")  # relative to the repository root
 MARKED = re.compile(r"(<!-- table: (\w+) (\S+) -->\n)(.*?)(<!-- /table -->)", re.S)
+FIGURE = re.compile(r"\d\.\d")  # a measured figure has decimals; a table of names and formulas has none
 
 
 def _row(cells: list[str]) -> str:
@@ -72,7 +80,22 @@ def comparisons(summary: dict) -> str:
     return _grid(["comparison", "throughput ratio", "tokens/NFE ratio", "time/NFE ratio"], rows)
 
 
-KINDS = {"headline": headline, "schedules": schedules, "comparisons": comparisons}
+KINDS = {"headline": headline, "schedules": schedules, "comparisons": comparisons, "grid": grid.render}
+
+
+def unmarked_figures(text: str) -> list[str]:
+    """The first line of every Markdown table of ``text`` that holds a figure with decimals outside the table
+    markers (a table typed by hand). Tables inside fenced code blocks are not tables."""
+    outside = MARKED.sub("", re.sub(r"```.*?```", "", text, flags=re.S))
+    found, block = [], []
+    for line in outside.splitlines() + [""]:
+        if line.startswith("|"):
+            block.append(line)
+            continue
+        if len(block) > 2 and any(FIGURE.search(row) for row in block[2:]):
+            found.append(block[0])
+        block = []
+    return found
 
 
 def rewritten(text: str, root: Path = ROOT) -> str:

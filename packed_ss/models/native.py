@@ -26,6 +26,8 @@ Hkv key/value heads, G = Hq / Hkv, hd head size, H hidden size, V vocabulary.
 
 from __future__ import annotations
 
+import os  # EXPERIMENT
+
 import warnings
 
 import numpy as np
@@ -631,15 +633,19 @@ class NativeCalls(StaticCalls):
         compiled calls never take one, :attr:`gated_graphs`)."""
         return None
 
-    def _call_compiled(self, inputs):
+    def _call_compiled(self, inputs, known: bool = False):
         import torch._inductor.config
 
         tuned = self.native.embed.dtype in TUNED_DTYPES
         index, bias, cache, hidden_only, in_place = inputs  # in place only where asked (slower here)
-        with torch._inductor.config.patch(COMPILE_OPTIONS if tuned else {"freezing": True}), warnings.catch_warnings():
+        args = (index[0], index[1], bias, cache, hidden_only, None, COMPILED_ATTENTION, None,
+                index[2] if in_place else None)
+        if known:  # nothing compiles: inductor's settings and the autotuner's warnings do not apply (about 20 us)
+            return self._function(*args)
+        extra = {"cpp_wrapper": True} if os.environ.get("EXP_CPP_WRAPPER") == "1" else {}  # EXPERIMENT
+        with torch._inductor.config.patch({**(COMPILE_OPTIONS if tuned else {"freezing": True}), **extra}), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="TypedStorage is deprecated")  # inductor's autotuner, not ours
-            return self._function(index[0], index[1], bias, cache, hidden_only, None, COMPILED_ATTENTION, None,
-                                  index[2] if in_place else None)
+            return self._function(*args)
 
 
 def _numpy_dtype(dtype: torch.dtype):

@@ -279,7 +279,9 @@ class StaticCalls:
     def _eager(self, input_ids, position_ids, mask):
         return forward(self.model, self.cache, self._hidden_only, input_ids, position_ids, mask)
 
-    def _call_compiled(self, inputs):
+    def _call_compiled(self, inputs, known: bool = False):
+        """The compiled function on ``inputs``; ``known``: its shape was compiled before and dynamo checks only the
+        guards that tell its variants apart, so nothing compiles in this call."""
         return self._function(self.model, self.cache, self._hidden_only, *inputs)
 
     def _compiled_call(self, inputs, total: int, variant=None):
@@ -301,7 +303,7 @@ class StaticCalls:
             elif COMPILING.acquire(blocking=False):  # a shape compiled before: dynamo checks only the guards that tell
                 try:  # its variants apart, under a stance that is one per process, so only while nothing compiles
                     with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                        out = self._call_compiled(inputs)
+                        out = self._call_compiled(inputs, known=True)
                 finally:
                     COMPILING.release()
             else:  # another thread compiles meanwhile: every guard checked (the same variant, found more slowly)
