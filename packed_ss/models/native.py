@@ -26,7 +26,6 @@ Hkv key/value heads, G = Hq / Hkv, hd head size, H hidden size, V vocabulary.
 
 from __future__ import annotations
 
-import os  # EXPERIMENT
 
 import warnings
 
@@ -53,10 +52,13 @@ NATIVE_COMPILED = "packed_ss_native_compiled"  # ... its compiled NativeDecoder
 NATIVE_FAILURE = "packed_ss_native_compile_failure"  # ... or the error compiling it raised
 NATIVE_SHAPES = "packed_ss_native_shapes"  # ... and the (Rp, K, variant) compiled so far (NativeCalls.execute)
 
-# Inductor settings of the compiled path: weights frozen as constants (so GEMMs get prepacked kernels) and GEMM
+# Inductor settings of the compiled path: weights frozen as constants (so GEMMs get prepacked kernels), GEMM
 # kernels chosen by measuring inductor's C++ micro-GEMM template against ATen's for each shape (once per shape and
-# cache dir). They are set around the calls (torch.compile's ``options`` leaves freezing off in torch 2.13).
-COMPILE_OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
+# cache dir), and on a CPU the compiled call's wrapper in C++ (its kernels launched from C++, not one Python call
+# each: a 1-row call of the embedded model 0.45 against 0.53-0.66 ms, scripts/call_floor.py). They are set around
+# the calls that compile (torch.compile's ``options`` leaves freezing off in torch 2.13).
+FROZEN_OPTIONS = {"freezing": True, "cpp_wrapper": True}  # float64: no tuned GEMM templates
+COMPILE_OPTIONS = {**FROZEN_OPTIONS, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
                    "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}  # quiet stderr
 TUNED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the C++ micro-GEMMs' types; float64 is only frozen
 COMPILED_ATTENTION = "written"  # how torch.compile's calls attend (NativeDecoder.forward's ``attention``)
@@ -642,8 +644,10 @@ class NativeCalls(StaticCalls):
                 index[2] if in_place else None)
         if known:  # nothing compiles: inductor's settings and the autotuner's warnings do not apply (about 20 us)
             return self._function(*args)
-        extra = {"cpp_wrapper": True} if os.environ.get("EXP_CPP_WRAPPER") == "1" else {}  # EXPERIMENT
-        with torch._inductor.config.patch({**(COMPILE_OPTIONS if tuned else {"freezing": True}), **extra}), warnings.catch_warnings():
+        options = COMPILE_OPTIONS if tuned else FROZEN_OPTIONS
+        if cache.device.type != "cpu":  # the C++ wrapper is the CPU's (CUDA's native calls replay graphs)
+            options = {k: v for k, v in options.items() if k != "cpp_wrapper"}
+        with torch._inductor.config.patch(options), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="TypedStorage is deprecated")  # inductor's autotuner, not ours
             return self._function(*args)
 
