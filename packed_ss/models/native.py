@@ -55,8 +55,8 @@ NATIVE_SHAPES = "packed_ss_native_shapes"  # ... and the (Rp, K, variant) compil
 # Inductor settings of the compiled path: weights frozen as constants (so GEMMs get prepacked kernels), GEMM
 # kernels chosen by measuring inductor's C++ micro-GEMM template against ATen's for each shape (once per shape and
 # cache dir), and on a CPU the compiled call's wrapper in C++ (its kernels launched from C++, not one Python call
-# each: a 1-row call of the embedded model 0.45 against 0.53-0.66 ms, scripts/call_floor.py). They are set around
-# the calls that compile (torch.compile's ``options`` leaves freezing off in torch 2.13).
+# each: compiled AR on the embedded model at one thread 1.04 against 1.78 ms per token, the vLLM run of docs/speed.md
+# against the run before it). They are set around the calls that compile (torch.compile's ``options`` leaves freezing off in torch 2.13).
 FROZEN_OPTIONS = {"freezing": True, "cpp_wrapper": True}  # float64: no tuned GEMM templates
 COMPILE_OPTIONS = {**FROZEN_OPTIONS, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
                    "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}  # quiet stderr
