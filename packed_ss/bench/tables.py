@@ -46,9 +46,18 @@ def _grid(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join([_row(headers), "|" + "---|" * len(headers), *(_row(row) for row in rows)]) + "\n"
 
 
+def provenance(summary: dict) -> str:
+    """One line: when, on which machine, with how many threads and which calls the run was measured (its ``meta``)."""
+    meta = summary.get("meta", {})
+    calls = "compiled" if meta.get("compiled") else "eager"
+    path = {"native": "the native forward", "transformers": "transformers' forward"}.get(meta.get("forward"), "")
+    return (f"Measured on {str(meta.get('created', 'an unrecorded date'))[:10]} on {meta.get('machine', 'an unrecorded machine')}, "
+            f"{meta.get('threads', '?')} torch threads, {calls} calls" + (f" of {path}" if path else "") + ".\n\n")
+
+
 def headline(summary: dict) -> str:
-    """Each schedule's figures and its throughput over AR's (``-`` without an AR row). Raises: KeyError for a
-    summary without ``schedules``."""
+    """Each schedule's figures and its throughput over AR's (``-`` without an AR row), below :func:`provenance`'s
+    line. Raises: KeyError for a summary without ``schedules``."""
     found = summary["schedules"]
     ar = (found.get("ar") or {}).get("throughput")
     rows = []
@@ -56,20 +65,21 @@ def headline(summary: dict) -> str:
         over = f"{item['throughput'] / ar:.2f}x" if ar else "-"
         rows.append([_label(name), _num(item.get("block_size")).replace("n/a", "-"), _num(item["tokens_per_nfe"]),
                      _num(item["time_per_nfe_ms"], 2), _num(item["throughput"], 1), over])
-    return _grid(["schedule", "B", "tokens/NFE", "time/NFE (ms)", "throughput (tok/s)", "vs AR"], rows)
+    return provenance(summary) + _grid(["schedule", "B", "tokens/NFE", "time/NFE (ms)", "throughput (tok/s)", "vs AR"],
+                                       rows)
 
 
 def schedules(summary: dict) -> str:
     """Each schedule's figures and the share of its wall time outside the model (``(not split)`` for loops timed as
-    one call, transformers' and llama.cpp's)."""
+    one call, transformers' and llama.cpp's), below :func:`provenance`'s line."""
     rows = []
     for name, item in summary["schedules"].items():
         other, wall = item.get("other_mean_s"), item.get("wall_mean_s")
         share = f"{100 * other / wall:.1f}%" if other is not None and wall else "(not split)"
         rows.append([_label(name), _num(item.get("block_size")).replace("n/a", "-"), _num(item["tokens_per_nfe"]),
                      _num(item["time_per_nfe_ms"], 2), _num(item["throughput"], 1), share])
-    return _grid(["schedule", "B", "tokens/NFE", "time/NFE (ms)", "throughput (tok/s)", "non-model share of wall"],
-                 rows)
+    return provenance(summary) + _grid(["schedule", "B", "tokens/NFE", "time/NFE (ms)", "throughput (tok/s)",
+                                        "non-model share of wall"], rows)
 
 
 def comparisons(summary: dict) -> str:
