@@ -2,10 +2,9 @@
 
 On a CPU that other work shares, a torch call with two OpenMP threads waits at every parallel region for the thread
 the kernel descheduled, and by default each waiting thread spins for about 300,000 iterations first, taking the
-core from the work it waits for. Measured on this project's 2-core machine with two busy processes beside it (the
-shipped model, a 1-row call after 150 tokens, median of 100): 92 ms with 2 threads and the default wait, 6 ms with
-``GOMP_SPINCOUNT=10000``, 2.5 ms with a passive wait, 2-3.5 ms with one thread; idle, the passive wait doubles the
-2-thread call (2.3-2.7 ms against 1.4-1.5 ms) while 10,000 spins cost nothing measurable. Hence:
+core from the work it waits for. Beside busy processes a 2-thread call of the shipped model is then the slowest of
+the settings measured, and one thread avoids the wait altogether (docs/speed.md, "A shared CPU":
+``scripts/omp_wait.py``). Hence:
 
 * :func:`bounded_spin`: ``import packed_ss`` calls it when torch is not loaded yet (OpenMP reads its settings once,
   when it loads), so a waiting thread spins briefly and then sleeps;
@@ -32,7 +31,11 @@ TIE = 0.05  # a larger thread count must be this much faster (relative) to be ch
 DRIFT = 1.5  # the probe's time may change by this factor either way before the choice is measured again
 RECHOOSE_S = 300.0  # seconds after which the choice is measured again even without drift
 CHECK_S = 30.0  # seconds between two drift checks (3 probes each); no probe in between
-MAX_PROBE_MS = 100.0  # a probe (wall time) slower than this is not worth measuring per request: torch's default is kept
+# A probe at one thread (wall time) slower than this is not worth measuring per request: torch's default is kept. At
+# one thread the probe measures the model more than the machine's load: the shipped model's takes about 40 ms idle and
+# 80-100 ms beside two busy processes, where its 2-thread probe took 90-2,200 ms.
+MAX_PROBE_MS = 400.0
+DROP = 3.0  # a thread count whose first probe is this many times the fastest count's is not probed again
 
 
 def bounded_spin(environ: MutableMapping[str, str] | None = None) -> bool:
@@ -80,7 +83,9 @@ def choose_threads(probe: Callable[[], float], options: Sequence[int] | None = N
                    set_threads: Callable[[int], None] | None = None) -> ThreadChoice:
     """Measure ``probe`` (a call returning its milliseconds) ``rounds`` times at each thread count of ``options``
     (default :func:`candidates`), the counts interleaved round by round so that a change of load meets every count,
-    and leave torch at the fastest median (the fewest threads within :data:`TIE` of it).
+    and leave torch at the fastest median (the fewest threads within :data:`TIE` of it). A count whose first probe
+    took :data:`DROP` times the fastest first probe or more is not probed again (on a busy machine one 2-thread probe
+    can take seconds): its median is that one probe.
 
     Raises: ValueError for an empty ``options`` or a count below 1.
     """
@@ -91,10 +96,14 @@ def choose_threads(probe: Callable[[], float], options: Sequence[int] | None = N
         raise ValueError(f"thread counts must be at least 1, got {options}")
     set_threads = set_threads or torch.set_num_threads
     times: dict[int, list[float]] = {n: [] for n in options}
-    for _ in range(rounds):
-        for n in options:
+    measured = list(options)
+    for round_ in range(rounds):
+        for n in measured:
             set_threads(n)
             times[n].append(probe())
+        if round_ == 0:
+            fastest = min(times[n][0] for n in measured)
+            measured = [n for n in measured if times[n][0] < fastest * DROP]
     ms = {n: statistics.median(t) for n, t in times.items()}
     best = min(ms.values())
     threads = min(n for n in options if ms[n] <= best * (1 + TIE))
@@ -222,12 +231,14 @@ class ThreadTuner:
                 return None
             self.reason = f"the probe drifted from {before:.2f} ms to {current:.2f} ms"
         else:
-            self.apply()
+            self.apply(min(self.options))  # the fewest threads: no OpenMP wait, so the model's cost more than the load's
             start = time.perf_counter()
             probe()
             first = (time.perf_counter() - start) * 1000  # what the request pays per probe, not model time
             if first > MAX_PROBE_MS:
-                self.reason = f"not measured: one probe takes {first:.0f} ms (over {MAX_PROBE_MS:.0f} ms)"
+                self.apply()
+                self.reason = (f"not measured: one probe at {min(self.options)} thread"
+                               f"{'s' if min(self.options) > 1 else ''} takes {first:.0f} ms (over {MAX_PROBE_MS:.0f} ms)")
                 self._checked_at = self._chosen_at = self.clock() + RECHOOSE_S  # not again for a while
                 return None
             self.reason = "first use" if self.choice is None else f"{RECHOOSE_S:.0f} s since the last choice"

@@ -1,9 +1,10 @@
 """Peak resident memory of the app per request kind, measured in the server's own process (Linux).
 
-Usage: ``python scripts/measure_memory.py [--threads 2]``. Starts the app on the embedded model on
+Usage: ``python scripts/measure_memory.py [--threads 2] [--json docs/figures/memory.json]``. Starts the app on the embedded model on
 127.0.0.1, sends each kind of request through ``gradio_client``, and prints for each: the resident
 memory before it (MB), the peak during it above that level (from VmHWM, reset before each request through
 /proc/self/clear_refs), and the resident memory left afterwards above the level before; and the request's wall time as the client saw it (seconds).
+``--json`` writes the same table for docs/app.md (``python -m packed_ss.bench.tables`` draws it).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def _reset_peak() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", type=Path, help="write the table here (e.g. docs/figures/memory.json)")
     args = parser.parse_args()
     import gc
 
@@ -51,7 +53,7 @@ def main() -> None:
         ("warm-up (first generate, loads the model)", lambda: client.predict(prompt, max_new_tokens=8,
                                                                             api_name="/generate")),
         ("20 Steps, Packed-SS, B = 8", lambda: [client.predict("", prompt, "packed", 8, 0.0, 0, 1.0, 0, 128, False, "", "model", 0.8,
-                                                                "ltr", api_name="/step") for _ in range(20)]),
+                                                                "ltr", False, api_name="/step") for _ in range(20)]),
         ("generate, Packed-SS, B = 8, 128 tokens", lambda: client.predict(prompt, api_name="/generate")),
         ("race, B = 8, 128 tokens (default)", lambda: client.predict(prompt, api_name="/race")),
         ("race + AR + diffusion, B = 8, 512 tokens", lambda: client.predict(prompt, max_new_tokens=512,
@@ -63,6 +65,7 @@ def main() -> None:
     ]
     print("| request | resident before (MB) | peak above it (MB) | left after (MB) | request time (s) |")
     print("|---|---|---|---|---|")
+    rows = []
     for label, request in kinds:
         gc.collect()
         release_memory()
@@ -76,7 +79,15 @@ def main() -> None:
         release_memory()
         after = _status_mb("VmRSS")
         print(f"| {label} | {before:.0f} | {peak - before:.0f} | {after - before:+.0f} | {seconds:.2f} |", flush=True)
+        rows.append([label, before, peak - before, after - before, seconds])
     demo.close()
+    if args.json:
+        from packed_ss.bench.grid import Column, save
+
+        save(args.json, [Column("request"), Column("resident before (MB)", 0), Column("peak above it (MB)", 0),
+                         Column("left after (MB)", 0), Column("request time (s)", 2)], rows,
+             note=f"the server's own process, embedded model, CPU, {args.threads} torch threads, each request alone")
+        print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

@@ -2,11 +2,12 @@
 default spin), the measured default (packed_ss.threads) and ``--threads 1``, each beside a bounded CPU burner (one
 busy process per core); then four concurrent default races against one.
 
-    python scripts/thread_choice.py --new-tokens 128
+    python scripts/thread_choice.py --new-tokens 128 --json docs/figures/thread-choice.json
 
 Each setting runs in a process of its own (OpenMP reads its wait setting when torch loads). Prints one Markdown
-table: per lane, time/NFE in ms and whether the lane finished within the server's time limit. Speed is measured
-here, never asserted by a test.
+table: per lane, time/NFE in ms and whether the lane finished within the server's time limit; ``--json`` writes the
+same table for docs/app.md (``python -m packed_ss.bench.tables`` draws it). Speed is measured here, never asserted
+by a test.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--new-tokens", type=int, default=128, help="the race's new-token limit (the app's: 128)")
     parser.add_argument("--burn-s", type=float, default=120.0, help="seconds each burner runs at most")
+    parser.add_argument("--json", type=Path, help="write the table here (e.g. docs/figures/thread-choice.json)")
     args = parser.parse_args()
     spin_free = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
     cores = os.cpu_count() or 1
@@ -89,10 +91,21 @@ def main() -> int:
           f"(median over the races), '(cut)' where the time limit stopped the lane.\n")
     print("| setting | threads chosen | " + " | ".join(lanes) + " | wall (s) |")
     print("|---" * (len(lanes) + 3) + "|")
+    grid = []
     for label, result in rows:
         cells = [f"{v['ms']:.2f}" + (" (cut)" if v["cut"] else "") for v in result["lanes"].values()]
         print(f"| {label} | {result['threads'].split(' (')[0]} | " + " | ".join(cells)
               + f" | {result['wall_s']:.1f} |")
+        grid.append([label, result["threads"].split(" (")[0], *cells, result["wall_s"]])
+    if args.json:
+        sys.path.insert(0, str(ROOT))
+        from packed_ss.bench.grid import Column, save
+
+        save(args.json, [Column("setting"), Column("threads chosen"), *(Column(f"{lane} (ms)") for lane in lanes),
+                         Column("race wall (s)", 1)], grid,
+             note=f"the default race, {args.new_tokens} new tokens, B = 8, beside {cores} CPU-burning processes; "
+                  f"time/NFE per lane, the median over the races, (cut) where the time limit stopped the lane")
+        print(f"wrote {args.json}", file=sys.stderr)
     return 0
 
 

@@ -104,8 +104,34 @@ def test_a_model_too_slow_to_probe_keeps_torchs_default(monkeypatch):
                                                                  or 1.0))
     tuner = th.ThreadTuner(options=(1, 2), clock=lambda: 0.0)
     assert tuner.check(object()) is None and tuner.threads is None and len(calls) == 1
-    assert f"torch's default, {torch.get_num_threads()} threads (not measured: one probe takes" in tuner.describe()
+    assert f"torch's default, {torch.get_num_threads()} threads (not measured: one probe at 1 thread takes" in tuner.describe()
     assert tuner.check(object()) is None and len(calls) == 1  # not probed again per request
+
+
+def test_a_probe_slowed_by_a_busy_machine_at_two_threads_is_still_measured_and_one_thread_chosen(monkeypatch):
+    """Beside two CPU-burning processes the shipped model's first probe, taken at torch's default of 2 threads, took
+    181 ms, over the limit, so the server kept 2 threads; its default race then took 15.8 s against 10.4 s at
+    --threads 1. The first probe now runs at one thread, and a count whose first probe is far slower is not probed
+    again (one 2-thread probe took 2.2 s there)."""
+    seconds = {1: 0.01, 2: 0.3}  # a busy machine: one thread quick, two threads stalled on OpenMP's wait
+    calls = []
+
+    def probe():
+        n = torch.get_num_threads()
+        calls.append(n)
+        time.sleep(seconds[n])
+        return seconds[n] * 1000
+
+    monkeypatch.setattr(th, "probe_call", lambda model: probe)
+    current = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        tuner = th.ThreadTuner(options=(1, 2), clock=lambda: 0.0)
+        choice = tuner.check(object())
+        assert choice is not None and choice.threads == 1 and torch.get_num_threads() == 1, tuner.describe()
+        assert calls[0] == 1 and calls.count(2) == 1 and calls.count(1) == 1 + th.ROUNDS, calls
+    finally:
+        torch.set_num_threads(current)
 
 
 def test_a_given_count_is_applied_per_thread_and_never_measured(monkeypatch):
@@ -246,7 +272,8 @@ def test_the_default_race_beside_a_cpu_burner_finishes_its_lanes(shipped):
             if threads is None and th.cores() > 1:  # measured under the burner (or too slow to measure, and said so)
                 choice = server.threads.choice
                 if choice is None:
-                    assert server.threads.reason.startswith("not measured: one probe takes"), server.threads.reason
+                    assert server.threads.reason.startswith("not measured: one probe at 1 thread takes"), \
+                        server.threads.reason
                 else:
                     best = min(choice.ms.values())
                     assert choice.threads == min(n for n, ms in choice.ms.items() if ms <= best * (1 + th.TIE)), choice
@@ -276,7 +303,7 @@ def test_the_server_log_says_when_a_probe_is_too_slow_to_measure(monkeypatch, ca
     tasks = GpuTasks(ModelStore(preloaded={"m": tiny_llama()}), ComputeGate(tuner))
     tasks._tuned(tasks.store.get("m", ""))
     err = capsys.readouterr().err
-    assert f"threads: torch's default, {torch.get_num_threads()} threads (not measured: one probe takes" in err, err
+    assert f"threads: torch's default, {torch.get_num_threads()} threads (not measured: one probe at 1 thread takes" in err, err
     tasks._tuned(tasks.store.get("m", ""))  # nothing new: no second line
     assert "threads:" not in capsys.readouterr().err
 

@@ -32,8 +32,8 @@ from packed_ss.bench import grid
 from packed_ss.bench.report import _interval, _label, _num
 
 ROOT = Path(__file__).resolve().parents[2]
-FILES = ("README.md", "docs/speed.md", "docs/any-order.md", "docs/command-line.md", "assets/model/README.md",
-         "assets/model-anyorder/README.md")  # relative to the repository root
+FILES = ("README.md", "docs/speed.md", "docs/any-order.md", "docs/command-line.md", "docs/app.md",
+         "assets/model/README.md", "assets/model-anyorder/README.md")  # relative to the repository root
 MARKED = re.compile(r"(<!-- table: (\w+) (\S+) -->\n)(.*?)(<!-- /table -->)", re.S)
 FIGURE = re.compile(r"\d\.\d")  # a measured figure has decimals; a table of names and formulas has none
 
