@@ -300,7 +300,17 @@ def test_soak_four_clients_outputs_equal_solo_runs_and_memory_returns(server, ti
         c = Client(server, verbose=False, headers={"X-Forwarded-For": f"198.51.100.{k + 1}"})
         for i in range(k, 30, 4):  # 30 races over the 4 clients
             p = prompts[i % len(prompts)]
-            result = c.predict(p, max_new_tokens=12, block_size=4, api_name="/race")
+            # Whether a race is heavy depends on the call costs fitted on this machine: on a busy one all four
+            # clients' races can be, and a third heavy one is refused with "try again". A client does as told.
+            deadline = time.time() + 240
+            while True:
+                try:
+                    result = c.predict(p, max_new_tokens=12, block_size=4, api_name="/race")
+                    break
+                except Exception as error:  # noqa: BLE001 - gradio_client's AppError carries the server's line
+                    if "the server is busy with" not in str(error) or time.time() > deadline:
+                        raise
+                    time.sleep(0.5)
             for name, lane in result["lanes"].items():
                 if lane["token_ids"] != solo[p]["lanes"][name]["token_ids"]:
                     failures.append(f"race {p} {name}")
