@@ -26,7 +26,7 @@ Hkv key/value heads, G = Hq / Hkv, hd head size, H hidden size, V vocabulary.
 
 from __future__ import annotations
 
-
+import os
 import warnings
 
 import numpy as np
@@ -55,8 +55,8 @@ NATIVE_SHAPES = "packed_ss_native_shapes"  # ... and the (Rp, K, variant) compil
 # Inductor settings of the compiled path: weights frozen as constants (so GEMMs get prepacked kernels), GEMM
 # kernels chosen by measuring inductor's C++ micro-GEMM template against ATen's for each shape (once per shape and
 # cache dir), and on a CPU the compiled call's wrapper in C++ (its kernels launched from C++, not one Python call
-# each: compiled AR on the embedded model at one thread 1.04 against 1.78 ms per token, the vLLM run of docs/speed.md
-# against the run before it). They are set around the calls that compile (torch.compile's ``options`` leaves freezing off in torch 2.13).
+# each; a 1-row call of the embedded model 0.46-0.49 ms against 0.51-0.56 ms without, docs/speed.md;
+# PACKED_SS_CPP_WRAPPER=0 leaves it out). They are set around the calls that compile (torch.compile's ``options`` leaves freezing off in torch 2.13).
 FROZEN_OPTIONS = {"freezing": True, "cpp_wrapper": True}  # float64: no tuned GEMM templates
 COMPILE_OPTIONS = {**FROZEN_OPTIONS, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
                    "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}  # quiet stderr
@@ -645,7 +645,8 @@ class NativeCalls(StaticCalls):
         if known:  # nothing compiles: inductor's settings and the autotuner's warnings do not apply (about 20 us)
             return self._function(*args)
         options = COMPILE_OPTIONS if tuned else FROZEN_OPTIONS
-        if cache.device.type != "cpu":  # the C++ wrapper is the CPU's (CUDA's native calls replay graphs)
+        # the C++ wrapper is the CPU's (CUDA's native calls replay graphs); PACKED_SS_CPP_WRAPPER=0 leaves it out
+        if cache.device.type != "cpu" or os.environ.get("PACKED_SS_CPP_WRAPPER", "1") == "0":
             options = {k: v for k, v in options.items() if k != "cpp_wrapper"}
         with torch._inductor.config.patch(options), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="TypedStorage is deprecated")  # inductor's autotuner, not ours
