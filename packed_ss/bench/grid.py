@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from packed_ss.bench.report import _interval
 from packed_ss.machine import machine
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,9 +54,7 @@ def save(path: str | Path, columns: list[Column], rows: list[list], note: str = 
     """Write a grid of ``rows`` (one value per column) to ``path`` with this run's provenance; returns the data.
 
     Raises: ValueError for a row whose length is not the columns'."""
-    for row in rows:
-        if len(row) != len(columns):
-            raise ValueError(f"a row has {len(row)} values for {len(columns)} columns: {row!r}")
+    _check(columns, rows)
     data = {"columns": [asdict(c) for c in columns], "rows": rows, "runs": [_provenance(note)]}
     _write(path, data)
     return data
@@ -66,8 +65,7 @@ def put_row(path: str | Path, columns: list[Column], key: str, row: list, note: 
     under the same key; the run's provenance is kept under the same key. Returns the data.
 
     Raises: ValueError for a row whose length is not the columns', or a file whose columns differ."""
-    if len(row) != len(columns):
-        raise ValueError(f"a row has {len(row)} values for {len(columns)} columns: {row!r}")
+    _check(columns, [row])
     path = Path(path)
     wanted = [asdict(c) for c in columns]
     data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {"columns": wanted, "rows": [],
@@ -87,6 +85,12 @@ def put_row(path: str | Path, columns: list[Column], key: str, row: list, note: 
     return data
 
 
+def _check(columns: list[Column], rows: list[list]) -> None:
+    for row in rows:
+        if len(row) != len(columns):
+            raise ValueError(f"a row has {len(row)} values for {len(columns)} columns: {row!r}")
+
+
 def _write(path: str | Path, data: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -96,9 +100,8 @@ def _write(path: str | Path, data: dict) -> None:
 def _cell(value, column: dict) -> str:
     if value is None:
         return "-"
-    if isinstance(value, dict):
-        digits = column["decimals"] if column["decimals"] is not None else 3
-        return f"{value['estimate']:.{digits}f} [{value['low']:.{digits}f}, {value['high']:.{digits}f}]"
+    if isinstance(value, dict):  # a ratio and its interval, as the benchmark's reports write them
+        return _interval(value, column["decimals"] if column["decimals"] is not None else 3)
     if isinstance(value, float) and column["decimals"] is not None:
         return f"{value:.{column['decimals']}f}{column['suffix']}"
     return f"{value}{column['suffix']}"
