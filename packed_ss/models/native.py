@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import os
 import warnings
+from contextlib import nullcontext
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from packed_ss.layout import PREFILL
+from packed_ss.models.gemm_blocking import blocking_key, few_row_blocking
 from packed_ss.models.static import CAPACITY_STEP, StaticCalls, dynamo_settings, padded_rows, static_cache_problem
 
 # Llama-family types whose decoder layer is RMSNorm -> attention (RoPE) -> residual -> RMSNorm -> SiLU-gated MLP ->
@@ -648,7 +650,15 @@ class NativeCalls(StaticCalls):
         # the C++ wrapper is the CPU's (CUDA's native calls replay graphs); PACKED_SS_CPP_WRAPPER=0 leaves it out
         if cache.device.type != "cpu" or os.environ.get("PACKED_SS_CPP_WRAPPER", "1") == "0":
             options = {k: v for k, v in options.items() if k != "cpp_wrapper"}
-        with torch._inductor.config.patch(options), warnings.catch_warnings():
+        # float32 on a CPU: a register blocking of inductor's micro-GEMM that suits few-row products (gemm_blocking;
+        # PACKED_SS_GEMM_BLOCKING=0 leaves torch's), keyed into inductor's cache by a do-nothing post-grad pass
+        blocking = (cache.device.type == "cpu" and self.native.embed.dtype == torch.float32
+                    and os.environ.get("PACKED_SS_GEMM_BLOCKING", "1") != "0")
+        key = blocking_key() if blocking else None
+        if key is not None:
+            options = {**options, "post_grad_custom_post_pass": key}
+        with (torch._inductor.config.patch(options), few_row_blocking() if key is not None else nullcontext(),
+              warnings.catch_warnings()):
             warnings.filterwarnings("ignore", message="TypedStorage is deprecated")  # inductor's autotuner, not ours
             return self._function(*args)
 

@@ -1,0 +1,115 @@
+"""Register blocking of inductor's float32 C++ micro-GEMM on AVX-512, for the few-row products of compiled calls.
+
+Inductor's GEMM template multiplies one register block of ``rows x columns`` outputs at a time, keeping the block's
+accumulators in vector registers. torch 2.13 offers three blockings for float32 on AVX-512, (8, 48), (8, 32) and
+(16, 16), and picks one by a fixed score that favours the largest: (8, 48) for every projection of the shipped
+model. A call of R rows fills R of the block's 8 rows, so R x 3 accumulators. Measured on this project's CPU (AMD
+EPYC, Zen 4, one thread; the shipped model's 17 projections chained in one compiled graph, ``runs/`` scripts of
+2026-12-07), past about 12 accumulators a block runs at half speed or less:
+
+=========  ========  ========  ========  ========  =========
+blocking   1 row     4 rows    6 rows    8 rows    12 rows
+=========  ========  ========  ========  ========  =========
+(8, 48)    403 us    577 us    1375 us   1899 us   2490 us
+(6, 32)    450 us    547 us    599 us    906 us    1281 us
+=========  ========  ========  ========  ========  =========
+
+(6, 32) keeps 6 x 2 = 12 accumulators and divides every width the served models use (multiples of 32), so the
+compiled calls that speculation makes (4 to 24 rows) cost about half as much, and 1-row calls as much as before
+within the noise. :func:`few_row_blocking` swaps it in around inductor's code generation and puts torch's own back
+afterwards; torch's other types and instruction sets keep theirs. No public setting chooses the blocking
+(torch 2.13), so this reaches into ``torch._inductor.codegen.cpp_micro_gemm``; where that module's shape differs (a
+later torch), nothing is changed and :func:`blocking_problem` says why.
+
+A compiled graph's cache key must differ with the blocking, or a graph compiled with torch's blocking (in inductor's
+on-disk cache) would be reused: :class:`BlockingKey` is a do-nothing post-grad pass whose ``uuid`` names the
+blocking, inductor's documented way to put a custom change into its cache key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+BLOCKING = (6, 32, 1)  # rows, columns, k of one register block (12 zmm accumulators)
+
+
+def _registry():
+    """Inductor's micro-GEMM config table, or None with the reason where this torch lays it out otherwise."""
+    try:
+        import torch._inductor.lowering  # noqa: F401 - imports the codegen modules in the order they need
+        from torch._inductor.codegen import cpp_micro_gemm
+        from torch._inductor.cpu_vec_isa import VecAVX512
+    except Exception as error:  # noqa: BLE001 - any import failure: torch's blocking stays
+        return None, f"inductor's micro-GEMM module did not import ({type(error).__name__}: {error})"
+    table = getattr(cpp_micro_gemm, "micro_gemm_configs", None)
+    blocking = getattr(cpp_micro_gemm, "GemmBlocking", None)
+    if not isinstance(table, dict) or blocking is None:
+        return None, "inductor's micro-GEMM table is not where torch 2.13 keeps it"
+    return (table, blocking, VecAVX512), None
+
+
+def _ours(config, vec_isa) -> bool:
+    """Whether ``config`` is a plain float32 AVX-512 micro-GEMM (inputs, weights, output and compute float32)."""
+    fields = ("vec_isa_cls", "input_dtype", "input2_dtype", "output_dtype", "compute_dtype", "register_blocking")
+    if not all(hasattr(config, name) for name in fields) or not dataclasses.is_dataclass(config):
+        return False
+    return (config.vec_isa_cls is vec_isa and config.input_dtype == torch.float32
+            and config.input2_dtype == torch.float32 and config.output_dtype == torch.float32
+            and config.compute_dtype == torch.float32)
+
+
+def blocking_problem() -> str | None:
+    """Why :func:`few_row_blocking` would change nothing in this torch, or None when it applies."""
+    found, problem = _registry()
+    if problem:
+        return problem
+    table, _, vec_isa = found
+    if not any(_ours(config, vec_isa) for configs in table.values() for config in configs):
+        return "inductor lists no float32 AVX-512 micro-GEMM"
+    return None
+
+
+@contextmanager
+def few_row_blocking() -> Iterator[bool]:
+    """Inside: inductor's float32 AVX-512 micro-GEMMs use :data:`BLOCKING`; torch's own table is back on exit, also
+    when the body raises. Yields whether anything was changed (False where :func:`blocking_problem` names a reason;
+    machines without AVX-512 never use these configs, so changing them there is harmless and changes nothing)."""
+    found, problem = _registry()
+    if problem:
+        yield False
+        return
+    table, blocking, vec_isa = found
+    saved = {cls: list(configs) for cls, configs in table.items()}
+    changed = False
+    try:
+        for cls, configs in saved.items():
+            swapped = [dataclasses.replace(c, register_blocking=blocking(*BLOCKING)) if _ours(c, vec_isa) else c
+                       for c in configs]
+            changed = changed or swapped != configs
+            table[cls] = swapped
+        yield changed
+    finally:
+        table.update(saved)
+
+
+def blocking_key():
+    """A :class:`BlockingKey` for inductor's ``post_grad_custom_post_pass``, or None where the pass class is missing."""
+    try:
+        from torch._inductor.custom_graph_pass import CustomGraphPass
+    except ImportError:
+        return None
+
+    class BlockingKey(CustomGraphPass):
+        """A post-grad pass that changes nothing; its uuid puts :data:`BLOCKING` into inductor's cache key."""
+
+        def __call__(self, graph) -> None:
+            return None
+
+        def uuid(self) -> str:
+            return f"packed-ss float32 avx512 micro-gemm blocking {BLOCKING}"
+
+    return BlockingKey()
