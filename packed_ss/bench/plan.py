@@ -32,10 +32,11 @@ COMPARISONS = (("packed", "linear"), ("packed", "quadratic"), ("packed", "ar"), 
                ("lookup", "ar"), ("packed-mixed", "lookup"), ("packed-mixed", "packed"), ("packed-mixed", "ar"),
                ("lookup", "hf-lookup"), ("ar", "hf-greedy"), ("packed-mixed", "hf-lookup"), ("partial", "packed"),
                ("partial", "quadratic"), ("partial", "ar"), ("ar", "hf-greedy-compiled"), ("ar", EAGER_AR),
-               ("ar", "llamacpp-ar"), ("packed-mixed", "llamacpp-ar"), ("lookup", "llamacpp-lookup"),
+               ("ar", "llamacpp-ar"), ("packed-mixed", "llamacpp-ar"), ("lookup", "llamacpp-ar"),
+               ("lookup", "llamacpp-lookup"),
                ("packed-mixed", "llamacpp-lookup"), ("llamacpp-lookup", "llamacpp-ar"),
                ("ar", "vllm-ar"), ("packed-mixed", "vllm-ngram"), ("packed-mixed", "vllm-suffix"),
-               ("lookup", "vllm-ngram"), ("packed", "vllm-ar"), ("vllm-ngram", "vllm-ar"),
+               ("lookup", "vllm-ngram"), ("lookup", "vllm-suffix"), ("packed", "vllm-ar"), ("vllm-ngram", "vllm-ar"),
                ("vllm-linear", "linear"), ("vllm-linear", "vllm-ar"), ("packed", "vllm-linear"))
 NO_BLOCK = ("ar", "hf-greedy", "hf-greedy-compiled", EAGER_AR, "llamacpp-ar", "vllm-ar")  # schedules whose output and cost do not depend on B
 WARMUP_TOKENS = 8  # new-token limit of the untimed warm-up runs

@@ -3,19 +3,13 @@
 Inductor's GEMM template multiplies one register block of ``rows x columns`` outputs at a time, keeping the block's
 accumulators in vector registers. torch 2.13 offers three blockings for float32 on AVX-512, (8, 48), (8, 32) and
 (16, 16), and picks one by a fixed score that favours the largest: (8, 48) for every projection of the shipped
-model. A call of R rows fills R of the block's 8 rows, so R x 3 accumulators. Measured on this project's CPU (AMD
-EPYC, Zen 4, one thread; the shipped model's 17 projections chained in one compiled graph, ``runs/`` scripts of
-2026-12-07), past about 12 accumulators a block runs at half speed or less:
+model. A call of R rows fills R of the block's 8 rows, so R x 3 accumulators. On this project's CPU (AMD EPYC,
+Zen 4, one thread) a block past about 12 accumulators runs at half speed or less: the shipped model's projections
+chained in one compiled graph took 1,375 us at 6 rows and 2,490 us at 12 with (8, 48), 599 and 1,281 us with
+(6, 32), and about the same at 1 to 4 rows (docs/speed.md, ``python scripts/gemm_blocking.py``).
 
-=========  ========  ========  ========  ========  =========
-blocking   1 row     4 rows    6 rows    8 rows    12 rows
-=========  ========  ========  ========  ========  =========
-(8, 48)    403 us    577 us    1375 us   1899 us   2490 us
-(6, 32)    450 us    547 us    599 us    906 us    1281 us
-=========  ========  ========  ========  ========  =========
-
-(6, 32) keeps 6 x 2 = 12 accumulators and divides every width the served models use (multiples of 32), so the
-compiled calls that speculation makes (4 to 24 rows) cost about half as much, and 1-row calls as much as before
+(6, 32) keeps 6 x 2 = 12 accumulators and divides the shipped model's widths, so the compiled 6- to 12-row calls
+that speculation makes cost about half as much in their projections, and calls of 1 to 4 rows as much as before
 within the noise. :func:`few_row_blocking` swaps it in around inductor's code generation and puts torch's own back
 afterwards; torch's other types and instruction sets keep theirs. No public setting chooses the blocking
 (torch 2.13), so this reaches into ``torch._inductor.codegen.cpp_micro_gemm``; where that module's shape differs (a
@@ -74,8 +68,9 @@ def blocking_problem() -> str | None:
 
 
 @contextmanager
-def few_row_blocking() -> Iterator[bool]:
-    """Inside: inductor's float32 AVX-512 micro-GEMMs use :data:`BLOCKING`; torch's own table is back on exit, also
+def few_row_blocking(register_blocking: tuple[int, int, int] = BLOCKING) -> Iterator[bool]:
+    """Inside: inductor's float32 AVX-512 micro-GEMMs use ``register_blocking`` (rows, columns, k; default
+    :data:`BLOCKING`); torch's own table is back on exit, also
     when the body raises. Yields whether anything was changed (False where :func:`blocking_problem` names a reason;
     machines without AVX-512 never use these configs, so changing them there is harmless and changes nothing)."""
     found, problem = _registry()
@@ -87,8 +82,8 @@ def few_row_blocking() -> Iterator[bool]:
     changed = False
     try:
         for cls, configs in saved.items():
-            swapped = [dataclasses.replace(c, register_blocking=blocking(*BLOCKING)) if _ours(c, vec_isa) else c
-                       for c in configs]
+            swapped = [dataclasses.replace(c, register_blocking=blocking(*register_blocking))
+                       if _ours(c, vec_isa) else c for c in configs]
             changed = changed or swapped != configs
             table[cls] = swapped
         yield changed
