@@ -35,7 +35,6 @@ SHAPES = ((256, 768), (256, 256), (256, 1536), (768, 256))  # (in, out) of one l
 def worker(blocking: str, rows: list[int], calls: int, threads: int) -> dict[int, float]:
     """Microseconds per chained call for each row count, compiled with ``blocking`` ("torch" or "rows,columns")."""
     import contextlib
-    import dataclasses
 
     import torch
     import torch._inductor.config as inductor
@@ -62,10 +61,11 @@ def worker(blocking: str, rows: list[int], calls: int, threads: int) -> dict[int
                 x = h + torch.nn.functional.linear(inner, self.w[4 * layer + 3])
             return torch.nn.functional.linear(x, self.head)
 
-    if blocking == "torch":
-        swap = contextlib.nullcontext()
-    else:
-        swap = few_row_blocking((*map(int, blocking.split(",")), 1))
+    def swap():
+        if blocking == "torch":
+            return contextlib.nullcontext()
+        return few_row_blocking((*map(int, blocking.split(",")), 1))
+
     options = {"freezing": True, "cpp_wrapper": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
                "autotune_num_choices_displayed": 0}
     torch._dynamo.config.recompile_limit = 64
@@ -73,7 +73,7 @@ def worker(blocking: str, rows: list[int], calls: int, threads: int) -> dict[int
     out = {}
     for count in rows:
         x = torch.randn(count, 256, generator=generator)
-        with torch.no_grad(), inductor.patch(options), swap:
+        with torch.no_grad(), inductor.patch(options), swap():
             compiled = torch.compile(chain, dynamic=False, fullgraph=True)
             compiled(x)
         with torch.no_grad():

@@ -53,3 +53,34 @@ def test_the_cache_key_names_the_blocking_and_the_pass_changes_no_graph():
     before = [(n.op, n.target) for n in graph.nodes]
     key(graph)
     assert [(n.op, n.target) for n in graph.nodes] == before
+
+
+@pytest.mark.slow
+def test_compiled_float32_calls_are_generated_inside_the_blocking_unless_switched_off(monkeypatch):
+    """The compiled native path enters few_row_blocking (with its cache key in inductor's settings) when a float32
+    call compiles on a CPU, gives the eager path's tokens, and leaves it out under PACKED_SS_GEMM_BLOCKING=0."""
+    import torch._inductor.config
+
+    from helpers import tiny_llama
+    from packed_ss import DecodeConfig, generate
+    from packed_ss.models import DualModeModel
+    from packed_ss.models import native
+
+    entered = []
+
+    def recording(*args):
+        entered.append(torch._inductor.config.post_grad_custom_post_pass)
+        return few_row_blocking(*args)
+
+    monkeypatch.setattr(native, "few_row_blocking", recording)
+    prompt, config = [2, 3, 4, 5, 6, 7], DecodeConfig(block_size=4, max_new_tokens=6)
+    for seed, switch, expect in ((5, "1", True), (6, "0", False)):
+        monkeypatch.setenv("PACKED_SS_GEMM_BLOCKING", switch)
+        entered.clear()
+        eager = tiny_llama(seed=seed, logit_scale=3.0)
+        eager.model.float()
+        compiled = DualModeModel(eager.model, eager.tokenizer, 1, 0, compiled=True)
+        assert generate(compiled, prompt, config, "ar").token_ids == generate(eager, prompt, config, "ar").token_ids
+        assert compiled.compiled and compiled.compile_note is None
+        assert bool(entered) is expect
+        assert all(str(BLOCKING) in key.uuid() for key in entered)

@@ -4,12 +4,12 @@ Inductor's GEMM template multiplies one register block of ``rows x columns`` out
 accumulators in vector registers. torch 2.13 offers three blockings for float32 on AVX-512, (8, 48), (8, 32) and
 (16, 16), and picks one by a fixed score that favours the largest: (8, 48) for every projection of the shipped
 model. A call of R rows fills R of the block's 8 rows, so R x 3 accumulators. On this project's CPU (AMD EPYC,
-Zen 4, one thread) a block past about 12 accumulators runs at half speed or less: the shipped model's projections
-chained in one compiled graph took 1,375 us at 6 rows and 2,490 us at 12 with (8, 48), 599 and 1,281 us with
-(6, 32), and about the same at 1 to 4 rows (docs/speed.md, ``python scripts/gemm_blocking.py``).
+Zen 4, one thread) a block past about 12 accumulators runs much slower: the shipped model's projections chained
+in one compiled graph took 1,007 us at 6 rows and 2,646 us at 12 with (8, 48), 665 and 1,775 us with (6, 32), and
+about the same at 1 and 4 rows (docs/speed.md, ``python scripts/gemm_blocking.py``).
 
-(6, 32) keeps 6 x 2 = 12 accumulators and divides the shipped model's widths, so the compiled 6- to 12-row calls
-that speculation makes cost about half as much in their projections, and calls of 1 to 4 rows as much as before
+(6, 32) keeps 6 x 2 = 12 accumulators and divides the shipped model's widths, so the projections of the compiled 6- to
+12-row calls that speculation makes take 0.59 to 0.67 of their time, and those of 1 and 4 rows as much as before
 within the noise. :func:`few_row_blocking` swaps it in around inductor's code generation and puts torch's own back
 afterwards; torch's other types and instruction sets keep theirs. No public setting chooses the blocking
 (torch 2.13), so this reaches into ``torch._inductor.codegen.cpp_micro_gemm``; where that module's shape differs (a
