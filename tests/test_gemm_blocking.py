@@ -77,9 +77,11 @@ def test_compiled_float32_calls_are_generated_inside_the_blocking_unless_switche
     for seed, switch, expect in ((5, "1", True), (6, "0", False)):
         monkeypatch.setenv("PACKED_SS_GEMM_BLOCKING", switch)
         entered.clear()
-        eager = tiny_llama(seed=seed, logit_scale=3.0)
-        eager.model.float()
-        compiled = DualModeModel(eager.model, eager.tokenizer, 1, 0, compiled=True)
+        made = tiny_llama(seed=seed, logit_scale=3.0)
+        made.model.float()  # the float64 decoder made with it is made again in float32 (native_decoder)
+        eager = DualModeModel(made.model, made.tokenizer, 1, 0)
+        compiled = DualModeModel(made.model, made.tokenizer, 1, 0, compiled=True)
+        assert native.native_decoder(made.model).embed.dtype == torch.float32
         assert generate(compiled, prompt, config, "ar").token_ids == generate(eager, prompt, config, "ar").token_ids
         assert compiled.compiled and compiled.compile_note is None
         assert bool(entered) is expect

@@ -297,3 +297,26 @@ def test_compiled_calls_asked_to_write_in_place_still_give_the_eager_calls_token
         assert generate(model, prompt, config, "ar").token_ids == expected
     for model in (compiled, read_only):
         assert model.compiled and model.compile_note is None and model.static.shapes, model.compile_note
+
+
+def test_a_network_turned_float32_after_its_decoder_was_made_gets_a_float32_decoder_and_loses_what_was_compiled():
+    """The decoder keeps fused copies of the weights: a network turned float32 (or edited in place) after its first
+    adapter had kept the float64 copies, so its float32 calls, compiled or not, ran in float64."""
+    from packed_ss.models.native import NATIVE_COMPILED, native_decoder
+
+    made = tiny_llama(seed=7)
+    assert native_decoder(made.model).embed.dtype == torch.float64
+    object.__setattr__(made.model, NATIVE_COMPILED, "compiled from the float64 copies")
+    made.model.float()
+    again = DualModeModel(made.model, made.tokenizer, 1, 0)
+    assert again.static.native.embed.dtype == torch.float32
+    assert getattr(made.model, NATIVE_COMPILED, None) is None
+    first = native_decoder(made.model)
+    assert native_decoder(made.model) is first  # unchanged weights: the same decoder
+    with torch.no_grad():
+        made.model.lm_head.weight.mul_(2.0)  # an in-place edit of a weight
+    assert native_decoder(made.model) is not first
+    logits = again.forward(prefill_layout([2, 3, 4], 0, 1), (2,)).logits
+    reference = DualModeModel(made.model, made.tokenizer, 1, 0, path="transformers")
+    torch.testing.assert_close(logits, reference.forward(prefill_layout([2, 3, 4], 0, 1), (2,)).logits,
+                               rtol=1e-5, atol=1e-5)

@@ -53,6 +53,7 @@ NATIVE = "packed_ss_native_decoder"  # attribute of the transformers network hol
 NATIVE_COMPILED = "packed_ss_native_compiled"  # ... its compiled NativeDecoder
 NATIVE_FAILURE = "packed_ss_native_compile_failure"  # ... or the error compiling it raised
 NATIVE_SHAPES = "packed_ss_native_shapes"  # ... and the (Rp, K, variant) compiled so far (NativeCalls.execute)
+NATIVE_SIGNATURE = "packed_ss_native_signature"  # ... and the weights the decoder was made from
 
 # Inductor settings of the compiled path: weights frozen as constants (so GEMMs get prepacked kernels), GEMM
 # kernels chosen by measuring inductor's C++ micro-GEMM template against ATen's for each shape (once per shape and
@@ -458,12 +459,26 @@ class NativeDecoder(torch.nn.Module):
         return weights @ values
 
 
+def weights_signature(model) -> tuple:
+    """What a :class:`NativeDecoder`'s copies of the network's weights (fused, cast) were made from: per parameter its
+    storage, in-place version, dtype and device. A ``model.float()``, ``.to(device)``, ``load_state_dict`` or any
+    in-place edit of a weight changes it."""
+    return tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in model.parameters())
+
+
 def native_decoder(model) -> NativeDecoder:
-    """The network's :class:`NativeDecoder`, made once and kept on it (every adapter of the network shares it)."""
+    """The network's :class:`NativeDecoder`, kept on it (every adapter of the network shares it) and made again, with
+    everything compiled from the old one dropped, when the network's weights changed since it was made
+    (:func:`weights_signature`: a float64 network turned float32 had kept a float64 decoder, so its "float32" calls
+    ran in float64)."""
     found = getattr(model, NATIVE, None)
-    if found is None:
+    signature = weights_signature(model)
+    if found is None or getattr(model, NATIVE_SIGNATURE, None) != signature:
+        for name in (NATIVE_COMPILED, NATIVE_FAILURE, NATIVE_SHAPES):
+            model.__dict__.pop(name, None)
         found = NativeDecoder(model).eval()
         object.__setattr__(model, NATIVE, found)
+        object.__setattr__(model, NATIVE_SIGNATURE, weights_signature(model))  # as the decoder left them
     return found
 
 
@@ -483,7 +498,8 @@ def adopt_compiled(model, parts: tuple) -> None:
     """Give the freshly loaded network ``model`` the :func:`compiled_parts` of an earlier load of the same checkpoint
     and dtype (its weights' values are those of the decoder adopted, so its calls give the same logits)."""
     decoder, function, shapes = parts
-    for name, value in ((NATIVE, decoder), (NATIVE_COMPILED, function), (NATIVE_SHAPES, shapes)):
+    for name, value in ((NATIVE, decoder), (NATIVE_COMPILED, function), (NATIVE_SHAPES, shapes),
+                        (NATIVE_SIGNATURE, weights_signature(model))):
         object.__setattr__(model, name, value)
 
 
