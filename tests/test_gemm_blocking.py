@@ -86,3 +86,17 @@ def test_compiled_float32_calls_are_generated_inside_the_blocking_unless_switche
         assert compiled.compiled and compiled.compile_note is None
         assert bool(entered) is expect
         assert all(str(BLOCKING) in key.uuid() for key in entered)
+
+
+def test_two_blocks_entered_at_once_leave_torch_table_whichever_exits_first():
+    """A compile and a call that compiles on another thread may both be inside: each puts back only what it
+    swapped, so the table ends as torch's in either order of exit."""
+    table, _, before = _snapshot()
+    for first_out in ("outer", "inner"):
+        outer, inner = few_row_blocking(), few_row_blocking()
+        outer.__enter__()
+        inner.__enter__()
+        order = (outer, inner) if first_out == "outer" else (inner, outer)
+        order[0].__exit__(None, None, None)
+        order[1].__exit__(None, None, None)
+        assert {cls: list(c) for cls, c in table.items()} == before, first_out

@@ -70,25 +70,30 @@ def blocking_problem() -> str | None:
 @contextmanager
 def few_row_blocking(register_blocking: tuple[int, int, int] = BLOCKING) -> Iterator[bool]:
     """Inside: inductor's float32 AVX-512 micro-GEMMs use ``register_blocking`` (rows, columns, k; default
-    :data:`BLOCKING`); torch's own table is back on exit, also
-    when the body raises. Yields whether anything was changed (False where :func:`blocking_problem` names a reason;
-    machines without AVX-512 never use these configs, so changing them there is harmless and changes nothing)."""
+    :data:`BLOCKING`); on exit, also when the body raises, each config this call swapped is put back as torch had it.
+    Only what this call changed is put back, so blocks entered by two threads at once (a compile and a guard check
+    that compiles) leave torch's table whichever exits first. Yields whether anything was changed (False where
+    :func:`blocking_problem` names a reason; machines without AVX-512 never use these configs)."""
     found, problem = _registry()
     if problem:
         yield False
         return
     table, blocking, vec_isa = found
-    saved = {cls: list(configs) for cls, configs in table.items()}
-    changed = False
+    swaps = []  # (the config put in, torch's config it replaced)
     try:
-        for cls, configs in saved.items():
-            swapped = [dataclasses.replace(c, register_blocking=blocking(*register_blocking))
-                       if _ours(c, vec_isa) else c for c in configs]
-            changed = changed or swapped != configs
+        for cls, configs in list(table.items()):
+            swapped = []
+            for config in configs:
+                new = config
+                if _ours(config, vec_isa) and tuple(config.register_blocking) != tuple(register_blocking):
+                    new = dataclasses.replace(config, register_blocking=blocking(*register_blocking))
+                    swaps.append((new, config))
+                swapped.append(new)
             table[cls] = swapped
-        yield changed
+        yield bool(swaps) or any(_ours(c, vec_isa) for configs in table.values() for c in configs)
     finally:
-        table.update(saved)
+        for cls, configs in list(table.items()):
+            table[cls] = [next((old for new, old in swaps if new is config), config) for config in configs]
 
 
 def blocking_key():
