@@ -32,7 +32,8 @@ BLOCKING = (6, 32, 1)  # rows, columns, k of one register block (12 zmm accumula
 
 
 def _registry():
-    """Inductor's micro-GEMM config table, or None with the reason where this torch lays it out otherwise."""
+    """``((inductor's micro-GEMM config table, its GemmBlocking, VecAVX512), None)``, or ``(None, the reason)`` where
+    this torch lays them out otherwise."""
     try:
         import torch._inductor.lowering  # noqa: F401 - imports the codegen modules in the order they need
         from torch._inductor.codegen import cpp_micro_gemm
@@ -72,8 +73,8 @@ def few_row_blocking(register_blocking: tuple[int, int, int] = BLOCKING) -> Iter
     """Inside: inductor's float32 AVX-512 micro-GEMMs use ``register_blocking`` (rows, columns, k; default
     :data:`BLOCKING`); on exit, also when the body raises, each config this call swapped is put back as torch had it.
     Only what this call changed is put back, so blocks entered by two threads at once (a compile and a guard check
-    that compiles) leave torch's table whichever exits first. Yields whether anything was changed (False where
-    :func:`blocking_problem` names a reason; machines without AVX-512 never use these configs)."""
+    that compiles) leave torch's table whichever exits first. Yields whether float32 AVX-512 configs use the blocking
+    inside (False where :func:`blocking_problem` names a reason; machines without AVX-512 never use these configs)."""
     found, problem = _registry()
     if problem:
         yield False
