@@ -49,6 +49,7 @@ def test_the_cache_key_names_the_blocking_and_the_pass_changes_no_graph():
     key = blocking_key()
     assert key is not None
     assert str(BLOCKING) in key.uuid()
+    assert blocking_key((4, 48, 1)).uuid() != key.uuid()  # another blocking, another cache entry
     graph = torch.fx.symbolic_trace(lambda x: x * 2 + 1).graph
     before = [(n.op, n.target) for n in graph.nodes]
     key(graph)

@@ -16,7 +16,7 @@ afterwards; torch's other types and instruction sets keep theirs. No public sett
 later torch), nothing is changed and :func:`blocking_problem` says why.
 
 A compiled graph's cache key must differ with the blocking, or a graph compiled with torch's blocking (in inductor's
-on-disk cache) would be reused: :class:`BlockingKey` is a do-nothing post-grad pass whose ``uuid`` names the
+on-disk cache) would be reused: :func:`blocking_key` gives a do-nothing post-grad pass whose ``uuid`` names the
 blocking, inductor's documented way to put a custom change into its cache key.
 """
 
@@ -97,20 +97,20 @@ def few_row_blocking(register_blocking: tuple[int, int, int] = BLOCKING) -> Iter
             table[cls] = [next((old for new, old in swaps if new is config), config) for config in configs]
 
 
-def blocking_key():
-    """A :class:`BlockingKey` for inductor's ``post_grad_custom_post_pass``, or None where the pass class is missing."""
+def blocking_key(register_blocking: tuple[int, int, int] = BLOCKING):
+    """A post-grad pass for inductor's ``post_grad_custom_post_pass`` that changes no graph and whose ``uuid`` puts
+    ``register_blocking`` (what :func:`few_row_blocking` is given beside it) into inductor's cache key; None where
+    this torch has no ``CustomGraphPass``."""
     try:
         from torch._inductor.custom_graph_pass import CustomGraphPass
     except ImportError:
         return None
 
     class BlockingKey(CustomGraphPass):
-        """A post-grad pass that changes nothing; its uuid puts :data:`BLOCKING` into inductor's cache key."""
-
         def __call__(self, graph) -> None:
             return None
 
         def uuid(self) -> str:
-            return f"packed-ss float32 avx512 micro-gemm blocking {BLOCKING}"
+            return f"packed-ss float32 avx512 micro-gemm blocking {tuple(register_blocking)}"
 
     return BlockingKey()
